@@ -1,0 +1,178 @@
+"""An independent NumPy forward of phoenix grok.py and recsys_model.py, written from FACTS.md.
+
+Imports nothing from models/: it reads the same haiku ``{module_path: {param_name: array}}``
+mapping the port loads through ``load_haiku_params`` and computes in float64, so agreement with
+the fp32 PyTorch model means the port computes grok.py's function, not merely its own.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+MASK_VALUE = -1e30
+
+
+def ffn_size(emb_size, widening_factor, multiple_of=8):
+    r = int(widening_factor * emb_size) * 2 // 3
+    return r + (multiple_of - r) % multiple_of
+
+
+def random_haiku_params(rng, emb_size, key_size, num_q_heads, num_kv_heads, num_layers, ffn_hidden):
+    """Random weights and random (non-unit) norm scales under grok.py's haiku paths."""
+    D, K, F = emb_size, key_size, ffn_hidden
+
+    def w(fan_in, fan_out):
+        return {"w": rng.normal(0.0, 1.0 / np.sqrt(fan_in), (fan_in, fan_out)).astype(np.float32)}
+
+    params = {}
+    for i in range(num_layers):
+        p = f"transformer/decoder_layer_{i}"
+        for norm in ("rms_norm", "rms_norm_1", "rms_norm_2", "rms_norm_3"):
+            params[f"{p}/{norm}"] = {"scale": rng.normal(1.0, 0.5, (D,)).astype(np.float32)}
+        params[f"{p}/multi_head_attention/query"] = w(D, num_q_heads * K)
+        params[f"{p}/multi_head_attention/key"] = w(D, num_kv_heads * K)
+        params[f"{p}/multi_head_attention/value"] = w(D, num_kv_heads * K)
+        params[f"{p}/multi_head_attention/linear"] = w(num_q_heads * K, D)
+        params[f"{p}/linear"] = w(D, F)
+        params[f"{p}/linear_v"] = w(D, F)
+        params[f"{p}/linear_1"] = w(F, D)
+    return params
+
+
+# --- building blocks ----------------------------------------------------------------------
+
+def rms_norm(x, scale, eps=1e-5):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * scale
+
+
+def rope(x, positions, base=10000.0):
+    """x [B, T, H, K]; positions [T]. Halves, not interleaved pairs."""
+    K = x.shape[-1]
+    inv_freq = 1.0 / base ** (np.arange(0, K, 2, dtype=np.float64) / K)     # [K/2]
+    phase = positions[:, None].astype(np.float64) * inv_freq[None, :]       # [T, K/2]
+    phase = np.concatenate([phase, phase], axis=-1)[None, :, None, :]        # [1, T, 1, K]
+    x1, x2 = x[..., : K // 2], x[..., K // 2:]
+    rotated = np.concatenate([-x2, x1], axis=-1)
+    return x * np.cos(phase) + rotated * np.sin(phase)
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def cap_logits(x, cap, method):
+    if method == "none" or cap <= 0:
+        return x
+    if method == "tanh":
+        return cap * np.tanh(x / cap)
+    if method == "soft_sign":
+        return x / (1.0 + np.abs(x) / cap)
+    raise AssertionError(method)
+
+
+def structure_mask(seq_len, candidate_start_offset=None, prefix="causal"):
+    """[T, T] bool. grok.py: tril; with an offset zero the candidate block, then set its diagonal.
+    Production phoenix opens the prefix block both ways."""
+    m = np.tril(np.ones((seq_len, seq_len), dtype=bool))
+    if candidate_start_offset is None:
+        return m
+    off = candidate_start_offset
+    if prefix == "bidirectional":
+        m[:off, :off] = True
+    m[off:, off:] = False
+    idx = np.arange(off, seq_len)
+    m[idx, idx] = True
+    return m
+
+
+def softmax(x):
+    x = x - x.max(axis=-1, keepdims=True)
+    e = np.exp(x)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+# --- the trunk ------------------------------------------------------------------------------
+
+def transformer_forward(params, embeddings, valid, candidate_start_offset=None, *, num_q_heads, num_kv_heads,
+                        key_size, attn_output_multiplier, logit_cap=30.0, cap_method="tanh", prefix="causal",
+                        positions="sequential", rope_base=10000.0, eps=1e-5, structure=None):
+    """embeddings [B, T, D]; valid [B, T] bool; positions: "sequential" | "none" | array [T].
+    structure: optional [T, T] bool overriding the recsys/causal choice. Returns [B, T, D] float64."""
+    h = np.asarray(embeddings, dtype=np.float64)
+    B, T, D = h.shape
+    Hq, Hkv, K = num_q_heads, num_kv_heads, key_size
+    G = Hq // Hkv
+    if structure is None:
+        structure = structure_mask(T, candidate_start_offset, prefix)
+    allowed = structure[None, None, None] & np.asarray(valid, bool)[:, None, None, None, :]  # [B, 1, 1, T, S]
+    if isinstance(positions, str):
+        positions = None if positions == "none" else np.arange(T)
+    num_layers = len({k.split("/")[1] for k in params if k.startswith("transformer/decoder_layer_")})
+
+    def p(path, name="w"):
+        return np.asarray(params[path][name], dtype=np.float64)
+
+    for i in range(num_layers):
+        pre = f"transformer/decoder_layer_{i}"
+        x = rms_norm(h, p(f"{pre}/rms_norm", "scale"), eps)
+        q = (x @ p(f"{pre}/multi_head_attention/query")).reshape(B, T, Hq, K)
+        k = (x @ p(f"{pre}/multi_head_attention/key")).reshape(B, T, Hkv, K)
+        v = (x @ p(f"{pre}/multi_head_attention/value")).reshape(B, T, Hkv, K)
+        if positions is not None:
+            q, k = rope(q, positions, rope_base), rope(k, positions, rope_base)
+        q = q.reshape(B, T, Hkv, G, K)                                    # query head h -> kv head h // G
+        logits = np.einsum("bthgd,bshd->bhgts", q, k) * attn_output_multiplier
+        logits = cap_logits(logits, logit_cap, cap_method)
+        logits = np.where(allowed, logits, MASK_VALUE)
+        probs = softmax(logits)
+        attn = np.einsum("bhgts,bshd->bthgd", probs, v).reshape(B, T, Hq * K)
+        attn = attn @ p(f"{pre}/multi_head_attention/linear")
+        h = h + rms_norm(attn, p(f"{pre}/rms_norm_1", "scale"), eps)
+
+        x = rms_norm(h, p(f"{pre}/rms_norm_2", "scale"), eps)
+        dense = (gelu_tanh(x @ p(f"{pre}/linear")) * (x @ p(f"{pre}/linear_v"))) @ p(f"{pre}/linear_1")
+        h = h + rms_norm(dense, p(f"{pre}/rms_norm_3", "scale"), eps)
+    return h
+
+
+# --- the ranking model (recsys_model.py, FACTS.md §2) -----------------------------------------
+
+def recsys_embed(params, user_hashes, hist_post, hist_author, hist_actions, hist_surface,
+                 cand_post, cand_author, cand_surface, *, num_user_tokens=1):
+    """-> (embeddings [B, T, D], valid [B, T], candidate_start_offset). Hash 0 = empty slot."""
+    r = "recsys_model"
+
+    def table(name):
+        return np.asarray(params[f"{r}/{name}"]["embeddings"], dtype=np.float64)
+
+    def w(name):
+        return np.asarray(params[f"{r}/{name}"]["w"], dtype=np.float64)
+
+    post, author, surface, users = (table("post_embeddings"), table("author_embeddings"),
+                                    table("product_surface_embeddings"), table("user_embeddings"))
+    D = post.shape[1]
+    B, S, C = user_hashes.shape[0], hist_post.shape[1], cand_post.shape[1]
+    user = users[user_hashes].reshape(B, 1, -1) @ w("user_projection")                 # [B, 1, U*D]
+    user = user.reshape(B, num_user_tokens, D)
+    actions = np.asarray(hist_actions, dtype=np.float64)
+    action_emb = ((2 * actions - 1) @ w("action_projection")) * actions.any(-1, keepdims=True)
+    history = np.concatenate([post[hist_post].reshape(B, S, -1), author[hist_author].reshape(B, S, -1),
+                              action_emb, surface[hist_surface]], axis=-1) @ w("history_projection")
+    cand = np.concatenate([post[cand_post].reshape(B, C, -1), author[cand_author].reshape(B, C, -1),
+                           surface[cand_surface]], axis=-1) @ w("candidate_projection")
+    valid = np.concatenate([np.repeat(user_hashes[:, :1] != 0, num_user_tokens, axis=1),
+                            hist_post[:, :, 0] != 0, cand_post[:, :, 0] != 0], axis=1)
+    return np.concatenate([user, history, cand], axis=1), valid, num_user_tokens + S
+
+
+def recsys_logits(params, trunk_out, candidate_start_offset, eps=1e-5):
+    """rms_norm(trunk)[:, offset:] @ unembedding -> [B, C, num_actions]."""
+    scale = np.asarray(params["recsys_model/rms_norm"]["scale"], dtype=np.float64)
+    unembedding = np.asarray(params["recsys_model/unembedding"]["w"], dtype=np.float64)
+    return rms_norm(trunk_out, scale, eps)[:, candidate_start_offset:] @ unembedding
+
+
+def relative_error(actual, expected, valid):
+    """max |actual - expected| on valid positions, relative to the largest |expected| there."""
+    a = np.asarray(actual, dtype=np.float64)[np.asarray(valid, bool)]
+    e = np.asarray(expected, dtype=np.float64)[np.asarray(valid, bool)]
+    return float(np.abs(a - e).max() / np.abs(e).max())

@@ -1,0 +1,247 @@
+"""The trunk computes grok.py's function: checked against an independent NumPy forward
+(tests/reference_numpy.py) on the same haiku params, plus the properties the explorer shows."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import reference_numpy as ref
+from models.attention import naive_attention
+from models.grok import RotaryEmbedding, Transformer, TransformerConfig, ffn_size, init_params
+from models.masks import AttentionMask
+from models.weights import load_haiku_params
+
+TOL = 2e-5   # max |diff| relative to the output's magnitude, valid positions, fp32
+
+
+def config(q=4, kv=2, **kw):
+    base = dict(emb_size=64, key_size=16, num_q_heads=q, num_kv_heads=kv, num_layers=2,
+                attn_output_multiplier=1 / math.sqrt(16))
+    return TransformerConfig(**{**base, **kw})
+
+
+def loaded(cfg, seed):
+    """A Transformer and the random haiku params (random norm scales too) loaded into it."""
+    rng = np.random.default_rng(seed)
+    params = ref.random_haiku_params(rng, cfg.emb_size, cfg.key_size, cfg.num_q_heads, cfg.num_kv_heads,
+                                     cfg.num_layers, ref.ffn_size(cfg.emb_size, cfg.widening_factor,
+                                                                  cfg.ffn_multiple_of))
+    return load_haiku_params(Transformer(cfg), params), params
+
+
+def inputs(seed, batch=2, user=1, history=6, candidates=4):
+    """Embeddings plus a padding mask with padded history and candidate slots (differing per row)."""
+    rng = np.random.default_rng(1000 + seed)
+    T = user + history + candidates
+    x = rng.normal(0, 1, (batch, T, 64)).astype(np.float32)
+    valid = np.ones((batch, T), bool)
+    valid[0, user + history - 2:user + history] = False     # last two history slots empty
+    valid[0, T - 1] = False                                 # last candidate empty
+    valid[1 % batch, user + 1] = False                      # a hole in the middle of history
+    return x, valid, user + history
+
+
+def compare(cfg, params, model, x, valid, offset, **ref_kw):
+    out = model(torch.from_numpy(x), torch.from_numpy(valid), offset).embeddings.detach().numpy()
+    kw = dict(num_q_heads=cfg.num_q_heads, num_kv_heads=cfg.num_kv_heads, key_size=cfg.key_size,
+              attn_output_multiplier=cfg.attn_output_multiplier, logit_cap=cfg.logit_cap,
+              cap_method=cfg.cap_method, prefix=cfg.prefix, rope_base=cfg.rope_base, eps=cfg.norm_eps)
+    expected = ref.transformer_forward(params, x, valid, offset, **{**kw, **ref_kw})
+    return ref.relative_error(out, expected, valid)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("mode", ["causal", "recsys"])
+@pytest.mark.parametrize("heads", [(4, 2), (4, 1), (2, 2)])
+def test_matches_numpy_reference(heads, mode, seed):
+    cfg = config(*heads)
+    model, params = loaded(cfg, seed)
+    x, valid, offset = inputs(seed)
+    assert compare(cfg, params, model, x, valid, offset if mode == "recsys" else None) <= TOL
+
+
+VARIANTS = {
+    # name: (config changes, reference keyword arguments given the offset and T)
+    "grok default multiplier 1.0": (dict(attn_output_multiplier=1.0), {}),
+    "bidirectional prefix": (dict(prefix="bidirectional"), {}),
+    "tanh cap 2 (it bites)": (dict(logit_cap=2.0), {}),
+    "soft_sign cap 2": (dict(cap_method="soft_sign", logit_cap=2.0), {}),
+    "cap off (method none)": (dict(cap_method="none"), {}),
+    "cap off (cap 0)": (dict(logit_cap=0.0), {}),
+    "rope none": (dict(rope_mode="none"), {"positions": "none"}),
+    "rope shared": (dict(rope_mode="shared"),
+                    {"positions": lambda off, T: np.minimum(np.arange(T), off)}),
+    "rope offset 5": (dict(rope_offset=5), {"positions": lambda off, T: np.arange(T) + 5}),
+    "rope base 500": (dict(rope_base=500.0), {}),
+    "ffn multiple_of 256, widening 2": (dict(ffn_multiple_of=256, widening_factor=2.0), {}),
+}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_variants_match_numpy_reference(name):
+    changes, ref_kw = VARIANTS[name]
+    cfg = config(4, 2, **changes)
+    model, params = loaded(cfg, seed=7)
+    x, valid, offset = inputs(7)
+    if callable(ref_kw.get("positions")):
+        ref_kw = {"positions": ref_kw["positions"](offset, x.shape[1])}
+    assert compare(cfg, params, model, x, valid, offset, **ref_kw) <= TOL
+
+
+def test_reference_comparison_can_fail():
+    """The reference notices a double 1/sqrt(K), the wrong prefix, a cap that is not applied."""
+    cfg = config(4, 2)
+    model, params = loaded(cfg, seed=3)
+    x, valid, offset = inputs(3)
+    wrong = config(4, 2, attn_output_multiplier=cfg.attn_output_multiplier / math.sqrt(16))
+    assert compare(cfg, params, load_haiku_params(Transformer(wrong), params), x, valid, offset) > 1e-3
+    assert compare(cfg, params, model, x, valid, offset, prefix="bidirectional") > 1e-3
+    capped = config(4, 2, logit_cap=2.0)
+    assert compare(capped, params, load_haiku_params(Transformer(capped), params), x, valid, offset,
+                   cap_method="none") > 1e-3
+
+
+# --- candidate isolation ------------------------------------------------------------------
+
+def random_model(seed=0, **kw):
+    return init_params(Transformer(config(**kw)), "random", seed)
+
+
+@pytest.mark.parametrize("prefix", ["causal", "bidirectional"])
+@pytest.mark.parametrize("j", [0, 2, 3])
+def test_candidate_isolation(prefix, j):
+    model = random_model(prefix=prefix)
+    x, valid, offset = inputs(0)
+    x, valid = torch.from_numpy(x), torch.from_numpy(valid)
+    T = x.shape[1]
+    perturbed = x.clone()
+    perturbed[:, offset + j] += torch.randn(x.shape[-1], generator=torch.Generator().manual_seed(j))
+    a = model(x, valid, offset, record=True)
+    b = model(perturbed, valid, offset, record=True)
+    others = [t for t in range(T) if t != offset + j]
+    for la, lb in zip(a.layers, b.layers):
+        for name in ("after_attention", "after_ffn"):
+            assert torch.equal(getattr(la, name)[:, others], getattr(lb, name)[:, others])
+        assert torch.equal(la.probs[:, :, others], lb.probs[:, :, others])
+        assert not torch.equal(la.after_ffn[:, offset + j], lb.after_ffn[:, offset + j])
+    # the causal mask leaks: every later position changes
+    ca = model(x, valid, offset, mask_kind="causal").embeddings
+    cb = model(perturbed, valid, offset, mask_kind="causal").embeddings
+    for t in range(offset + j + 1, T):
+        assert not torch.equal(ca[:, t], cb[:, t])
+    assert torch.equal(ca[:, :offset + j], cb[:, :offset + j])
+
+
+# --- GQA, RoPE, init ----------------------------------------------------------------------
+
+def test_gqa_grouping_equals_mha_with_repeat_interleaved_kv():
+    g = torch.Generator().manual_seed(0)
+    B, T, Hq, Hkv, K = 2, 7, 6, 2, 8
+    q, k, v = torch.randn(B, T, Hq, K, generator=g), torch.randn(B, T, Hkv, K, generator=g), \
+        torch.randn(B, T, Hkv, K, generator=g)
+    mask = AttentionMask("recsys", T, 4, torch.rand(B, T, generator=g) > 0.2)
+    kw = dict(multiplier=0.3, cap=30.0, cap_method="tanh")
+    grouped = naive_attention(q, k, v, mask, **kw).out
+    mha = naive_attention(q, k.repeat_interleave(Hq // Hkv, 2), v.repeat_interleave(Hq // Hkv, 2), mask, **kw).out
+    torch.testing.assert_close(grouped, mha, rtol=1e-6, atol=1e-6)
+    # and not the other tiling: query head h uses kv head h // G, not h % Hkv
+    tiled = naive_attention(q, k.repeat(1, 1, Hq // Hkv, 1), v.repeat(1, 1, Hq // Hkv, 1), mask, **kw).out
+    assert not torch.allclose(grouped, tiled, atol=1e-3)
+
+
+def test_gqa_model_equals_mha_model_with_repeated_kv_weights():
+    gqa, params = loaded(config(4, 2), seed=5)
+    mha_params = {k: dict(v) for k, v in params.items()}
+    for i in range(2):
+        for name in ("key", "value"):
+            w = params[f"transformer/decoder_layer_{i}/multi_head_attention/{name}"]["w"]   # [D, Hkv*K]
+            w = np.repeat(w.reshape(64, 2, 16), 2, axis=1).reshape(64, 4 * 16)          # kv head per group
+            mha_params[f"transformer/decoder_layer_{i}/multi_head_attention/{name}"] = {"w": w}
+    mha = load_haiku_params(Transformer(config(4, 4)), mha_params)
+    x, valid, offset = inputs(5)
+    x, valid = torch.from_numpy(x), torch.from_numpy(valid)
+    torch.testing.assert_close(gqa(x, valid, offset).embeddings, mha(x, valid, offset).embeddings,
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_rope_dot_product_depends_only_on_position_difference():
+    K = 16
+    rotary = RotaryEmbedding(K)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 1, 1, K, generator=g), torch.randn(1, 1, 1, K, generator=g)
+
+    def score(m, n):
+        qm = rotary(q, torch.tensor([[float(m)]]))
+        kn = rotary(k, torch.tensor([[float(n)]]))
+        return float((qm * kn).sum())
+
+    scale = float(q.norm() * k.norm())
+    for d in (0, 1, 3, 7):
+        values = [score(n + d, n) for n in (0, 2, 5, 11, 40)]
+        assert max(values) - min(values) <= 1e-5 * scale
+    assert abs(score(3, 0) - score(1, 0)) > 1e-3 * scale   # and the difference does matter
+
+
+def test_zeros_init_is_identity_with_uniform_attention():
+    model = init_params(Transformer(config()), "zeros")
+    x, valid, offset = inputs(0)
+    x, valid = torch.from_numpy(x), torch.from_numpy(valid)
+    out = model(x, valid, offset, record=True)
+    assert torch.equal(out.embeddings, x)
+    allowed = AttentionMask("recsys", x.shape[1], offset, valid).dense().float()    # [B, 1, T, T]
+    uniform = allowed / allowed.sum(-1, keepdim=True)
+    for layer in out.layers:
+        torch.testing.assert_close(layer.probs, uniform.expand_as(layer.probs), rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("emb,w,multiple,expected", [
+    (128, 4.0, 8, 344), (64, 4.0, 8, 176), (512, 2.0, 8, 688), (2560, 2.0, 8, 3416),
+    (128, 4.0, 256, 512), (2560, 2.0, 256, 3584),
+])
+def test_ffn_size_table(emb, w, multiple, expected):
+    assert ffn_size(emb, w, multiple) == expected
+
+
+def test_record_does_not_change_output():
+    model = random_model(seed=3)
+    x, valid, offset = inputs(3)
+    x, valid = torch.from_numpy(x), torch.from_numpy(valid)
+    plain = model(x, valid, offset)
+    recorded = model(x, valid, offset, record=True)
+    assert plain.layers is None and len(recorded.layers) == 2
+    assert torch.equal(plain.embeddings, recorded.embeddings)
+    assert torch.equal(recorded.layers[-1].after_ffn, recorded.embeddings)
+
+
+# --- bad input ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("changes,field,allowed", [
+    (dict(num_q_heads=3, num_kv_heads=2), "num_q_heads", "multiple of num_kv_heads"),
+    (dict(key_size=15), "key_size", "even"),
+    (dict(cap_method="relu"), "cap_method", "tanh, soft_sign, none"),
+    (dict(rope_mode="alibi"), "rope_mode", "sequential, shared, none"),
+    (dict(prefix="full"), "prefix", "causal, bidirectional"),
+    (dict(num_layers=0), "num_layers", "positive integer"),
+])
+def test_bad_config_names_field_and_allowed(changes, field, allowed):
+    with pytest.raises(ValueError, match=field) as e:
+        config(**changes)
+    assert allowed in str(e.value)
+
+
+@pytest.mark.parametrize("offset", [-1, 12])
+def test_offset_outside_sequence_rejected(offset):
+    model = random_model()
+    x, valid, _ = inputs(0)   # T = 11
+    with pytest.raises(ValueError, match=r"candidate_start_offset.*\[0, 11\]"):
+        model(torch.from_numpy(x), torch.from_numpy(valid), offset)
+
+
+def test_mask_shape_mismatch_rejected():
+    model = random_model()
+    x, valid, offset = inputs(0)
+    with pytest.raises(ValueError, match=r"mask: got shape \(2, 10\); allowed: \[2, 11\]"):
+        model(torch.from_numpy(x), torch.from_numpy(valid[:, :10]), offset)
+    with pytest.raises(ValueError, match=r"embeddings: .*emb_size"):
+        model(torch.from_numpy(x[..., :32]), torch.from_numpy(valid), offset)
