@@ -1,0 +1,111 @@
+"""Train the lecture-sized Phoenix ranker on the synthetic world; write the app's demo weights.
+
+    python -m models.train_demo                 # -> models/demo/lecture.safetensors
+    python -m models.train_demo --steps 50 --out /tmp/w.safetensors
+
+CPU, one thread, deterministic (seeded data and init, deterministic algorithms): the same command
+writes the same bytes. Each step draws a fresh batch of world users with a history length and
+candidate count from TRAIN_LAYOUTS, so the ranker works on the app's layouts, not one shape.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+import torch
+import torch.nn.functional as F
+
+from .demo import DEMO_WEIGHTS, DEMO_WORLD, HELD_OUT_SEED, demo_config, evaluate, load_demo_model
+from .recsys import RecsysModel, SequenceLayout, init_recsys
+
+TRAIN_LAYOUTS = tuple(SequenceLayout(1, s, c, hp, cp) for s, c, hp, cp in
+                      ((5, 3, 0, 0), (8, 4, 0, 0), (6, 3, 1, 0), (10, 4, 2, 1), (4, 2, 0, 0), (12, 6, 0, 0)))
+
+
+EVAL_LAYOUTS = (SequenceLayout(1, 5, 3), SequenceLayout(1, 8, 4))
+REPORT = Path(__file__).parent.parent / "benchmarks" / "results" / "demo-training.json"
+
+
+def save_fp16(model: RecsysModel, path: Path) -> None:
+    """models.weights' file format (flattened haiku keys, config in the metadata) in float16, so
+    the shipped file stays small; load_weights reads it back into an fp32 model."""
+    from safetensors.numpy import save_file
+    from .weights import _config_json, flatten, haiku_params
+    path.parent.mkdir(parents=True, exist_ok=True)
+    flat = {k: np.ascontiguousarray(v.astype(np.float16)) for k, v in flatten(haiku_params(model)).items()}
+    save_file(flat, str(path), metadata={"config": _config_json(model)})
+
+
+def run_info() -> dict:
+    """Where and when a result was measured (for benchmarks/results/*.json)."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    return {"device": f"cpu ({platform.processor() or platform.machine()}), {torch.get_num_threads()} thread(s)",
+            "torch": torch.__version__, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "commit": commit}
+
+
+def train(steps: int = 1000, batch: int = 128, lr: float = 3e-3, seed: int = 0, log_every: int = 100,
+          verbose: bool = True) -> tuple[RecsysModel, list[dict]]:
+    """-> (trained model, [{"step", "loss"}] every `log_every` steps)."""
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True)
+    model = init_recsys(RecsysModel(demo_config()), "random", seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
+    curve = []
+    for step in range(steps):
+        layout = TRAIN_LAYOUTS[step % len(TRAIN_LAYOUTS)]
+        inputs, labels = DEMO_WORLD.sample(layout, batch, seed * HELD_OUT_SEED // 100 + step)
+        assert seed * HELD_OUT_SEED // 100 + step < HELD_OUT_SEED, "training must not reach held-out seeds"
+        logits = model(inputs).logits                                              # [B, C, A]
+        valid = (labels.candidate_topics >= 0)[..., None].float()                  # padded candidates out
+        loss = (F.binary_cross_entropy_with_logits(logits, labels.actions, reduction="none") * valid).sum() \
+            / (valid.sum() * logits.shape[-1])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        if step % log_every == 0 or step == steps - 1:
+            curve.append({"step": step, "loss": round(loss.item(), 5)})
+            if verbose:
+                print(f"step {step:5d}  loss {loss.item():.4f}", flush=True)
+    return model.eval(), curve
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=DEMO_WEIGHTS)
+    p.add_argument("--report", type=Path, default=REPORT)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    model, curve = train(args.steps, args.batch, args.lr, args.seed)
+    seconds = time.perf_counter() - t0
+    save_fp16(model, args.out)
+    # measured on what ships: the fp16 file loaded back into an fp32 model
+    report = {"train_seconds": round(seconds, 1), "steps": args.steps, "batch": args.batch,
+              "weights": args.out.name, "bytes": args.out.stat().st_size, **run_info(),
+              "held_out": [evaluate(load_demo_model(args.out), layout) for layout in EVAL_LAYOUTS],
+              "loss_curve": curve}
+    args.report.parent.mkdir(parents=True, exist_ok=True)
+    args.report.write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in report.items() if k != "loss_curve"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
