@@ -1,0 +1,191 @@
+"""Weights from and to the original: haiku mappings round-trip losslessly, files round-trip,
+and anything wrong is refused with every problem named and nothing loaded."""
+import math
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+import reference_numpy as ref
+from models.grok import Transformer, TransformerConfig, init_params
+from models.recsys import RecsysModel, get_preset, init_recsys, synthetic_batch
+from models.weights import (config_from_weight_file, haiku_params, load_haiku_params, load_weights,
+                            model_from_weight_file, read_weight_file, save_weights)
+
+CFG = TransformerConfig(emb_size=64, key_size=16, num_q_heads=4, num_kv_heads=2, num_layers=2,
+                        attn_output_multiplier=1 / math.sqrt(16))
+
+
+def random_params(cfg=CFG, seed=0):
+    return ref.random_haiku_params(np.random.default_rng(seed), cfg.emb_size, cfg.key_size, cfg.num_q_heads,
+                                   cfg.num_kv_heads, cfg.num_layers, ref.ffn_size(cfg.emb_size, 4.0))
+
+
+def expected_paths(num_layers):
+    """FACTS.md §1, written out by hand."""
+    paths = set()
+    for i in range(num_layers):
+        p = f"transformer/decoder_layer_{i}"
+        paths |= {f"{p}/rms_norm", f"{p}/rms_norm_1", f"{p}/rms_norm_2", f"{p}/rms_norm_3",
+                  f"{p}/multi_head_attention/query", f"{p}/multi_head_attention/key",
+                  f"{p}/multi_head_attention/value", f"{p}/multi_head_attention/linear",
+                  f"{p}/linear", f"{p}/linear_v", f"{p}/linear_1"}
+    return paths
+
+
+def params_equal(a, b):
+    return a.keys() == b.keys() and all(
+        a[m].keys() == b[m].keys() and all(np.array_equal(a[m][n], b[m][n]) for n in a[m]) for m in a)
+
+
+def test_export_has_grok_paths_and_shapes():
+    params = haiku_params(init_params(Transformer(CFG), "random", 0))
+    assert set(params) == expected_paths(2)
+    layer = "transformer/decoder_layer_1"
+    assert params[f"{layer}/multi_head_attention/query"]["w"].shape == (64, 4 * 16)
+    assert params[f"{layer}/multi_head_attention/key"]["w"].shape == (64, 2 * 16)
+    assert params[f"{layer}/multi_head_attention/linear"]["w"].shape == (4 * 16, 64)
+    assert params[f"{layer}/linear_1"]["w"].shape == (176, 64)
+    assert set(params[f"{layer}/rms_norm_3"]) == {"scale"}
+
+
+def test_haiku_load_export_round_trip_is_lossless():
+    params = random_params(seed=1)
+    model = load_haiku_params(Transformer(CFG), params)
+    assert params_equal(haiku_params(model), params)
+    # and the parameters really landed where grok.py has them
+    w = params["transformer/decoder_layer_1/linear_v"]["w"]
+    assert np.array_equal(model.layers[1].dense_block.linear_v.w.detach().numpy(), w)
+
+
+def test_load_accepts_jax_like_arrays():
+    class JaxLike:   # anything exposing __array__, as jax.Array does
+        def __init__(self, a):
+            self.a = a
+
+        def __array__(self, dtype=None, copy=None):
+            return self.a if dtype is None else self.a.astype(dtype)
+
+    params = random_params(seed=2)
+    wrapped = {m: {n: JaxLike(v) for n, v in inner.items()} for m, inner in params.items()}
+    assert params_equal(haiku_params(load_haiku_params(Transformer(CFG), wrapped)), params)
+
+
+def test_bad_params_list_every_problem_and_load_nothing():
+    model = init_params(Transformer(CFG), "random", 0)
+    before = haiku_params(model)
+    bad = random_params(seed=3)
+    bad["transformer/decoder_layer_0/multi_head_attention/query"] = {"w": np.zeros((64, 32), np.float32)}
+    bad["transformer/decoder_layer_1/linear_1"] = {"w": np.zeros((64, 176), np.float32)}
+    del bad["transformer/decoder_layer_1/rms_norm_2"]
+    bad["transformer/decoder_layer_2/rms_norm"] = {"scale": np.ones(64, np.float32)}
+    with pytest.raises(ValueError) as e:
+        load_haiku_params(model, bad)
+    msg = str(e.value)
+    assert msg.startswith("weights:")
+    assert ("transformer/decoder_layer_0/multi_head_attention/query/w has shape [64, 32], expected [64, 64]"
+            in msg)
+    assert "transformer/decoder_layer_1/linear_1/w has shape [64, 176], expected [176, 64]" in msg
+    assert "transformer/decoder_layer_1/rms_norm_2/scale is missing" in msg
+    assert "transformer/decoder_layer_2/rms_norm/scale is unexpected" in msg
+    assert params_equal(haiku_params(model), before)     # nothing was loaded
+
+
+def test_non_finite_and_non_mapping_params_refused():
+    bad = random_params(seed=4)
+    bad["transformer/decoder_layer_0/rms_norm"]["scale"][3] = np.nan
+    with pytest.raises(ValueError, match="rms_norm/scale contains NaN"):
+        load_haiku_params(Transformer(CFG), bad)
+    with pytest.raises(ValueError, match="weights: got list"):
+        load_haiku_params(Transformer(CFG), [1, 2])
+    with pytest.raises(ValueError, match="model: got Linear; allowed: Transformer or RecsysModel"):
+        load_haiku_params(torch.nn.Linear(2, 2), random_params())
+
+
+# --- files --------------------------------------------------------------------------------
+
+def lecture_recsys(seed):
+    preset = get_preset("lecture")
+    return init_recsys(RecsysModel(preset.recsys_config()), "random", seed), preset
+
+
+@pytest.mark.parametrize("ext", ["npz", "safetensors"])
+def test_transformer_file_round_trip(tmp_path, ext):
+    model = load_haiku_params(Transformer(CFG.replace(rope_mode="shared")), random_params(seed=5))
+    path = tmp_path / f"trunk.{ext}"
+    save_weights(model, path)
+    flat = read_weight_file(path)
+    assert {k.rpartition("/")[0] for k in flat} == expected_paths(2)
+    assert config_from_weight_file(path) == model.config
+    other = init_params(Transformer(CFG), "random", 9)
+    assert params_equal(haiku_params(load_weights(other, path)), haiku_params(model))
+    assert params_equal(haiku_params(model_from_weight_file(path)), haiku_params(model))
+
+
+@pytest.mark.parametrize("ext", ["npz", "safetensors"])
+def test_recsys_file_round_trip(tmp_path, ext):
+    model, preset = lecture_recsys(0)
+    path = tmp_path / f"ranker.{ext}"
+    save_weights(model, path)
+    keys = set(read_weight_file(path))
+    assert "recsys_model/unembedding/w" in keys and "transformer/decoder_layer_0/linear_v/w" in keys
+    rebuilt = model_from_weight_file(path)
+    assert isinstance(rebuilt, RecsysModel) and rebuilt.config == model.config
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), rebuilt.parameters()))
+    batch = synthetic_batch(model.config, preset.layout, seed=1)
+    assert torch.equal(model(batch).logits, rebuilt(batch).logits)
+    # a ranker file is not a trunk file: the extra keys are named
+    with pytest.raises(ValueError, match="(?s)weights file: .*recsys_model/unembedding/w is unexpected"):
+        load_weights(Transformer(model.config.transformer), path)
+
+
+def test_file_without_config_loads_into_a_given_model(tmp_path):
+    params = random_params(seed=6)
+    path = tmp_path / "from_jax.npz"
+    np.savez(path, **{f"{m}/{n}": v for m, inner in params.items() for n, v in inner.items()})
+    assert config_from_weight_file(path) is None
+    with pytest.raises(ValueError, match="carries no config"):
+        model_from_weight_file(path)
+    assert params_equal(haiku_params(load_weights(Transformer(CFG), path)), params)
+
+
+def test_bad_files_refused(tmp_path):
+    model = init_params(Transformer(CFG), "random", 0)
+    for name in ("w.pt", "w.pkl", "w.npy", "w"):
+        with pytest.raises(ValueError, match=r"weights file: got .*; allowed: a \.npz or \.safetensors file"):
+            save_weights(model, tmp_path / name)
+        (tmp_path / name).write_bytes(b"x")
+        with pytest.raises(ValueError, match=r"weights file: got .*; allowed: a \.npz or \.safetensors"):
+            load_weights(model, tmp_path / name)
+    with pytest.raises(ValueError, match="weights file: .* does not exist"):
+        read_weight_file(tmp_path / "missing.npz")
+    good = tmp_path / "w.safetensors"
+    save_weights(model, good)
+    with pytest.raises(ValueError, match=r"weights file: 'w.safetensors' is [\d,]+ bytes; allowed: at most 1,000"):
+        read_weight_file(good, max_bytes=1000)
+    for ext in ("npz", "safetensors"):
+        corrupt = tmp_path / f"corrupt.{ext}"
+        corrupt.write_bytes(b"not a weight file at all" * 10)
+        with pytest.raises(ValueError, match=f"weights file: 'corrupt.{ext}' .*not .*{ext}"):
+            read_weight_file(corrupt)
+
+
+def test_pickle_in_npz_refused(tmp_path):
+    path = tmp_path / "evil.npz"
+    np.savez(path, **{"transformer/decoder_layer_0/rms_norm/scale": np.array([{"a": 1}], dtype=object)})
+    model = init_params(Transformer(CFG), "random", 0)
+    before = haiku_params(model)
+    with pytest.raises(ValueError, match="weights file: 'evil.npz' contains pickled objects; refused"):
+        load_weights(model, path)
+    assert params_equal(haiku_params(model), before)
+
+
+def test_npz_expanding_past_the_cap_refused(tmp_path):
+    path = tmp_path / "bomb.npz"
+    np.savez_compressed(path, big=np.zeros(200_000, np.float32))    # 800 kB of zeros, a few kB on disk
+    assert path.stat().st_size < 10_000
+    with pytest.raises(ValueError, match="unpacks to"):
+        read_weight_file(path, max_bytes=100_000)
+    with zipfile.ZipFile(path) as z:
+        assert z.infolist()[0].file_size > 100_000
