@@ -10,12 +10,15 @@ A backend is one function plus one entry in BACKENDS (with its capabilities).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import functools
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 import torch
+import torch.nn.functional as F
 
-from .masks import AttentionMask
+from .masks import MASK_KINDS, AttentionMask
 
 MASK_VALUE = -1e30
 CAP_METHODS = ("tanh", "soft_sign", "none")
@@ -62,6 +65,208 @@ def naive_attention(q, k, v, mask: AttentionMask, *, multiplier: float, cap: flo
     return AttentionOutput(out, probs.reshape(B, Hq, T, -1), logits.reshape(B, Hq, T, -1))
 
 
+# --- SDPA: torch's fused kernels, one explicit kernel per backend -----------------------
+
+def _sdpa_kernel(name: str):
+    from torch.nn.attention import SDPBackend
+    return {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[name]
+
+
+def _additive_mask(mask: AttentionMask, dtype, device) -> torch.Tensor:
+    """[B|1, 1, T, S]: 0 where allowed, -1e30 where not. Adding -1e30 to a logit gives exactly -1e30
+    in fp32, so this is grok.py's where(mask, logits, -1e30), fully masked rows (uniform) included.
+    fp16 cannot hold -1e30: it gets its most negative number, exact on every row with an allowed key."""
+    fill = max(MASK_VALUE, torch.finfo(dtype).min)
+    return torch.where(mask.dense().to(device), 0.0, fill).to(dtype)
+
+
+def sdpa_attention(q, k, v, mask: AttentionMask, *, multiplier: float, cap: float, cap_method: str,
+                   need_weights: bool = False, kernel: str = "math") -> AttentionOutput:
+    """torch SDPA with the kernel pinned (never a silent fallback). Exact only with the cap off, which
+    the capability table enforces: SDPA has no logit cap."""
+    from torch.nn.attention import sdpa_kernel
+    Hq, Hkv = q.shape[2], k.shape[2]
+    qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))                # [B, H, T, K]
+    if kernel in ("efficient", "cudnn") and Hq != Hkv:
+        # these kernels take no enable_gqa: give each query head its KV head (h -> h // G, as grok.py)
+        kh, vh = (x.repeat_interleave(Hq // Hkv, dim=1) for x in (kh, vh))
+    plain = mask.kind in ("causal", "full") and not has_padding(mask)
+    bias = None if plain else _additive_mask(mask, q.dtype, q.device)
+    with sdpa_kernel([_sdpa_kernel(kernel)]):
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=bias, is_causal=plain and mask.kind == "causal",
+                                             scale=multiplier, enable_gqa=Hq != kh.shape[1])
+    return AttentionOutput(out.transpose(1, 2))                         # [B, T, Hq, K]
+
+
+# --- FlexAttention: the mask predicate itself, compiled ---------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+    # Each layout (mask kind, offset, T) and each (multiplier, cap) is its own compiled kernel: dynamo
+    # guards on the predicates' closures. Past the recompile limit (default 8) it would quietly fall
+    # back to eager flex (still exact, but it materialises the scores), so an explorer that visits
+    # many layouts gets a higher limit.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    # eager flex_attention materialises the scores; compiled it is a fused kernel, CPU included
+    return torch.compile(flex_attention, dynamic=False)
+
+
+@functools.lru_cache(maxsize=64)
+def _grok_score_mod(multiplier: float, cap: float, cap_method: str):
+    """score_mod for grok.py's multiplier then soft cap; cached so a layout compiles once."""
+    method = cap_method if cap_active(cap, cap_method) else "none"
+
+    def grok_score(score, b, h, q_idx, kv_idx):
+        return apply_cap(score * multiplier, cap, method)
+    return grok_score
+
+
+_BLOCK_MASKS: "OrderedDict[tuple, object]" = OrderedDict()
+
+
+def flex_block_mask(mask: AttentionMask, device):
+    """The BlockMask for this layout, built from mask.mask_mod() (padding reads valid[b, kv]) and cached
+    on (kind, T, offset, padding pattern, device)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    padded = has_padding(mask)
+    valid = mask.valid.to(device) if padded else None
+    key = (mask.kind, mask.seq_len, mask.candidate_start_offset, str(device),
+           None if not padded else (tuple(valid.shape), valid.cpu().numpy().tobytes()))
+    if key not in _BLOCK_MASKS:
+        m = AttentionMask(mask.kind, mask.seq_len, mask.candidate_start_offset, valid)
+        batch = valid.shape[0] if padded else None          # None: one mask broadcast over the batch
+        _BLOCK_MASKS[key] = create_block_mask(m.mask_mod(), batch, None, mask.seq_len, mask.seq_len,
+                                              device=device)
+        while len(_BLOCK_MASKS) > 32:
+            _BLOCK_MASKS.popitem(last=False)
+    _BLOCK_MASKS.move_to_end(key)
+    return _BLOCK_MASKS[key]
+
+
+def flex_attention(q, k, v, mask: AttentionMask, *, multiplier: float, cap: float, cap_method: str,
+                   need_weights: bool = False) -> AttentionOutput:
+    """A query with no allowed key gets zeros here (grok.py: uniform weights); such rows are padding."""
+    if q.device.type == "cpu" and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        raise ValueError("backend: flex on CPU is inference-only (no backward there); "
+                         "call the model under torch.no_grad()")
+    qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))                # [B, H, T, K]
+    out = _compiled_flex()(qh, kh, vh, score_mod=_grok_score_mod(float(multiplier), float(cap), cap_method),
+                           block_mask=flex_block_mask(mask, q.device), scale=1.0,
+                           enable_gqa=q.shape[2] != k.shape[2])
+    return AttentionOutput(out.transpose(1, 2))                         # [B, T, Hq, K]
+
+
+# --- the recsys mask without the candidate x candidate block -------------------------------
+# A candidate sees the prefix (user + history) and itself. So its softmax splits into two parts:
+#   (b) the prefix keys, a plain non-causal attention that also returns log-sum-exp lse_p, and
+#   (c) its own key, one logit s_self = cap(multiplier * q_i . k_i).
+# With lse = logaddexp(lse_p, s_self):  out_i = exp(lse_p - lse) * out_p + exp(s_self - lse) * v_i,
+# exactly the softmax over prefix + self. The prefix queries (a) see only the prefix (causal or not).
+# Any kernel that returns lse (flash_attn, or plain torch below) serves as a "piece".
+
+def math_piece(q, k, v, *, causal: bool, key_valid: Optional[torch.Tensor], multiplier: float,
+               cap: float, cap_method: str):
+    """One dense block in plain torch: q [B,Tq,Hq,K], k/v [B,S,Hkv,K] -> out [B,Tq,Hq,K], lse [B,Tq,Hq] fp32."""
+    B, Tq, Hq, K = q.shape
+    S, Hkv = k.shape[1], k.shape[2]
+    qg = q.reshape(B, Tq, Hkv, Hq // Hkv, K)                                        # [B, Tq, Hkv, G, K]
+    logits = apply_cap(torch.einsum("bthgd,bshd->bhgts", qg, k).float() * multiplier, cap, cap_method)
+    allowed = torch.ones(Tq, S, dtype=torch.bool, device=q.device)
+    if causal:
+        allowed = allowed.tril()
+    allowed = allowed[None, None, None]                                             # [1, 1, 1, Tq, S]
+    if key_valid is not None:
+        allowed = allowed & key_valid[:, None, None, None, :].to(q.device)
+    logits = logits.masked_fill(~allowed, float("-inf"))
+    lse = torch.logsumexp(logits, dim=-1)                                           # [B, Hkv, G, Tq]
+    probs = torch.exp(logits - lse[..., None]).nan_to_num(0.0)                      # empty row -> zeros
+    out = torch.einsum("bhgts,bshd->bthgd", probs.to(v.dtype), v).reshape(B, Tq, Hq, K)
+    return out, lse.permute(0, 3, 1, 2).reshape(B, Tq, Hq)
+
+
+def decomposed_attention(q, k, v, mask: AttentionMask, piece, *, multiplier: float, cap: float,
+                         cap_method: str) -> torch.Tensor:
+    """grok.py's attention for any MASK_KINDS kind from `piece` calls that never see candidate x candidate."""
+    B, T, Hq, K = q.shape
+    Hkv = k.shape[2]
+    G = Hq // Hkv
+    recsys = mask.kind.startswith("recsys")
+    P = mask.candidate_start_offset if recsys else T          # causal/full: the whole sequence is "prefix"
+    causal_prefix = mask.kind == "causal" or (recsys and mask.prefix == "causal")
+    valid = mask.valid.to(q.device) if has_padding(mask) else None
+    kw = dict(multiplier=multiplier, cap=cap, cap_method=cap_method)
+    out = torch.zeros_like(q)
+    if P > 0:                                                                       # (a)
+        out[:, :P] = piece(q[:, :P], k[:, :P], v[:, :P], causal=causal_prefix,
+                           key_valid=None if valid is None else valid[:, :P], **kw)[0]
+    if P == T:
+        return out
+    C = T - P
+    qc = q[:, P:].reshape(B, C, Hkv, G, K)                                          # [B, C, Hkv, G, K]
+    kc, vc = k[:, P:], v[:, P:]                                                     # [B, C, Hkv, K]
+    s_self = apply_cap((qc.float() * kc[:, :, :, None].float()).sum(-1) * multiplier, cap, cap_method)
+    s_self = s_self.reshape(B, C, Hq)                                               # (c) [B, C, Hq]
+    if valid is not None:
+        s_self = s_self.masked_fill(~valid[:, P:, None], float("-inf"))
+    if P > 0:                                                                       # (b)
+        out_p, lse_p = piece(q[:, P:], k[:, :P], v[:, :P], causal=False,
+                             key_valid=None if valid is None else valid[:, :P], **kw)
+    else:
+        out_p, lse_p = torch.zeros_like(q[:, P:]), torch.full_like(s_self, float("-inf"))
+    lse = torch.logaddexp(lse_p, s_self)                                            # [B, C, Hq]
+    w_prefix = torch.exp(lse_p - lse).nan_to_num(0.0)[..., None]                    # empty row -> zeros
+    w_self = torch.exp(s_self - lse).nan_to_num(0.0)[..., None]
+    v_self = vc.repeat_interleave(G, dim=2)                                         # [B, C, Hq, K]
+    out[:, P:] = (w_prefix * out_p.float() + w_self * v_self.float()).to(q.dtype)
+    return out
+
+
+def structured_attention(q, k, v, mask: AttentionMask, *, multiplier: float, cap: float, cap_method: str,
+                         need_weights: bool = False) -> AttentionOutput:
+    """The flash_attn decomposition in plain torch: runs anywhere, proves the decomposition on CPU."""
+    return AttentionOutput(decomposed_attention(q, k, v, mask, math_piece, multiplier=multiplier, cap=cap,
+                                                cap_method=cap_method))
+
+
+# --- flash_attn: Dao-AILab's kernels ------------------------------------------------------
+
+def _flash_attn_func():
+    from flash_attn import flash_attn_func
+    return flash_attn_func
+
+
+def flash_attn_missing() -> Optional[str]:
+    try:
+        _flash_attn_func()
+    except Exception:  # ImportError, or a build that fails to load its CUDA library
+        return "flash-attn not installed"
+    return None
+
+
+def flash_attn_piece(q, k, v, *, causal: bool, key_valid, multiplier: float, cap: float, cap_method: str):
+    """flash_attn_func on one block: [B, T, H, D] layout, GQA natively, tanh softcap; lse [B, H, Tq]."""
+    if key_valid is not None:
+        raise ValueError("flash_attn: key padding is not supported (capability table)")
+    softcap = float(cap) if cap_active(cap, cap_method) else 0.0
+    out, lse, _ = _flash_attn_func()(q, k, v, softmax_scale=float(multiplier), causal=causal,
+                                     softcap=softcap, return_attn_probs=True)
+    return out, lse.transpose(1, 2)                                                 # lse [B, Tq, Hq]
+
+
+def flash_attn_attention(q, k, v, mask: AttentionMask, *, multiplier: float, cap: float, cap_method: str,
+                         need_weights: bool = False) -> AttentionOutput:
+    return AttentionOutput(decomposed_attention(q, k, v, mask, flash_attn_piece, multiplier=multiplier, cap=cap,
+                                                cap_method=cap_method))
+
+
+# --- the registry and its capability table --------------------------------------------------
+
+def _needs_cuda_build() -> Optional[str]:
+    return None if torch.cuda.is_available() else "needs CUDA"
+
+
 @dataclass(frozen=True)
 class Backend:
     fn: Callable[..., AttentionOutput]
@@ -72,33 +277,99 @@ class Backend:
     returns_weights: bool = False
     # available() -> None when usable here, else the reason in plain words
     available: Callable[[], Optional[str]] = field(default=lambda: None)
+    mask_kinds: tuple = tuple(MASK_KINDS)
+    padding: bool = True                # key padding (mask.valid) supported
+    max_head_dim: Optional[int] = None
+    gqa: str = "grouped einsum"         # how query heads share KV heads
+    empty_rows: str = "uniform"         # a query with no allowed key: "uniform" (grok.py) or "zeros"
+    per_device: dict = field(default_factory=dict)   # device -> fields that differ there
 
+    def on(self, device: str) -> "Backend":
+        """This backend's capabilities on one device."""
+        return replace(self, **self.per_device.get(device, {}))
+
+
+_CUDA_SDPA = ("float16", "bfloat16")
 
 BACKENDS: dict[str, Backend] = {
     "naive": Backend(naive_attention, "materialised [B, H, T, T] logits and probabilities, as grok.py",
                      returns_weights=True),
+    "sdpa": Backend(functools.partial(sdpa_attention, kernel="math"),
+                    "torch SDPA, math kernel: additive -1e30 mask; no logit cap",
+                    cap_methods=("none",), gqa="native (enable_gqa)"),
+    "sdpa-flash": Backend(functools.partial(sdpa_attention, kernel="flash"),
+                          "torch SDPA, flash kernel (on CPU it takes the mask; on CUDA causal/full only)",
+                          cap_methods=("none",), gqa="native (enable_gqa)",
+                          per_device={"cuda": dict(dtypes=_CUDA_SDPA, mask_kinds=("causal", "full"),
+                                                   padding=False, max_head_dim=256)}),
+    "sdpa-efficient": Backend(functools.partial(sdpa_attention, kernel="efficient"),
+                              "torch SDPA, memory-efficient (xformers) kernel with an additive mask",
+                              devices=("cuda",), cap_methods=("none",), gqa="repeated K/V"),
+    "sdpa-cudnn": Backend(functools.partial(sdpa_attention, kernel="cudnn"),
+                          "torch SDPA, cuDNN kernel", devices=("cuda",), dtypes=_CUDA_SDPA,
+                          cap_methods=("none",), mask_kinds=("causal", "full"), padding=False,
+                          max_head_dim=128, gqa="repeated K/V"),
+    "flex": Backend(flex_attention,
+                    "FlexAttention: the mask predicate as mask_mod, multiplier + cap as score_mod, compiled",
+                    gqa="native (enable_gqa)", empty_rows="zeros"),
+    "structured": Backend(structured_attention,
+                          "recsys decomposition (prefix | candidates x prefix with LSE | self) in plain torch; "
+                          "never builds the candidate x candidate block", empty_rows="zeros"),
+    "flash_attn": Backend(flash_attn_attention,
+                          "Dao-AILab flash_attn_func + the recsys decomposition merged by log-sum-exp",
+                          devices=("cuda",), dtypes=_CUDA_SDPA, cap_methods=("tanh", "none"),
+                          available=flash_attn_missing, padding=False, max_head_dim=256,
+                          gqa="native", empty_rows="zeros"),
 }
 
 
+def has_padding(mask: AttentionMask) -> bool:
+    return mask.valid is not None and not bool(mask.valid.all())
+
+
+def capability_table() -> list[dict]:
+    """One row per (backend, device) it runs on: what the app greys out and the README prints."""
+    rows = []
+    for name, backend in BACKENDS.items():
+        for device in backend.devices:
+            b = backend.on(device)
+            rows.append(dict(backend=name, device=device, dtypes=list(b.dtypes), mask_kinds=list(b.mask_kinds),
+                             padding=b.padding, cap_methods=list(b.cap_methods), gqa=b.gqa,
+                             max_head_dim=b.max_head_dim, returns_weights=b.returns_weights,
+                             empty_rows=b.empty_rows, description=b.description,
+                             unavailable=(_needs_cuda_build() if device == "cuda" else None) or b.available()))
+    return rows
+
+
 def unavailable_reason(backend: str, *, device: str = "cpu", dtype: str = "float32",
-                       cap: float = 30.0, cap_method: str = "tanh",
+                       cap: float = 30.0, cap_method: str = "tanh", mask_kind: Optional[str] = None,
+                       padding: bool = False, head_dim: Optional[int] = None,
                        need_weights: bool = False) -> Optional[str]:
-    """None if `backend` can run this exactly, else why not (shown in the app)."""
+    """None if `backend` can run this exactly, else why not in plain words (shown in the app).
+    No backend is ever run on something it would only approximate."""
     if backend not in BACKENDS:
         return f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}"
-    b = BACKENDS[backend]
-    why = b.available()
+    dev = torch.device(device).type
+    base = BACKENDS[backend]
+    if dev not in base.devices:
+        return f"{backend} needs {' or '.join(d.upper() for d in base.devices)}"
+    why = (_needs_cuda_build() if dev == "cuda" else None) or base.available()
     if why:
         return why
-    dev = torch.device(device).type
-    if dev not in b.devices:
-        return f"{backend} needs {' or '.join(b.devices).upper()}"
+    b = base.on(dev)
     if dtype not in b.dtypes:
-        return f"{backend} does not run {dtype}; it takes {', '.join(b.dtypes)}"
+        return f"{backend} on {dev} does not run {dtype}; it takes {', '.join(b.dtypes)}"
     method = cap_method if cap_active(cap, cap_method) else "none"
     if method not in b.cap_methods:
-        return f"{backend} has no {method} logit cap (it is exact only with the cap " \
-               f"{' or '.join(b.cap_methods)})"
+        if b.cap_methods == ("none",):
+            return f"{backend}: SDPA has no logit cap (exact only with the cap off)"
+        return f"{backend} has no {method} logit cap (it takes {' or '.join(b.cap_methods)})"
+    if mask_kind is not None and mask_kind not in b.mask_kinds:
+        return f"{backend} on {dev} takes no {mask_kind} mask (only {', '.join(b.mask_kinds)})"
+    if padding and not b.padding:
+        return f"{backend} on {dev} does not support key padding"
+    if head_dim is not None and b.max_head_dim is not None and head_dim > b.max_head_dim:
+        return f"{backend} takes head dim up to {b.max_head_dim}, got {head_dim}"
     if need_weights and not b.returns_weights:
         return f"{backend} does not return attention weights; heatmaps need naive"
     return None
@@ -106,8 +377,10 @@ def unavailable_reason(backend: str, *, device: str = "cpu", dtype: str = "float
 
 def attend(q, k, v, mask: AttentionMask, *, multiplier: float = 1.0, cap: float = 30.0,
            cap_method: str = "tanh", backend: str = "naive", need_weights: bool = False) -> AttentionOutput:
+    """q [B, T, Hq, K]; k, v [B, S, Hkv, K] -> AttentionOutput(out [B, T, Hq, K]) via the named backend."""
     why = unavailable_reason(backend, device=q.device.type, dtype=str(q.dtype).removeprefix("torch."),
-                             cap=cap, cap_method=cap_method, need_weights=need_weights)
+                             cap=cap, cap_method=cap_method, mask_kind=mask.kind, padding=has_padding(mask),
+                             head_dim=q.shape[-1], need_weights=need_weights)
     if why:
         raise ValueError(f"backend: {why}")
     return BACKENDS[backend].fn(q, k, v, mask, multiplier=multiplier, cap=cap, cap_method=cap_method,
