@@ -196,11 +196,17 @@ def _config_json(model: Model) -> str:
     return json.dumps({"model": "transformer", "transformer": asdict(model.config)})
 
 
-def save_weights(model: Model, path: Union[str, os.PathLike]) -> None:
-    """Write the flattened haiku keys (and the config as JSON) to ``.npz`` or ``.safetensors``."""
+SAVE_DTYPES = ("float32", "float16")
+
+
+def save_weights(model: Model, path: Union[str, os.PathLike], dtype: str = "float32") -> None:
+    """Write the flattened haiku keys (and the config as JSON) to ``.npz`` or ``.safetensors``.
+    dtype "float16" halves the file (shipped demo weights); loading always gives the model's dtype."""
     path = os.fspath(path)
     ext = _extension(path)
-    flat = flatten(haiku_params(model))
+    if dtype not in SAVE_DTYPES:
+        raise ValueError(f"dtype: got {dtype!r}; allowed: {', '.join(SAVE_DTYPES)}")
+    flat = {k: v.astype(dtype) for k, v in flatten(haiku_params(model)).items()}
     config = _config_json(model)
     if ext == ".npz":
         # np.savez would append .npz to a name without it; ours always has it
@@ -327,4 +333,4 @@ def model_from_weight_file(path, max_bytes: int = DEFAULT_MAX_BYTES) -> Model:
 
 __all__ = ["haiku_params", "load_haiku_params", "save_weights", "load_weights", "read_weight_file",
            "config_from_weight_file", "model_from_weight_file", "trunk_spec", "recsys_spec", "flatten",
-           "unflatten", "DEFAULT_MAX_BYTES", "EXTENSIONS"]
+           "unflatten", "DEFAULT_MAX_BYTES", "EXTENSIONS", "SAVE_DTYPES"]

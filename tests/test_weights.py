@@ -189,3 +189,17 @@ def test_npz_expanding_past_the_cap_refused(tmp_path):
         read_weight_file(path, max_bytes=100_000)
     with zipfile.ZipFile(path) as z:
         assert z.infolist()[0].file_size > 100_000
+
+
+@pytest.mark.parametrize("ext", ["npz", "safetensors"])
+def test_float16_file_loads_rounded_into_fp32_model(tmp_path, ext):
+    model = load_haiku_params(Transformer(CFG), random_params(seed=8))
+    path = tmp_path / f"half.{ext}"
+    save_weights(model, path, dtype="float16")
+    assert all(a.dtype == np.float16 for a in read_weight_file(path).values())
+    loaded = model_from_weight_file(path)
+    assert all(p.dtype == torch.float32 for p in loaded.parameters())
+    for (name, a), b in zip(model.named_parameters(), loaded.parameters()):
+        assert torch.equal(a.detach().half().float(), b.detach()), name
+    with pytest.raises(ValueError, match="dtype: got 'int8'; allowed: float32, float16"):
+        save_weights(model, path, dtype="int8")
