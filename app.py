@@ -1,0 +1,367 @@
+"""Attention explorer for recommendation transformers — the Gradio app. Layout and wiring only:
+the work lives in explorer/ (plain functions) and models/.
+
+    python app.py            # http://127.0.0.1:7860 (GRADIO_SERVER_NAME / GRADIO_SERVER_PORT override)
+
+Every view is also an API endpoint taking the URL query string of a configuration, e.g.
+``Client("http://127.0.0.1:7860").predict("preset=lecture&head=1", api_name="/attention")``.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from dataclasses import fields
+
+import gradio as gr
+import torch
+
+from explorer import export, runs, timing, views
+from explorer.settings import (COLOR_SCALES, INVARIANCE_OPS, PERTURBATIONS, VALUE_KINDS, Settings,
+                               ValidationError, check_backend, device, parse_query, parse_settings, to_query)
+from models.attention import BACKENDS, CAP_METHODS
+from models.grok import ROPE_MODES
+from models.masks import MASK_KINDS, PREFIX_MODES
+from models.recsys import PRESETS
+
+log = logging.getLogger("explorer")
+
+try:  # Hugging Face ZeroGPU: heavy calls borrow a GPU when the Space has one
+    import spaces
+    gpu = spaces.GPU
+except ImportError:
+    def gpu(fn):
+        return fn
+
+TABS = ("mask", "attention", "isolation", "invariance", "timing", "export")
+
+
+def guarded(fn):
+    """No traceback reaches the page: validation problems become gr.Error with the field named,
+    CUDA out-of-memory frees the caches, anything else is logged here and answered in one line."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except gr.Error:
+            raise
+        except ValueError as e:        # ValidationError and the models' own ValueErrors name the field
+            raise gr.Error(str(e), print_exception=False) from None
+        except torch.OutOfMemoryError:
+            runs.clear_caches()
+            raise gr.Error("out of GPU memory for this configuration; caches were freed — try a shorter "
+                           "sequence or a smaller model", print_exception=False) from None
+        except Exception:
+            log.exception("unexpected error in %s", fn.__name__)
+            raise gr.Error(f"internal error in {fn.__name__}; it was logged on the server",
+                           print_exception=False) from None
+    return wrapper
+
+
+def settings_of(query: str) -> Settings:
+    s = parse_query(query, uploaded=frozenset(runs.uploaded_names()))
+    check_backend(s)
+    return s
+
+
+# --- endpoints: each takes the configuration as a URL query string -----------------------
+
+@guarded
+def mask_endpoint(query: str):
+    return views.mask_view(settings_of(query))
+
+
+@guarded
+def attention_endpoint(query: str):
+    return views.attention_view(settings_of(query))
+
+
+@guarded
+@gpu
+def isolation_endpoint(query: str):
+    return views.isolation_view(settings_of(query))
+
+
+@guarded
+@gpu
+def invariance_endpoint(query: str):
+    s = settings_of(query)
+    return (*views.invariance_view(s), *views.rope_view(s))
+
+
+@guarded
+@gpu
+def timing_endpoint(query: str, lengths: str, backends: list, progress=gr.Progress()):
+    s = settings_of(query)
+    if not isinstance(backends, list) or not all(isinstance(b, str) for b in backends):
+        raise ValidationError("backends", backends, "a list of backend names: " + ", ".join(BACKENDS))
+    sw = timing.sweep(s, timing.parse_lengths(lengths), backends or ["naive"],
+                      progress=lambda f, what: progress(f, desc=what))
+    note = [f"Measured now on **{sw.device}**."] + ([sw.stopped] if sw.stopped else [])
+    note += [f"{b}: not run ({why})" for b, why in sw.skipped.items()]
+    if device() == "cpu":
+        note.append(timing.recorded_summary())
+    return (*timing.sweep_figures(sw), "\n\n".join(note))
+
+
+@guarded
+def export_endpoint(query: str, figure: str, fmt: str):
+    return export.export_figure(settings_of(query), figure, fmt)
+
+
+@guarded
+def lecture_pack_endpoint(query: str):
+    return export.lecture_pack(settings_of(query))
+
+
+@guarded
+def upload_endpoint(query: str, path: str):
+    s = settings_of(query)
+    if not path:
+        raise ValidationError("weights file", path, "a .npz or .safetensors file")
+    name = runs.load_upload(s, path)
+    s = parse_settings({**s.to_dict(), "weights": f"upload:{name}"}, uploaded=frozenset(runs.uploaded_names()))
+    return to_query(s), f"Loaded `{os.path.basename(path)}`: every shape matches; the views now use it."
+
+
+# --- controls <-> query string --------------------------------------------------------------
+
+CONTROL_FIELDS = [f.name for f in fields(Settings)]
+
+
+@guarded
+def settings_endpoint(*values):
+    """Every control's value, in Settings field order -> the validated query string."""
+    s = parse_settings(dict(zip(CONTROL_FIELDS, values)), uploaded=frozenset(runs.uploaded_names()))
+    check_backend(s)
+    return to_query(s)
+
+
+def control_values(s: Settings) -> list:
+    return [getattr(s, f) for f in CONTROL_FIELDS]
+
+
+@guarded
+def preset_endpoint(preset: str):
+    """A preset resets every model and layout control to its values."""
+    return to_query(parse_settings({"preset": preset}))
+
+
+@guarded
+def load_endpoint(request: gr.Request):
+    """Read the page's URL query string (a shared link) into the controls."""
+    params = dict(request.query_params) if request is not None else {}
+    query = "&".join(f"{k}={v}" for k, v in params.items() if k in CONTROL_FIELDS)
+    try:
+        s = settings_of(query or "preset=lecture")
+    except ValueError as e:
+        gr.Warning(f"link ignored: {e}")
+        s = settings_of("preset=lecture")
+    return to_query(s)
+
+
+@guarded
+def query_to_controls(query: str):
+    """Set every control from the query string; the head and weights lists follow the settings."""
+    s = settings_of(query)
+    values = control_values(s)
+    values[CONTROL_FIELDS.index("head")] = gr.update(choices=head_choices(s), value=s.head)
+    values[CONTROL_FIELDS.index("weights")] = gr.update(choices=weight_choices(), value=s.weights)
+    return values
+
+
+def head_choices(s: Settings):
+    return [("all heads (grid)", -1)] + [(f"head {h} (KV {h // (s.num_q_heads // s.num_kv_heads)})", h)
+                                        for h in range(s.num_q_heads)]
+
+
+def weight_choices():
+    names = [("trained demo", "demo"), ("random (seed)", "random"), ("grok.py zeros", "zeros")]
+    return names + [(f"uploaded {n}", f"upload:{n}") for n in runs.uploaded_names()]
+
+
+def backend_choices():
+    why = timing.usable_backends(parse_settings({}))
+    return [(name if not reason else f"{name} — unavailable: {reason}", name) for name, reason in why.items()]
+
+
+@guarded
+def render_tab(query: str, tab: str):
+    """Redraw only the visible tab (the others redraw when they are opened)."""
+    out = {t: None for t in TABS}
+    if tab == "mask":
+        out["mask"] = mask_endpoint(query)
+    elif tab == "attention":
+        out["attention"] = attention_endpoint(query)
+    elif tab == "isolation":
+        out["isolation"] = isolation_endpoint(query)
+    elif tab == "invariance":
+        out["invariance"] = invariance_endpoint(query)
+    flat = []
+    for t, n in (("mask", 2), ("attention", 3), ("isolation", 3), ("invariance", 5)):
+        flat += list(out[t]) if out[t] is not None else [gr.skip()] * n
+    return flat
+
+
+# --- layout -----------------------------------------------------------------------------------
+
+def number(label, **kw):
+    return gr.Number(label=label, precision=kw.pop("precision", 0), **kw)
+
+
+def build_app() -> gr.Blocks:
+    d = parse_settings({})
+    with gr.Blocks(title="Attention explorer for recommendation transformers") as demo:
+        gr.Markdown("# Attention explorer for recommendation transformers\n"
+                    "A faithful PyTorch port of X's phoenix ranker (`grok.py`): masks, heatmaps from the model's "
+                    "own forward, candidate isolation, batch invariance, RoPE and live kernel timings.")
+        query = gr.Textbox(label="Link to this view (query string)", value=to_query(d), buttons=["copy"],
+                           interactive=False, elem_id="query")
+        tab_state = gr.State("mask")
+        c: dict[str, gr.components.Component] = {}
+        with gr.Row():
+            with gr.Column(scale=1, min_width=300):
+                c["preset"] = gr.Dropdown(list(PRESETS), value=d.preset, label="preset")
+                c["weights"] = gr.Dropdown(weight_choices(), value=d.weights, label="weights")
+                c["seed"] = number("seed (weights and inputs)", value=d.seed)
+                upload = gr.File(label="upload weights (.npz / .safetensors, haiku names)",
+                                 file_types=[".npz", ".safetensors"], type="filepath", height=90)
+                upload_msg = gr.Markdown()
+                copy = gr.Button("Copy link", size="sm")
+                with gr.Accordion("sequence layout", open=True):
+                    c["num_user"] = number("user tokens", value=d.num_user)
+                    c["num_history"] = number("history length", value=d.num_history)
+                    c["num_candidates"] = number("candidates", value=d.num_candidates)
+                    c["history_padding"] = number("padded history slots", value=d.history_padding)
+                    c["candidate_padding"] = number("padded candidate slots", value=d.candidate_padding)
+                with gr.Accordion("model", open=False):
+                    c["emb_size"] = number("emb size", value=d.emb_size)
+                    c["key_size"] = number("key size", value=d.key_size)
+                    c["num_q_heads"] = number("query heads", value=d.num_q_heads)
+                    c["num_kv_heads"] = number("KV heads", value=d.num_kv_heads)
+                    c["num_layers"] = number("layers", value=d.num_layers)
+                    c["widening_factor"] = number("widening factor", value=d.widening_factor, precision=None)
+                    c["multiplier"] = number("attention multiplier", value=d.multiplier, precision=None)
+                    c["cap_method"] = gr.Radio(list(CAP_METHODS), value=d.cap_method, label="logit cap")
+                    c["logit_cap"] = number("cap value", value=d.logit_cap, precision=None)
+                    c["prefix"] = gr.Radio(list(PREFIX_MODES), value=d.prefix,
+                                           label="prefix (causal: grok.py; bidirectional: production)")
+                with gr.Accordion("RoPE and backend", open=False):
+                    c["rope_base"] = number("RoPE base", value=d.rope_base, precision=None)
+                    c["rope_offset"] = number("RoPE offset", value=d.rope_offset)
+                    c["rope_mode"] = gr.Radio(list(ROPE_MODES), value=d.rope_mode, label="candidate positions")
+                    c["backend"] = gr.Dropdown(backend_choices(), value=d.backend, label="attention backend "
+                                               "(probes and scores; heatmaps always use naive)")
+            with gr.Column(scale=4):
+                with gr.Tabs() as tabs:
+                    with gr.Tab("1 · Mask", id="mask") as t_mask:
+                        c["compare"] = gr.Dropdown(list(MASK_KINDS), value=d.compare, label="compare with")
+                        mask_fig = gr.Plot(label="mask", elem_id="mask-plot")
+                        mask_text = gr.Markdown()
+                    with gr.Tab("2 · Attention", id="attention") as t_attn:
+                        with gr.Row():
+                            c["layer"] = number("layer", value=d.layer)
+                            c["head"] = gr.Dropdown(head_choices(d), value=d.head, label="head")
+                            c["values"] = gr.Radio(list(VALUE_KINDS), value=d.values, label="values")
+                            c["color"] = gr.Radio(list(COLOR_SCALES), value=d.color, label="colour")
+                            c["query"] = number("query row (-1: first candidate)", value=d.query)
+                        attn_fig = gr.Plot(label="attention", elem_id="attention-plot")
+                        row_fig = gr.Plot(label="query row")
+                        attn_text = gr.Markdown()
+                    with gr.Tab("3 · Candidate isolation", id="isolation") as t_iso:
+                        with gr.Row():
+                            c["candidate"] = number("candidate j", value=d.candidate)
+                            c["perturbation"] = gr.Radio(list(PERTURBATIONS), value=d.perturbation,
+                                                         label="perturbation")
+                            c["delta"] = number("size (scale factor / noise σ)", value=d.delta, precision=None)
+                            c["replace_with"] = number("replace with item hash", value=d.replace_with)
+                        iso_text = gr.Markdown()
+                        iso_fig = gr.Plot(label="change per layer and position")
+                        iso_bars = gr.Plot(label="change per candidate")
+                    with gr.Tab("4 · Batch invariance & RoPE", id="invariance") as t_inv:
+                        c["operation"] = gr.Radio(list(INVARIANCE_OPS), value=d.operation, label="operation")
+                        inv_fig = gr.Plot(label="score change")
+                        inv_text = gr.Markdown()
+                        rope_angle = gr.Plot(label="RoPE angles")
+                        rope_qk = gr.Plot(label="q·k vs distance")
+                        rope_text = gr.Markdown()
+                    with gr.Tab("5 · Flash vs naive, live", id="timing") as t_time:
+                        with gr.Row():
+                            lengths = gr.Textbox("64, 128, 256, 512", label="sequence lengths T")
+                            backend_pick = gr.CheckboxGroup(list(BACKENDS), value=["naive"], label="backends")
+                            run_btn = gr.Button("Run", variant="primary")
+                            stop_btn = gr.Button("Stop")
+                        time_text = gr.Markdown(timing.recorded_summary() if device() == "cpu" else "")
+                        with gr.Row():
+                            time_fig, mem_fig = gr.Plot(label="time"), gr.Plot(label="memory")
+                        with gr.Row():
+                            speed_fig, err_fig = gr.Plot(label="speed-up"), gr.Plot(label="error")
+                    with gr.Tab("6 · Export", id="export") as t_exp:
+                        with gr.Row():
+                            fig_name = gr.Dropdown(["mask", "attention", "query_row", "isolation",
+                                                    "isolation_logits", "invariance", "rope_angles", "rope_qk"],
+                                                   value="attention", label="figure")
+                            fmt = gr.Radio(list(export.FORMATS), value="png", label="format")
+                            exp_btn = gr.Button("Export figure")
+                            pack_btn = gr.Button("Lecture pack (zip)", variant="primary")
+                        exp_file = gr.File(label="download")
+
+        controls = [c[f] for f in CONTROL_FIELDS]
+        view_outputs = [mask_fig, mask_text, attn_fig, row_fig, attn_text, iso_fig, iso_bars, iso_text,
+                        inv_fig, inv_text, rope_angle, rope_qk, rope_text]
+        write_url = ("(q) => { const u = new URL(window.location); u.search = q; "
+                     "window.history.replaceState(null, '', u); return q; }")
+
+        def redraw(event, after: str):
+            return (event.then(None, [query], None, js=write_url, api_name=f"write_url_after_{after}")
+                    .then(render_tab, [query, tab_state], view_outputs, api_name=f"render_after_{after}",
+                          show_progress="minimal"))
+
+        # any control -> validated query string -> the visible tab redraws
+        ev = gr.on([c[f].input for f in CONTROL_FIELDS if f != "preset"], settings_endpoint, controls, query,
+                   api_name="settings", trigger_mode="always_last", show_progress="hidden")
+        redraw(ev.success(query_to_controls, query, controls, api_name="sync_controls",
+                          show_progress="hidden"), "settings")
+        ev = c["preset"].input(preset_endpoint, c["preset"], query, api_name="preset")
+        redraw(ev.success(query_to_controls, query, controls, api_name="sync_preset",
+                          show_progress="hidden"), "preset")
+        ev = upload.upload(upload_endpoint, [query, upload], [query, upload_msg],
+                           api_name="upload_weights", concurrency_limit=1, concurrency_id="heavy")
+        redraw(ev.success(query_to_controls, query, controls, api_name="sync_upload",
+                          show_progress="hidden"), "upload")
+        for tab, name in ((t_mask, "mask"), (t_attn, "attention"), (t_iso, "isolation"),
+                          (t_inv, "invariance"), (t_time, "timing"), (t_exp, "export")):
+            tab.select(lambda n=name: n, None, tab_state, api_name=f"tab_{name}", show_progress="hidden") \
+               .then(render_tab, [query, tab_state], view_outputs, api_name=f"render_{name}",
+                     show_progress="minimal")
+        copy.click(None, None, None, api_name="copy_link",
+                   js="() => { navigator.clipboard && navigator.clipboard.writeText(window.location.href); }")
+        redraw(demo.load(load_endpoint, None, query, api_name="load")
+               .success(query_to_controls, query, controls, api_name="sync_load", show_progress="hidden"), "load")
+
+        # the API: one endpoint per view, configuration as a query string
+        hidden_q = gr.Textbox(visible=False)
+        for name, fn, outs, heavy in (
+                ("mask", mask_endpoint, [mask_fig, mask_text], False),
+                ("attention", attention_endpoint, [attn_fig, row_fig, attn_text], False),
+                ("isolation", isolation_endpoint, [iso_fig, iso_bars, iso_text], True),
+                ("invariance", invariance_endpoint, [inv_fig, inv_text, rope_angle, rope_qk, rope_text], True)):
+            hidden_q.submit(fn, hidden_q, outs, api_name=name,
+                            **(dict(concurrency_limit=2, concurrency_id="probe") if heavy else {}))
+        run_ev = run_btn.click(timing_endpoint, [query, lengths, backend_pick],
+                               [time_fig, mem_fig, speed_fig, err_fig, time_text], api_name="timing",
+                               concurrency_limit=1, concurrency_id="timing")
+        stop_btn.click(None, None, None, cancels=[run_ev], api_name="stop_timing")
+        exp_btn.click(export_endpoint, [query, fig_name, fmt], exp_file, api_name="export_figure",
+                      concurrency_limit=1, concurrency_id="export")
+        pack_btn.click(lecture_pack_endpoint, query, exp_file, api_name="lecture_pack",
+                       concurrency_limit=1, concurrency_id="export")
+    demo.queue(default_concurrency_limit=4, max_size=64)
+    return demo
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)
+    build_app().launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+                       server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
+                       show_error=False, max_file_size="200mb")

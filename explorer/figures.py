@@ -1,0 +1,250 @@
+"""Every figure of the explorer, from three builders: ``heatmap_figure`` (masks, attention, isolation),
+``bar_figure`` and ``line_figure``. One theme (light, large fonts, Okabe-Ito colour-blind-safe colours)
+so an exported figure goes straight onto a slide.
+
+A heatmap panel is plain data (``Panel``): values [rows, cols], token labels for both axes and the
+sequence's segment letters (U / H / C / P). The builder draws segment boundaries, token ticks and a
+hover naming the query and key tokens with the exact value. Sequences longer than ``max_cells`` are
+shown pooled (max over blocks) and the title says so.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+# Okabe-Ito: distinguishable with every common colour-vision deficiency
+OKABE_ITO = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
+SEGMENT_COLORS = {"U": "#CC79A7", "H": "#0072B2", "C": "#D55E00", "P": "#BBBBBB"}
+SEQUENTIAL = "Viridis"
+DIVERGING = "RdBu"
+MASK_SCALE = [[0.0, "#F2F2F2"], [0.5, "#F2F2F2"], [0.5, "#0072B2"], [1.0, "#0072B2"]]
+
+FONT = dict(family="DejaVu Sans, Arial, sans-serif", size=14, color="#222222")
+LECTURE_FONT_SIZE = 20
+
+
+def themed(fig: go.Figure, title: str, height: int = 520) -> go.Figure:
+    fig.update_layout(template="plotly_white", font=FONT, colorway=OKABE_ITO, height=height,
+                      title=dict(text=title, x=0.01, xanchor="left", font=dict(size=FONT["size"] + 4)),
+                      paper_bgcolor="white", plot_bgcolor="white", margin=dict(l=70, r=30, t=80, b=60))
+    return fig
+
+
+def lecture_theme(fig: go.Figure) -> go.Figure:
+    """Export look: larger fonts everywhere (titles scale with it)."""
+    fig = go.Figure(fig)
+    fig.update_layout(font=dict(size=LECTURE_FONT_SIZE),
+                      title=dict(font=dict(size=LECTURE_FONT_SIZE + 4)))
+    fig.update_annotations(font_size=LECTURE_FONT_SIZE - 2)
+    return fig
+
+
+# --- heatmaps ----------------------------------------------------------------------------
+
+@dataclass
+class Panel:
+    """One heatmap: z [rows, cols] over query tokens (rows) and key tokens (cols)."""
+    z: np.ndarray
+    row_labels: list[str]
+    col_labels: list[str]
+    title: str = ""
+    row_segments: Optional[list[str]] = None     # one of U/H/C/P per row, for boundary lines
+    col_segments: Optional[list[str]] = None
+    pooled: int = 1                              # block size when pooled for display
+    extra: dict = field(default_factory=dict)
+
+
+def boundaries(segments: Sequence[str]) -> list[int]:
+    """Positions where the user / history / candidate block changes (padding stays in its block)."""
+    block = []
+    for i, s in enumerate(segments):
+        b = s if s != "P" else (block[-1] if block else "U")
+        block.append(b)
+    return [i for i in range(1, len(block)) if block[i] != block[i - 1]]
+
+
+def pool(panel: Panel, max_cells: int) -> Panel:
+    """Max over square blocks so a T x T panel fits in max_cells per axis (labels name the range)."""
+    rows, cols = panel.z.shape
+    f = max(1, math.ceil(max(rows, cols) / max_cells))
+    if f == 1:
+        return panel
+    pr, pc = math.ceil(rows / f), math.ceil(cols / f)
+    z = np.full((pr * f, pc * f), np.nan)
+    z[:rows, :cols] = panel.z
+    with np.errstate(all="ignore"):
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            pooled = np.nanmax(z.reshape(pr, f, pc, f), axis=(1, 3))
+
+    def span(labels, n):
+        return [labels[i * f] if i * f == min(len(labels), (i + 1) * f) - 1
+                else f"{labels[i * f]}–{labels[min(len(labels), (i + 1) * f) - 1]}" for i in range(n)]
+
+    def segs(segments, n):
+        return None if segments is None else [segments[i * f] for i in range(n)]
+
+    return Panel(pooled, span(panel.row_labels, pr), span(panel.col_labels, pc), panel.title,
+                 segs(panel.row_segments, pr), segs(panel.col_segments, pc), f, panel.extra)
+
+
+def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1, value_name: str = "value",
+                   colorscale=SEQUENTIAL, zmin: Optional[float] = None, zmax: Optional[float] = None,
+                   log: bool = False, max_cells: int = 512, colorbar_title: str = "",
+                   discrete: Optional[dict] = None, column_groups: Optional[list[str]] = None,
+                   height: Optional[int] = None, row_title: str = "query", col_title: str = "key") -> go.Figure:
+    """The one heatmap builder. `panels` fill a grid row by row (None leaves a spacer cell);
+    `discrete` maps values to legend names (masks); `log` colours by log10 and hovers the raw value;
+    `column_groups` writes a group name over each run of equal names (GQA: the KV head)."""
+    rows = math.ceil(len(panels) / cols)
+    widths = [0.15 if all(panels[r * cols + c] is None for r in range(rows) if r * cols + c < len(panels))
+              else 1.0 for c in range(cols)]
+    fig = make_subplots(rows=rows, cols=cols, column_widths=widths,
+                        subplot_titles=[p.title if p else "" for p in panels],
+                        horizontal_spacing=0.04 if cols > 1 else 0.02, vertical_spacing=0.12 / max(1, rows - 1) + 0.04
+                        if rows > 1 else 0.1)
+    shown = [pool(p, max_cells) if p is not None else None for p in panels]
+    finite = [p.z[np.isfinite(p.z)] for p in shown if p is not None]
+    finite = np.concatenate([f.ravel() for f in finite]) if finite else np.zeros(1)
+    if log:
+        positive = finite[finite > 0]
+        floor = positive.min() if positive.size else 1e-12
+        lo, hi = math.log10(max(floor, 1e-12)), math.log10(max(finite.max(), floor * 10))
+    else:
+        lo = float(zmin) if zmin is not None else float(finite.min()) if finite.size else 0.0
+        hi = float(zmax) if zmax is not None else float(finite.max()) if finite.size else 1.0
+        if hi <= lo:
+            hi = lo + 1.0
+    first = True
+    for i, p in enumerate(shown):
+        if p is None:
+            continue
+        r, c = i // cols + 1, i % cols + 1
+        raw = p.z
+        z = np.log10(np.clip(raw, 10 ** lo, None)) if log else raw
+        hover = (f"{row_title} %{{y}}<br>{col_title} %{{x}}<br>{value_name} "
+                 + ("%{customdata:.6g}" if log or discrete else "%{z:.6g}")
+                 + ("<br>(max over the block)" if p.pooled > 1 else "") + "<extra></extra>")
+        custom = None
+        if log:
+            custom = raw
+        elif discrete:
+            custom = np.vectorize(lambda v: discrete.get(v, "") if np.isfinite(v) else "")(raw) if raw.size else raw
+            hover = hover.replace("%{customdata:.6g}", "%{customdata}")
+        trace = go.Heatmap(z=z, x=p.col_labels, y=p.row_labels, customdata=custom, colorscale=colorscale,
+                           zmin=lo, zmax=hi, hovertemplate=hover, showscale=first and not discrete,
+                           hoverongaps=False, xgap=0, ygap=0,
+                           colorbar=_colorbar(colorbar_title or value_name, log, lo, hi))
+        fig.add_trace(trace, row=r, col=c)
+        fig.update_yaxes(autorange="reversed", type="category", row=r, col=c, tickfont=dict(size=11),
+                         title_text=row_title if c == 1 else None)
+        fig.update_xaxes(type="category", row=r, col=c, tickfont=dict(size=11), tickangle=-60,
+                         title_text=col_title if r == rows else None)
+        _segment_lines(fig, p, r, c)
+        first = False
+    if discrete:
+        for value, name in discrete.items():
+            colour = MASK_SCALE[-1][1] if value else MASK_SCALE[0][1]
+            fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name, showlegend=True,
+                                     marker=dict(size=14, symbol="square", color=colour,
+                                                 line=dict(color="#888", width=1))))
+        fig.update_layout(legend=dict(orientation="h", y=-0.18, x=0))
+    if column_groups:
+        _group_labels(fig, column_groups, cols)
+    n_rows = rows
+    themed(fig, title, height or max(420, min(1100, 330 * n_rows + 120)))
+    return fig
+
+
+def _colorbar(title: str, log: bool, lo: float, hi: float) -> dict:
+    bar = dict(title=dict(text=title, side="right"), thickness=16)
+    if log:
+        ticks = list(range(math.floor(lo), math.ceil(hi) + 1))
+        bar.update(tickvals=ticks, ticktext=[f"1e{t}" for t in ticks])
+    return bar
+
+
+def _segment_lines(fig: go.Figure, p: Panel, r: int, c: int) -> None:
+    """Dashed lines between user | history | candidates, in category-index coordinates."""
+    style = dict(color="#222222", width=1.5, dash="dash")
+    kw = dict(row=r, col=c)
+    if p.col_segments:
+        for b in boundaries(p.col_segments):
+            fig.add_shape(type="line", x0=b - 0.5, x1=b - 0.5, y0=-0.5, y1=len(p.row_labels) - 0.5,
+                          line=style, **kw)
+    if p.row_segments:
+        for b in boundaries(p.row_segments):
+            fig.add_shape(type="line", y0=b - 0.5, y1=b - 0.5, x0=-0.5, x1=len(p.col_labels) - 0.5,
+                          line=style, **kw)
+
+
+def _group_labels(fig: go.Figure, groups: list[str], cols: int) -> None:
+    """One label over each run of columns with the same group name (e.g. 'KV head 0')."""
+    start = 0
+    for i in range(1, cols + 1):
+        if i == cols or groups[i] != groups[start]:
+            if groups[start]:
+                axes = [fig.layout[f"xaxis{'' if j == 0 else j + 1}"].domain for j in (start, i - 1)]
+                fig.add_annotation(x=(axes[0][0] + axes[1][1]) / 2, y=1.0, yshift=48, xref="paper", yref="paper",
+                                   text=f"<b>{groups[start]}</b>", showarrow=False, font=dict(size=15))
+                fig.add_shape(type="line", x0=axes[0][0], x1=axes[1][1], y0=1.0, y1=1.0,
+                              xref="paper", yref="paper", line=dict(color="#444", width=2))
+            start = i
+
+
+# --- bars and lines ----------------------------------------------------------------------
+
+def bar_figure(labels: Sequence[str], values: Sequence[float], *, title: str, value_name: str = "value",
+               segments: Optional[Sequence[str]] = None, log: bool = False, height: int = 380,
+               text: bool = True) -> go.Figure:
+    """Bars coloured by segment (user / history / candidate / pad) with the exact value on hover."""
+    colours = [SEGMENT_COLORS.get(s, OKABE_ITO[0]) for s in segments] if segments else OKABE_ITO[0]
+    fig = go.Figure(go.Bar(x=list(labels), y=list(values), marker_color=colours,
+                           text=[f"{v:.3g}" for v in values] if text and len(values) <= 40 else None,
+                           textposition="outside", cliponaxis=False,
+                           hovertemplate="%{x}<br>" + value_name + " %{y:.8g}<extra></extra>"))
+    fig.update_xaxes(type="category", tickangle=-60)
+    fig.update_yaxes(title_text=value_name, type="log" if log else "linear")
+    if segments:
+        for seg, name in (("U", "user"), ("H", "history"), ("C", "candidate"), ("P", "pad")):
+            if seg in segments:
+                fig.add_trace(go.Bar(x=[None], y=[None], marker_color=SEGMENT_COLORS[seg], name=name))
+        fig.update_layout(legend=dict(orientation="h", y=1.12, x=1, xanchor="right"), barmode="overlay")
+    return themed(fig, title, height)
+
+
+def grouped_bar_figure(categories: Sequence[str], series: dict[str, Sequence[float]], *, title: str,
+                       value_name: str, height: int = 420) -> go.Figure:
+    fig = go.Figure([go.Bar(x=list(categories), y=list(v), name=name,
+                            hovertemplate="%{x}<br>" + name + " %{y:.8g}<extra></extra>")
+                     for name, v in series.items()])
+    fig.update_layout(barmode="group", legend=dict(orientation="h", y=1.12, x=1, xanchor="right"))
+    fig.update_yaxes(title_text=value_name)
+    return themed(fig, title, height)
+
+
+def line_figure(series: dict[str, tuple[Sequence[float], Sequence[float]]], *, title: str, x_title: str,
+                y_title: str, log_x: bool = False, log_y: bool = False, height: int = 420,
+                markers: bool = True) -> go.Figure:
+    fig = go.Figure([go.Scatter(x=list(x), y=list(y), name=name, mode="lines+markers" if markers else "lines",
+                                hovertemplate=f"{name}<br>{x_title} %{{x}}<br>{y_title} %{{y:.6g}}<extra></extra>")
+                     for name, (x, y) in series.items()])
+    fig.update_xaxes(title_text=x_title, type="log" if log_x else "linear")
+    fig.update_yaxes(title_text=y_title, type="log" if log_y else "linear")
+    fig.update_layout(legend=dict(orientation="h", y=1.12, x=1, xanchor="right"))
+    return themed(fig, title, height)
+
+
+def empty_figure(message: str) -> go.Figure:
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                       font=dict(size=16))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return themed(fig, "", 260)

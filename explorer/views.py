@@ -1,0 +1,322 @@
+"""What each view of the explorer shows: plain functions ``Settings -> (figures, text)``.
+
+They read the one recorded forward (explorer.runs.forward) and draw through explorer.figures; tests
+call them without a browser, app.py only wires them to controls.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+import plotly.graph_objects as go
+import torch
+
+from models.masks import MASK_KINDS, AttentionMask
+from models.recsys import ACTIONS, RecsysBatch
+from models.grok import RotaryEmbedding
+
+from . import runs
+from .figures import (DIVERGING, MASK_SCALE, SEQUENTIAL, Panel, bar_figure, grouped_bar_figure,
+                      heatmap_figure, line_figure)
+from .settings import Settings
+
+# FlashAttention-3-style ranker kernels tile queries by 64 and keys by 128 (FACTS.md §3)
+BLOCK_Q, BLOCK_KV = 64, 128
+GRID_MAX_CELLS = 128      # per axis, per panel, in the layer x head grid
+SINGLE_MAX_CELLS = 512
+
+
+def own_mask_kind(s: Settings) -> str:
+    return "recsys" if s.prefix == "causal" else "recsys-bidirectional"
+
+
+def mask_dense(s: Settings, kind: str) -> np.ndarray:
+    """[T, T] bool: the structure of `kind` and the layout's key padding, as the model applies it."""
+    m = AttentionMask(kind, s.seq_len, s.candidate_start_offset, s.layout.valid()[None])
+    return m.dense()[0, 0].numpy()
+
+
+def mask_stats(mask: np.ndarray) -> dict:
+    """Allowed pairs, and the work a mask-aware kernel skips: per element, and per (64 x 128) tile."""
+    T, S = mask.shape
+    allowed = int(mask.sum())
+    tiles = skipped = 0
+    for q0 in range(0, T, BLOCK_Q):
+        for k0 in range(0, S, BLOCK_KV):
+            tiles += 1
+            skipped += not mask[q0:q0 + BLOCK_Q, k0:k0 + BLOCK_KV].any()
+    return dict(allowed=allowed, total=T * S, skip_elements=1 - allowed / (T * S),
+                tiles=tiles, skip_tiles=skipped / tiles)
+
+
+def _panel(s: Settings, z: np.ndarray, title: str) -> Panel:
+    seg, labels = s.layout.segments(), s.layout.token_labels()
+    return Panel(np.asarray(z, dtype=np.float64), labels, labels, title, seg, seg)
+
+
+# --- 1. mask -------------------------------------------------------------------------------
+
+def mask_view(s: Settings) -> tuple[go.Figure, str]:
+    kinds = [own_mask_kind(s), s.compare]
+    masks = [mask_dense(s, k) for k in kinds]
+    panels = [_panel(s, m.astype(float), k) for k, m in zip(kinds, masks)]
+    fig = heatmap_figure(panels, cols=2, title=f"Who may attend to whom (T = {s.seq_len})",
+                         value_name="", colorscale=MASK_SCALE, zmin=0, zmax=1,
+                         discrete={1.0: "may attend", 0.0: "masked"}, max_cells=SINGLE_MAX_CELLS)
+    rows = ["| mask | allowed pairs | of T² | skipped by an element-wise kernel | "
+            f"skipped {BLOCK_Q}×{BLOCK_KV} tiles |", "|---|---|---|---|---|"]
+    for k, m in zip(kinds, masks):
+        st = mask_stats(m)
+        rows.append(f"| {k} | {st['allowed']:,} | {st['total']:,} | {st['skip_elements']:.1%} | "
+                    f"{st['skip_tiles']:.1%} of {st['tiles']} |")
+    return fig, "\n".join(rows)
+
+
+# --- 2. attention heatmaps ---------------------------------------------------------------------
+
+def attention_values(s: Settings, layer: int) -> np.ndarray:
+    """[Hq, T, T] for the chosen value kind, read from the recorded forward."""
+    trace = runs.forward(s).trunk.layers[layer]
+    if s.values == "probabilities":
+        return trace.probs[0].float().cpu().numpy()
+    logits = trace.logits[0].float().cpu().numpy()
+    if s.values == "capped logits":
+        return logits
+    return np.where(mask_dense(s, own_mask_kind(s))[None], logits, np.nan)   # masked: a gap
+
+
+def attention_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
+    G = s.num_q_heads // s.num_kv_heads
+    value_name = {"probabilities": "weight", "capped logits": "logit", "masked logits": "logit"}[s.values]
+    log = s.color == "log"
+    scale = SEQUENTIAL if s.values == "probabilities" else DIVERGING
+    if s.head < 0:
+        # every layer and head; query heads ordered by KV head with a spacer column between groups
+        panels, groups = [], []
+        for layer in range(s.num_layers):
+            vals = attention_values(s, layer)
+            for kv in range(s.num_kv_heads):
+                if kv:
+                    panels.append(None)
+                    groups.append("") if layer == 0 else None
+                for g in range(G):
+                    h = kv * G + g
+                    panels.append(_panel(s, vals[h], f"L{layer} · q head {h}"))
+                    groups.append(f"KV head {kv}") if layer == 0 else None
+        cols = s.num_q_heads + s.num_kv_heads - 1
+        fig = heatmap_figure(panels, cols=cols, title=f"Attention {s.values}: every layer and head "
+                             f"({s.num_q_heads} query heads share {s.num_kv_heads} KV heads)",
+                             value_name=value_name, log=log, colorscale=scale, max_cells=GRID_MAX_CELLS,
+                             column_groups=groups,
+                             zmin=0 if s.values == "probabilities" and not log else None)
+        bar_head = 0
+    else:
+        vals = attention_values(s, s.layer)
+        kv = s.head // G
+        fig = heatmap_figure([_panel(s, vals[s.head], "")], title=f"Attention {s.values}: layer {s.layer}, "
+                             f"query head {s.head} (KV head {kv})", value_name=value_name, log=log,
+                             colorscale=scale, max_cells=SINGLE_MAX_CELLS,
+                             zmin=0 if s.values == "probabilities" and not log else None)
+        bar_head = s.head
+    bars, text = query_row_view(s, s.layer, bar_head)
+    return fig, bars, text
+
+
+def query_row_view(s: Settings, layer: int, head: int) -> tuple[go.Figure, str]:
+    """Where one query's attention goes: its row of probabilities as bars."""
+    q = s.query_position
+    probs = runs.forward(s).trunk.layers[layer].probs[0, head, q].float().cpu().numpy()
+    labels, seg = s.layout.token_labels(), s.layout.segments()
+    fig = bar_figure(labels, probs, title=f"Where query {labels[q]} attends (layer {layer}, head {head})",
+                     value_name="weight", segments=seg)
+    top = np.argsort(-probs)[:3]
+    text = (f"Query **{labels[q]}** puts " + ", ".join(f"{probs[i]:.4f} on {labels[i]}" for i in top)
+            + f"; weights over masked keys sum to {probs[~mask_dense(s, own_mask_kind(s))[q]].sum():.3g}.")
+    return fig, text
+
+
+# --- 3. candidate isolation probe ---------------------------------------------------------------
+
+@dataclass
+class ProbeResult:
+    mask_kind: str
+    change: np.ndarray          # [L, T] max |Δ residual| over the embedding, per layer and position
+    logit_change: np.ndarray    # [C] max |Δ logit| over actions, per candidate
+    valid: np.ndarray           # [T] bool
+    largest_other: float        # over valid candidates other than j
+    worst: str                  # label of that candidate
+
+    @property
+    def isolated(self) -> bool:
+        return self.largest_other == 0.0
+
+
+def perturbed_embeddings(s: Settings) -> torch.Tensor:
+    """The trunk's input with candidate j changed as the settings ask ([1, T, D])."""
+    base = runs.forward(s)
+    emb = base.embeddings.clone()
+    pos = s.candidate_start_offset + s.candidate
+    if s.perturbation == "scale":
+        emb[:, pos] = emb[:, pos] * s.delta
+    elif s.perturbation == "noise":
+        g = torch.Generator().manual_seed(s.seed + 7)
+        emb[:, pos] = emb[:, pos] + s.delta * torch.randn(emb.shape[-1], generator=g).to(emb)
+    else:  # replace: another item's hashes in candidate j's slot
+        batch = runs.batch_for(s)
+        post = batch.candidate_post_hashes.clone()
+        post[:, s.candidate] = s.replace_with
+        other = runs.score(s, replace(batch, candidate_post_hashes=post)).embeddings
+        emb[:, pos] = other[:, pos]
+    return emb
+
+
+def isolation_probe(s: Settings, mask_kind: str | None = None) -> ProbeResult:
+    """Run the model twice (as is, and with candidate j perturbed) under one mask kind."""
+    kind = mask_kind or own_mask_kind(s)
+    base = runs.score(s, embeddings=runs.forward(s).embeddings, mask_kind=kind, record=True)
+    pert = runs.score(s, embeddings=perturbed_embeddings(s), mask_kind=kind, record=True)
+    change = torch.stack([(a.after_ffn - b.after_ffn).abs().amax(-1)[0]
+                          for a, b in zip(pert.trunk.layers, base.trunk.layers)]).float().cpu().numpy()
+    logit_change = (pert.logits - base.logits).abs().amax(-1)[0].float().cpu().numpy()
+    valid = base.valid[0].cpu().numpy()
+    off, labels = s.candidate_start_offset, s.layout.token_labels()
+    others = [c for c in range(s.num_candidates) if c != s.candidate and valid[off + c]]
+    if others:
+        # the residual stream at the last layer and the logits both count
+        per = {c: max(float(change[-1, off + c]), float(logit_change[c])) for c in others}
+        worst = max(per, key=per.get)
+        return ProbeResult(kind, change, logit_change, valid, per[worst], labels[off + worst])
+    return ProbeResult(kind, change, logit_change, valid, 0.0, "none")
+
+
+def verdict(r: ProbeResult) -> str:
+    if r.worst == "none":
+        return f"{r.mask_kind}: no other real candidate to compare with."
+    state = "isolated" if r.isolated else "NOT isolated"
+    return f"{r.mask_kind}: largest change on any other candidate: {r.largest_other:.6g} ({r.worst}) — {state}"
+
+
+def isolation_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
+    ours, causal = isolation_probe(s), isolation_probe(s, "causal")
+    labels, seg = s.layout.token_labels(), s.layout.segments()
+    layers = [f"layer {i}" for i in range(s.num_layers)]
+    j = labels[s.candidate_start_offset + s.candidate]
+    panels = [Panel(np.where(r.valid[None], r.change, np.nan), layers, labels, f"{r.mask_kind} mask",
+                    None, seg) for r in (ours, causal)]
+    fig = heatmap_figure(panels, cols=2, title=f"|change| in the residual stream after perturbing {j} "
+                         f"({s.perturbation}, {s.delta:g})" if s.perturbation != "replace" else
+                         f"|change| in the residual stream after replacing {j} with item {s.replace_with}",
+                         value_name="max |Δh|", row_title="layer", col_title="position",
+                         max_cells=SINGLE_MAX_CELLS, height=360 + 24 * s.num_layers)
+    C = s.num_candidates
+    cand_labels = labels[s.candidate_start_offset:]
+    bars = grouped_bar_figure(cand_labels, {f"{ours.mask_kind} mask": ours.logit_change,
+                                            "causal mask": causal.logit_change},
+                              title=f"|change| in each candidate's logits (max over {len(ACTIONS)} actions)",
+                              value_name="max |Δ logit|")
+    text = "\n\n".join(["**" + verdict(ours) + "**", verdict(causal),
+                        "Exact numbers per candidate (isolation mask | causal mask): "
+                        + ", ".join(f"{cand_labels[c]}: {ours.logit_change[c]:.6g} | {causal.logit_change[c]:.6g}"
+                                    for c in range(min(C, 16))) + (" ..." if C > 16 else "")])
+    return fig, bars, text
+
+
+# --- 4. batch invariance and RoPE ---------------------------------------------------------------
+
+def changed_batch(s: Settings, batch: RecsysBatch) -> tuple[RecsysBatch, list[tuple[int, int]]]:
+    """Apply the operation to the real candidates -> (new batch, [(old index, new index)] kept)."""
+    C = batch.candidate_post_hashes.shape[1]
+    real = C - s.candidate_padding
+    pads = list(range(real, C))
+    if s.operation == "permute":
+        order = list(reversed(range(real))) + pads
+    elif s.operation == "drop":
+        order = [c for c in range(real) if c != s.candidate] + pads
+    else:
+        order = list(range(C))
+    new = batch.select_candidates(torch.tensor(order))
+    pairs = [(old, new_i) for new_i, old in enumerate(order) if old < real]
+    if s.operation == "add":
+        # one new candidate before the padded slots, hashes drawn from another seed
+        g = torch.Generator().manual_seed(s.seed + 1000)
+
+        def insert(t, row):
+            return torch.cat([t[:, :real], row, t[:, real:]], dim=1)
+        new = replace(new,
+                      candidate_post_hashes=insert(new.candidate_post_hashes,
+                                                   torch.randint(1, 1024, (1, 1, new.candidate_post_hashes.shape[2]), generator=g)),
+                      candidate_author_hashes=insert(new.candidate_author_hashes,
+                                                     torch.randint(1, 1024, (1, 1, new.candidate_author_hashes.shape[2]), generator=g)),
+                      candidate_product_surface=insert(new.candidate_product_surface, torch.zeros(1, 1, dtype=torch.long)))
+        pairs = [(c, c) for c in range(real)]
+    return new, pairs
+
+
+def invariance(s: Settings) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]:
+    """Scores before and after the operation for the kept candidates: ([N, A], [N, A], pairs)."""
+    batch = runs.batch_for(s)
+    new, pairs = changed_batch(s, batch)
+    before = runs.forward(s).logits[0].float().cpu().numpy()
+    after = runs.score(s, new).logits[0].float().cpu().numpy()
+    return before[[o for o, _ in pairs]], after[[n for _, n in pairs]], pairs
+
+
+def invariance_view(s: Settings) -> tuple[go.Figure, str]:
+    labels = s.layout.token_labels()[s.candidate_start_offset:]
+    per_mode = {}
+    for mode in ("sequential", "shared", "none"):
+        b, a, pairs = invariance(replace(s, rope_mode=mode))
+        per_mode[mode] = np.abs(a - b).max(-1)
+    b, a, pairs = invariance(s)
+    cats = [labels[o] for o, _ in pairs]
+    fig = grouped_bar_figure(cats, {f"RoPE {m}": v for m, v in per_mode.items()},
+                             title=f"Batch invariance: |score change| per candidate after '{s.operation}' "
+                                   f"(max over actions)", value_name="max |Δ logit|")
+    head = "| candidate | " + " | ".join(ACTIONS[:4]) + " (before → after) | max abs diff |"
+    rows = [head, "|---|" + "---|" * 5]
+    for (o, n), bb, aa in list(zip(pairs, b, a))[:16]:
+        rows.append(f"| {labels[o]} → slot {n} | " + " | ".join(f"{x:.4f} → {y:.4f}" for x, y in zip(bb[:4], aa[:4]))
+                    + f" | {np.abs(aa - bb).max():.3g} |")
+    largest = {m: float(v.max()) if v.size else 0.0 for m, v in per_mode.items()}
+    summary = (f"Largest score change under '{s.operation}' — " + ", ".join(f"{m}: {v:.3g}" for m, v in largest.items())
+               + f" (current mode: **{s.rope_mode}**).\n\n" + WHY_ROPE + "\n\n" + "\n".join(rows))
+    return fig, summary
+
+
+WHY_ROPE = ("**Why.** The mask already stops candidates from seeing each other, so a candidate's score can "
+            "depend only on the user, the history and itself — *and on where it sits*. RoPE rotates queries and "
+            "keys by their position, so with `sequential` positions moving a candidate to another slot changes "
+            "the angle between it and every history key, and its score moves with it. With `shared` every "
+            "candidate sits at the same position (the first candidate slot), and with `none` there is no "
+            "rotation at all: the slot no longer matters and the score is batch-invariant. "
+            "Production phoenix serves with this property.")
+
+
+def rope_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
+    K, T = s.key_size, s.seq_len
+    rot = RotaryEmbedding(K, s.rope_base)
+    inv = rot.inv_freq().double().numpy()                               # [K/2]
+    positions = np.arange(T) + s.rope_offset
+    angle = np.mod(positions[None, :] * inv[:, None], 2 * math.pi)     # [K/2, T]
+    pos_labels = [str(p) for p in positions]
+    pair_labels = [f"pair {j}" for j in range(K // 2)]
+    fig_angle = heatmap_figure([Panel(angle, pair_labels, pos_labels, "")], title=f"RoPE rotation angle "
+                               f"(mod 2π) per dimension pair vs position (base {s.rope_base:g}, offset {s.rope_offset})",
+                               value_name="angle (rad)", colorscale="Twilight", zmin=0, zmax=2 * math.pi,
+                               row_title="dimension pair", col_title="position", height=420)
+    # q . k for q = k = ones after rotation, as a function of the distance between them
+    dist = np.arange(T)
+    qk = 2 * np.cos(dist[:, None] * inv[None, :]).sum(-1)              # Σ over both halves
+    x = torch.ones(1, 2, 1, K)
+    t = torch.tensor([[float(s.rope_offset), float(s.rope_offset + min(T - 1, 10))]])
+    r = rot(x, t)[0, :, 0]
+    check = float(r[0] @ r[1])
+    fig_qk = line_figure({"q·k (q = k = 1)": (dist, qk)}, title="q·k against relative distance",
+                         x_title="distance (positions)", y_title="q·k", markers=T <= 64)
+    text = (f"q·k depends only on the distance between the two positions: the offset ({s.rope_offset}) rotates both "
+            f"by the same extra angle and cancels (distance {min(T - 1, 10)}: {check:.6g} at this offset vs "
+            f"{qk[min(T - 1, 10)]:.6g} from the formula). Low pairs turn fast (pair 0: one turn every "
+            f"{2 * math.pi / inv[0]:.1f} positions), high pairs slowly (pair {K // 2 - 1}: every "
+            f"{2 * math.pi / inv[-1]:.3g}).")
+    return fig_angle, fig_qk, text
