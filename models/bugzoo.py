@@ -1,0 +1,165 @@
+"""The course notebooks' real mistakes, as switches on the real trunk.
+
+``with_bug(model, name)`` returns a deep copy of a ``Transformer`` or ``RecsysModel`` — same
+weights, same parameter names, same ``record=True`` traces — with one sub-module re-wired the way
+a notebook wrote it. The same probes (models/probes.py) then run on the buggy and the correct
+model; ``BUGS[name].probe`` names the one that catches it.
+
+    buggy = with_bug(model, "unmasked-decoder")
+    run_probe(BUGS["unmasked-decoder"].probe, buggy, x, mask, offset)   # flagged
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import AttentionOutput
+from .grok import DecoderLayer, DenseBlock, LayerTrace, MultiHeadAttention, RotaryEmbedding
+from .masks import AttentionMask
+
+
+def _each(model: nn.Module, cls: type, patch: Callable[[nn.Module], None]) -> None:
+    for module in list(model.modules()):
+        if isinstance(module, cls):
+            patch(module)
+
+
+# --- 000: the decoder layer never passes its attention mask ---------------------------------
+
+def unmasked_decoder(model: nn.Module) -> None:
+    """Notebook 000's DecoderLayer calls ``self.attn(h, key_padding_mask=...)`` and drops
+    ``attention_mask``: padding still applies, the causal / recsys structure never arrives."""
+    def patch(mha):
+        forward = mha.forward
+
+        def unmasked(x, mask: AttentionMask, positions, backend="naive", need_weights=False):
+            return forward(x, AttentionMask("full", mask.seq_len, valid=mask.valid), positions, backend,
+                           need_weights)
+        mha.forward = unmasked
+    _each(model, MultiHeadAttention, patch)
+
+
+# --- 000: RoPE over interleaved pairs -------------------------------------------------------
+
+class InterleavedRotaryEmbedding(RotaryEmbedding):
+    """RoPE rotating pairs (x0, x1), (x2, x3), ... (GPT-J / notebook 000) where grok.py rotates
+    (x_i, x_{i+K/2}). Still a rotation by position, still relative — just not grok.py's numbers."""
+
+    def forward(self, x, t):
+        # x: [B, T, H, K]; t: [B, T]
+        phase = torch.einsum("bi,j->bij", t.float(), self.inv_freq().to(x.device))[:, :, None, :]  # [B,T,1,K/2]
+        cos, sin = torch.cos(phase), torch.sin(phase)
+        xf = x.float()
+        even, odd = xf[..., 0::2], xf[..., 1::2]                                   # [B, T, H, K/2]
+        return torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1).flatten(-2).to(x.dtype)
+
+
+def rope_interleaved(model: nn.Module) -> None:
+    def patch(mha):
+        mha.rotary = InterleavedRotaryEmbedding(mha.rotary.dim, mha.rotary.base_exponent)
+    _each(model, MultiHeadAttention, patch)
+
+
+# --- 000: the second residual from the layer input ------------------------------------------
+
+def residual_from_input(model: nn.Module) -> None:
+    """Notebook 000 writes ``h = h + x`` after the FFN, x the layer's input: the attention
+    sub-layer's contribution is dropped from the residual stream (it only feeds the FFN)."""
+    def patch(layer):
+        def forward(h, mask, positions, backend="naive", record=False):
+            attn, a = layer.multi_head_attention(layer.rms_norm(h), mask, positions, backend, record)
+            after_attention = h + layer.rms_norm_1(attn)
+            out = h + layer.rms_norm_3(layer.dense_block(layer.rms_norm_2(after_attention)))   # should add to after_attention
+            return out, (LayerTrace(a.probs, a.logits, after_attention, out) if record else None)
+        layer.forward = forward
+    _each(model, DecoderLayer, patch)
+
+
+# --- 001: flash_attn_func fed [B, H, T, D], mask dropped ------------------------------------
+
+def flash_attn_func_cpu(q, k, v, softmax_scale: Optional[float] = None, causal: bool = False):
+    """flash_attn_func's contract, on CPU: q [B, S, H, D], k / v [B, Sk, Hk, D] -> [B, S, H, D].
+    No mask argument: only `causal`. (SDPA wants [B, H, S, D], hence the transposes.)"""
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         scale=softmax_scale, is_causal=causal, enable_gqa=q.shape[2] != k.shape[2])
+    return out.transpose(1, 2)
+
+
+def flash_layout(model: nn.Module) -> None:
+    """Notebook 001 transposes to [B, H, T, D] for its regular path and hands the same tensors to
+    flash_attn_func, which reads [B, T, H, D]: attention runs over the heads of each token, not
+    over tokens, and the mask is never passed. Every token then reads only itself — recorded as
+    the identity map, which is what the heatmap shows."""
+    def patch(mha):
+        c = mha.config
+
+        def forward(x, mask: AttentionMask, positions, backend="naive", need_weights=False):
+            B, T, _ = x.shape
+            q = mha.query(x).view(B, T, c.num_q_heads, c.key_size)
+            k = mha.key(x).view(B, T, c.num_kv_heads, c.key_size)
+            v = mha.value(x).view(B, T, c.num_kv_heads, c.key_size)
+            if positions is not None:
+                q, k = mha.rotary(q, positions), mha.rotary(k, positions)
+            out = flash_attn_func_cpu(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),     # [B, H, T, D]
+                                      softmax_scale=c.attn_output_multiplier).transpose(1, 2)     # -> [B, T, H, D]
+            a = AttentionOutput(out)
+            if need_weights:
+                eye = torch.eye(T, dtype=x.dtype, device=x.device).expand(B, c.num_q_heads, T, T)
+                a = AttentionOutput(out, eye, torch.zeros_like(eye))
+            return mha.linear(out.reshape(B, T, c.num_q_heads * c.key_size)), a
+        mha.forward = forward
+    _each(model, MultiHeadAttention, patch)
+
+
+# --- 003: exact GELU where grok.py uses the tanh approximation ------------------------------
+
+def exact_gelu(model: nn.Module) -> None:
+    def patch(dense):
+        dense.forward = lambda x: dense.linear_1(F.gelu(dense.linear(x)) * dense.linear_v(x))
+    _each(model, DenseBlock, patch)
+
+
+# --- registry -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Bug:
+    patch: Callable[[nn.Module], None]     # re-wires a (copied) model in place
+    notebook: str
+    probe: str                             # the models.probes.PROBES entry that catches it
+    symptom: str
+
+
+BUGS: dict[str, Bug] = {
+    "unmasked-decoder": Bug(unmasked_decoder, "000", "isolation",
+                            "the layer never passes its attention mask: candidates see each other, "
+                            "the past sees the future"),
+    "rope-interleaved": Bug(rope_interleaved, "000", "parity",
+                            "RoPE over interleaved pairs: plausible outputs, relative positions intact, "
+                            "parity with grok.py fails"),
+    "residual-from-input": Bug(residual_from_input, "000", "parity",
+                               "second residual from the layer input: the attention output never "
+                               "reaches the residual stream"),
+    "flash-layout": Bug(flash_layout, "001", "parity",
+                        "flash_attn_func fed [B, H, T, D] with the mask dropped: attention over heads, "
+                        "each token reads only itself (isolation and causality pass!)"),
+    "exact-gelu": Bug(exact_gelu, "003", "parity",
+                      "exact GELU where grok.py uses tanh: a small but measurable parity error"),
+}
+
+
+def with_bug(model: nn.Module, bug: Optional[str]) -> nn.Module:
+    """A deep copy of `model` (Transformer or RecsysModel) with the named bug; None or "none"
+    returns the model itself, unchanged."""
+    if bug in (None, "none"):
+        return model
+    if bug not in BUGS:
+        raise ValueError(f"bug: got {bug!r}; allowed: none, {', '.join(BUGS)}")
+    buggy = copy.deepcopy(model)
+    BUGS[bug].patch(buggy)
+    return buggy
