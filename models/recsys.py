@@ -145,8 +145,8 @@ class RecsysModel(nn.Module):
         action_emb = (2 * actions - 1) @ self.action_projection                     # [B, S, D]
         action_emb = action_emb * actions.any(-1, keepdim=True)                     # no action -> 0
         history = torch.cat([
-            self.post_embeddings(batch.history_post_hashes).reshape(B, S, -1),
-            self.author_embeddings(batch.history_author_hashes).reshape(B, S, -1),
+            self.post_embeddings(batch.history_post_hashes).flatten(2),
+            self.author_embeddings(batch.history_author_hashes).flatten(2),
             action_emb,
             self.product_surface_embeddings(batch.history_product_surface),
         ], dim=-1)
@@ -155,8 +155,8 @@ class RecsysModel(nn.Module):
 
         C = batch.candidate_post_hashes.shape[1]
         cand = torch.cat([
-            self.post_embeddings(batch.candidate_post_hashes).reshape(B, C, -1),
-            self.author_embeddings(batch.candidate_author_hashes).reshape(B, C, -1),
+            self.post_embeddings(batch.candidate_post_hashes).flatten(2),
+            self.author_embeddings(batch.candidate_author_hashes).flatten(2),
             self.product_surface_embeddings(batch.candidate_product_surface),
         ], dim=-1)
         cand = self.candidate_projection(cand)                                      # [B, C, D]
