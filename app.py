@@ -182,7 +182,14 @@ def weight_choices():
 
 def backend_choices():
     why = timing.usable_backends(parse_settings({}))
-    return [(name if not reason else f"{name} — unavailable: {reason}", name) for name, reason in why.items()]
+    return [(name if not reason else f"{name} — unavailable: {reason.removeprefix(name + ': ')}", name)
+            for name, reason in why.items()]
+
+
+def default_timing_backends():
+    """What runs here quickly: FlexAttention compiles per shape (~20 s on CPU), so it is opt-in there."""
+    why = timing.usable_backends(parse_settings({}))
+    return [b for b, reason in why.items() if not reason and not (b == "flex" and device() == "cpu")]
 
 
 @guarded
@@ -276,11 +283,11 @@ def build_app() -> gr.Blocks:
                             c["delta"] = number("size (scale factor / noise σ)", value=d.delta, precision=None)
                             c["replace_with"] = number("replace with item hash", value=d.replace_with)
                         iso_text = gr.Markdown()
-                        iso_fig = gr.Plot(label="change per layer and position")
+                        iso_fig = gr.Plot(label="change per layer and position", elem_id="isolation-plot")
                         iso_bars = gr.Plot(label="change per candidate")
                     with gr.Tab("4 · Batch invariance & RoPE", id="invariance") as t_inv:
                         c["operation"] = gr.Radio(list(INVARIANCE_OPS), value=d.operation, label="operation")
-                        inv_fig = gr.Plot(label="score change")
+                        inv_fig = gr.Plot(label="score change", elem_id="invariance-plot")
                         inv_text = gr.Markdown()
                         rope_angle = gr.Plot(label="RoPE angles")
                         rope_qk = gr.Plot(label="q·k vs distance")
@@ -288,12 +295,13 @@ def build_app() -> gr.Blocks:
                     with gr.Tab("5 · Flash vs naive, live", id="timing") as t_time:
                         with gr.Row():
                             lengths = gr.Textbox("64, 128, 256, 512", label="sequence lengths T")
-                            backend_pick = gr.CheckboxGroup(list(BACKENDS), value=["naive"], label="backends")
+                            backend_pick = gr.CheckboxGroup(backend_choices(), value=default_timing_backends(),
+                                                            label="backends (unavailable ones say why)")
                             run_btn = gr.Button("Run", variant="primary")
                             stop_btn = gr.Button("Stop")
                         time_text = gr.Markdown(timing.recorded_summary() if device() == "cpu" else "")
                         with gr.Row():
-                            time_fig, mem_fig = gr.Plot(label="time"), gr.Plot(label="memory")
+                            time_fig, mem_fig = gr.Plot(label="time", elem_id="time-plot"), gr.Plot(label="memory")
                         with gr.Row():
                             speed_fig, err_fig = gr.Plot(label="speed-up"), gr.Plot(label="error")
                     with gr.Tab("6 · Export", id="export") as t_exp:

@@ -319,7 +319,10 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *, uploaded: frozenset 
 
 
 def check_backend(s: Settings, *, need_weights: bool = False) -> None:
+    """The chosen backend must run these settings exactly on this device (the capability table)."""
     why = unavailable_reason(s.backend, device=device(), cap=s.logit_cap, cap_method=s.cap_method,
+                             mask_kind="recsys" if s.prefix == "causal" else "recsys-bidirectional",
+                             padding=bool(s.history_padding or s.candidate_padding), head_dim=s.key_size,
                              need_weights=need_weights)
     if why:
         raise ValidationError("backend", s.backend, f"a backend that runs here ({why})")

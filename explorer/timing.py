@@ -1,15 +1,12 @@
 """Flash vs naive, live: time every usable backend on this machine for the current layout shape.
 
-Uses ``benchmarks.attention.measure`` when that benchmark core is present, otherwise a small local
-timer over ``models.attention.attend``. A sweep stops at the device's time budget (CPU: a free Space
+Each point is measured by the benchmark core, ``benchmarks.attention.measure_point``. A sweep stops at the device's time budget (CPU: a free Space
 must stay responsive) and reports where it stopped. Committed result files under
 ``benchmarks/results/`` are read and labelled as recorded (device, date).
 """
 from __future__ import annotations
 
-import importlib
 import json
-import math
 import platform
 import time
 from dataclasses import dataclass, field
@@ -18,8 +15,7 @@ from typing import Callable, Optional
 
 import torch
 
-from models.attention import BACKENDS, attend, unavailable_reason
-from models.masks import AttentionMask
+from models.attention import BACKENDS, unavailable_reason
 
 from .figures import line_figure
 from .settings import Settings, ValidationError, device, max_seq_len, sweep_budget_s
@@ -78,79 +74,58 @@ class Sweep:
     stopped: str = ""                                        # why the sweep ended early, if it did
 
 
+def mask_kind(s: Settings) -> str:
+    return "recsys" if s.prefix == "causal" else "recsys-bidirectional"
+
+
 def usable_backends(s: Settings) -> dict[str, Optional[str]]:
-    """Every registered backend -> None if it runs here with these settings, else the reason."""
-    return {name: unavailable_reason(name, device=device(), cap=s.logit_cap, cap_method=s.cap_method)
+    """Every registered backend -> None if it runs here exactly with these settings, else the reason."""
+    return {name: unavailable_reason(name, device=device(), cap=s.logit_cap, cap_method=s.cap_method,
+                                     mask_kind=mask_kind(s), head_dim=s.key_size)
             for name in BACKENDS}
 
 
-def _inputs(s: Settings, T: int, dtype=torch.float32):
-    g = torch.Generator().manual_seed(s.seed)
-    C = min(s.num_candidates, T - 1)
-    q = torch.randn(1, T, s.num_q_heads, s.key_size, generator=g, dtype=dtype)
-    k = torch.randn(1, T, s.num_kv_heads, s.key_size, generator=g, dtype=dtype)
-    v = torch.randn(1, T, s.num_kv_heads, s.key_size, generator=g, dtype=dtype)
-    mask = AttentionMask("recsys" if s.prefix == "causal" else "recsys-bidirectional", T, T - C)
-    return [t.to(device()) for t in (q, k, v)], mask
-
-
-def _time_local(fn: Callable[[], torch.Tensor], repeats: int) -> tuple[float, float, torch.Tensor]:
-    out = fn()  # warm-up (and compilation for compiled backends)
-    if device() == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        if device() == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    peak = torch.cuda.max_memory_allocated() / 2**20 if device() == "cuda" else float("nan")
-    return sorted(times)[len(times) // 2] * 1e3, peak, out
-
-
 def sweep(s: Settings, lengths: list[int], backends: list[str], *, budget_s: Optional[float] = None,
-          progress: Optional[Callable[[float, str], None]] = None, repeats: int = 3) -> Sweep:
-    """Time each backend at each length; errors are max |out - naive| over all positions."""
+          progress: Optional[Callable[[float, str], None]] = None, min_time_s: float = 0.05) -> Sweep:
+    """Time each backend at each length with the benchmark core's ``measure_point`` (the model's
+    heads, key size, candidates, mask and cap); errors are max |out - naive| on the same inputs."""
+    from benchmarks.attention import make_inputs, measure_point
     budget = min(budget_s or sweep_budget_s(), sweep_budget_s())
     result = Sweep(device_name())
     why = usable_backends(s)
-    run = [b for b in backends if b in BACKENDS and not why[b]]
+    run = ["naive"] + [b for b in backends if b in BACKENDS and not why[b] and b != "naive"]
     result.skipped = {b: (why.get(b) or "unknown backend") for b in backends if b not in run}
-    if "naive" not in run:
-        run.insert(0, "naive")          # the reference every error is measured against
     start, total, done = time.perf_counter(), len(lengths) * len(run), 0
     for T in lengths:
-        (q, k, v), mask = _inputs(s, T)
-        ref = None
+        C = min(s.num_candidates, T - 1)
+        inputs = make_inputs(1, s.num_q_heads, s.num_kv_heads, s.key_size, T, "float32", device(), seed=s.seed)
+        reference = None
         for b in run:
             if time.perf_counter() - start > budget:
-                result.stopped = f"stopped at T = {T}: the {budget:.0f} s budget on {device().upper()} is spent"
+                result.stopped = f"Stopped at T = {T}: the {budget:.0f} s budget on {device().upper()} is spent."
                 return result
             if progress:
                 progress(done / total, f"{b} at T = {T}")
-
-            def call(b=b):
-                return attend(q, k, v, mask, multiplier=s.multiplier, cap=s.logit_cap,
-                              cap_method=s.cap_method, backend=b).out
-            ms, peak, out = _time_local(call, repeats)
-            if ref is None:
-                ref = out.float()
-            err = float((out.float() - ref).abs().max())
-            if math.isnan(peak):
-                # CPU: the memory the backend must hold for scores ([B, Hq, T, T] fp32 for naive)
-                peak = (s.num_q_heads * T * T * 4 * 2 if b == "naive" else q.numel() * 4 * 4) / 2**20
-            result.points.append(Point(b, T, ms, peak, err))
+            rec, out = measure_point(b, mask=mask_kind(s), Hq=s.num_q_heads, Hkv=s.num_kv_heads,
+                                     head_dim=s.key_size, T=T, num_candidates=C, device=device(),
+                                     cap=s.logit_cap, cap_method=s.cap_method, inputs=inputs,
+                                     reference=reference, return_output=True, min_time_s=min_time_s)
+            if b == "naive":
+                reference = out
             done += 1
+            if rec["status"] != "ok":
+                result.skipped[b] = f"{rec['status']} at T = {T}"
+                continue
+            result.points.append(Point(b, T, rec["median_ms"], rec["peak_mem_bytes"] / 2**20,
+                                       rec["max_abs_err"] if rec["max_abs_err"] is not None else float("nan")))
     return result
 
 
-def sweep_figures(sw: Sweep, title_suffix: str = ""):
+def sweep_figures(sw: Sweep):
     by: dict[str, list[Point]] = {}
     for p in sw.points:
         by.setdefault(p.backend, []).append(p)
-    label = f" — {sw.device}{title_suffix}"
+    label = f"<br><sup>measured now on {sw.device}</sup>"
     time_fig = line_figure({b: ([p.seq_len for p in ps], [p.ms for p in ps]) for b, ps in by.items()},
                            title="Time per attention call" + label, x_title="T", y_title="ms",
                            log_x=True, log_y=True)
@@ -167,35 +142,27 @@ def sweep_figures(sw: Sweep, title_suffix: str = ""):
 
 
 def recorded_results() -> list[dict]:
-    """Committed benchmark files: [{file, device, date, gpu, data}] — shown as recorded, not live."""
+    """Committed attention benchmark files: [{file, device, date, gpu, points}], shown as recorded."""
     out = []
     for path in sorted(RESULTS_DIR.glob("*.json")):
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if not isinstance(data, dict) or path.name.startswith("app-latency"):
-            continue
-        dev = str(data.get("device", data.get("gpu", "unknown device")))
+        if not isinstance(data, dict) or not isinstance(data.get("records"), list):
+            continue   # not an attention benchmark (e.g. training or app-latency results)
+        dev = str(data.get("device_name", "unknown device"))
+        ok = [r for r in data["records"] if r.get("status") == "ok"]
         out.append(dict(file=path.name, device=dev, date=str(data.get("date", "unknown date")),
-                        gpu=any(w in dev.lower() for w in ("nvidia", "h100", "h200", "a100", "gpu", "cuda")),
-                        data=data))
+                        gpu=not dev.upper().startswith("CPU"), points=len(ok)))
     return out
 
 
 def recorded_summary() -> str:
     files = recorded_results()
     if not files:
-        return "No recorded benchmark files are committed under benchmarks/results/ yet."
-    lines = [f"- `{f['file']}` — recorded on **{f['device']}**, {f['date']}" for f in files]
+        return "No recorded attention benchmark files are committed under `benchmarks/results/` yet."
+    lines = [f"- `{f['file']}` — recorded on **{f['device']}**, {f['date']} ({f['points']} points)" for f in files]
     if not any(f["gpu"] for f in files):
         lines.append("- None of the recorded files comes from a GPU.")
-    return "Recorded results (not measured now):\n" + "\n".join(lines)
-
-
-def benchmark_core():
-    """benchmarks.attention when it exists (the shared benchmark core), else None."""
-    try:
-        return importlib.import_module("benchmarks.attention")
-    except ImportError:
-        return None
+    return "Recorded results (not measured now; see `python -m benchmarks.attention`):\n" + "\n".join(lines)

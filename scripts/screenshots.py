@@ -1,0 +1,100 @@
+"""Screenshots of every view for the README, taken with headless Debian chromium (never hand-made).
+
+    python scripts/screenshots.py            # starts the app, writes docs/screenshots/*.png
+
+Needs the `chromium` package (apt) and playwright's Python package; no browser is downloaded.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+VIEWS = [("mask", "1 · Mask"), ("attention", "2 · Attention"), ("isolation", "3 · Candidate isolation"),
+         ("invariance", "4 · Batch invariance & RoPE"), ("timing", "5 · Flash vs naive, live"),
+         ("export", "6 · Export")]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def running_app(port: int | None = None, timeout: float = 60):
+    """Start app.py on localhost in a subprocess; yield its URL; stop it (by its own pid) afterwards."""
+    port = port or free_port()
+    env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port),
+           "GRADIO_ANALYTICS_ENABLED": "False"}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "app.py")], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.time() + timeout
+        while True:
+            try:
+                urllib.request.urlopen(url, timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None or time.time() > deadline:
+                    raise RuntimeError("app did not start: " + proc.stderr.read().decode()[-2000:])
+                time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def launch_browser(playwright):
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not path:
+        raise RuntimeError("Debian chromium not found (apt-get install chromium)")
+    return playwright.chromium.launch(executable_path=path, args=CHROMIUM_ARGS, headless=True)
+
+
+def wait_for_plot(page, elem_id: str, timeout: float = 30_000):
+    page.wait_for_selector(f"#{elem_id} .js-plotly-plot .main-svg", timeout=timeout, state="attached")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(ROOT / "docs" / "screenshots"))
+    ap.add_argument("--query", default="preset=lecture")
+    args = ap.parse_args(argv)
+    from playwright.sync_api import sync_playwright
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with running_app() as url, sync_playwright() as p:
+        browser = launch_browser(p)
+        page = browser.new_page(viewport={"width": 1500, "height": 1100}, device_scale_factor=1)
+        page.goto(url + "?" + args.query)
+        wait_for_plot(page, "mask-plot")
+        for name, label in VIEWS:
+            page.get_by_role("tab", name=label).click()
+            if name == "timing":
+                page.get_by_role("button", name="Run", exact=True).click()
+                page.wait_for_selector("#time-plot .js-plotly-plot .main-svg", timeout=90_000, state="attached")
+            elif name not in ("export",):
+                wait_for_plot(page, f"{name}-plot")
+            page.wait_for_timeout(1500)
+            path = out / f"{name}.png"
+            page.screenshot(path=str(path), full_page=True)
+            print("wrote", path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
+        browser.close()
+
+
+if __name__ == "__main__":
+    main()
