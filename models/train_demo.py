@@ -17,7 +17,6 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import numpy as np
 
 import torch
 import torch.nn.functional as F
@@ -34,13 +33,10 @@ REPORT = Path(__file__).parent.parent / "benchmarks" / "results" / "demo-trainin
 
 
 def save_fp16(model: RecsysModel, path: Path) -> None:
-    """models.weights' file format (flattened haiku keys, config in the metadata) in float16, so
-    the shipped file stays small; load_weights reads it back into an fp32 model."""
-    from safetensors.numpy import save_file
-    from .weights import _config_json, flatten, haiku_params
+    """float16 keeps the shipped file small; load_weights reads it back into an fp32 model."""
+    from .weights import save_weights
     path.parent.mkdir(parents=True, exist_ok=True)
-    flat = {k: np.ascontiguousarray(v.astype(np.float16)) for k, v in flatten(haiku_params(model)).items()}
-    save_file(flat, str(path), metadata={"config": _config_json(model)})
+    save_weights(model, path, dtype="float16")
 
 
 def run_info() -> dict:

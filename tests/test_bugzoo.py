@@ -1,0 +1,145 @@
+"""Each notebook bug is caught by its probe; the correct trunk passes every probe."""
+import numpy as np
+import pytest
+import torch
+
+import reference_numpy as ref
+from models.attention import naive_attention
+from models.bugzoo import BUGS, InterleavedRotaryEmbedding, flash_attn_func_cpu, with_bug
+from models.grok import Transformer, init_params
+from models.masks import AttentionMask
+from models.probes import PROBES, causality_probe, isolation_probe, parity_probe, run_probe
+from models.recsys import RecsysModel, get_preset, init_recsys, synthetic_batch
+from models.weights import load_haiku_params
+
+CFG = get_preset("lecture").transformer
+OFFSET = 6                                        # user + 5 history, then 3 candidates
+
+
+def trunk(seed=0):
+    """The lecture trunk with random weights and random (non-unit) norm scales from the NumPy side."""
+    params = ref.random_haiku_params(np.random.default_rng(seed), CFG.emb_size, CFG.key_size, CFG.num_q_heads,
+                                     CFG.num_kv_heads, CFG.num_layers, CFG.ffn_hidden)
+    return load_haiku_params(Transformer(CFG), params), params
+
+
+def inputs(seed=0):
+    g = torch.Generator().manual_seed(100 + seed)
+    x = torch.randn(2, 9, CFG.emb_size, generator=g)
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[0, 5] = False                            # an empty history slot
+    mask[1, 8] = False                            # an empty candidate slot
+    return x, mask
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_correct_trunk_passes_every_probe(seed):
+    model, _ = trunk(seed)
+    x, mask = inputs(seed)
+    for name in PROBES:
+        result = run_probe(name, model, x, mask, OFFSET)
+        assert not result.flagged, result
+
+
+@pytest.mark.parametrize("bug", list(BUGS))
+def test_each_bug_is_flagged_by_its_probe(bug):
+    model, _ = trunk(0)
+    x, mask = inputs(0)
+    result = run_probe(BUGS[bug].probe, with_bug(model, bug), x, mask, OFFSET)
+    assert result.flagged, result
+    assert not run_probe(BUGS[bug].probe, model, x, mask, OFFSET).flagged
+
+
+@pytest.mark.parametrize("bug", list(BUGS))
+def test_bug_breaks_parity_with_the_numpy_reference(bug):
+    """Independent of the torch port: the float64 NumPy grok.py agrees with the correct trunk to
+    fp32 rounding and disagrees with every bug — even exact GELU, by far more than rounding."""
+    model, params = trunk(1)
+    x, mask = inputs(1)
+    expected = ref.transformer_forward(params, x.numpy(), mask.numpy(), OFFSET, num_q_heads=CFG.num_q_heads,
+                                       num_kv_heads=CFG.num_kv_heads, key_size=CFG.key_size,
+                                       attn_output_multiplier=CFG.attn_output_multiplier)
+
+    def error(m):
+        with torch.no_grad():
+            return ref.relative_error(m(x, mask, OFFSET).embeddings.numpy(), expected, mask.numpy())
+    tolerance = PROBES["parity"].tolerance
+    correct, buggy = error(model), error(with_bug(model, bug))
+    assert correct < tolerance < 5 * tolerance < buggy
+    assert buggy > 50 * correct
+
+
+def test_unmasked_decoder_also_breaks_causality_and_isolation_on_every_candidate():
+    model, _ = trunk(0)
+    x, mask = inputs(0)
+    buggy = with_bug(model, "unmasked-decoder")
+    assert causality_probe(buggy, x, mask, OFFSET) > 1e-3
+    for j in range(3):
+        assert isolation_probe(buggy, x, mask, OFFSET, candidate=j) > 1e-3
+        assert isolation_probe(model, x, mask, OFFSET, candidate=j) == 0
+
+
+def test_flash_layout_fools_isolation_and_causality_and_records_the_identity():
+    """Attention over heads: no token reads another, so the structural probes pass — only parity
+    sees that the model no longer computes grok.py's function."""
+    model, _ = trunk(0)
+    x, mask = inputs(0)
+    buggy = with_bug(model, "flash-layout")
+    assert isolation_probe(buggy, x, mask, OFFSET) == 0 and causality_probe(buggy, x, mask, OFFSET) == 0
+    assert parity_probe(buggy, x, mask, OFFSET) > 0.1
+    probs = buggy(x, mask, OFFSET, record=True).layers[0].probs
+    assert torch.equal(probs, torch.eye(9).expand_as(probs))
+
+
+def test_flash_attn_func_cpu_honours_its_layout_contract():
+    """Called with the layout it documents, [B, T, H, D], the CPU stand-in is unmasked attention."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 7, 4, 16, generator=g), torch.randn(2, 7, 2, 16, generator=g),
+               torch.randn(2, 7, 2, 16, generator=g))
+    expected = naive_attention(q, k, v, AttentionMask("full", 7), multiplier=0.25, cap=0.0, cap_method="none").out
+    torch.testing.assert_close(flash_attn_func_cpu(q, k, v, softmax_scale=0.25), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_interleaved_rope_is_still_a_relative_rotation():
+    """Why the bug looks plausible: q.k still depends only on the position difference."""
+    rope = InterleavedRotaryEmbedding(16)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 1, 1, 16, generator=g), torch.randn(1, 1, 1, 16, generator=g)
+
+    def dot(pq, pk):
+        return float((rope(q, torch.tensor([[pq]])) * rope(k, torch.tensor([[pk]]))).sum())
+    assert dot(5.0, 2.0) == pytest.approx(dot(13.0, 10.0), rel=1e-5)
+    assert dot(5.0, 2.0) != pytest.approx(dot(5.0, 4.0), rel=1e-3)
+
+
+def test_residual_from_input_drops_attention_from_the_stream():
+    """With the FFN zeroed, the correct layer's output is h + attention; the buggy one returns h."""
+    model = init_params(Transformer(CFG), "random", 0)
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.dense_block.linear_1.w.zero_()
+    x, mask = inputs(0)
+    buggy = with_bug(model, "residual-from-input")
+    torch.testing.assert_close(buggy(x, mask, OFFSET).embeddings, x)
+    assert (model(x, mask, OFFSET).embeddings - x).abs().max() > 0.1
+
+
+def test_with_bug_copies_and_works_on_the_ranking_model():
+    preset = get_preset("lecture")
+    ranker = init_recsys(RecsysModel(preset.recsys_config()), "random", 0)
+    batch = synthetic_batch(ranker.config, preset.layout, seed=0, batch=2)
+    before = ranker(batch).logits
+    buggy = with_bug(ranker, "unmasked-decoder")
+    assert (buggy(batch).logits - before).abs().max() > 1e-4
+    torch.testing.assert_close(ranker(batch).logits, before)        # the original is untouched
+    assert with_bug(ranker, None) is ranker
+
+
+def test_unknown_bug_and_probe_list_the_allowed():
+    model, _ = trunk(0)
+    with pytest.raises(ValueError, match="bug: got 'typo'; allowed: none, unmasked-decoder"):
+        with_bug(model, "typo")
+    with pytest.raises(ValueError, match="probe: got 'typo'; allowed: isolation, causality, parity"):
+        run_probe("typo", model, *inputs(0), OFFSET)
+    with pytest.raises(ValueError, match="candidate: got 5; allowed: 0..2"):
+        isolation_probe(model, *inputs(0), OFFSET, candidate=5)
