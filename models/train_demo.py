@@ -55,7 +55,15 @@ def train(steps: int = 1000, batch: int = 128, lr: float = 3e-3, seed: int = 0, 
           verbose: bool = True) -> tuple[RecsysModel, list[dict]]:
     """-> (trained model, [{"step", "loss"}] every `log_every` steps)."""
     torch.manual_seed(seed)
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
+    try:
+        return _train(steps, batch, lr, seed, log_every, verbose)
+    finally:
+        torch.use_deterministic_algorithms(was_deterministic)
+
+
+def _train(steps, batch, lr, seed, log_every, verbose):
     model = init_recsys(RecsysModel(demo_config()), "random", seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
