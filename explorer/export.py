@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import tempfile
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -21,48 +22,77 @@ from .settings import Settings, to_query
 FORMATS = ("png", "svg")
 
 
-def all_figures(s: Settings) -> dict[str, tuple[go.Figure, str]]:
-    """name -> (figure, caption) for every view that draws from the model."""
-    mask, mask_text = views.mask_view(s)
-    attn, row_bars, _ = views.attention_view(s)
-    iso, iso_bars, iso_text = views.isolation_view(s)
-    inv, _ = views.invariance_view(s)
-    angle, qk, _ = views.rope_view(s)
-    first_verdict = iso_text.split("\n\n")[0].strip("*")
+# figure name -> (view function, index of the figure in what it returns)
+FIGURES = {
+    "mask": (views.mask_view, 0),
+    "attention": (views.attention_view, 0),
+    "query_row": (views.attention_view, 1),
+    "isolation": (views.isolation_view, 0),
+    "isolation_logits": (views.isolation_view, 1),
+    "invariance": (views.invariance_view, 0),
+    "rope_angles": (views.rope_view, 0),
+    "rope_qk": (views.rope_view, 1),
+}
+
+
+def caption(s: Settings, name: str) -> str:
     return {
-        "mask": (mask, f"Attention mask '{views.own_mask_kind(s)}' beside '{s.compare}' (T = {s.seq_len}). "
-                       "Blue: the query (row) may attend to the key (column)."),
-        "attention": (attn, f"Attention {s.values} from the model's own forward ({s.weights} weights)."),
-        "query_row": (row_bars, "Where one query's attention goes, coloured by segment."),
-        "isolation": (iso, "Change in the residual stream after perturbing one candidate, "
-                           "isolation mask vs causal mask."),
-        "isolation_logits": (iso_bars, first_verdict),
-        "invariance": (inv, f"Score change per candidate after '{s.operation}', for each RoPE mode."),
-        "rope_angles": (angle, f"RoPE angle per dimension pair vs position (base {s.rope_base:g})."),
-        "rope_qk": (qk, "q·k against relative distance under RoPE."),
-    }
+        "mask": f"Attention mask '{views.own_mask_kind(s)}' beside '{s.compare}' (T = {s.seq_len}). "
+                "Blue: the query (row) may attend to the key (column).",
+        "attention": f"Attention {s.values} from the model's own forward ({s.weights} weights).",
+        "query_row": "Where one query's attention goes, coloured by segment.",
+        "isolation": "Change in the residual stream after perturbing one candidate, isolation mask vs causal mask.",
+        "isolation_logits": views.verdict(views.isolation_probe(s)),
+        "invariance": f"Score change per candidate after '{s.operation}', for each RoPE mode.",
+        "rope_angles": f"RoPE angle per dimension pair vs position (base {s.rope_base:g}).",
+        "rope_qk": "q·k against relative distance under RoPE.",
+    }[name]
+
+
+def figure(s: Settings, name: str) -> go.Figure:
+    if name not in FIGURES:
+        raise ValueError(f"figure: got {name!r}; allowed: {', '.join(FIGURES)}")
+    fn, index = FIGURES[name]
+    return fn(s)[index]
+
+
+def all_figures(s: Settings) -> dict[str, tuple[go.Figure, str]]:
+    """name -> (figure, caption) for every view that draws from the model; each view runs once."""
+    outputs = {}
+    for name, (fn, index) in FIGURES.items():
+        if fn not in outputs:
+            outputs[fn] = fn(s)
+    return {name: (outputs[fn][index], caption(s, name)) for name, (fn, index) in FIGURES.items()}
+
+
+def _kaleido_server() -> None:
+    """Keep one headless chromium for every export: kaleido otherwise starts one per image (~5 s)."""
+    import kaleido
+    if hasattr(kaleido, "start_sync_server"):
+        kaleido.start_sync_server(silence_warnings=True)
 
 
 def figure_bytes(fig: go.Figure, fmt: str, scale: float = 3) -> bytes:
     if fmt not in FORMATS:
         raise ValueError(f"format: got {fmt!r}; allowed: {', '.join(FORMATS)}")
+    _kaleido_server()
     fig = lecture_theme(fig)
     width = 1400 if fig.layout.width is None else fig.layout.width
-    return fig.to_image(format=fmt, scale=scale if fmt == "png" else 1, width=width,
-                        height=fig.layout.height or 600)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)    # "kopts ignored if using a server": expected
+        return fig.to_image(format=fmt, scale=scale if fmt == "png" else 1, width=width,
+                            height=fig.layout.height or 600)
 
 
 def export_figure(s: Settings, name: str, fmt: str, out_dir: str | None = None) -> str:
-    figs = all_figures(s)
-    if name not in figs:
-        raise ValueError(f"figure: got {name!r}; allowed: {', '.join(figs)}")
+    fig = figure(s, name)
     out = Path(out_dir or tempfile.mkdtemp(prefix="explorer-"))
     path = out / f"{name}.{fmt}"
-    path.write_bytes(figure_bytes(figs[name][0], fmt))
+    path.write_bytes(figure_bytes(fig, fmt))
     return str(path)
 
 
-def lecture_pack(s: Settings, out_dir: str | None = None, fmt: str = "png") -> str:
+def lecture_pack(s: Settings, out_dir: str | None = None) -> str:
     """A zip: every figure as PNG and SVG, config.json (settings + URL query), captions.md."""
     figs = all_figures(s)
     buf = io.BytesIO()

@@ -1,0 +1,54 @@
+"""Exports are real images of the figure: PNG at 3x scale with the figure's size, SVG with its title;
+the lecture pack holds every figure, the configuration and captions."""
+import json
+import struct
+import zipfile
+
+import pytest
+
+from explorer import export
+from explorer.settings import parse_query
+
+pytestmark = pytest.mark.slow     # kaleido starts chromium
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.fixture(scope="module")
+def s():
+    return parse_query("preset=lecture&weights=random&head=1")
+
+
+def test_png_is_three_times_the_figure_size(s, tmp_path):
+    fig = export.figure(s, "mask")
+    path = export.export_figure(s, "mask", "png", str(tmp_path))
+    w, h = png_size(open(path, "rb").read())
+    assert (w, h) == (3 * 1400, 3 * fig.layout.height)
+
+
+def test_svg_shows_the_title(s, tmp_path):
+    path = export.export_figure(s, "attention", "svg", str(tmp_path))
+    svg = open(path, encoding="utf-8").read()
+    assert svg.lstrip().startswith("<svg") and "Attention probabilities: layer 0, query head 1" in svg
+    assert 'width="1400"' in svg
+
+
+def test_unknown_figure_is_refused(s):
+    with pytest.raises(ValueError, match="figure: got 'nope'; allowed: mask"):
+        export.export_figure(s, "nope", "png")
+
+
+def test_lecture_pack_has_every_figure_config_and_captions(s, tmp_path):
+    path = export.lecture_pack(s, str(tmp_path))
+    with zipfile.ZipFile(path) as z:
+        names = set(z.namelist())
+        for fig in export.all_figures(s):
+            assert f"figures/{fig}.png" in names and f"figures/{fig}.svg" in names
+        config = json.loads(z.read("config.json"))
+        assert parse_query(config["query"]) == s and config["settings"]["head"] == 1
+        captions = z.read("captions.md").decode()
+        assert all(f"**{fig}**" in captions for fig in export.all_figures(s))
+        png_size(z.read("figures/isolation.png"))

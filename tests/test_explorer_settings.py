@@ -1,0 +1,100 @@
+"""The one validation layer: every bad value is refused with field, value and what is allowed;
+settings survive the URL round trip."""
+import math
+
+import pytest
+from hypothesis import given, settings as hsettings, strategies as st
+
+from explorer.settings import (CPU_MAX_SEQ_LEN, Settings, ValidationError, parse_query, parse_settings,
+                               preset_defaults, to_query)
+
+BAD = [
+    ("num_q_heads", "3", "multiple of num_kv_heads"),
+    ("key_size", "15", "even"),
+    ("num_candidates", "0", "at least one candidate"),
+    ("delta", "nan", "finite"),
+    ("delta", "inf", "finite"),
+    ("multiplier", "-1", "> 0"),
+    ("num_history", str(CPU_MAX_SEQ_LEN), "<="),
+    ("preset", "gpt-5", "lecture"),
+    ("cap_method", "sigmoid", "tanh"),
+    ("rope_mode", "absolute", "sequential"),
+    ("emb_size", "abc", "integer"),
+    ("seed", "1.5", "integer"),
+    ("history_padding", "9", "history"),
+    ("candidate", "7", "candidate"),
+    ("query", "99", "position"),
+    ("layer", "2", "[0, 1]"),
+]
+
+
+@pytest.mark.parametrize("field,value,allowed", BAD)
+def test_bad_value_names_field_value_and_allowed(field, value, allowed):
+    with pytest.raises(ValidationError) as e:
+        parse_query(f"preset=lecture&weights=random&{field}={value}")
+    msg = str(e.value)
+    assert msg.startswith(f"{field}: got"), msg
+    assert value in msg and "allowed:" in msg and allowed in msg, msg
+    assert isinstance(e.value, ValueError)
+
+
+def test_unknown_field_is_refused():
+    with pytest.raises(ValidationError, match="settings: got 'bogus'"):
+        parse_query("bogus=1")
+
+
+def test_too_long_sequence_names_the_device_cap():
+    with pytest.raises(ValidationError, match="1087"):
+        parse_settings({"preset": "lecture", "weights": "random", "num_history": 1000, "num_candidates": 100})
+
+
+def test_phoenix_prod_is_refused_on_cpu_with_reason():
+    with pytest.raises(ValidationError, match="needs a GPU"):
+        parse_query("preset=phoenix-prod")
+
+
+def test_phoenix_nano_length_is_allowed():
+    s = parse_query("preset=phoenix-nano")
+    assert s.seq_len == 1087 and s.candidate_start_offset == 1023
+
+
+def test_preset_alone_fills_every_field():
+    for name in ("lecture", "lecture-003", "phoenix-nano"):
+        s = parse_query(f"preset={name}")
+        d = preset_defaults(name)
+        assert all(getattr(s, k) == v for k, v in d.items()), name
+
+
+def test_query_is_short_and_round_trips():
+    s = parse_query("preset=lecture&num_candidates=4&multiplier=0.5&head=1&values=masked+logits")
+    q = to_query(s)
+    assert q.startswith("preset=lecture") and "emb_size" not in q
+    assert parse_query(q) == s
+    assert parse_query("?" + q) == s
+
+
+@hsettings(max_examples=40, deadline=None)
+@given(num_history=st.integers(0, 30), num_candidates=st.integers(1, 12), kv=st.sampled_from([1, 2, 4]),
+       group=st.sampled_from([1, 2]), multiplier=st.floats(0.01, 4), rope=st.sampled_from(["sequential", "shared", "none"]),
+       seed=st.integers(0, 10_000))
+def test_valid_settings_round_trip(num_history, num_candidates, kv, group, multiplier, rope, seed):
+    raw = dict(preset="lecture", weights="random", num_history=num_history, num_candidates=num_candidates,
+               num_kv_heads=kv, num_q_heads=kv * group, multiplier=multiplier, rope_mode=rope, seed=seed)
+    s = parse_settings(raw)
+    assert parse_query(to_query(s)) == s
+    assert s.seq_len == 1 + num_history + num_candidates
+
+
+@hsettings(max_examples=60, deadline=None)
+@given(field=st.sampled_from([f for f in Settings.__dataclass_fields__ if f != "preset"]),
+       value=st.one_of(st.text(max_size=30), st.floats(allow_nan=True, allow_infinity=True),
+                       st.integers(-10**12, 10**12), st.none()))
+def test_any_value_gives_settings_or_validation_error(field, value):
+    """Never another exception, whatever arrives from the page or the API."""
+    try:
+        s = parse_settings({"preset": "lecture", "weights": "random", field: value})
+    except ValidationError as e:
+        assert str(e).startswith(f"{e.field}: got")
+    else:
+        assert isinstance(s, Settings)
+        assert all(not isinstance(v, float) or math.isfinite(v) for v in s.to_dict().values())

@@ -1,0 +1,152 @@
+"""Views draw what the model computed: figure data equals the recorded forward, labels and segment
+boundaries follow the layout, probe verdicts are right for isolating and non-isolating masks."""
+import numpy as np
+import pytest
+import torch
+
+from explorer import runs, views
+from explorer.figures import Panel, boundaries, heatmap_figure, pool
+from explorer.settings import parse_query
+
+LECTURE = "preset=lecture&weights=random"
+
+
+def heatmaps(fig):
+    return [t for t in fig.data if t.type == "heatmap"]
+
+
+def test_single_head_heatmap_equals_recorded_probabilities():
+    s = parse_query(LECTURE + "&head=3&layer=1")
+    fig, bars, _ = views.attention_view(s)
+    (hm,) = heatmaps(fig)
+    probs = runs.forward(s).trunk.layers[1].probs[0, 3].numpy()
+    np.testing.assert_array_equal(np.asarray(hm.z, dtype=np.float64), probs.astype(np.float64))
+    assert list(hm.x) == list(hm.y) == s.layout.token_labels()
+    row = runs.forward(s).trunk.layers[1].probs[0, 3, s.query_position].numpy()
+    np.testing.assert_allclose(np.asarray(bars.data[0].y, dtype=np.float64), row)
+
+
+def test_grid_groups_query_heads_under_their_kv_head():
+    s = parse_query(LECTURE)          # 4 query heads, 2 KV heads, 2 layers
+    fig, _, _ = views.attention_view(s)
+    assert len(heatmaps(fig)) == s.num_layers * s.num_q_heads
+    texts = [a.text for a in fig.layout.annotations]
+    assert "<b>KV head 0</b>" in texts and "<b>KV head 1</b>" in texts
+    # panel order: layer 0 heads 0..3, then layer 1
+    probs = runs.forward(s).trunk.layers[1].probs[0, 2].numpy()
+    np.testing.assert_array_equal(np.asarray(heatmaps(fig)[6].z, dtype=np.float64), probs.astype(np.float64))
+
+
+def test_masked_logits_are_gaps_exactly_where_the_mask_forbids():
+    s = parse_query(LECTURE + "&head=0&values=masked+logits&history_padding=2")
+    (hm,) = heatmaps(views.attention_view(s)[0])
+    z = np.asarray(hm.z, dtype=np.float64)
+    allowed = views.mask_dense(s, "recsys")
+    assert np.array_equal(np.isfinite(z), allowed)
+    logits = runs.forward(s).trunk.layers[0].logits[0, 0].numpy()
+    np.testing.assert_array_equal(z[allowed], logits[allowed])
+
+
+def test_mask_view_values_labels_and_boundaries():
+    s = parse_query(LECTURE + "&num_history=4&candidate_padding=1&compare=causal")
+    fig, text = views.mask_view(s)
+    ours, causal = heatmaps(fig)
+    T, off = s.seq_len, s.candidate_start_offset
+    z = np.asarray(ours.z)
+    for q in range(T):
+        for k in range(T):
+            pad_key = s.layout.segments()[k] == "P"
+            want = (k <= q and (k < off or k == q)) and not pad_key
+            assert z[q, k] == float(want), (q, k)
+    assert not np.asarray(causal.z)[:, T - 1].any()     # the padded last candidate is hidden as a key
+    assert np.asarray(causal.z)[T - 1, off] == 1.0      # causal: a later candidate sees C0
+    lines = {(sh.x0, sh.xref) for sh in fig.layout.shapes if sh.x0 == sh.x1}
+    assert (1 - 0.5, "x") in lines and (off - 0.5, "x") in lines
+    allowed = int(z.sum())
+    assert f"| recsys | {allowed:,} | {T * T:,} |" in text
+
+
+def test_boundaries_keep_padding_inside_its_block():
+    assert boundaries(list("UHHPCCP")) == [1, 4]
+
+
+def test_pooling_takes_block_max_and_names_ranges():
+    z = np.arange(36, dtype=float).reshape(6, 6)
+    labels = [f"t{i}" for i in range(6)]
+    p = pool(Panel(z, labels, labels), 3)
+    assert p.z.shape == (3, 3) and p.z[0, 0] == z[:2, :2].max() and p.row_labels[0] == "t0–t1"
+
+
+def test_isolation_verdict_isolated_for_recsys_not_for_causal():
+    s = parse_query(LECTURE + "&candidate=1&perturbation=noise&delta=3")
+    ours, causal = views.isolation_probe(s), views.isolation_probe(s, "causal")
+    assert ours.isolated and ours.largest_other == 0.0
+    assert not causal.isolated and causal.largest_other > 1e-4
+    assert causal.worst == "C2"        # under a causal mask only later candidates see C1
+    assert "isolated" in views.verdict(ours) and "NOT isolated" in views.verdict(causal)
+    # the perturbed candidate itself changes under both masks
+    assert ours.logit_change[1] > 0 and causal.logit_change[1] > 0
+
+
+def test_isolation_holds_with_bidirectional_prefix_and_replacement():
+    s = parse_query(LECTURE + "&prefix=bidirectional&perturbation=replace&replace_with=7&candidate=0")
+    r = views.isolation_probe(s)
+    assert r.mask_kind == "recsys-bidirectional" and r.isolated
+    assert r.logit_change[0] > 0
+
+
+def test_isolation_view_figure_matches_probe_numbers():
+    s = parse_query(LECTURE + "&candidate=2")
+    fig, bars, text = views.isolation_view(s)
+    r = views.isolation_probe(s)
+    np.testing.assert_allclose(np.asarray(heatmaps(fig)[0].z, dtype=float), r.change)
+    np.testing.assert_allclose(np.asarray(bars.data[0].y, dtype=float), r.logit_change)
+    assert text.startswith("**recsys: largest change on any other candidate: 0 ")
+
+
+@pytest.mark.parametrize("op", ["permute", "drop", "add"])
+def test_batch_invariance_holds_without_sequential_rope(op):
+    for mode in ("shared", "none"):
+        b, a, pairs = views.invariance(parse_query(LECTURE + f"&rope_mode={mode}&operation={op}&candidate=1"))
+        assert np.abs(a - b).max() < views.FP32_TOLERANCE, mode
+        assert len(pairs) == (2 if op == "drop" else 3)
+
+
+def test_sequential_rope_moves_scores_when_candidates_move():
+    b, a, _ = views.invariance(parse_query(LECTURE + "&rope_mode=sequential&operation=permute"))
+    assert np.abs(a - b).max() > 1e-3
+
+
+def test_rope_view_angles_follow_the_formula():
+    s = parse_query(LECTURE + "&rope_base=500&rope_offset=3")
+    angle_fig, qk_fig, text = views.rope_view(s)
+    z = np.asarray(heatmaps(angle_fig)[0].z)
+    inv = 1.0 / 500 ** (np.arange(0, s.key_size, 2) / s.key_size)
+    np.testing.assert_allclose(z[:, 4], np.mod((4 + 3) * inv, 2 * np.pi), rtol=1e-6)
+    assert qk_fig.data[0].y[0] == pytest.approx(s.key_size)      # q = k = ones at distance 0
+
+
+def test_forward_is_cached_across_view_options():
+    s1 = parse_query(LECTURE + "&head=1")
+    s2 = parse_query(LECTURE + "&values=capped+logits&candidate=2")
+    assert runs.forward(s1) is runs.forward(s2)
+    assert runs.build_model(s1) is runs.build_model(s2)
+
+
+def test_heatmap_builder_log_scale_hovers_raw_values():
+    z = np.array([[1e-6, 1e-2], [0.5, 1.0]])
+    fig = heatmap_figure([Panel(z, ["a", "b"], ["a", "b"])], title="t", log=True)
+    hm = heatmaps(fig)[0]
+    np.testing.assert_array_equal(np.asarray(hm.customdata), z)
+    np.testing.assert_allclose(np.asarray(hm.z), np.log10(z))
+    assert "customdata" in hm.hovertemplate
+
+
+def test_demo_weights_default_on_lecture_when_present():
+    s = parse_query("preset=lecture")
+    if runs.demo_available() is None:
+        assert s.weights == "demo"
+        out = runs.forward(s)
+        assert torch.isfinite(out.logits).all()
+    else:
+        assert s.weights == "random"
