@@ -354,45 +354,60 @@ def results_path(device: str, date: str, out_dir: Path = RESULTS_DIR) -> Path:
 
 
 def write_results(records: list[dict], device: str, matmul: float, out_dir: Path = RESULTS_DIR) -> Path:
-    """Merge into today's file for this device: records of the presets just run replace older ones."""
+    """Merge into today's file for this device: the (preset, backend) pairs just run replace older ones,
+    so a later run of one backend (say flash_attn once it is built) adds to an earlier full run."""
     date = dt.date.today().isoformat()
     path = results_path(device, date, out_dir)
     old = json.loads(path.read_text()).get("records", []) if path.exists() else []
-    ran = {r["preset"] for r in records}
+    ran = {(r["preset"], r["backend"]) for r in records}
     data = dict(device_name=device_name(device), torch=torch.__version__, cuda=torch.version.cuda,
                 commit=git_commit(), date=date, matmul_tflops=matmul,
                 matmul_dtype="bfloat16" if device == "cuda" else "float32",
-                records=[r for r in old if r["preset"] not in ran] + records)
+                records=[r for r in old if (r["preset"], r["backend"]) not in ran] + records)
     out_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n")
     return path
 
 
 def figure(data: dict):
-    """Time and memory against T, one line per backend x mask x cap (log-log)."""
+    """One row per preset: time and memory against T (log-log). Colour = backend, dash = cap, one line per
+    backend x mask x cap."""
+    import plotly.express as px
     from plotly.subplots import make_subplots
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("median time per call (ms)", "peak memory (MiB)"))
+    ok = [r for r in data["records"] if r["status"] == "ok"]
+    presets = [p for p in PRESETS if any(r["preset"] == p for r in ok)] or ["(none)"]
+    fig = make_subplots(rows=len(presets), cols=2, vertical_spacing=0.12 / max(1, len(presets) - 1) + 0.05,
+                        subplot_titles=[f"{p}: {what}" for p in presets
+                                        for what in ("median time per call (ms)", "peak memory (MiB)")])
+    colour = dict(zip(BACKENDS, px.colors.qualitative.D3))
     lines: dict[tuple, list[dict]] = {}
-    for r in data["records"]:
-        if r["status"] == "ok":
-            lines.setdefault((r["preset"], r["backend"], r["mask"], r["cap_method"]), []).append(r)
+    for r in ok:
+        lines.setdefault((r["preset"], r["backend"], r["mask"], r["cap_method"]), []).append(r)
+    shown = set()
     for (preset, backend, mask, cap), rs in sorted(lines.items()):
         rs.sort(key=lambda r: r["T"])
-        name = f"{preset} · {backend} · {mask} · cap {cap}"
+        row = presets.index(preset) + 1
+        name = f"{backend} · cap {cap}" + ("" if mask == "recsys" else f" · {mask}")
+        style = dict(color=colour.get(backend), dash="solid" if cap != "none" else "dot")
         T = [r["T"] for r in rs]
-        fig.add_scatter(x=T, y=[r["median_ms"] for r in rs], name=name, legendgroup=name, mode="lines+markers",
-                        row=1, col=1)
-        fig.add_scatter(x=T, y=[r["peak_mem_bytes"] / 2**20 for r in rs], name=name, legendgroup=name,
-                        mode="lines+markers", showlegend=False, row=1, col=2)
+        for col, y in ((1, [r["median_ms"] for r in rs]), (2, [r["peak_mem_bytes"] / 2**20 for r in rs])):
+            fig.add_scatter(x=T, y=y, name=name, legendgroup=name, line=style, mode="lines+markers",
+                            showlegend=name not in shown, row=row, col=col)
+            shown.add(name)
     fig.update_xaxes(type="log", title_text="sequence length T")
     fig.update_yaxes(type="log")
     fig.update_layout(title=f"Attention backends on {data['device_name']} — torch {data['torch']}, "
-                            f"{data['date']}, commit {data['commit']}", height=560, width=1400)
+                            f"{data['date']}, commit {data['commit']} (solid: tanh cap, dotted: no cap)",
+                      height=330 * len(presets) + 120, width=1300)
     return fig
 
 
 def write_plots(path: Path, data: dict) -> list[Path]:
-    fig = figure(data)
+    try:
+        fig = figure(data)
+    except ImportError as e:                          # e.g. a GPU machine without plotly: JSON only
+        print(f"plots not written ({e})")
+        return []
     html, png = path.with_suffix(".html"), path.with_suffix(".png")
     fig.write_html(html, include_plotlyjs="cdn")     # small file; plotly.js loads from its CDN
     written = [html]
@@ -415,7 +430,12 @@ def main(argv=None):
     ap.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads)")
+    ap.add_argument("--replot", type=Path, default=None, help="only redraw the plots of this results file")
     a = ap.parse_args(argv)
+    if a.replot:
+        for p in write_plots(a.replot, json.loads(a.replot.read_text())):
+            print(f"wrote {p}")
+        return
     if a.threads:
         torch.set_num_threads(a.threads)
     if a.device == "cuda" and not torch.cuda.is_available():

@@ -248,17 +248,38 @@ def flash_attn_missing() -> Optional[str]:
 def flash_attn_piece(q, k, v, *, causal: bool, key_valid, multiplier: float, cap: float, cap_method: str):
     """flash_attn_func on one block: [B, T, H, D] layout, GQA natively, tanh softcap; lse [B, H, Tq]."""
     if key_valid is not None:
-        raise ValueError("flash_attn: key padding is not supported (capability table)")
+        raise ValueError("flash_attn_piece takes no key padding: unpad first (unpadded_rows)")
     softcap = float(cap) if cap_active(cap, cap_method) else 0.0
     out, lse, _ = _flash_attn_func()(q, k, v, softmax_scale=float(multiplier), causal=causal,
                                      softcap=softcap, return_attn_probs=True)
     return out, lse.transpose(1, 2)                                                 # lse [B, Tq, Hq]
 
 
+def unpadded_rows(q, k, v, mask: AttentionMask, attention: Callable[..., torch.Tensor]) -> torch.Tensor:
+    """Run `attention(q, k, v, mask)` on each batch row with its padded tokens removed.
+
+    Padded keys are invisible to every query, and dropping them keeps every mask kind's structure
+    (order, prefix vs candidate), so row b is an unpadded layout of the same kind with
+    offset = its valid prefix length. Outputs at padded positions are zeros. A Python loop over the
+    batch: exact, not fast (flash_attn_varlen_func would batch it)."""
+    out = torch.zeros_like(q)
+    recsys = mask.kind.startswith("recsys")
+    for b in range(q.shape[0]):
+        keep = mask.valid[b].to(q.device).nonzero().squeeze(1)                      # [T_b] valid positions
+        if keep.numel() == 0:
+            continue
+        offset = int(mask.valid[b, :mask.candidate_start_offset].sum()) if recsys else None
+        row = AttentionMask(mask.kind, keep.numel(), offset)
+        out[b, keep] = attention(q[b:b + 1, keep], k[b:b + 1, keep], v[b:b + 1, keep], row)[0]
+    return out
+
+
 def flash_attn_attention(q, k, v, mask: AttentionMask, *, multiplier: float, cap: float, cap_method: str,
                          need_weights: bool = False) -> AttentionOutput:
-    return AttentionOutput(decomposed_attention(q, k, v, mask, flash_attn_piece, multiplier=multiplier, cap=cap,
-                                                cap_method=cap_method))
+    def run(q, k, v, mask):
+        return decomposed_attention(q, k, v, mask, flash_attn_piece, multiplier=multiplier, cap=cap,
+                                    cap_method=cap_method)
+    return AttentionOutput(unpadded_rows(q, k, v, mask, run) if has_padding(mask) else run(q, k, v, mask))
 
 
 # --- the registry and its capability table --------------------------------------------------
@@ -316,9 +337,10 @@ BACKENDS: dict[str, Backend] = {
                           "recsys decomposition (prefix | candidates x prefix with LSE | self) in plain torch; "
                           "never builds the candidate x candidate block", empty_rows="zeros"),
     "flash_attn": Backend(flash_attn_attention,
-                          "Dao-AILab flash_attn_func + the recsys decomposition merged by log-sum-exp",
+                          "Dao-AILab flash_attn_func + the recsys decomposition merged by log-sum-exp; "
+                          "key padding by unpadding row by row",
                           devices=("cuda",), dtypes=_CUDA_SDPA, cap_methods=("tanh", "none"),
-                          available=flash_attn_missing, padding=False, max_head_dim=256,
+                          available=flash_attn_missing, max_head_dim=256,
                           gqa="native", empty_rows="zeros"),
 }
 

@@ -104,13 +104,20 @@ def reference_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal
 
 @pytest.mark.parametrize("kind", list(MASK_KINDS))
 @pytest.mark.parametrize("cap,method", [(30.0, "tanh"), (1.5, "tanh"), (0.0, "none")])
-def test_flash_attn_decomposition_with_reference_kernel(monkeypatch, kind, cap, method):
+@pytest.mark.parametrize("padding", [False, True])
+def test_flash_attn_decomposition_with_reference_kernel(monkeypatch, kind, cap, method, padding):
     monkeypatch.setattr(A, "_flash_attn_func", lambda: reference_flash_attn_func)
-    q, k, v = qkv(T=13, Hq=6, Hkv=2)
-    mask = AttentionMask(kind, 13, 9)
+    q, k, v = qkv(B=3, T=13, Hq=6, Hkv=2)
+    valid = None
+    if padding:
+        valid = torch.ones(3, 13, dtype=torch.bool)
+        valid[0, 7:9] = False          # history padding
+        valid[1, 11:] = False          # candidate padding
+        valid[2, 0] = False            # a padded first slot
+    mask = AttentionMask(kind, 13, 9, valid)
     kw = dict(multiplier=0.3, cap=cap, cap_method=method)
     out = A.flash_attn_attention(q, k, v, mask, **kw).out
-    assert rel_err(out, A.naive_attention(q, k, v, mask, **kw).out) <= CPU_TOL
+    assert rel_err(out, A.naive_attention(q, k, v, mask, **kw).out, valid) <= CPU_TOL
 
 
 # --- FlexAttention: compiled per layout (~5-20 s each on CPU), so few shapes ---------------
@@ -187,7 +194,8 @@ def test_flash_attn_refusals_on_cuda(monkeypatch):
     assert unavailable_reason("flash_attn", **ok) is None
     assert "soft_sign" in unavailable_reason("flash_attn", **{**ok, "cap_method": "soft_sign"})
     assert "float32" in unavailable_reason("flash_attn", **{**ok, "dtype": "float32"})
-    assert "padding" in unavailable_reason("flash_attn", **ok, padding=True)
+    assert unavailable_reason("flash_attn", **ok, padding=True) is None          # unpadded row by row
+    assert "padding" in unavailable_reason("sdpa-cudnn", **{**ok, "cap": 0.0, "mask_kind": "causal"}, padding=True)
     assert "head dim" in unavailable_reason("flash_attn", **ok, head_dim=512)
     assert "recsys" in unavailable_reason("sdpa-flash", **{**ok, "cap": 0.0})    # CUDA flash SDPA: no mask
     monkeypatch.setattr(A, "_flash_attn_func", lambda: (_ for _ in ()).throw(ImportError()))
