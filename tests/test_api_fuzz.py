@@ -7,68 +7,34 @@ component checks answer before the app's validation layer (a choice outside a dr
 integer box), the message does not name the field: those cases are strict xfails, so the test flips
 as soon as the app routes them through the validation layer.
 """
-import os
 import re
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from dataclasses import fields
-from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.slow
 
 gradio_client = pytest.importorskip("gradio_client")
-from explorer.settings import Settings  # noqa: E402  (after the skip: the app's own field order)
+from benchmarks.load_test import running_app  # noqa: E402  (app.py in a localhost subprocess)
+from explorer.settings import Settings  # noqa: E402  (the app's own field order)
 
-ROOT = Path(__file__).resolve().parents[1]
 CONTROL_FIELDS = [f.name for f in fields(Settings)]
 VIEWS = ("/mask", "/attention", "/isolation", "/invariance")
 NO_INPUT = ("/load", "/tab_mask", "/tab_attention", "/tab_isolation", "/tab_invariance", "/tab_timing",
             "/tab_export")
 # "field: got value; allowed: what" — the validation layer's one message shape
 CLEAR = re.compile(r"^(?P<field>[A-Za-z_][\w ]{0,40}): got .+; allowed: .+", re.S)
-TRACEBACK = ("Traceback", 'File "', "line ", "Error(")
+TRACEBACK = ("Traceback (most recent call last)", 'File "', ", line ")
 GRADIO_CHOICE = pytest.mark.xfail(strict=True, reason="Gradio's choice check answers before the validation "
                                                       "layer: names the value and choices, not the field")
 GRADIO_INT_BOX = pytest.mark.xfail(strict=True, reason="gr.Number(precision=0) fails on text before the "
                                                        "validation layer: a generic error, no field named")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server():
-    port = free_port()
-    env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port),
-           "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
-    log = open(os.devnull, "w")
-    proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=2).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"app.py did not start on {url} (exit code {proc.poll()})")
-            time.sleep(0.5)
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    with running_app() as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

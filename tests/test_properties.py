@@ -224,8 +224,7 @@ def test_trunk_refuses_inputs_that_do_not_fit_by_name(config, layout, data):
 @pytest.fixture(scope="module")
 def explorer():
     """explorer.settings and explorer.runs (the app's own parser and model builder)."""
-    settings_mod = pytest.importorskip("explorer.settings")
-    runs = pytest.importorskip("explorer.runs")
+    from explorer import runs, settings as settings_mod
     return settings_mod, runs
 
 
