@@ -33,6 +33,10 @@ CPU_MAX_SEQ_LEN = 1087
 GPU_MAX_SEQ_LEN = 4096
 CPU_MAX_PARAMS = 40_000_000
 GPU_MAX_PARAMS = 1_500_000_000
+# The recorded forward keeps every layer's attention weights and capped logits ([Hq, T, T] fp32 each)
+# and runs.forward caches 8 of them: phoenix-nano needs 151 MiB; 64 heads x 16 layers at T 1087 ~10 GB.
+CPU_MAX_TRACE_BYTES = 512 * 2**20
+GPU_MAX_TRACE_BYTES = 8 * 2**30
 MAX_SWEEP_SECONDS_CPU = 30.0
 MAX_SWEEP_SECONDS_GPU = 120.0
 
@@ -58,6 +62,10 @@ def max_seq_len() -> int:
 
 def max_params() -> int:
     return GPU_MAX_PARAMS if device() == "cuda" else CPU_MAX_PARAMS
+
+
+def max_trace_bytes() -> int:
+    return GPU_MAX_TRACE_BYTES if device() == "cuda" else CPU_MAX_TRACE_BYTES
 
 
 def sweep_budget_s() -> float:
@@ -315,7 +323,17 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *, uploaded: frozenset 
         raise ValidationError("emb_size", s.emb_size,
                               f"a model of at most {max_params() / 1e6:.0f}M parameters on {device().upper()} "
                               f"(this one has about {n / 1e6:.0f}M; phoenix-prod needs a GPU)")
+    if trace_bytes(s) > max_trace_bytes():
+        raise ValidationError("num_layers", s.num_layers,
+                              f"layers x query heads x T^2 within {max_trace_bytes() / 2**20:.0f} MiB of recorded "
+                              f"attention on {device().upper()} (here {s.num_layers} x {s.num_q_heads} x "
+                              f"{s.seq_len}^2 needs {trace_bytes(s) / 2**20:.0f} MiB): fewer layers, heads or tokens")
     return s
+
+
+def trace_bytes(s: Settings) -> int:
+    """Memory of one recorded forward's attention: probabilities and logits, fp32 [Hq, T, T] per layer."""
+    return 2 * 4 * s.num_layers * s.num_q_heads * s.seq_len ** 2
 
 
 def check_backend(s: Settings, *, need_weights: bool = False) -> None:

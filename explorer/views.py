@@ -52,7 +52,8 @@ def mask_stats(mask: np.ndarray) -> dict:
 
 def _panel(s: Settings, z: np.ndarray, title: str) -> Panel:
     seg, labels = s.layout.segments(), s.layout.token_labels()
-    return Panel(np.asarray(z, dtype=np.float64), labels, labels, title, seg, seg)
+    # float32: the model's own precision, and half the bytes on the wire
+    return Panel(np.asarray(z, dtype=np.float32), labels, labels, title, seg, seg)
 
 
 # --- 1. mask -------------------------------------------------------------------------------

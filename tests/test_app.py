@@ -1,0 +1,141 @@
+"""The app through gradio_client, launched on localhost: every named endpoint answers correctly, bad
+input comes back as an error naming the field, and the server keeps serving afterwards."""
+import base64
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from scripts.screenshots import running_app
+
+gradio_client = pytest.importorskip("gradio_client")
+from gradio_client import Client, handle_file  # noqa: E402
+from gradio_client.exceptions import AppError  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+LECTURE = "preset=lecture&weights=random"
+
+
+@pytest.fixture(scope="module")
+def client():
+    with running_app() as url:
+        yield Client(url, verbose=False)
+
+
+def plot_data(plot) -> list[dict]:
+    """A gr.Plot value -> the plotly traces."""
+    return json.loads(plot["plot"])["data"]
+
+
+def array(value) -> np.ndarray:
+    """plotly 6 sends numpy arrays as base64 typed arrays ({dtype, bdata, shape}); lists stay lists."""
+    if isinstance(value, dict) and "bdata" in value:
+        shape = [int(n) for n in str(value.get("shape", "-1")).split(",")]
+        return np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"]).reshape(shape).astype(float)
+    return np.array(value, dtype=float)
+
+
+def test_every_event_is_a_named_endpoint(client):
+    names = set(client.view_api(return_format="dict", print_info=False)["named_endpoints"])  # noqa
+    for view in ("/settings", "/preset", "/mask", "/attention", "/isolation", "/invariance", "/timing",
+                 "/export_figure", "/lecture_pack", "/upload_weights", "/load"):
+        assert view in names, view
+
+
+def test_mask_endpoint_draws_the_layout(client):
+    fig, text = client.predict(LECTURE + "&num_history=3&num_candidates=2", api_name="/mask")
+    hm = [t for t in plot_data(fig) if t["type"] == "heatmap"]
+    assert len(hm) == 2 and hm[0]["x"] == ["U", "H0", "H1", "H2", "C0", "C1"]
+    assert "| recsys |" in text
+
+
+def test_attention_endpoint_returns_the_models_probabilities(client):
+    fig, bars, text = client.predict(LECTURE + "&head=1", api_name="/attention")
+    z = array(plot_data(fig)[0]["z"])
+    assert z.shape == (9, 9)
+    np.testing.assert_allclose(z.sum(-1), 1.0, atol=1e-5)         # rows of probabilities
+    assert np.triu(z[:6, :6], 1).max() == 0.0                       # causal prefix
+    assert "Query **C0**" in text
+
+
+def test_isolation_endpoint_verdict(client):
+    _, _, text = client.predict(LECTURE + "&candidate=1&perturbation=noise&delta=5", api_name="/isolation")
+    first, second = text.split("\n\n")[:2]
+    assert "recsys: largest change on any other candidate: 0 " in first and "— isolated" in first
+    assert "causal" in second and "NOT isolated" in second
+
+
+def test_invariance_endpoint(client):
+    _, text, angles, qk, rope_text = client.predict(LECTURE + "&rope_mode=shared", api_name="/invariance")
+    assert "sequential" in text and "(moves)" in text and "shared" in text and "invariant" in text
+    assert "q·k depends only on the distance" in rope_text
+
+
+def test_settings_and_preset_endpoints_write_the_query(client):
+    assert client.predict("phoenix-nano", api_name="/preset") == "preset=phoenix-nano"
+    from dataclasses import fields
+    from explorer.settings import Settings, parse_query
+    s = parse_query(LECTURE + "&num_candidates=5&head=2")
+    values = [getattr(s, f.name) for f in fields(Settings)]
+    q = client.predict(*values, api_name="/settings")
+    assert parse_query(q) == s
+
+
+def test_timing_endpoint_measures_and_labels_the_device(client):
+    time_fig, mem_fig, speed_fig, err_fig, note = client.predict(
+        LECTURE, "16, 32", ["naive", "structured", "flash_attn"], api_name="/timing")
+    lines = {t["name"]: t for t in plot_data(time_fig)}
+    assert set(lines) == {"naive", "structured"} and list(array(lines["naive"]["x"])) == [16, 32]
+    assert array(plot_data(err_fig)[1]["y"]).max() < 1e-4
+    assert "Measured now on" in note and "flash_attn: not run" in note
+
+
+def test_export_endpoint_png(client):
+    path = client.predict(LECTURE, "mask", "png", api_name="/export_figure")
+    assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def make_weights(tmp_path, emb_size=64):
+    from models.recsys import RecsysModel, get_preset, init_recsys
+    from models.weights import save_weights
+    cfg = get_preset("lecture").recsys_config(get_preset("lecture").transformer.replace(emb_size=emb_size))
+    model = init_recsys(RecsysModel(cfg), "random", 123)
+    path = tmp_path / f"w{emb_size}.safetensors"
+    save_weights(model, path)
+    return path, model
+
+
+def test_upload_good_file_then_bad_file_keeps_weights(client, tmp_path):
+    good, model = make_weights(tmp_path)
+    q, msg = client.predict(LECTURE, handle_file(str(good)), api_name="/upload_weights")
+    assert "weights=upload%3A" in q and "Loaded" in msg
+    fig, _, _ = client.predict(q + "&head=0", api_name="/attention")
+    assert np.isfinite(array(plot_data(fig)[0]["z"])).all()
+    bad, _ = make_weights(tmp_path, emb_size=32)
+    with pytest.raises(AppError, match="weights file.*emb_size|shape"):
+        client.predict(q, handle_file(str(bad)), api_name="/upload_weights")
+    again, _, _ = client.predict(q + "&head=0", api_name="/attention")   # the good upload still serves
+    assert plot_data(again)[0]["z"] == plot_data(fig)[0]["z"]
+    pickle = tmp_path / "w.pt"
+    torch.save({"x": torch.zeros(1)}, pickle)
+    with pytest.raises(AppError, match=r"never pickle|\.npz"):   # gradio or our own check refuses it
+        client.predict(q, handle_file(str(pickle)), api_name="/upload_weights")
+
+
+@pytest.mark.parametrize("api,args,field", [
+    ("/attention", ("preset=lecture&num_q_heads=3",), "num_q_heads"),
+    ("/mask", ("preset=lecture&num_history=5000",), "num_history"),
+    ("/isolation", ("preset=lecture&delta=nan",), "delta"),
+    ("/invariance", ("x" * 5000,), "query string"),
+    ("/timing", ("preset=lecture", "10, 99999", ["naive"]), "lengths"),
+    ("/export_figure", ("preset=lecture&head=9", "mask", "png"), "head"),
+])
+def test_bad_input_is_a_clear_error_and_the_server_keeps_serving(client, api, args, field):
+    with pytest.raises(AppError) as e:
+        client.predict(*args, api_name=api)
+    assert str(e.value).startswith(f"{field}: got") or f"{field}:" in str(e.value), str(e.value)
+    assert "Traceback" not in str(e.value)
+    fig, _ = client.predict(LECTURE, api_name="/mask")
+    assert plot_data(fig)
