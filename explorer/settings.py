@@ -34,7 +34,7 @@ GPU_MAX_SEQ_LEN = 4096
 CPU_MAX_PARAMS = 40_000_000
 GPU_MAX_PARAMS = 1_500_000_000
 # The recorded forward keeps every layer's attention weights and capped logits ([Hq, T, T] fp32 each)
-# and runs.forward caches 8 of them: phoenix-nano needs 151 MiB; 64 heads x 16 layers at T 1087 ~10 GB.
+# and runs.forward caches 8 of them: phoenix-nano needs 144 MiB; 64 heads x 16 layers at T 1087 9 GiB.
 CPU_MAX_TRACE_BYTES = 512 * 2**20
 GPU_MAX_TRACE_BYTES = 8 * 2**30
 MAX_SWEEP_SECONDS_CPU = 30.0
