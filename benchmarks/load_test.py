@@ -213,6 +213,7 @@ def main(argv=None) -> dict:
         with running_app() as url:
             result = run(url, a.sessions, a.duration, a.seed)
     report = {**info, **result}
+    report["device"]["load_average_after"] = os.getloadavg()[0]
     out = a.out or ROOT / "benchmarks" / "results" / f"load-{when.date().isoformat()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

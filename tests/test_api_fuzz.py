@@ -231,5 +231,7 @@ def test_server_still_answers_every_view_afterwards(client, endpoints):
     for api in VIEWS:
         out = client.predict(query, api_name=api)
         assert len(out) == len(endpoints[api]["returns"]) and out[0] is not None
+    again = client.predict(query, api_name="/invariance")             # deterministic for a config + seed
+    assert again[1] == out[1] and again[4] == out[4]
     assert client.predict("phoenix-nano", api_name="/preset").startswith("preset=phoenix-nano")
     assert "weights=random" in client.predict(*control_values(), api_name="/settings")
