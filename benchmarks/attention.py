@@ -353,17 +353,29 @@ def results_path(device: str, date: str, out_dir: Path = RESULTS_DIR) -> Path:
     return out_dir / f"{slug(device_name(device))}-{date}.json"
 
 
+NOT_REACHED = ("skipped: time budget spent", "skipped: cancelled")
+
+
+def point_key(r: dict) -> tuple:
+    return tuple(r.get(k) for k in ("preset", "backend", "mask", "cap_method", "dtype", "B", "Hq", "Hkv",
+                                    "head_dim", "T", "num_candidates"))
+
+
 def write_results(records: list[dict], device: str, matmul: float, out_dir: Path = RESULTS_DIR) -> Path:
-    """Merge into today's file for this device: the (preset, backend) pairs just run replace older ones,
-    so a later run of one backend (say flash_attn once it is built) adds to an earlier full run."""
+    """Merge into today's file for this device, point by point: a new record replaces the old one at the
+    same point unless it was merely not reached (time budget / cancel). So a later run of one backend
+    (say flash_attn once built) or of a few lengths adds to an earlier run."""
     date = dt.date.today().isoformat()
     path = results_path(device, date, out_dir)
     old = json.loads(path.read_text()).get("records", []) if path.exists() else []
-    ran = {(r["preset"], r["backend"]) for r in records}
+    merged = {point_key(r): r for r in old}
+    for r in records:
+        if r["status"] not in NOT_REACHED or point_key(r) not in merged:
+            merged[point_key(r)] = r
     data = dict(device_name=device_name(device), torch=torch.__version__, cuda=torch.version.cuda,
                 commit=git_commit(), date=date, matmul_tflops=matmul,
                 matmul_dtype="bfloat16" if device == "cuda" else "float32",
-                records=[r for r in old if (r["preset"], r["backend"]) not in ran] + records)
+                records=list(merged.values()))
     out_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n")
     return path

@@ -6,7 +6,19 @@ Every backend computes the same function (FACTS.md §1):
     logits = where(mask, logits, -1e30); softmax over keys (fp32); out = probs @ v
 
 Shapes: q [B, T, Hq, K]; k, v [B, S, Hkv, K]; out [B, T, Hq, K].
-A backend is one function plus one entry in BACKENDS (with its capabilities).
+A backend is one function plus one entry in BACKENDS (with its capabilities):
+
+    naive           grok.py line for line; the reference, and the only one returning weights
+    sdpa[-kernel]   torch SDPA with one kernel pinned (math / flash / efficient / cudnn); no logit cap,
+                    so offered only with the cap off
+    flex            FlexAttention: the mask predicate as mask_mod, multiplier + cap as score_mod
+    structured      the recsys decomposition below, from plain torch pieces (runs anywhere)
+    flash_attn      the same decomposition from Dao-AILab flash_attn_func (CUDA, tanh cap or none)
+
+capability_table() lists what each runs (device, dtype, mask kind, cap, padding, head dim);
+unavailable_reason() says in plain words why a combination is refused. attend() never approximates:
+it runs an exact backend or raises with that reason. A query with no allowed key (only ever a padded
+position) gets uniform weights from naive/sdpa (grok.py's -1e30) and zeros from the others.
 """
 from __future__ import annotations
 

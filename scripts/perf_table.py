@@ -59,12 +59,13 @@ def file_table(name: str, data: dict) -> list[str]:
              "| preset | mask | cap | dtype | B | heads q/kv | T | naive ms | naive MiB | fastest exact other "
              "| its ms | × naive | its TFLOP/s" + (" (% of matmul)" if on_gpu(data) else "") + " | its MiB | max abs err |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for (preset, mask, cap, dtype, B, T), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][5], kv[0][1:])):
+    order = lambda kv: (TABLE_PRESETS.index(kv[0][0]), kv[0][5], kv[0][1:])  # noqa: E731
+    for (preset, mask, cap, dtype, B, T), rs in sorted(groups.items(), key=order):
         naive = next((r for r in rs if r["backend"] == "naive"), None)
         ok = [r for r in rs if r["status"] == "ok" and r["backend"] != "naive"]
         best = min(ok, key=lambda r: r["median_ms"]) if ok else None
         n_ok = naive is not None and naive["status"] == "ok"
-        naive_ms = f"{naive['median_ms']:.2f}" if n_ok else (naive["status"] if naive else "—")
+        naive_ms = f"{naive['median_ms']:.2f}" if n_ok else (naive["status"].removeprefix("skipped: ") if naive else "—")
         cells = [preset, mask, cap, dtype, str(B), f"{rs[0]['Hq']}/{rs[0]['Hkv']}", str(T), naive_ms,
                  _mib(naive["peak_mem_bytes"]) if n_ok else "—"]
         if best:

@@ -63,3 +63,15 @@ def test_results_file_schema(tmp_path):
     assert {"device_name", "torch", "cuda", "commit", "date", "matmul_tflops", "records"} <= set(data)
     assert all(RECORD_KEYS <= set(r) for r in data["records"])
     assert path.name.startswith("cpu-") and path.name.endswith(f"{data['date']}.json")
+
+
+def test_results_merge_point_by_point(tmp_path):
+    first = list(bench.sweep("lecture", "cpu", seq_lens=[9], backends=["naive", "structured"], min_time_s=0.0))
+    bench.write_results(first, "cpu", 0.1, tmp_path)
+    not_reached = [dict(r, status="skipped: time budget spent", median_ms=None) for r in first]
+    later = list(bench.sweep("lecture", "cpu", seq_lens=[12], backends=["naive"], min_time_s=0.0))
+    path = bench.write_results(not_reached + later, "cpu", 0.1, tmp_path)
+    records = json.loads(path.read_text())["records"]
+    assert len(records) == len(first) + len(later)            # T=12 added, nothing duplicated
+    kept = {bench.point_key(r): r for r in records}
+    assert all(kept[bench.point_key(r)]["status"] == r["status"] for r in first)   # not overwritten
