@@ -167,6 +167,21 @@ def test_whole_model_matches_naive(backend, prefix, cap_method):
     assert rel_err(out, ref, valid) <= CPU_TOL
 
 
+@pytest.mark.parametrize("backend", ["structured", "sdpa-flash"])
+def test_ranking_model_scores_match_naive_with_padding(backend):
+    """The full ranker (embeddings -> trunk -> unembedding) on a padded synthetic batch."""
+    from models.recsys import RecsysModel, SequenceLayout, init_recsys, synthetic_batch
+    preset = get_preset("lecture")
+    config = preset.recsys_config(preset.transformer.replace(cap_method="none", prefix="bidirectional"))
+    model = init_recsys(RecsysModel(config), "random", seed=2)
+    layout = SequenceLayout(1, 6, 4, history_padding=2, candidate_padding=1)
+    batch = synthetic_batch(config, layout, seed=5, batch=2)
+    with torch.no_grad():
+        ref, out = model(batch), model(batch, backend=backend)
+    real = ~torch.tensor([s == "P" for s in layout.segments()[layout.candidate_start_offset:]])
+    assert rel_err(out.logits[:, real], ref.logits[:, real]) <= CPU_TOL
+
+
 def test_whole_model_refuses_inexact_backend():
     model = lecture_model()                                   # grok.py's tanh cap 30
     emb, valid, offset = model_inputs()
