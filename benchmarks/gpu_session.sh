@@ -24,9 +24,10 @@ if ! python3 -c "import flash_attn" 2>/dev/null && ls .whl/flash_attn-*.tar.gz >
       .whl/flash_attn-*.tar.gz > /tmp/fa-build.log 2>&1; echo "exit $?" >> /tmp/fa-build.log ) &
 fi
 
-python3 -m pytest -q -p no:cacheprovider tests/test_attention.py tests/test_benchmarks_attention.py
-python3 -m benchmarks.attention --device cuda --preset phoenix-prod --preset long \
-    --backends naive,sdpa,sdpa-flash,sdpa-efficient,sdpa-cudnn,flex,structured --budget-s 240
+python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" tests/test_attention.py tests/test_benchmarks_attention.py
+others=naive,sdpa,sdpa-flash,sdpa-efficient,sdpa-cudnn,flex,structured
+python3 -m benchmarks.attention --device cuda --preset phoenix-prod --backends $others --budget-s 200
+python3 -m benchmarks.attention --device cuda --preset long --backends $others --budget-s 150
 
 while ! grep -q "^exit" /tmp/fa-build.log 2>/dev/null && [ "$(date +%s)" -lt $(( deadline - 150 )) ]; do
     sleep 10
