@@ -273,14 +273,15 @@ def measure_point(backend: str, *, mask: str = "recsys", B: int = 1, Hq: int = 4
 
 # --- a sweep ------------------------------------------------------------------------------
 
-def sweep(preset: str = "lecture", device: str = "cpu", *, budget_s: Optional[float] = None,
+def sweep(preset: "str | Preset" = "lecture", device: str = "cpu", *, budget_s: Optional[float] = None,
           backends: Optional[list[str]] = None, should_stop: Optional[Callable[[], bool]] = None,
           seq_lens: Optional[list[int]] = None, min_time_s: float = 0.3) -> Iterator[dict]:
     """Yield one record per (T, mask, cap, backend), naive first at each shape (the error reference).
 
     Past budget_s, or once should_stop() is true, the remaining points are yielded (cheaply) as
     'skipped: time budget spent' / 'skipped: cancelled', so every result file lists the whole grid."""
-    p = preset_for(preset, device)
+    # a name from PRESETS (reduced on CPU), or the app's own Preset(...) geometry, run as given
+    p, preset = (preset, "custom") if isinstance(preset, Preset) else (preset_for(preset, device), preset)
     names = [b for b in (backends or list(BACKENDS)) if b in BACKENDS]
     names = ["naive"] + [b for b in names if b != "naive"]
     start = time.perf_counter()

@@ -75,3 +75,12 @@ def test_results_merge_point_by_point(tmp_path):
     assert len(records) == len(first) + len(later)            # T=12 added, nothing duplicated
     kept = {bench.point_key(r): r for r in records}
     assert all(kept[bench.point_key(r)]["status"] == r["status"] for r in first)   # not overwritten
+
+
+def test_sweep_takes_a_custom_geometry():
+    geometry = bench.Preset("app settings", B=1, Hq=2, Hkv=1, head_dim=8, dtype="float32", seq_lens=(10,),
+                            num_candidates=2, masks=("recsys-bidirectional",), cap_methods=("soft_sign",), cap=5.0)
+    records = list(bench.sweep(geometry, "cpu", backends=["structured"], min_time_s=0.0))
+    assert [(r["preset"], r["backend"], r["status"]) for r in records] == [("custom", "naive", "ok"),
+                                                                           ("custom", "structured", "ok")]
+    assert records[1]["max_abs_err"] < 1e-5 and records[1]["Hq"] == 2
