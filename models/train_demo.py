@@ -51,7 +51,7 @@ def run_info() -> dict:
             "commit": commit}
 
 
-def train(steps: int = 1000, batch: int = 128, lr: float = 3e-3, seed: int = 0, log_every: int = 100,
+def train(steps: int = 700, batch: int = 128, lr: float = 3e-3, seed: int = 0, log_every: int = 100,
           verbose: bool = True) -> tuple[RecsysModel, list[dict]]:
     """-> (trained model, [{"step", "loss"}] every `log_every` steps)."""
     torch.manual_seed(seed)
@@ -89,7 +89,7 @@ def _train(steps, batch, lr, seed, log_every, verbose):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--steps", type=int, default=700)
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)

@@ -322,13 +322,13 @@ def build_variant(name: str, config: VariantConfig = VariantConfig(), seed: int 
     at the identity: the untrained model is then the plain one)."""
     model = _check_name(name).build(config)
     init_params(model, "random", seed)
+    g = torch.Generator().manual_seed(int(seed))
     with torch.no_grad():
         for mod in model.modules():
             if isinstance(mod, nn.LayerNorm):
                 mod.weight.fill_(1.0)
                 mod.bias.zero_()
             if isinstance(mod, Attention) and mod.kind == "talking-heads":
-                g = torch.Generator().manual_seed(seed)
                 H = mod.num_heads
                 mod.mix_logits.copy_(torch.eye(H) + 0.1 * torch.randn(H, H, generator=g))
                 mod.mix_probs.copy_(torch.eye(H) + 0.1 * torch.randn(H, H, generator=g))
