@@ -193,6 +193,16 @@ def default_timing_backends():
 
 
 @guarded
+def control_change(*args):
+    """What one control change does on the page, in one round trip: validate every control, write
+    the query string, keep the head list in step with the geometry, redraw the visible tab."""
+    *values, tab = args
+    query = settings_endpoint(*values)
+    s = settings_of(query)
+    return [query, gr.update(choices=head_choices(s), value=s.head)] + render_tab(query, tab)
+
+
+@guarded
 def render_tab(query: str, tab: str):
     """Redraw only the visible tab (the others redraw when they are opened)."""
     out = {t: None for t in TABS}
@@ -224,7 +234,8 @@ def build_app() -> gr.Blocks:
                     "own forward, candidate isolation, batch invariance, RoPE and live kernel timings.")
         query = gr.Textbox(label="Link to this view (query string)", value=to_query(d), buttons=["copy"],
                            interactive=False, elem_id="query")
-        tab_state = gr.State("mask")
+        # the visible tab; a hidden Textbox, not gr.State, so API calls can name the tab to redraw
+        tab_state = gr.Textbox("mask", visible=False)
         c: dict[str, gr.components.Component] = {}
         with gr.Row():
             with gr.Column(scale=1, min_width=300):
@@ -315,6 +326,8 @@ def build_app() -> gr.Blocks:
                         exp_file = gr.File(label="download")
 
         controls = [c[f] for f in CONTROL_FIELDS]
+        # never shown: triggers and outputs for the API-only endpoints below
+        hidden_q, hidden_out = gr.Textbox(visible=False), gr.Textbox(visible=False)
         view_outputs = [mask_fig, mask_text, attn_fig, row_fig, attn_text, iso_fig, iso_bars, iso_text,
                         inv_fig, inv_text, rope_angle, rope_qk, rope_text]
         write_url = ("(q) => { const u = new URL(window.location); u.search = q; "
@@ -325,11 +338,12 @@ def build_app() -> gr.Blocks:
                     .then(render_tab, [query, tab_state], view_outputs, api_name=f"render_after_{after}",
                           show_progress="minimal"))
 
-        # any control -> validated query string -> the visible tab redraws
-        ev = gr.on([c[f].input for f in CONTROL_FIELDS if f != "preset"], settings_endpoint, controls, query,
-                   api_name="settings", trigger_mode="always_last", show_progress="hidden")
-        redraw(ev.success(query_to_controls, query, controls, api_name="sync_controls",
-                          show_progress="hidden"), "settings")
+        # any control -> validated query string + the visible tab redrawn, in one round trip
+        gr.on([c[f].input for f in CONTROL_FIELDS if f != "preset"], control_change, controls + [tab_state],
+              [query, c["head"]] + view_outputs, api_name="control_change", trigger_mode="always_last",
+              show_progress="minimal") \
+            .then(None, [query], None, js=write_url, api_name="write_url_after_change")
+        hidden_q.blur(settings_endpoint, controls, hidden_out, api_name="settings")
         ev = c["preset"].input(preset_endpoint, c["preset"], query, api_name="preset")
         redraw(ev.success(query_to_controls, query, controls, api_name="sync_preset",
                           show_progress="hidden"), "preset")
@@ -348,7 +362,6 @@ def build_app() -> gr.Blocks:
                .success(query_to_controls, query, controls, api_name="sync_load", show_progress="hidden"), "load")
 
         # the API: one endpoint per view, configuration as a query string
-        hidden_q = gr.Textbox(visible=False)
         for name, fn, outs, heavy in (
                 ("mask", mask_endpoint, [mask_fig, mask_text], False),
                 ("attention", attention_endpoint, [attn_fig, row_fig, attn_text], False),

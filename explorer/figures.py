@@ -27,13 +27,6 @@ FONT = dict(family="DejaVu Sans, Arial, sans-serif", size=14, color="#222222")
 LECTURE_FONT_SIZE = 20
 
 
-def themed(fig: go.Figure, title: str, height: int = 520) -> go.Figure:
-    fig.update_layout(template="plotly_white", font=FONT, colorway=OKABE_ITO, height=height,
-                      title=dict(text=title, x=0.01, xanchor="left", font=dict(size=FONT["size"] + 4)),
-                      paper_bgcolor="white", plot_bgcolor="white", margin=dict(l=70, r=30, t=80, b=60))
-    return fig
-
-
 def lecture_theme(fig: go.Figure) -> go.Figure:
     """Export look: larger fonts everywhere (titles scale with it)."""
     fig = go.Figure(fig)
@@ -227,51 +220,50 @@ def _group_labels(annotations: list, shapes: list, groups: list[str], xdom: list
 
 # --- bars and lines ----------------------------------------------------------------------
 
+def _figure(data: list[dict], title: str, height: int, **layout) -> go.Figure:
+    """Plain dicts in, a plotly Figure out, without per-property validation (see heatmap_figure)."""
+    axis = dict(gridcolor="#E5E5E5", zerolinecolor="#BBBBBB", linecolor="#444", automargin=True)
+    layout["xaxis"] = {**axis, **layout.get("xaxis", {})}
+    layout["yaxis"] = {**axis, **layout.get("yaxis", {})}
+    layout.setdefault("legend", dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"))
+    return go.Figure(dict(data=data, layout={**_theme_layout(title, height), **layout}), _validate=False)
+
+
 def bar_figure(labels: Sequence[str], values: Sequence[float], *, title: str, value_name: str = "value",
                segments: Optional[Sequence[str]] = None, log: bool = False, height: int = 380,
                text: bool = True) -> go.Figure:
     """Bars coloured by segment (user / history / candidate / pad) with the exact value on hover."""
+    values = [float(v) for v in values]
     colours = [SEGMENT_COLORS.get(s, OKABE_ITO[0]) for s in segments] if segments else OKABE_ITO[0]
-    fig = go.Figure(go.Bar(x=list(labels), y=list(values), marker_color=colours, showlegend=False,
-                           text=[f"{v:.3g}" for v in values] if text and len(values) <= 40 else None,
-                           textposition="outside", cliponaxis=False,
-                           hovertemplate="%{x}<br>" + value_name + " %{y:.8g}<extra></extra>"))
-    fig.update_xaxes(type="category", tickangle=-60)
-    fig.update_yaxes(title_text=value_name, type="log" if log else "linear")
-    if segments:
-        for seg, name in (("U", "user"), ("H", "history"), ("C", "candidate"), ("P", "pad")):
-            if seg in segments:
-                fig.add_trace(go.Bar(x=[None], y=[None], marker_color=SEGMENT_COLORS[seg], name=name))
-        fig.update_layout(legend=dict(orientation="h", y=1.12, x=1, xanchor="right"), barmode="overlay")
-    return themed(fig, title, height)
+    data = [dict(type="bar", x=list(labels), y=values, marker=dict(color=colours), showlegend=False,
+                 text=[f"{v:.3g}" for v in values] if text and len(values) <= 40 else None,
+                 textposition="outside", cliponaxis=False,
+                 hovertemplate="%{x}<br>" + value_name + " %{y:.8g}<extra></extra>")]
+    if segments:   # legend entries for the segment colours
+        data += [dict(type="bar", x=[None], y=[None], marker=dict(color=SEGMENT_COLORS[seg]), name=name)
+                 for seg, name in (("U", "user"), ("H", "history"), ("C", "candidate"), ("P", "pad"))
+                 if seg in segments]
+    return _figure(data, title, height, barmode="overlay", showlegend=bool(segments),
+                   xaxis=dict(type="category", tickangle=-60),
+                   yaxis=dict(title=dict(text=value_name), type="log" if log else "linear"))
 
 
 def grouped_bar_figure(categories: Sequence[str], series: dict[str, Sequence[float]], *, title: str,
                        value_name: str, height: int = 420) -> go.Figure:
-    fig = go.Figure([go.Bar(x=list(categories), y=list(v), name=name,
-                            hovertemplate="%{x}<br>" + name + " %{y:.8g}<extra></extra>")
-                     for name, v in series.items()])
-    fig.update_layout(barmode="group", legend=dict(orientation="h", y=1.12, x=1, xanchor="right"))
-    fig.update_yaxes(title_text=value_name)
-    return themed(fig, title, height)
+    data = [dict(type="bar", x=list(categories), y=[float(v) for v in values], name=name,
+                 marker=dict(color=OKABE_ITO[i % len(OKABE_ITO)]),
+                 hovertemplate="%{x}<br>" + name + " %{y:.8g}<extra></extra>")
+            for i, (name, values) in enumerate(series.items())]
+    return _figure(data, title, height, barmode="group", xaxis=dict(type="category"),
+                   yaxis=dict(title=dict(text=value_name)))
 
 
 def line_figure(series: dict[str, tuple[Sequence[float], Sequence[float]]], *, title: str, x_title: str,
                 y_title: str, log_x: bool = False, log_y: bool = False, height: int = 420,
                 markers: bool = True) -> go.Figure:
-    fig = go.Figure([go.Scatter(x=list(x), y=list(y), name=name, mode="lines+markers" if markers else "lines",
-                                hovertemplate=f"{name}<br>{x_title} %{{x}}<br>{y_title} %{{y:.6g}}<extra></extra>")
-                     for name, (x, y) in series.items()])
-    fig.update_xaxes(title_text=x_title, type="log" if log_x else "linear")
-    fig.update_yaxes(title_text=y_title, type="log" if log_y else "linear")
-    fig.update_layout(legend=dict(orientation="h", y=1.12, x=1, xanchor="right"))
-    return themed(fig, title, height)
-
-
-def empty_figure(message: str) -> go.Figure:
-    fig = go.Figure()
-    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
-                       font=dict(size=16))
-    fig.update_xaxes(visible=False)
-    fig.update_yaxes(visible=False)
-    return themed(fig, "", 260)
+    data = [dict(type="scatter", x=[float(v) for v in x], y=[float(v) for v in y], name=name,
+                 mode="lines+markers" if markers else "lines", line=dict(color=OKABE_ITO[i % len(OKABE_ITO)]),
+                 hovertemplate=f"{name}<br>{x_title} %{{x}}<br>{y_title} %{{y:.6g}}<extra></extra>")
+            for i, (name, (x, y)) in enumerate(series.items())]
+    return _figure(data, title, height, xaxis=dict(title=dict(text=x_title), type="log" if log_x else "linear"),
+                   yaxis=dict(title=dict(text=y_title), type="log" if log_y else "linear"))

@@ -6,6 +6,7 @@ underneath on the geometry and weight source only; ``forward(s)`` runs the ranki
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib
@@ -134,11 +135,27 @@ def batch_for(s: Settings) -> RecsysBatch:
     return _batch_for(model_settings(s))
 
 
+DEFAULT_THREADS = torch.get_num_threads()
+SMALL_WORK = 1 << 16      # seq_len * emb_size below which one CPU thread is fastest
+
+
+@contextlib.contextmanager
+def cpu_threads(s: Settings):
+    """One intra-op thread for lecture-sized work: on a busy 2-core machine a second thread makes a
+    3 ms forward wait ~300 ms at OpenMP barriers. Large models keep every thread."""
+    small = s.seq_len * s.emb_size <= SMALL_WORK
+    torch.set_num_threads(1 if small else DEFAULT_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(DEFAULT_THREADS)
+
+
 @functools.lru_cache(maxsize=8)
 def _forward(s: Settings) -> RecsysOutput:
     model = build_model(s)
     batch = _to_device(batch_for(s))
-    with torch.no_grad(), _lock:
+    with torch.no_grad(), _lock, cpu_threads(s):
         return model(batch, record=True, backend="naive")
 
 
@@ -151,10 +168,11 @@ def score(s: Settings, batch: Optional[RecsysBatch] = None, embeddings=None, *, 
           record: bool = False, backend: str = "naive") -> RecsysOutput:
     """An uncached run for probes: a changed batch or perturbed embeddings."""
     model = build_model(s)
-    with torch.no_grad():
-        if embeddings is not None:
+    with torch.no_grad(), cpu_threads(s):
+        if embeddings is not None:      # [B', T, D]: every row shares the layout's padding
             out = forward(s)
-            return model.score_embeddings(embeddings, out.valid, out.candidate_start_offset,
+            valid = out.valid.expand(embeddings.shape[0], -1)
+            return model.score_embeddings(embeddings, valid, out.candidate_start_offset,
                                           record=record, mask_kind=mask_kind, backend=backend)
         return model(_to_device(batch), record=record, mask_kind=mask_kind, backend=backend)
 
@@ -166,9 +184,12 @@ def _to_device(batch: RecsysBatch) -> RecsysBatch:
     return RecsysBatch(*(getattr(batch, f).to(dev) for f in batch.__dataclass_fields__))
 
 
+EXTRA_CACHES: list = []     # probe caches elsewhere register here so an OOM frees them too
+
+
 def clear_caches() -> None:
     """After CUDA out-of-memory: drop every cached model and forward, then free the allocator."""
-    for f in (_weights, _build_model, _batch_for, _forward):
+    for f in (_weights, _build_model, _batch_for, _forward, *EXTRA_CACHES):
         f.cache_clear()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

@@ -5,6 +5,7 @@ call them without a browser, app.py only wires them to controls.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -175,12 +176,28 @@ def perturbed_embeddings(s: Settings) -> torch.Tensor:
 def isolation_probe(s: Settings, mask_kind: str | None = None) -> ProbeResult:
     """Run the model twice (as is, and with candidate j perturbed) under one mask kind."""
     kind = mask_kind or own_mask_kind(s)
-    base = runs.score(s, embeddings=runs.forward(s).embeddings, mask_kind=kind, record=True)
-    pert = runs.score(s, embeddings=perturbed_embeddings(s), mask_kind=kind, record=True)
+    probe = (s.candidate, s.perturbation, s.delta, s.replace_with)
+    return _isolation_probe(runs.model_settings(s), probe, kind)
+
+
+@functools.lru_cache(maxsize=16)
+def _isolation_probe(s: Settings, probe: tuple, kind: str) -> ProbeResult:
+    s = replace(s, candidate=probe[0], perturbation=probe[1], delta=probe[2], replace_with=probe[3])
+    base_emb, pert_emb = runs.forward(s).embeddings, perturbed_embeddings(s)
+    if kind == own_mask_kind(s):
+        # the recorded forward already is the unperturbed run under the model's own mask
+        base, pert = runs.forward(s), runs.score(s, embeddings=pert_emb, mask_kind=kind, record=True)
+        base_layers, pert_layers = base.trunk.layers, pert.trunk.layers
+        base_logits, pert_logits = base.logits, pert.logits
+    else:
+        both = runs.score(s, embeddings=torch.cat([base_emb, pert_emb]), mask_kind=kind, record=True)
+        base_layers = [replace(t, after_ffn=t.after_ffn[:1]) for t in both.trunk.layers]
+        pert_layers = [replace(t, after_ffn=t.after_ffn[1:]) for t in both.trunk.layers]
+        base_logits, pert_logits = both.logits[:1], both.logits[1:]
     change = torch.stack([(a.after_ffn - b.after_ffn).abs().amax(-1)[0]
-                          for a, b in zip(pert.trunk.layers, base.trunk.layers)]).float().cpu().numpy()
-    logit_change = (pert.logits - base.logits).abs().amax(-1)[0].float().cpu().numpy()
-    valid = base.valid[0].cpu().numpy()
+                          for a, b in zip(pert_layers, base_layers)]).float().cpu().numpy()
+    logit_change = (pert_logits - base_logits).abs().amax(-1)[0].float().cpu().numpy()
+    valid = runs.forward(s).valid[0].cpu().numpy()
     off, labels = s.candidate_start_offset, s.layout.token_labels()
     others = [c for c in range(s.num_candidates) if c != s.candidate and valid[off + c]]
     if others:
@@ -256,6 +273,12 @@ def changed_batch(s: Settings, batch: RecsysBatch) -> tuple[RecsysBatch, list[tu
 
 def invariance(s: Settings) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]:
     """Scores before and after the operation for the kept candidates: ([N, A], [N, A], pairs)."""
+    return _invariance(runs.model_settings(s), s.operation, s.candidate)
+
+
+@functools.lru_cache(maxsize=16)
+def _invariance(s: Settings, operation: str, candidate: int):
+    s = replace(s, operation=operation, candidate=candidate)
     batch = runs.batch_for(s)
     new, pairs = changed_batch(s, batch)
     before = runs.forward(s).logits[0].float().cpu().numpy()
@@ -325,3 +348,6 @@ def rope_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
             f"{2 * math.pi / inv[0]:.1f} positions), high pairs slowly (pair {K // 2 - 1}: every "
             f"{2 * math.pi / inv[-1]:.3g}).")
     return fig_angle, fig_qk, text
+
+
+runs.EXTRA_CACHES += [_isolation_probe, _invariance]

@@ -39,7 +39,7 @@ def array(value) -> np.ndarray:
 
 def test_every_event_is_a_named_endpoint(client):
     names = set(client.view_api(return_format="dict", print_info=False)["named_endpoints"])  # noqa
-    for view in ("/settings", "/preset", "/mask", "/attention", "/isolation", "/invariance", "/timing",
+    for view in ("/settings", "/control_change", "/preset", "/mask", "/attention", "/isolation", "/invariance", "/timing",
                  "/export_figure", "/lecture_pack", "/upload_weights", "/load"):
         assert view in names, view
 
@@ -139,3 +139,17 @@ def test_bad_input_is_a_clear_error_and_the_server_keeps_serving(client, api, ar
     assert "Traceback" not in str(e.value)
     fig, _ = client.predict(LECTURE, api_name="/mask")
     assert plot_data(fig)
+
+
+def test_control_change_validates_and_redraws_only_the_visible_tab(client):
+    from dataclasses import fields
+    from explorer.settings import Settings, parse_query
+    s = parse_query(LECTURE + "&head=2&values=capped+logits")
+    out = client.predict(*[getattr(s, f.name) for f in fields(Settings)], "attention", api_name="/control_change")
+    query, head, attn_fig = out[0], out[1], out[4]      # then mask fig + text, attention fig, ...
+    assert parse_query(query) == s and head["value"] == 2 and len(head["choices"]) == 5
+    assert "capped logits: layer 0, query head 2" in json.loads(attn_fig["plot"])["layout"]["title"]["text"]
+    bad = [getattr(s, f.name) for f in fields(Settings)]
+    bad[[f.name for f in fields(Settings)].index("num_kv_heads")] = 3
+    with pytest.raises(AppError, match="num_q_heads: got 4"):
+        client.predict(*bad, "attention", api_name="/control_change")
