@@ -163,3 +163,16 @@ def with_bug(model: nn.Module, bug: Optional[str]) -> nn.Module:
     buggy = copy.deepcopy(model)
     BUGS[bug].patch(buggy)
     return buggy
+
+
+def bug_report(model: nn.Module, embeddings, mask, candidate_start_offset=None) -> list[dict]:
+    """Every probe on the correct trunk and on each bug: one row per model, probe values and
+    whether each is flagged — the table a lecturer shows (and the README's)."""
+    from .probes import PROBES, run_probe
+    rows = []
+    for bug in ("none", *BUGS):
+        results = [run_probe(p, with_bug(model, bug), embeddings, mask, candidate_start_offset) for p in PROBES]
+        rows.append({"bug": bug, "notebook": BUGS[bug].notebook if bug in BUGS else "",
+                     "caught_by": BUGS[bug].probe if bug in BUGS else "",
+                     **{r.probe: r.value for r in results}, "flagged": [r.probe for r in results if r.flagged]})
+    return rows

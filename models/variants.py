@@ -220,7 +220,10 @@ class VariantStack(nn.Module):
         self.config, self.causal = c, causal
         self.layers = nn.ModuleList(Block(c, kind, norm_position) for _ in range(c.num_layers))
 
-    def forward(self, embeddings, mask=None, *, record: bool = False) -> TransformerOutput:
+    def forward(self, embeddings, mask=None, candidate_start_offset=None, *, record: bool = False
+                ) -> TransformerOutput:
+        """The trunk's call signature, so models.probes run on variants too; there is no candidate
+        block here, so candidate_start_offset is accepted and ignored."""
         allowed = key_padding(mask, embeddings.shape[1], self.causal, embeddings.device)
         h, traces = embeddings, []
         for layer in self.layers:

@@ -143,3 +143,16 @@ def test_unknown_bug_and_probe_list_the_allowed():
         run_probe("typo", model, *inputs(0), OFFSET)
     with pytest.raises(ValueError, match="candidate: got 5; allowed: 0..2"):
         isolation_probe(model, *inputs(0), OFFSET, candidate=5)
+
+
+def test_bug_report_on_the_trained_demo_trunk():
+    """The same verdicts on trained weights and world inputs, as the app shows them."""
+    from models.bugzoo import bug_report
+    from models.demo import demo_batch, load_demo_model
+    from models.recsys import SequenceLayout
+    ranker = load_demo_model()
+    emb, valid, offset = ranker.embed(demo_batch(SequenceLayout(1, 5, 3, history_padding=1), seed=0, batch=2))
+    rows = {r["bug"]: r for r in bug_report(ranker.transformer, emb.detach(), valid, offset)}
+    assert rows["none"]["flagged"] == []
+    for bug in BUGS:
+        assert BUGS[bug].probe in rows[bug]["flagged"]

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from models.demo import demo_batch, load_demo_model
+from models.probes import run_probe
 from models.recsys import SequenceLayout
 from models.variants import (VARIANTS, Attention, VariantConfig, attention_core, build_variant,
                              din_beside_phoenix, parameter_count, parameter_table, variant_inputs)
@@ -45,6 +46,13 @@ def test_decoders_are_causal_encoders_are_not(name, causal):
     x[:, -1] += torch.randn(x[:, -1].shape, generator=torch.Generator().manual_seed(9))  # only the last position
     changed = (model(x).embeddings - out.embeddings)[:, :-1].abs().max()
     assert (changed == 0) if causal else (changed > 1e-3)
+
+
+@pytest.mark.parametrize("name", ["mqa", "gqa", "talking-heads", "encoder-post-ln"])
+def test_trunk_probes_run_on_variants(name):
+    model, inputs, _ = run(name, batch=2)
+    flagged = run_probe("causality", model, inputs["embeddings"], inputs["mask"]).flagged
+    assert flagged == name.startswith("encoder")
 
 
 def test_grouped_gqa_equals_repeat_interleave_gqa():
