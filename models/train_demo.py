@@ -41,9 +41,12 @@ def save_fp16(model: RecsysModel, path: Path) -> None:
 
 def run_info() -> dict:
     """Where and when a result was measured (for benchmarks/results/*.json)."""
+    def git(*args):
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=Path(__file__).parent,
+                              check=True).stdout.strip()
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent, check=True).stdout.strip()
+        # "+dirty": the code that produced the result differs from the commit in models/
+        commit = git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain", "--", ".") else "")
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"
     return {"device": f"cpu ({platform.processor() or platform.machine()}), {torch.get_num_threads()} thread(s)",
