@@ -1,8 +1,9 @@
 """Model-level probes: questions asked of a trunk by perturbing its inputs, each answered by one number.
 
 Every probe takes a trunk-like model ``model(embeddings [B, T, D], mask [B, T] bool,
-candidate_start_offset) -> TransformerOutput`` (``Transformer`` or one from ``models.bugzoo``)
-and returns the largest change (or error) it found; ``run_probe`` compares that with the probe's
+candidate_start_offset) -> TransformerOutput`` — a ``Transformer``, a ``models.bugzoo`` copy of
+one, or a self-attention stack from ``models.variants`` (isolation / causality; parity needs a
+grok ``Transformer`` to rebuild the correct reference from) — and returns the largest change (or error) it found; ``run_probe`` compares that with the probe's
 tolerance. 0 means the property holds exactly.
 
     isolation_probe(model, x, mask, off, candidate=0)  perturb one candidate: max change on the others
