@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
 from dataclasses import fields
 
 import gradio as gr
@@ -33,7 +34,7 @@ except ImportError:
     def gpu(fn):
         return fn
 
-TABS = ("mask", "attention", "isolation", "invariance", "timing", "export")
+TABS = ("mask", "attention", "isolation", "invariance", "variants", "timing", "export")
 
 
 def guarded(fn):
@@ -87,6 +88,12 @@ def isolation_endpoint(query: str):
 def invariance_endpoint(query: str):
     s = settings_of(query)
     return (*views.invariance_view(s), *views.rope_view(s))
+
+
+@guarded
+def variants_endpoint(query: str):
+    s = settings_of(query)
+    return (*views.variant_view(s), *views.bug_zoo_view(s))
 
 
 @guarded
@@ -214,8 +221,10 @@ def render_tab(query: str, tab: str):
         out["isolation"] = isolation_endpoint(query)
     elif tab == "invariance":
         out["invariance"] = invariance_endpoint(query)
+    elif tab == "variants":
+        out["variants"] = variants_endpoint(query)
     flat = []
-    for t, n in (("mask", 2), ("attention", 3), ("isolation", 3), ("invariance", 5)):
+    for t, n in (("mask", 2), ("attention", 3), ("isolation", 3), ("invariance", 5), ("variants", 4)):
         flat += list(out[t]) if out[t] is not None else [gr.skip()] * n
     return flat
 
@@ -303,7 +312,17 @@ def build_app() -> gr.Blocks:
                         rope_angle = gr.Plot(label="RoPE angles")
                         rope_qk = gr.Plot(label="q·k vs distance")
                         rope_text = gr.Markdown()
-                    with gr.Tab("5 · Flash vs naive, live", id="timing") as t_time:
+                    with gr.Tab("5 · Variants & bug zoo", id="variants") as t_var:
+                        with gr.Row():
+                            c["variant"] = gr.Dropdown(list(views.variant_names()) or ["gqa"], value=d.variant,
+                                                       label="attention variant (course notebooks)")
+                            c["bug"] = gr.Dropdown(list(views.bug_names()) or ["none"], value=d.bug,
+                                                   label="plant a seed-notebook bug in the trunk")
+                        var_text = gr.Markdown()
+                        var_fig = gr.Plot(label="variant attention", elem_id="variants-plot")
+                        bug_text = gr.Markdown()
+                        bug_fig = gr.Plot(label="attention with the bug")
+                    with gr.Tab("6 · Flash vs naive, live", id="timing") as t_time:
                         with gr.Row():
                             lengths = gr.Textbox("64, 128, 256, 512", label="sequence lengths T")
                             backend_pick = gr.CheckboxGroup(backend_choices(), value=default_timing_backends(),
@@ -315,10 +334,11 @@ def build_app() -> gr.Blocks:
                             time_fig, mem_fig = gr.Plot(label="time", elem_id="time-plot"), gr.Plot(label="memory")
                         with gr.Row():
                             speed_fig, err_fig = gr.Plot(label="speed-up"), gr.Plot(label="error")
-                    with gr.Tab("6 · Export", id="export") as t_exp:
+                    with gr.Tab("7 · Export", id="export") as t_exp:
                         with gr.Row():
                             fig_name = gr.Dropdown(["mask", "attention", "query_row", "isolation",
-                                                    "isolation_logits", "invariance", "rope_angles", "rope_qk"],
+                                                    "isolation_logits", "invariance", "rope_angles", "rope_qk",
+                                                    "variant", "bug_zoo"],
                                                    value="attention", label="figure")
                             fmt = gr.Radio(list(export.FORMATS), value="png", label="format")
                             exp_btn = gr.Button("Export figure")
@@ -329,7 +349,7 @@ def build_app() -> gr.Blocks:
         # never shown: triggers and outputs for the API-only endpoints below
         hidden_q, hidden_out = gr.Textbox(visible=False), gr.Textbox(visible=False)
         view_outputs = [mask_fig, mask_text, attn_fig, row_fig, attn_text, iso_fig, iso_bars, iso_text,
-                        inv_fig, inv_text, rope_angle, rope_qk, rope_text]
+                        inv_fig, inv_text, rope_angle, rope_qk, rope_text, var_fig, var_text, bug_fig, bug_text]
         write_url = ("(q) => { const u = new URL(window.location); u.search = q; "
                      "window.history.replaceState(null, '', u); return q; }")
 
@@ -352,7 +372,7 @@ def build_app() -> gr.Blocks:
         redraw(ev.success(query_to_controls, query, controls, api_name="sync_upload",
                           show_progress="hidden"), "upload")
         for tab, name in ((t_mask, "mask"), (t_attn, "attention"), (t_iso, "isolation"),
-                          (t_inv, "invariance"), (t_time, "timing"), (t_exp, "export")):
+                          (t_inv, "invariance"), (t_var, "variants"), (t_time, "timing"), (t_exp, "export")):
             tab.select(lambda n=name: n, None, tab_state, api_name=f"tab_{name}", show_progress="hidden") \
                .then(render_tab, [query, tab_state], view_outputs, api_name=f"render_{name}",
                      show_progress="minimal")
@@ -366,7 +386,8 @@ def build_app() -> gr.Blocks:
                 ("mask", mask_endpoint, [mask_fig, mask_text], False),
                 ("attention", attention_endpoint, [attn_fig, row_fig, attn_text], False),
                 ("isolation", isolation_endpoint, [iso_fig, iso_bars, iso_text], True),
-                ("invariance", invariance_endpoint, [inv_fig, inv_text, rope_angle, rope_qk, rope_text], True)):
+                ("invariance", invariance_endpoint, [inv_fig, inv_text, rope_angle, rope_qk, rope_text], True),
+                ("variants", variants_endpoint, [var_fig, var_text, bug_fig, bug_text], True)):
             hidden_q.submit(fn, hidden_q, outs, api_name=name,
                             **(dict(concurrency_limit=2, concurrency_id="probe") if heavy else {}))
         run_ev = run_btn.click(timing_endpoint, [query, lengths, backend_pick],
@@ -381,8 +402,21 @@ def build_app() -> gr.Blocks:
     return demo
 
 
+def warm_up() -> None:
+    """Build the default view's model, then phoenix-nano's (~10 M parameters take seconds to
+    initialise), in the background after start-up, so the first visitor to pick it waits less."""
+    for query in ("preset=lecture", "preset=phoenix-nano"):
+        try:
+            runs.forward(settings_of(query))
+        except Exception:               # a warm-up is best effort; the real request reports errors
+            log.exception("warm-up of %s failed", query)
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
+    warm = threading.Timer(3.0, warm_up)
+    warm.daemon = True
+    warm.start()
     build_app().launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                        server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
                        show_error=False, max_file_size="200mb")

@@ -32,6 +32,8 @@ FIGURES = {
     "invariance": (views.invariance_view, 0),
     "rope_angles": (views.rope_view, 0),
     "rope_qk": (views.rope_view, 1),
+    "variant": (views.variant_view, 0),
+    "bug_zoo": (views.bug_zoo_view, 0),
 }
 
 
@@ -46,6 +48,8 @@ def caption(s: Settings, name: str) -> str:
         "invariance": f"Score change per candidate after '{s.operation}', for each RoPE mode.",
         "rope_angles": f"RoPE angle per dimension pair vs position (base {s.rope_base:g}).",
         "rope_qk": "q·k against relative distance under RoPE.",
+        "variant": f"Attention weights of the '{s.variant}' variant from the course notebooks.",
+        "bug_zoo": f"Layer-0 attention of the trunk with the seed-notebook bug '{s.bug}'.",
     }[name]
 
 

@@ -121,7 +121,8 @@ def model_settings(s: Settings) -> Settings:
     d = Settings()
     return replace(s, layer=d.layer, head=d.head, values=d.values, color=d.color, query=d.query,
                    candidate=d.candidate, perturbation=d.perturbation, delta=d.delta,
-                   replace_with=d.replace_with, operation=d.operation, compare=d.compare, backend=d.backend)
+                   replace_with=d.replace_with, operation=d.operation, compare=d.compare, backend=d.backend,
+                   variant=d.variant, bug=d.bug)
 
 
 @functools.lru_cache(maxsize=8)

@@ -112,6 +112,8 @@ class Settings:
     replace_with: int = 1
     operation: str = "permute"
     compare: str = "causal"          # the mask kind drawn beside the model's own
+    variant: str = "gqa"             # models.variants.VARIANTS, drawn in the Variants view
+    bug: str = "none"                # models.bugzoo.BUGS planted in the trunk, or none
 
     # --- what the models need --------------------------------------------------------
     @property
@@ -316,6 +318,9 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *, uploaded: frozenset 
     v["replace_with"] = _int("replace_with", merged["replace_with"], 1, 1023, why="an item hash")
     v["operation"] = _choice("operation", merged["operation"], INVARIANCE_OPS)
     v["compare"] = _choice("compare", merged["compare"], tuple(MASK_KINDS))
+    from .views import bug_names, variant_names       # registries owned by models/, imported late
+    v["variant"] = _choice("variant", merged["variant"], variant_names() or ("gqa",))
+    v["bug"] = _choice("bug", merged["bug"], bug_names() or ("none",))
 
     s = Settings(**v)
     n = estimate_params(s)

@@ -351,3 +351,88 @@ def rope_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
 
 
 runs.EXTRA_CACHES += [_isolation_probe, _invariance]
+
+
+# --- 7. variants and the bug zoo ------------------------------------------------------------------
+
+def variant_names() -> tuple:
+    try:
+        from models.variants import VARIANTS
+    except ImportError:
+        return ()
+    return tuple(VARIANTS)
+
+
+def bug_names() -> tuple:
+    try:
+        from models.bugzoo import BUGS
+    except ImportError:
+        return ()
+    return ("none", *BUGS)
+
+
+@functools.lru_cache(maxsize=8)
+def _variant_run(name: str, seed: int):
+    from models.variants import VariantConfig, build_variant, variant_inputs
+    config = VariantConfig()
+    model = build_variant(name, config, seed)
+    inputs = variant_inputs(name, config, seed)
+    with torch.no_grad(), runs.cpu_threads(replace(Settings(), num_history=0, num_candidates=4, emb_size=64)):
+        return model(**inputs, record=True), inputs
+
+
+def variant_view(s: Settings) -> tuple[go.Figure, str]:
+    """One attention variant from the course notebooks, drawn by the same heatmap builder: every
+    layer x head of its own forward (seeded random weights)."""
+    from models.variants import VARIANTS
+    v = VARIANTS[s.variant]
+    out, inputs = _variant_run(s.variant, s.seed)
+    T = inputs["embeddings"].shape[1]
+    rows = [f"t{i}" for i in range(T)]
+    panels = []
+    for layer, trace in enumerate(out.layers):
+        probs = trace.probs[0].float().numpy()                       # [H, Tq, S]
+        cols = [f"s{i}" for i in range(probs.shape[-1])] if probs.shape[-1] != probs.shape[-2] else rows
+        qrows = [f"c{i}" for i in range(probs.shape[-2])] if v.inputs == "target" else rows
+        panels += [Panel(probs[h], qrows, cols, f"L{layer} · head {h}") for h in range(probs.shape[0])]
+    heads = len(panels) // len(out.layers)
+    fig = heatmap_figure(panels, cols=heads, title=f"Variant '{s.variant}' (notebook {v.notebook}): attention "
+                         "weights, every layer and head", value_name="weight", zmin=0, max_cells=GRID_MAX_CELLS)
+    return fig, f"**{s.variant}** — {v.teaches}."
+
+
+def bug_zoo_view(s: Settings) -> tuple[go.Figure, str]:
+    """The seed notebooks' bugs planted in the current trunk, each probe's verdict, and the chosen
+    bug's layer-0 attention through the heatmap builder."""
+    from models.bugzoo import BUGS, bug_report, with_bug
+    model = runs.build_model(s).transformer
+    base = runs.forward(s)
+    emb, valid, off = base.embeddings, base.valid, base.candidate_start_offset
+    with runs.cpu_threads(s), torch.no_grad():
+        rows = _bug_report(runs.model_settings(s))
+        buggy = with_bug(model, s.bug)
+        try:
+            trace = buggy(emb, valid, off, record=True).layers[0]
+            probs = trace.probs[0, 0].float().cpu().numpy()
+            fig = heatmap_figure([_panel(s, probs, "")], title=f"Layer 0, head 0 with bug '{s.bug}'",
+                                 value_name="weight", zmin=0, max_cells=SINGLE_MAX_CELLS)
+        except Exception as e:      # some bugs replace the attention with a kernel that has no weights
+            fig = heatmap_figure([_panel(s, np.full((s.seq_len, s.seq_len), np.nan), "")],
+                                 title=f"'{s.bug}' returns no attention weights ({type(e).__name__})")
+    probes = [k for k in rows[0] if k not in ("bug", "notebook", "caught_by", "flagged")]
+    lines = ["| bug | notebook | " + " | ".join(probes) + " | flagged |", "|---|---|" + "---|" * (len(probes) + 1)]
+    for r in rows:
+        lines.append(f"| {'**' + r['bug'] + '**' if r['bug'] == s.bug else r['bug']} | {r['notebook']} | "
+                     + " | ".join(f"{r[p]:.3g}" for p in probes) + f" | {', '.join(r['flagged']) or '—'} |")
+    symptom = BUGS[s.bug].symptom if s.bug in BUGS else "the faithful port: every probe passes"
+    return fig, f"**{s.bug}**: {symptom}.\n\n" + "\n".join(lines)
+
+
+@functools.lru_cache(maxsize=4)
+def _bug_report(s: Settings):
+    from models.bugzoo import bug_report
+    base = runs.forward(s)
+    return bug_report(runs.build_model(s).transformer, base.embeddings, base.valid, base.candidate_start_offset)
+
+
+runs.EXTRA_CACHES += [_variant_run, _bug_report]

@@ -20,8 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 VIEWS = [("mask", "1 · Mask"), ("attention", "2 · Attention"), ("isolation", "3 · Candidate isolation"),
-         ("invariance", "4 · Batch invariance & RoPE"), ("timing", "5 · Flash vs naive, live"),
-         ("export", "6 · Export")]
+         ("invariance", "4 · Batch invariance & RoPE"), ("variants", "5 · Variants & bug zoo"),
+         ("timing", "6 · Flash vs naive, live"), ("export", "7 · Export")]
 
 
 def free_port() -> int:

@@ -39,7 +39,7 @@ def array(value) -> np.ndarray:
 
 def test_every_event_is_a_named_endpoint(client):
     names = set(client.view_api(return_format="dict", print_info=False)["named_endpoints"])  # noqa
-    for view in ("/settings", "/control_change", "/preset", "/mask", "/attention", "/isolation", "/invariance", "/timing",
+    for view in ("/settings", "/control_change", "/preset", "/mask", "/attention", "/isolation", "/invariance", "/variants", "/timing",
                  "/export_figure", "/lecture_pack", "/upload_weights", "/load"):
         assert view in names, view
 
@@ -71,6 +71,13 @@ def test_invariance_endpoint(client):
     _, text, angles, qk, rope_text = client.predict(LECTURE + "&rope_mode=shared", api_name="/invariance")
     assert "sequential" in text and "(moves)" in text and "shared" in text and "invariant" in text
     assert "q·k depends only on the distance" in rope_text
+
+
+def test_variants_endpoint(client):
+    var_fig, var_text, bug_fig, bug_text = client.predict(LECTURE + "&variant=mla&bug=exact-gelu",
+                                                          api_name="/variants")
+    assert "**mla**" in var_text and "| **exact-gelu** |" in bug_text
+    assert [t for t in plot_data(var_fig) if t["type"] == "heatmap"]
 
 
 def test_settings_and_preset_endpoints_write_the_query(client):

@@ -150,3 +150,26 @@ def test_demo_weights_default_on_lecture_when_present():
         assert torch.isfinite(out.logits).all()
     else:
         assert s.weights == "random"
+
+
+@pytest.mark.skipif(not views.variant_names(), reason="models.variants is not in this build")
+def test_variant_view_draws_the_variants_own_weights():
+    s = parse_query(LECTURE + "&variant=mqa&seed=3")
+    fig, text = views.variant_view(s)
+    out, _ = views._variant_run("mqa", 3)
+    hm = heatmaps(fig)
+    assert len(hm) == len(out.layers) * out.layers[0].probs.shape[1]
+    np.testing.assert_array_equal(np.asarray(hm[1].z, dtype=np.float32), out.layers[0].probs[0, 1].numpy())
+    assert "multi-query" in text
+
+
+@pytest.mark.skipif(not views.bug_names(), reason="models.bugzoo is not in this build")
+def test_bug_zoo_flags_the_unmasked_decoder_and_passes_the_port():
+    fig, text = views.bug_zoo_view(parse_query(LECTURE + "&bug=unmasked-decoder"))
+    rows = {line.split("|")[1].strip(" *"): line for line in text.splitlines() if line.startswith("| ")}
+    assert rows["none"].rstrip().endswith("| — |")
+    assert "isolation" in rows["unmasked-decoder"].split("|")[-2]
+    # the planted bug lets candidates see each other: C1 attends to C0 in layer 0
+    z = np.asarray(heatmaps(fig)[0].z, dtype=float)
+    s = parse_query(LECTURE)
+    assert z[s.candidate_start_offset + 1, s.candidate_start_offset] > 0
