@@ -252,7 +252,7 @@ def build_app() -> gr.Blocks:
                 c["weights"] = gr.Dropdown(weight_choices(), value=d.weights, label="weights")
                 c["seed"] = number("seed (weights and inputs)", value=d.seed)
                 upload = gr.File(label="upload weights (.npz / .safetensors, haiku names)",
-                                 file_types=[".npz", ".safetensors"], type="filepath", height=90)
+                                 file_types=[".npz", ".safetensors"], type="filepath", height=120)
                 upload_msg = gr.Markdown()
                 copy = gr.Button("Copy link", size="sm")
                 with gr.Accordion("sequence layout", open=True):
@@ -295,7 +295,7 @@ def build_app() -> gr.Blocks:
                         attn_fig = gr.Plot(label="attention", elem_id="attention-plot")
                         row_fig = gr.Plot(label="query row")
                         attn_text = gr.Markdown()
-                    with gr.Tab("3 · Candidate isolation", id="isolation") as t_iso:
+                    with gr.Tab("3 · Isolation", id="isolation") as t_iso:
                         with gr.Row():
                             c["candidate"] = number("candidate j", value=d.candidate)
                             c["perturbation"] = gr.Radio(list(PERTURBATIONS), value=d.perturbation,
@@ -305,14 +305,14 @@ def build_app() -> gr.Blocks:
                         iso_text = gr.Markdown()
                         iso_fig = gr.Plot(label="change per layer and position", elem_id="isolation-plot")
                         iso_bars = gr.Plot(label="change per candidate")
-                    with gr.Tab("4 · Batch invariance & RoPE", id="invariance") as t_inv:
+                    with gr.Tab("4 · Invariance & RoPE", id="invariance") as t_inv:
                         c["operation"] = gr.Radio(list(INVARIANCE_OPS), value=d.operation, label="operation")
                         inv_fig = gr.Plot(label="score change", elem_id="invariance-plot")
                         inv_text = gr.Markdown()
                         rope_angle = gr.Plot(label="RoPE angles")
                         rope_qk = gr.Plot(label="q·k vs distance")
                         rope_text = gr.Markdown()
-                    with gr.Tab("5 · Variants & bug zoo", id="variants") as t_var:
+                    with gr.Tab("5 · Variants", id="variants") as t_var:
                         with gr.Row():
                             c["variant"] = gr.Dropdown(list(views.variant_names()) or ["gqa"], value=d.variant,
                                                        label="attention variant (course notebooks)")
@@ -322,13 +322,13 @@ def build_app() -> gr.Blocks:
                         var_fig = gr.Plot(label="variant attention", elem_id="variants-plot")
                         bug_text = gr.Markdown()
                         bug_fig = gr.Plot(label="attention with the bug")
-                    with gr.Tab("6 · Flash vs naive, live", id="timing") as t_time:
+                    with gr.Tab("6 · Flash vs naive", id="timing") as t_time:
                         with gr.Row():
-                            lengths = gr.Textbox("64, 128, 256, 512", label="sequence lengths T")
-                            backend_pick = gr.CheckboxGroup(backend_choices(), value=default_timing_backends(),
-                                                            label="backends (unavailable ones say why)")
-                            run_btn = gr.Button("Run", variant="primary")
-                            stop_btn = gr.Button("Stop")
+                            lengths = gr.Textbox("64, 128, 256, 512", label="sequence lengths T", scale=3)
+                            run_btn = gr.Button("Run", variant="primary", scale=1)
+                            stop_btn = gr.Button("Stop", scale=1)
+                        backend_pick = gr.CheckboxGroup(backend_choices(), value=default_timing_backends(),
+                                                        label="backends (unavailable ones say why)")
                         time_text = gr.Markdown(timing.recorded_summary() if device() == "cpu" else "")
                         with gr.Row():
                             time_fig, mem_fig = gr.Plot(label="time", elem_id="time-plot"), gr.Plot(label="memory")
@@ -343,7 +343,9 @@ def build_app() -> gr.Blocks:
                             fmt = gr.Radio(list(export.FORMATS), value="png", label="format")
                             exp_btn = gr.Button("Export figure")
                             pack_btn = gr.Button("Lecture pack (zip)", variant="primary")
-                        exp_file = gr.File(label="download")
+                        gr.Markdown("Figures are drawn again from the current settings in the lecture theme "
+                                    "(large fonts, colour-blind-safe colours, white background); PNG at 3x scale.")
+                        exp_file = gr.File(label="download", elem_id="export-file")
 
         controls = [c[f] for f in CONTROL_FIELDS]
         # never shown: triggers and outputs for the API-only endpoints below

@@ -19,9 +19,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-VIEWS = [("mask", "1 · Mask"), ("attention", "2 · Attention"), ("isolation", "3 · Candidate isolation"),
-         ("invariance", "4 · Batch invariance & RoPE"), ("variants", "5 · Variants & bug zoo"),
-         ("timing", "6 · Flash vs naive, live"), ("export", "7 · Export")]
+VIEWS = [("mask", "1 · Mask"), ("attention", "2 · Attention"), ("isolation", "3 · Isolation"),
+         ("invariance", "4 · Invariance & RoPE"), ("variants", "5 · Variants"),
+         ("timing", "6 · Flash vs naive"), ("export", "7 · Export")]
 
 
 def free_port() -> int:
@@ -69,6 +69,17 @@ def wait_for_plot(page, elem_id: str, timeout: float = 30_000):
     page.wait_for_selector(f"#{elem_id} .js-plotly-plot .main-svg", timeout=timeout, state="attached")
 
 
+def shrink(path: Path) -> None:
+    """256-colour palette PNG: the screenshots stay small in the repository (Pillow ships with gradio)."""
+    try:
+        from PIL import Image
+    except ImportError:
+        return
+    with Image.open(path) as im:
+        small = im.convert("RGB").quantize(256, method=Image.Quantize.MEDIANCUT)
+    small.save(path, optimize=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "docs" / "screenshots"))
@@ -87,11 +98,15 @@ def main(argv=None):
             if name == "timing":
                 page.get_by_role("button", name="Run", exact=True).click()
                 page.wait_for_selector("#time-plot .js-plotly-plot .main-svg", timeout=90_000, state="attached")
-            elif name not in ("export",):
+            elif name == "export":
+                page.get_by_role("button", name="Export figure").click()
+                page.wait_for_selector("#export-file a", timeout=90_000, state="attached")
+            else:
                 wait_for_plot(page, f"{name}-plot")
             page.wait_for_timeout(1500)
             path = out / f"{name}.png"
             page.screenshot(path=str(path), full_page=True)
+            shrink(path)
             print("wrote", path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
         browser.close()
 
