@@ -98,17 +98,34 @@ def variants_endpoint(query: str):
 
 @guarded
 @gpu
-def timing_endpoint(query: str, lengths: str, backends: list, progress=gr.Progress()):
+def timing_endpoint(query: str, lengths: str, backends: list, request: gr.Request = None,
+                    progress=gr.Progress()):
     s = settings_of(query)
     if not isinstance(backends, list) or not all(isinstance(b, str) for b in backends):
         raise ValidationError("backends", backends, "a list of backend names: " + ", ".join(BACKENDS))
+    # Stop cancels the event on the page; the worker thread sees this flag between points
+    if len(STOP_FLAGS) > 10_000:        # one small Event per session; forget old ones
+        STOP_FLAGS.clear()
+    stop = STOP_FLAGS.setdefault(session_of(request), threading.Event())
+    stop.clear()
     sw = timing.sweep(s, timing.parse_lengths(lengths), backends or ["naive"],
-                      progress=lambda f, what: progress(f, desc=what))
+                      progress=lambda f, what: progress(f, desc=what), should_stop=stop.is_set)
     note = [f"Measured now on **{sw.device}**."] + ([sw.stopped] if sw.stopped else [])
     note += [f"{b}: not run ({why})" for b, why in sw.skipped.items()]
     if device() == "cpu":
         note.append(timing.recorded_summary())
     return (*timing.sweep_figures(sw), "\n\n".join(note))
+
+
+STOP_FLAGS: dict[str, threading.Event] = {}
+
+
+def session_of(request) -> str:
+    return getattr(request, "session_hash", None) or "api"
+
+
+def stop_timing(request: gr.Request = None):
+    STOP_FLAGS.setdefault(session_of(request), threading.Event()).set()
 
 
 @guarded
@@ -395,7 +412,7 @@ def build_app() -> gr.Blocks:
         run_ev = run_btn.click(timing_endpoint, [query, lengths, backend_pick],
                                [time_fig, mem_fig, speed_fig, err_fig, time_text], api_name="timing",
                                concurrency_limit=1, concurrency_id="timing")
-        stop_btn.click(None, None, None, cancels=[run_ev], api_name="stop_timing")
+        stop_btn.click(stop_timing, None, None, cancels=[run_ev], api_name="stop_timing", queue=False)
         exp_btn.click(export_endpoint, [query, fig_name, fmt], exp_file, api_name="export_figure",
                       concurrency_limit=1, concurrency_id="export")
         pack_btn.click(lecture_pack_endpoint, query, exp_file, api_name="lecture_pack",

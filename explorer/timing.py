@@ -86,7 +86,8 @@ def usable_backends(s: Settings) -> dict[str, Optional[str]]:
 
 
 def sweep(s: Settings, lengths: list[int], backends: list[str], *, budget_s: Optional[float] = None,
-          progress: Optional[Callable[[float, str], None]] = None, min_time_s: float = 0.05) -> Sweep:
+          progress: Optional[Callable[[float, str], None]] = None, min_time_s: float = 0.05,
+          should_stop: Optional[Callable[[], bool]] = None) -> Sweep:
     """Time each backend at each length with the benchmark core's ``measure_point`` (the model's
     heads, key size, candidates, mask and cap); errors are max |out - naive| on the same inputs."""
     from benchmarks.attention import make_inputs, measure_point
@@ -103,6 +104,9 @@ def sweep(s: Settings, lengths: list[int], backends: list[str], *, budget_s: Opt
         for b in run:
             if time.perf_counter() - start > budget:
                 result.stopped = f"Stopped at T = {T}: the {budget:.0f} s budget on {device().upper()} is spent."
+                return result
+            if should_stop is not None and should_stop():
+                result.stopped = f"Stopped at T = {T}: cancelled."
                 return result
             if progress:
                 progress(done / total, f"{b} at T = {T}")
