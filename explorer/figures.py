@@ -122,10 +122,12 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
                          colorbar=_colorbar(colorbar_title or value_name, log, lo, hi)))
         layout[f"xaxis{ax}"] = dict(domain=xdom[c], anchor=f"y{ax}", type="category", tickangle=-60,
                                     tickfont=dict(size=11), showgrid=False,
-                                    title=dict(text=col_title) if r == rows - 1 else None)
+                                    title=dict(text=col_title) if r == rows - 1 else None,
+                                    **_sparse_ticks(p.col_labels, p.col_segments, cols))
         layout[f"yaxis{ax}"] = dict(domain=ydom[r], anchor=f"x{ax}", type="category", autorange="reversed",
                                     tickfont=dict(size=11), showgrid=False,
-                                    title=dict(text=row_title) if c == 0 else None)
+                                    title=dict(text=row_title) if c == 0 else None,
+                                    **_sparse_ticks(p.row_labels, p.row_segments, cols))
         if p.title:
             annotations.append(dict(text=p.title, x=sum(xdom[c]) / 2, y=ydom[r][1], xref="paper", yref="paper",
                                     xanchor="center", yanchor="bottom", showarrow=False, font=dict(size=15)))
@@ -141,6 +143,15 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
     layout.update(annotations=annotations, shapes=shapes, showlegend=bool(discrete), hovermode="closest",
                   **_theme_layout(title, height or max(420, min(1100, 330 * rows + 120))))
     return go.Figure(dict(data=data, layout=layout), _validate=False)
+
+
+def _sparse_ticks(labels: list[str], segments: Optional[list[str]], cols: int) -> dict:
+    """Long axes (or many panels side by side) tick only where a segment starts: U, H0, C0, ..."""
+    if len(labels) * cols <= 48:
+        return {}
+    starts = [0] + (boundaries(segments) if segments else [])
+    return dict(tickmode="array", tickvals=[labels[i] for i in starts],
+                ticktext=[labels[i].split("–")[0] for i in starts])
 
 
 def _colour_range(shown, log, zmin, zmax) -> tuple[float, float]:
