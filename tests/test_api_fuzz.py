@@ -19,14 +19,16 @@ from benchmarks.load_test import running_app  # noqa: E402  (app.py in a localho
 from explorer.settings import Settings  # noqa: E402  (the app's own field order)
 
 CONTROL_FIELDS = [f.name for f in fields(Settings)]
-VIEWS = ("/mask", "/attention", "/isolation", "/invariance")
-NO_INPUT = ("/load", "/tab_mask", "/tab_attention", "/tab_isolation", "/tab_invariance", "/tab_timing",
-            "/tab_export")
+VIEWS = ("/mask", "/attention", "/isolation", "/invariance", "/variants")
+# endpoints fuzzed argument by argument below; the rest take a query string (+ the visible tab) or nothing
+BY_ARGUMENT = ("/settings", "/control_change", "/timing", "/export_figure", "/upload_weights", "/preset")
 # "field: got value; allowed: what" — the validation layer's one message shape
 CLEAR = re.compile(r"^(?P<field>[A-Za-z_][\w ]{0,40}): got .+; allowed: .+", re.S)
 TRACEBACK = ("Traceback (most recent call last)", 'File "', ", line ")
 GRADIO_CHOICE = pytest.mark.xfail(strict=True, reason="Gradio's choice check answers before the validation "
                                                       "layer: names the value and choices, not the field")
+UNKNOWN_TAB = pytest.mark.xfail(strict=True, reason="render_* answer an unknown tab with nothing (every output "
+                                                     "skipped) instead of naming the tab")
 GRADIO_INT_BOX = pytest.mark.xfail(strict=True, reason="gr.Number(precision=0) fails on text before the "
                                                        "validation layer: a generic error, no field named")
 
@@ -45,6 +47,17 @@ def client(server):
 @pytest.fixture(scope="module")
 def endpoints(client):
     return client.view_api(return_format="dict", print_info=False)["named_endpoints"]
+
+
+def parameter_names(endpoint) -> list:
+    return [p["parameter_name"] for p in endpoint["parameters"]]
+
+
+def query_endpoints(endpoints) -> dict:
+    """api -> extra arguments after the query string: () or the visible tab."""
+    shapes = {("query",): (), ("query", "tab"): ("attention",)}
+    return {api: shapes[tuple(parameter_names(e))] for api, e in endpoints.items()
+            if tuple(parameter_names(e)) in shapes}
 
 
 def refused(client, api, *args) -> str:
@@ -103,12 +116,17 @@ def test_views_refuse_bad_configurations_by_name(client, api, query, field):
 
 def test_every_other_query_endpoint_refuses_by_name(client, endpoints):
     """sync_*/render_*/lecture_pack: the same validation, a few cases each."""
-    query_only = [api for api, e in endpoints.items() if [p["parameter_name"] for p in e["parameters"]] == ["query"]
-                  and api not in VIEWS]
-    assert query_only, "no query endpoints found"
-    for api in query_only:
-        for query, field in (BAD_QUERIES[0], BAD_QUERIES[3], BAD_QUERIES[16]):
-            assert_names_field(refused(client, api, query), field)
+    others = {api: extra for api, extra in query_endpoints(endpoints).items() if api not in VIEWS}
+    assert others, "no query endpoints found"
+    for api, extra in others.items():
+        for query, field in (("num_candidates=nan", "num_candidates"), ("emb_size=1e30", "emb_size"),
+                             ("x" * 100_000, "query string")):
+            assert_names_field(refused(client, api, query, *extra), field)
+
+
+@pytest.mark.parametrize("tab", [pytest.param(t, marks=UNKNOWN_TAB) for t in ("nope", 12345, "x" * 10_000)])
+def test_render_names_an_unknown_tab(client, tab):
+    assert_names_field(refused(client, "/render_mask", "preset=lecture", tab), "tab")
 
 
 # --- /settings: every control as its own argument -----------------------------------------------
@@ -128,10 +146,15 @@ SETTINGS_CASES = (
 )
 
 
+def with_tab(api) -> tuple:
+    return ("mask",) if api == "/control_change" else ()
+
+
 @pytest.mark.parametrize("name,value", SETTINGS_CASES, ids=[f"{n}={v!r:.12}" for n, v in SETTINGS_CASES])
-def test_settings_endpoint_refuses_each_control_by_name(client, endpoints, name, value):
-    assert len(endpoints["/settings"]["parameters"]) == len(CONTROL_FIELDS)
-    assert_names_field(refused(client, "/settings", *control_values(**{name: value})), name)
+@pytest.mark.parametrize("api", ["/settings", "/control_change"])
+def test_every_control_is_refused_by_name(client, endpoints, api, name, value):
+    assert len(endpoints[api]["parameters"]) == len(CONTROL_FIELDS) + len(with_tab(api))
+    assert_names_field(refused(client, api, *control_values(**{name: value}), *with_tab(api)), name)
 
 
 @pytest.mark.parametrize("name,value", [
@@ -208,11 +231,9 @@ def test_upload_refuses_bad_files_by_name_and_keeps_the_weights(client, weight_f
 
 
 def test_every_named_endpoint_is_covered(endpoints):
-    """A new endpoint must get fuzz cases here (or be listed as taking no input)."""
-    covered = set(VIEWS) | set(NO_INPUT) | {"/settings", "/timing", "/export_figure", "/upload_weights",
-                                            "/preset", "/stop_timing", "/write_url", "/copy_link"}
-    query_only = {api for api, e in endpoints.items() if [p["parameter_name"] for p in e["parameters"]] == ["query"]}
-    missing = set(endpoints) - covered - query_only
+    """A new endpoint must get fuzz cases here (or take no input at all)."""
+    no_input = {api for api, e in endpoints.items() if not e["parameters"]}
+    missing = set(endpoints) - set(BY_ARGUMENT) - set(query_endpoints(endpoints)) - no_input
     assert not missing, f"endpoints without fuzz cases: {sorted(missing)}"
 
 
@@ -224,14 +245,16 @@ def test_preset_endpoint_names_the_field(client, preset):
 # --- and afterwards the server still answers ------------------------------------------------------
 
 def test_server_still_answers_every_view_afterwards(client, endpoints):
-    for api in NO_INPUT:
-        if api in endpoints:
+    for api, e in endpoints.items():
+        if not e["parameters"]:
             client.predict(api_name=api)
     query = "preset=lecture&weights=random&num_candidates=4"
     for api in VIEWS:
         out = client.predict(query, api_name=api)
         assert len(out) == len(endpoints[api]["returns"]) and out[0] is not None
-    again = client.predict(query, api_name="/invariance")             # deterministic for a config + seed
-    assert again[1] == out[1] and again[4] == out[4]
+    first, again = (client.predict(query, api_name="/invariance") for _ in range(2))
+    assert again[1] == first[1] and again[4] == first[4]                 # deterministic for a config + seed
     assert client.predict("phoenix-nano", api_name="/preset").startswith("preset=phoenix-nano")
     assert "weights=random" in client.predict(*control_values(), api_name="/settings")
+    changed = client.predict(*control_values(num_candidates=4), "attention", api_name="/control_change")
+    assert changed[0] == "preset=lecture&num_candidates=4&weights=random" and changed[4] is not None  # attention figure
