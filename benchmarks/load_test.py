@@ -5,7 +5,7 @@
 
 Each session is its own ``gradio_client.Client`` and sends one request at a time, like a visitor
 clicking through the tabs with changing settings: the mask, the heatmaps, the candidate-isolation
-probe, batch invariance (+ RoPE), and now and then a tiny timing sweep. Every request is timed
+probe, batch invariance (+ RoPE), the variants / bug-zoo view, and now and then a tiny timing sweep. Every request is timed
 end to end (queue wait included); any exception counts as a failure. The results file records the
 machine, the commit and the parameters next to per-view p50 / p95 / max latency and failures:
 
@@ -36,6 +36,7 @@ MIX = {
     "attention": ("/attention", 3),
     "isolation": ("/isolation", 2),
     "invariance": ("/invariance", 2),
+    "variants": ("/variants", 1),
     "timing (tiny)": ("/timing", 0.5),
 }
 
@@ -86,6 +87,9 @@ def visitor_query(rng: random.Random) -> str:
     q["head"] = rng.choice([-1, 0, 1, 2, 3])
     q["layer"] = rng.choice([0, 1])
     q["candidate"] = rng.randint(0, 2)
+    if rng.random() < 0.3:
+        q["variant"] = rng.choice(["mha", "mqa", "gqa", "mla", "din-target-attention"])
+        q["bug"] = rng.choice(["none", "unmasked-decoder", "rope-interleaved"])
     return "&".join(f"{k}={v}" for k, v in q.items())
 
 
