@@ -160,3 +160,31 @@ def test_control_change_validates_and_redraws_only_the_visible_tab(client):
     bad[[f.name for f in fields(Settings)].index("num_kv_heads")] = 3
     with pytest.raises(AppError, match="num_q_heads: got 4"):
         client.predict(*bad, "attention", api_name="/control_change")
+
+
+FUZZ = ["", "x" * 10_000, "preset=lecture&num_history=-5", "preset=lecture&delta=1e400",
+        "preset=lecture&seed=99999999999999", "preset=lecture&emb_size=NaN", "preset=lecture&head=%00",
+        "preset=lecture&query=1e9", "&&&===", "preset=lecture&weights=upload:nothere"]
+
+
+@pytest.mark.parametrize("api", ["/mask", "/attention", "/isolation", "/invariance", "/variants"])
+def test_fuzzed_queries_get_messages_and_the_server_stays_up(client, api):
+    for bad in FUZZ:
+        try:
+            client.predict(bad, api_name=api)
+        except AppError as e:
+            assert ": got" in str(e) and "Traceback" not in str(e), (bad, str(e))
+        else:
+            assert bad in ("", "&&&==="), bad      # empty settings are the lecture defaults
+    assert plot_data(client.predict(LECTURE, api_name="/mask")[0])
+
+
+def test_fuzzed_timing_and_export_arguments(client):
+    for lengths in ("nan", "-1", "1e9", "64," * 50, "a" * 5000):
+        with pytest.raises(AppError, match="lengths: got"):
+            client.predict(LECTURE, lengths, ["naive"], api_name="/timing")
+    with pytest.raises(AppError):
+        client.predict(LECTURE, "64", ["no-such-backend"], api_name="/timing")
+    with pytest.raises(AppError, match="query string: got"):
+        client.predict("y" * 5000, "mask", "png", api_name="/export_figure")
+    assert plot_data(client.predict(LECTURE, api_name="/mask")[0])

@@ -173,3 +173,21 @@ def test_bug_zoo_flags_the_unmasked_decoder_and_passes_the_port():
     z = np.asarray(heatmaps(fig)[0].z, dtype=float)
     s = parse_query(LECTURE)
     assert z[s.candidate_start_offset + 1, s.candidate_start_offset] > 0
+
+
+from hypothesis import given, settings as hsettings, strategies as st  # noqa: E402
+
+
+@hsettings(max_examples=15, deadline=None)
+@given(num_history=st.integers(0, 12), num_candidates=st.integers(2, 6), history_padding=st.integers(0, 3),
+       candidate_padding=st.integers(0, 1), prefix=st.sampled_from(["causal", "bidirectional"]),
+       rope=st.sampled_from(["sequential", "shared", "none"]), perturbation=st.sampled_from(["scale", "noise"]),
+       seed=st.integers(0, 1000))
+def test_isolation_is_exact_for_any_valid_layout(num_history, num_candidates, history_padding,
+                                                 candidate_padding, prefix, rope, perturbation, seed):
+    s = parse_query(f"{LECTURE}&num_history={num_history}&num_candidates={num_candidates}"
+                    f"&history_padding={min(history_padding, num_history)}&candidate_padding={candidate_padding}"
+                    f"&prefix={prefix}&rope_mode={rope}&perturbation={perturbation}&delta=3&seed={seed}")
+    r = views.isolation_probe(s)
+    assert r.isolated, views.verdict(r)
+    assert r.change.shape == (s.num_layers, s.seq_len) and r.logit_change.shape == (s.num_candidates,)
