@@ -21,9 +21,9 @@ from models.masks import PREFIX_MODES
 from models.recsys import ACTIONS, RecsysConfig, RecsysModel, SequenceLayout, init_recsys, synthetic_batch
 
 # small and derandomised: the file runs in well under a minute on two cores
-BOUNDED = settings(max_examples=25, deadline=None, derandomize=True, print_blob=True,
+BOUNDED = settings(max_examples=50, deadline=None, derandomize=True, print_blob=True,
                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-FEW = settings(BOUNDED, max_examples=12)
+FEW = settings(BOUNDED, max_examples=20)
 
 
 # --- strategies: valid configurations ------------------------------------------------------
