@@ -1,0 +1,73 @@
+"""scripts/readme_tables.py: the README table comes from results files, says where each row is from, and
+claims flash_attn verified only when a GPU file has a flash_attn point that ran."""
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("readme_tables", ROOT / "scripts" / "readme_tables.py")
+readme_tables = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(readme_tables)
+
+
+def record(backend, ms, status="ok"):
+    return dict(preset="phoenix-prod", backend=backend, mask="recsys", dtype="bfloat16", B=32, Hq=20, Hkv=4,
+                head_dim=128, T=1088, num_candidates=64, cap_method="tanh", median_ms=ms if status == "ok" else None,
+                peak_mem_bytes=2**30 if status == "ok" else None, tflops=100.0 if status == "ok" else None,
+                max_abs_err=1e-3 if status == "ok" else None, status=status)
+
+
+def results_file(tmp_path, name, device, cuda, records):
+    data = dict(device_name=device, torch="2.11.0", cuda=cuda, commit="abc1234", date="2026-11-21",
+                matmul_tflops=700.0, records=records)
+    (tmp_path / name).write_text(json.dumps(data))
+
+
+def test_cpu_only_results_say_flash_attn_unverified(tmp_path):
+    results_file(tmp_path, "cpu.json", "CPU AMD EPYC (1 threads)", None,
+                 [record("naive", 100.0), record("flex", 10.0), record("flash_attn", None, "skipped: needs CUDA")])
+    (tmp_path / "demo-training.json").write_text(json.dumps({"loss": 1.0}))   # not a results file
+    md = readme_tables.markdown(readme_tables.load_results(tmp_path))
+    assert "**not** been verified on a GPU" in md
+    assert "CPU AMD EPYC (1 threads)" in md and "commit `abc1234`" in md and "2026-11-21" in md
+    assert "| flex | 10.00 | 10.0 |" in md
+
+
+def test_gpu_flash_attn_point_counts_as_verified(tmp_path):
+    results_file(tmp_path, "h100.json", "NVIDIA H100 80GB HBM3", "13.0",
+                 [record("naive", 30.0), record("flash_attn", 1.5)])
+    md = readme_tables.markdown(readme_tables.load_results(tmp_path))
+    assert "has been verified on a GPU: NVIDIA H100 80GB HBM3" in md
+    assert "| flash_attn | 1.50 | 20.0 | 100 (14%) |" in md
+
+
+def test_readme_rewritten_only_between_markers(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"before\n{readme_tables.START}\nold table\n{readme_tables.END}\nafter\n")
+    assert readme_tables.rewrite_readme("new table", readme)
+    assert readme.read_text() == (f"before\n{readme_tables.START}\n{readme_tables.GENERATED}\n\nnew table\n\n"
+                                  f"{readme_tables.END}\nafter\n")
+    readme.write_text("no markers here\n")
+    assert not readme_tables.rewrite_readme("new table", readme)
+    assert readme.read_text() == "no markers here\n"
+
+
+def test_app_latency_block_says_which_targets_were_missed(tmp_path):
+    data = dict(device="CPU X (2 threads)", date="2026-11-21", commit="abc1234", cores=2,
+                targets=dict(cold_start_s=10.0, control_change_p95_ms=150.0, nano_s=3.0),
+                cold_start=dict(server_up_s=3.0, first_view_s=4.0),
+                control_change_ms=dict(n=80, p50=70.0, p95=180.0, max=300.0),
+                phoenix_nano=dict(isolation=dict(first_s=1.0, repeat_s=0.1)))
+    (tmp_path / "app-latency-2026-11-21.json").write_text(json.dumps(data))
+    md = readme_tables.app_latency_block(tmp_path)
+    assert "| 4.00 s | met |" in md and "180 ms (p50 70) | **missed** |" in md and "commit `abc1234`" in md
+
+
+def test_load_test_block_reports_failures_from_the_file(tmp_path):
+    data = dict(date="2026-11-21T13:00:00+00:00", git_commit="abcdef0123",
+                device=dict(cpu="AMD EPYC", cores=2), parameters=dict(sessions=20, duration_s=60.0),
+                views=dict(mask=dict(requests=10, failures=1, p50_s=0.2, p95_s=0.9)),
+                total=dict(requests=10, failures=1, requests_per_s=0.2))
+    (tmp_path / "load-2026-11-21.json").write_text(json.dumps(data))
+    md = readme_tables.load_test_block(tmp_path)
+    assert "**10 requests, 1 failed**" in md and "| mask | 10 | 1 | 0.20 s | 0.90 s |" in md
