@@ -16,10 +16,8 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import fields
 from pathlib import Path
 
@@ -27,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.attention import device_name, git_commit  # noqa: E402
-from scripts.screenshots import free_port  # noqa: E402
+from scripts.serve import running_app  # noqa: E402
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 TARGETS = dict(cold_start_s=10.0, control_change_p95_ms=150.0, nano_s=3.0)
@@ -69,22 +67,8 @@ def main(argv=None):
     from gradio_client import Client
     from explorer.settings import Settings, parse_query
 
-    port = free_port()
-    env = {**os.environ, "GRADIO_SERVER_PORT": str(port), "GRADIO_SERVER_NAME": "127.0.0.1",
-           "GRADIO_ANALYTICS_ENABLED": "False"}
-    url = f"http://127.0.0.1:{port}/"
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, str(ROOT / "app.py")], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        while True:
-            try:
-                urllib.request.urlopen(url, timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None:
-                    raise SystemExit("app exited during start-up")
-                time.sleep(0.05)
+    with running_app() as url:        # returns once the server answers HTTP
         server_up = time.perf_counter() - t0
         client = Client(url, verbose=False)
         default = client.predict(api_name="/load")
@@ -115,9 +99,6 @@ def main(argv=None):
                 client.predict(query, api_name=api)
                 times.append(time.perf_counter() - t)
             nano[label] = dict(first_s=times[0], repeat_s=times[1])
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
     result = dict(
         device=device_name("cpu"), date=dt.date.today().isoformat(), commit=git_commit(),

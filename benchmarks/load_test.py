@@ -20,15 +20,16 @@ import json
 import os
 import platform
 import random
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from scripts.serve import running_app  # noqa: E402  (the one localhost launcher)
 
 # view -> (api name, weight in the mix); the timing sweep is tiny: two short lengths, naive only
 MIX = {
@@ -39,39 +40,6 @@ MIX = {
     "variants": ("/variants", 1),
     "timing (tiny)": ("/timing", 0.5),
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def running_app(startup_timeout_s: float = 120.0, log=subprocess.DEVNULL):
-    """app.py in a subprocess on a free 127.0.0.1 port; yields its URL, stops it afterwards."""
-    port = free_port()
-    env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port),
-           "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        deadline = time.monotonic() + startup_timeout_s
-        while True:
-            try:
-                urllib.request.urlopen(url, timeout=2).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"app.py did not start on {url} (exit code {proc.poll()})") from None
-                time.sleep(0.5)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def visitor_query(rng: random.Random) -> str:

@@ -7,55 +7,19 @@ Needs the `chromium` package (apt) and playwright's Python package; no browser i
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
-from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from scripts.serve import running_app  # noqa: E402  (the one localhost launcher)
+
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 VIEWS = [("mask", "1 · Mask"), ("attention", "2 · Attention"), ("isolation", "3 · Isolation"),
          ("invariance", "4 · Invariance & RoPE"), ("variants", "5 · Variants"),
          ("timing", "6 · Flash vs naive"), ("export", "7 · Export")]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def running_app(port: int | None = None, timeout: float = 60):
-    """Start app.py on localhost in a subprocess; yield its URL; stop it (by its own pid) afterwards."""
-    port = port or free_port()
-    env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port),
-           "GRADIO_ANALYTICS_ENABLED": "False"}
-    proc = subprocess.Popen([sys.executable, str(ROOT / "app.py")], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        deadline = time.time() + timeout
-        while True:
-            try:
-                urllib.request.urlopen(url, timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError("app did not start: " + proc.stderr.read().decode()[-2000:])
-                time.sleep(0.3)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def launch_browser(playwright):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from scripts.screenshots import running_app
+from scripts.serve import running_app
 
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client import Client, handle_file  # noqa: E402

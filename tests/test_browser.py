@@ -4,7 +4,8 @@ import shutil
 
 import pytest
 
-from scripts.screenshots import launch_browser, running_app, wait_for_plot
+from scripts.screenshots import launch_browser, wait_for_plot
+from scripts.serve import running_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

@@ -1,0 +1,65 @@
+"""The one localhost launcher: app.py in a subprocess on a free 127.0.0.1 port, for the app tests,
+the browser test, the screenshots and the benchmarks.
+
+    with running_app() as url:       # http://127.0.0.1:<free port>/
+        Client(url).predict("preset=lecture", api_name="/mask")
+
+The server's stdout and stderr go to a log file, never to a pipe nobody reads: a pipe fills after
+~64 KB of log lines and then blocks the server mid-request. The log's tail is in the error when the
+app does not start; the file is removed afterwards unless `log` names one to keep.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Iterator, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_app(startup_timeout_s: float = 120.0, log: Optional[Path] = None) -> Iterator[str]:
+    """Start app.py, wait until it answers, yield its URL; stop it (by its own pid) afterwards."""
+    port = free_port()
+    env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port),
+           "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
+    keep = log is not None
+    log_path = Path(log) if keep else Path(tempfile.mkstemp(prefix="explorer-app-", suffix=".log")[1])
+    url = f"http://127.0.0.1:{port}/"
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen([sys.executable, str(ROOT / "app.py")], cwd=ROOT, env=env,
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + startup_timeout_s
+        while True:
+            try:
+                urllib.request.urlopen(url, timeout=2).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    tail = log_path.read_bytes()[-2000:].decode(errors="replace")
+                    raise RuntimeError(f"app.py did not start on {url} (exit code {proc.poll()}):\n{tail}") from None
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if not keep:
+            log_path.unlink(missing_ok=True)
