@@ -16,9 +16,11 @@ from dataclasses import fields
 
 import gradio as gr
 import torch
+from gradio.data_classes import FileData
+from pydantic import model_validator
 
 from explorer import export, runs, timing, views
-from explorer.settings import (COLOR_SCALES, INVARIANCE_OPS, PERTURBATIONS, VALUE_KINDS, Settings,
+from explorer.settings import (COLOR_SCALES, INVARIANCE_OPS, MAX_BATCH, PERTURBATIONS, VALUE_KINDS, Settings,
                                ValidationError, check_backend, device, parse_query, parse_settings, to_query)
 from models.attention import BACKENDS, CAP_METHODS
 from models.grok import ROPE_MODES
@@ -35,6 +37,10 @@ except ImportError:
         return fn
 
 TABS = ("mask", "attention", "isolation", "invariance", "variants", "timing", "export")
+# Every event that runs the ranking model (control changes, tab redraws, the view endpoints) queues in
+# one group: at most this many forwards at once across all of them, whichever event asked. Exports
+# (one kaleido browser), uploads and timing sweeps have their own limit of 1 on top.
+FORWARD = dict(concurrency_id="forward", concurrency_limit=4)
 
 
 def guarded(fn):
@@ -101,7 +107,7 @@ def variants_endpoint(query: str):
 def timing_endpoint(query: str, lengths: str, backends: list, request: gr.Request = None,
                     progress=gr.Progress()):
     s = settings_of(query)
-    if not isinstance(backends, list) or not all(isinstance(b, str) for b in backends):
+    if not isinstance(backends, list) or not all(isinstance(b, str) and b in BACKENDS for b in backends):
         raise ValidationError("backends", backends, "a list of backend names: " + ", ".join(BACKENDS))
     # Stop cancels the event on the page; the worker thread sees this flag between points
     if len(STOP_FLAGS) > 10_000:        # one small Event per session; forget old ones
@@ -229,6 +235,9 @@ def control_change(*args):
 @guarded
 def render_tab(query: str, tab: str):
     """Redraw only the visible tab (the others redraw when they are opened)."""
+    if not isinstance(tab, str) or tab not in TABS:
+        raise ValidationError("tab", tab, ", ".join(TABS))
+    settings_of(query)                  # every tab checks the query, also those drawn on demand
     out = {t: None for t in TABS}
     if tab == "mask":
         out["mask"] = mask_endpoint(query)
@@ -246,10 +255,60 @@ def render_tab(query: str, tab: str):
     return flat
 
 
+# --- components that leave every check to explorer.settings -----------------------------------
+# Instances patched rather than subclasses: Gradio writes a .pyi stub next to any module that
+# subclasses a component.
+
+def unchecked(component: gr.components.Component) -> gr.components.Component:
+    """`component` drawn and behaving as usual on the page, but its value reaches the endpoint as
+    sent: no rounding (2.5 -> 2, True -> 1), no parsing ("nan" in a number box) and no choice check
+    ("Value: bogus is not in the list of choices", which names no field). explorer.settings then
+    answers every bad value with "field: got ...; allowed: ..."."""
+    component.preprocess = lambda payload: payload
+    return component
+
+
+def unchecked_kind(component_class: type):
+    """A constructor of `component_class` instances that are unchecked(...)."""
+    return lambda *args, **kw: unchecked(component_class(*args, **kw))
+
+
+Number, Dropdown, Radio, CheckboxGroup = map(unchecked_kind, (gr.Number, gr.Dropdown, gr.Radio, gr.CheckboxGroup))
+
+
+class UploadedFile(FileData):
+    """FileData that lets a value which is no uploaded file through as an empty path: pydantic would
+    wrap any error raised here (gr.Error is a ValueError) into Gradio's generic message."""
+    @model_validator(mode="before")
+    @classmethod
+    def anything_else_as_empty_path(cls, value):
+        if isinstance(value, (dict, FileData)):
+            return value
+        return {"path": "", "orig_name": str(value)[:200], "meta": {"_type": "gradio.FileData"}}
+
+
+def weights_file(**kw) -> gr.File:
+    """A file input that answers anything but an uploaded file (e.g. a server-side path string from an
+    API client) with "weights file: got ...; allowed: ..." instead of Gradio's generic error."""
+    upload = gr.File(**kw)
+    upload.data_model = UploadedFile
+    preprocess = upload.preprocess
+
+    def uploaded_only(payload):
+        if isinstance(payload, FileData) and not payload.path:
+            raise gr.Error(str(ValidationError("weights file", payload.orig_name, "a .npz or .safetensors file "
+                                               "uploaded through the page or gradio_client.handle_file")),
+                           print_exception=False)
+        return preprocess(payload)
+    upload.preprocess = uploaded_only
+    return upload
+
+
 # --- layout -----------------------------------------------------------------------------------
 
 def number(label, **kw):
-    return gr.Number(label=label, precision=kw.pop("precision", 0), **kw)
+    """An integer box unless precision=None; the value is checked by explorer.settings either way."""
+    return Number(label=label, precision=kw.pop("precision", 0), **kw)
 
 
 def build_app() -> gr.Blocks:
@@ -265,10 +324,10 @@ def build_app() -> gr.Blocks:
         c: dict[str, gr.components.Component] = {}
         with gr.Row():
             with gr.Column(scale=1, min_width=300):
-                c["preset"] = gr.Dropdown(list(PRESETS), value=d.preset, label="preset")
-                c["weights"] = gr.Dropdown(weight_choices(), value=d.weights, label="weights")
+                c["preset"] = Dropdown(list(PRESETS), value=d.preset, label="preset")
+                c["weights"] = Dropdown(weight_choices(), value=d.weights, label="weights")
                 c["seed"] = number("seed (weights and inputs)", value=d.seed)
-                upload = gr.File(label="upload weights (.npz / .safetensors, haiku names)",
+                upload = weights_file(label="upload weights (.npz / .safetensors, haiku names)",
                                  file_types=[".npz", ".safetensors"], type="filepath", height=120)
                 upload_msg = gr.Markdown()
                 copy = gr.Button("Copy link", size="sm")
@@ -278,6 +337,9 @@ def build_app() -> gr.Blocks:
                     c["num_candidates"] = number("candidates", value=d.num_candidates)
                     c["history_padding"] = number("padded history slots", value=d.history_padding)
                     c["candidate_padding"] = number("padded candidate slots", value=d.candidate_padding)
+                    with gr.Row():
+                        c["batch_size"] = number(f"batch size (1–{MAX_BATCH})", value=d.batch_size, min_width=80)
+                        c["row"] = number("batch row shown", value=d.row, min_width=80)
                 with gr.Accordion("model", open=False):
                     c["emb_size"] = number("emb size", value=d.emb_size)
                     c["key_size"] = number("key size", value=d.key_size)
@@ -286,28 +348,28 @@ def build_app() -> gr.Blocks:
                     c["num_layers"] = number("layers", value=d.num_layers)
                     c["widening_factor"] = number("widening factor", value=d.widening_factor, precision=None)
                     c["multiplier"] = number("attention multiplier", value=d.multiplier, precision=None)
-                    c["cap_method"] = gr.Radio(list(CAP_METHODS), value=d.cap_method, label="logit cap")
+                    c["cap_method"] = Radio(list(CAP_METHODS), value=d.cap_method, label="logit cap")
                     c["logit_cap"] = number("cap value", value=d.logit_cap, precision=None)
-                    c["prefix"] = gr.Radio(list(PREFIX_MODES), value=d.prefix,
+                    c["prefix"] = Radio(list(PREFIX_MODES), value=d.prefix,
                                            label="prefix (causal: grok.py; bidirectional: production)")
                 with gr.Accordion("RoPE and backend", open=False):
                     c["rope_base"] = number("RoPE base", value=d.rope_base, precision=None)
                     c["rope_offset"] = number("RoPE offset", value=d.rope_offset)
-                    c["rope_mode"] = gr.Radio(list(ROPE_MODES), value=d.rope_mode, label="candidate positions")
-                    c["backend"] = gr.Dropdown(backend_choices(), value=d.backend, label="attention backend "
+                    c["rope_mode"] = Radio(list(ROPE_MODES), value=d.rope_mode, label="candidate positions")
+                    c["backend"] = Dropdown(backend_choices(), value=d.backend, label="attention backend "
                                                "(probes and scores; heatmaps always use naive)")
             with gr.Column(scale=4):
                 with gr.Tabs() as tabs:
                     with gr.Tab("1 · Mask", id="mask") as t_mask:
-                        c["compare"] = gr.Dropdown(list(MASK_KINDS), value=d.compare, label="compare with")
+                        c["compare"] = Dropdown(list(MASK_KINDS), value=d.compare, label="compare with")
                         mask_fig = gr.Plot(label="mask", elem_id="mask-plot")
                         mask_text = gr.Markdown()
                     with gr.Tab("2 · Attention", id="attention") as t_attn:
                         with gr.Row():
                             c["layer"] = number("layer", value=d.layer)
-                            c["head"] = gr.Dropdown(head_choices(d), value=d.head, label="head")
-                            c["values"] = gr.Radio(list(VALUE_KINDS), value=d.values, label="values")
-                            c["color"] = gr.Radio(list(COLOR_SCALES), value=d.color, label="colour")
+                            c["head"] = Dropdown(head_choices(d), value=d.head, label="head")
+                            c["values"] = Radio(list(VALUE_KINDS), value=d.values, label="values")
+                            c["color"] = Radio(list(COLOR_SCALES), value=d.color, label="colour")
                             c["query"] = number("query row (-1: first candidate)", value=d.query)
                         attn_fig = gr.Plot(label="attention", elem_id="attention-plot")
                         row_fig = gr.Plot(label="query row")
@@ -315,7 +377,7 @@ def build_app() -> gr.Blocks:
                     with gr.Tab("3 · Isolation", id="isolation") as t_iso:
                         with gr.Row():
                             c["candidate"] = number("candidate j", value=d.candidate)
-                            c["perturbation"] = gr.Radio(list(PERTURBATIONS), value=d.perturbation,
+                            c["perturbation"] = Radio(list(PERTURBATIONS), value=d.perturbation,
                                                          label="perturbation")
                             c["delta"] = number("size (scale factor / noise σ)", value=d.delta, precision=None)
                             c["replace_with"] = number("replace with item hash", value=d.replace_with)
@@ -323,7 +385,7 @@ def build_app() -> gr.Blocks:
                         iso_fig = gr.Plot(label="change per layer and position", elem_id="isolation-plot")
                         iso_bars = gr.Plot(label="change per candidate")
                     with gr.Tab("4 · Invariance & RoPE", id="invariance") as t_inv:
-                        c["operation"] = gr.Radio(list(INVARIANCE_OPS), value=d.operation, label="operation")
+                        c["operation"] = Radio(list(INVARIANCE_OPS), value=d.operation, label="operation")
                         inv_fig = gr.Plot(label="score change", elem_id="invariance-plot")
                         inv_text = gr.Markdown()
                         rope_angle = gr.Plot(label="RoPE angles")
@@ -331,9 +393,9 @@ def build_app() -> gr.Blocks:
                         rope_text = gr.Markdown()
                     with gr.Tab("5 · Variants", id="variants") as t_var:
                         with gr.Row():
-                            c["variant"] = gr.Dropdown(list(views.variant_names()) or ["gqa"], value=d.variant,
+                            c["variant"] = Dropdown(list(views.variant_names()) or ["gqa"], value=d.variant,
                                                        label="attention variant (course notebooks)")
-                            c["bug"] = gr.Dropdown(list(views.bug_names()) or ["none"], value=d.bug,
+                            c["bug"] = Dropdown(list(views.bug_names()) or ["none"], value=d.bug,
                                                    label="plant a seed-notebook bug in the trunk")
                         var_text = gr.Markdown()
                         var_fig = gr.Plot(label="variant attention", elem_id="variants-plot")
@@ -344,7 +406,7 @@ def build_app() -> gr.Blocks:
                             lengths = gr.Textbox("64, 128, 256, 512", label="sequence lengths T", scale=3)
                             run_btn = gr.Button("Run", variant="primary", scale=1)
                             stop_btn = gr.Button("Stop", scale=1)
-                        backend_pick = gr.CheckboxGroup(backend_choices(), value=default_timing_backends(),
+                        backend_pick = CheckboxGroup(backend_choices(), value=default_timing_backends(),
                                                         label="backends (unavailable ones say why)")
                         time_text = gr.Markdown(timing.recorded_summary() if device() == "cpu" else "")
                         with gr.Row():
@@ -353,11 +415,8 @@ def build_app() -> gr.Blocks:
                             speed_fig, err_fig = gr.Plot(label="speed-up"), gr.Plot(label="error")
                     with gr.Tab("7 · Export", id="export") as t_exp:
                         with gr.Row():
-                            fig_name = gr.Dropdown(["mask", "attention", "query_row", "isolation",
-                                                    "isolation_logits", "invariance", "rope_angles", "rope_qk",
-                                                    "variant", "bug_zoo"],
-                                                   value="attention", label="figure")
-                            fmt = gr.Radio(list(export.FORMATS), value="png", label="format")
+                            fig_name = Dropdown(list(export.FIGURES), value="attention", label="figure")
+                            fmt = Radio(list(export.FORMATS), value="png", label="format")
                             exp_btn = gr.Button("Export figure")
                             pack_btn = gr.Button("Lecture pack (zip)", variant="primary")
                         gr.Markdown("Figures are drawn again from the current settings in the lecture theme "
@@ -375,12 +434,12 @@ def build_app() -> gr.Blocks:
         def redraw(event, after: str):
             return (event.then(None, [query], None, js=write_url, api_name=f"write_url_after_{after}")
                     .then(render_tab, [query, tab_state], view_outputs, api_name=f"render_after_{after}",
-                          show_progress="minimal"))
+                          show_progress="minimal", **FORWARD))
 
         # any control -> validated query string + the visible tab redrawn, in one round trip
         gr.on([c[f].input for f in CONTROL_FIELDS if f != "preset"], control_change, controls + [tab_state],
               [query, c["head"]] + view_outputs, api_name="control_change", trigger_mode="always_last",
-              show_progress="minimal") \
+              show_progress="minimal", **FORWARD) \
             .then(None, [query], None, js=write_url, api_name="write_url_after_change")
         hidden_q.blur(settings_endpoint, controls, hidden_out, api_name="settings")
         ev = c["preset"].input(preset_endpoint, c["preset"], query, api_name="preset")
@@ -394,21 +453,20 @@ def build_app() -> gr.Blocks:
                           (t_inv, "invariance"), (t_var, "variants"), (t_time, "timing"), (t_exp, "export")):
             tab.select(lambda n=name: n, None, tab_state, api_name=f"tab_{name}", show_progress="hidden") \
                .then(render_tab, [query, tab_state], view_outputs, api_name=f"render_{name}",
-                     show_progress="minimal")
+                     show_progress="minimal", **FORWARD)
         copy.click(None, None, None, api_name="copy_link",
                    js="() => { navigator.clipboard && navigator.clipboard.writeText(window.location.href); }")
         redraw(demo.load(load_endpoint, None, query, api_name="load")
                .success(query_to_controls, query, controls, api_name="sync_load", show_progress="hidden"), "load")
 
         # the API: one endpoint per view, configuration as a query string
-        for name, fn, outs, heavy in (
-                ("mask", mask_endpoint, [mask_fig, mask_text], False),
-                ("attention", attention_endpoint, [attn_fig, row_fig, attn_text], False),
-                ("isolation", isolation_endpoint, [iso_fig, iso_bars, iso_text], True),
-                ("invariance", invariance_endpoint, [inv_fig, inv_text, rope_angle, rope_qk, rope_text], True),
-                ("variants", variants_endpoint, [var_fig, var_text, bug_fig, bug_text], True)):
-            hidden_q.submit(fn, hidden_q, outs, api_name=name,
-                            **(dict(concurrency_limit=2, concurrency_id="probe") if heavy else {}))
+        for name, fn, outs in (
+                ("mask", mask_endpoint, [mask_fig, mask_text]),
+                ("attention", attention_endpoint, [attn_fig, row_fig, attn_text]),
+                ("isolation", isolation_endpoint, [iso_fig, iso_bars, iso_text]),
+                ("invariance", invariance_endpoint, [inv_fig, inv_text, rope_angle, rope_qk, rope_text]),
+                ("variants", variants_endpoint, [var_fig, var_text, bug_fig, bug_text])):
+            hidden_q.submit(fn, hidden_q, outs, api_name=name, **FORWARD)
         run_ev = run_btn.click(timing_endpoint, [query, lengths, backend_pick],
                                [time_fig, mem_fig, speed_fig, err_fig, time_text], api_name="timing",
                                concurrency_limit=1, concurrency_id="timing")

@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 
 from . import views
 from .figures import lecture_theme
-from .settings import Settings, to_query
+from .settings import Settings, ValidationError, to_query
 
 FORMATS = ("png", "svg")
 
@@ -54,8 +54,8 @@ def caption(s: Settings, name: str) -> str:
 
 
 def figure(s: Settings, name: str) -> go.Figure:
-    if name not in FIGURES:
-        raise ValueError(f"figure: got {name!r}; allowed: {', '.join(FIGURES)}")
+    if not isinstance(name, str) or name not in FIGURES:      # a list from an API client is unhashable
+        raise ValidationError("figure", name, ", ".join(FIGURES))
     fn, index = FIGURES[name]
     return fn(s)[index]
 
@@ -77,9 +77,12 @@ def _kaleido_server() -> None:
 
 
 def figure_bytes(fig: go.Figure, fmt: str, scale: float = 3) -> bytes:
-    if fmt not in FORMATS:
-        raise ValueError(f"format: got {fmt!r}; allowed: {', '.join(FORMATS)}")
-    _kaleido_server()
+    check_format(fmt)
+    try:
+        _kaleido_server()
+    except RuntimeError as e:   # choreographer's ChromeNotFoundError: no browser on this machine
+        raise ValueError("export: PNG/SVG export renders through kaleido, which needs a Chromium browser and "
+                         "found none; install Debian's `chromium` (packages.txt does this on Spaces)") from e
     fig = lecture_theme(fig)
     width = 1400 if fig.layout.width is None else fig.layout.width
     with warnings.catch_warnings():
@@ -88,7 +91,13 @@ def figure_bytes(fig: go.Figure, fmt: str, scale: float = 3) -> bytes:
                             height=fig.layout.height or 600)
 
 
+def check_format(fmt) -> None:
+    if not isinstance(fmt, str) or fmt not in FORMATS:
+        raise ValidationError("format", fmt, ", ".join(FORMATS))
+
+
 def export_figure(s: Settings, name: str, fmt: str, out_dir: str | None = None) -> str:
+    check_format(fmt)                   # before the figure's forward runs
     fig = figure(s, name)
     out = Path(out_dir or tempfile.mkdtemp(prefix="explorer-"))
     path = out / f"{name}.{fmt}"

@@ -119,7 +119,7 @@ def model_settings(s: Settings) -> Settings:
     """The settings with the view options reset: two settings that differ only in what is shown
     share one model and one forward."""
     d = Settings()
-    return replace(s, layer=d.layer, head=d.head, values=d.values, color=d.color, query=d.query,
+    return replace(s, row=d.row, layer=d.layer, head=d.head, values=d.values, color=d.color, query=d.query,
                    candidate=d.candidate, perturbation=d.perturbation, delta=d.delta,
                    replace_with=d.replace_with, operation=d.operation, compare=d.compare, backend=d.backend,
                    variant=d.variant, bug=d.bug)
@@ -128,8 +128,8 @@ def model_settings(s: Settings) -> Settings:
 @functools.lru_cache(maxsize=8)
 def _batch_for(s: Settings) -> RecsysBatch:
     if s.weights == "demo":
-        return importlib.import_module("models.demo").demo_batch(s.layout, s.seed)
-    return synthetic_batch(build_model(s).config, s.layout, s.seed)
+        return importlib.import_module("models.demo").demo_batch(s.layout, s.seed, s.batch_size)
+    return synthetic_batch(build_model(s).config, s.layout, s.seed, s.batch_size)
 
 
 def batch_for(s: Settings) -> RecsysBatch:
@@ -172,7 +172,7 @@ def score(s: Settings, batch: Optional[RecsysBatch] = None, embeddings=None, *, 
     with torch.no_grad(), cpu_threads(s):
         if embeddings is not None:      # [B', T, D]: every row shares the layout's padding
             out = forward(s)
-            valid = out.valid.expand(embeddings.shape[0], -1)
+            valid = out.valid[:1].expand(embeddings.shape[0], -1)
             return model.score_embeddings(embeddings, valid, out.candidate_start_offset,
                                           record=record, mask_kind=mask_kind, backend=backend)
         return model(_to_device(batch), record=record, mask_kind=mask_kind, backend=backend)

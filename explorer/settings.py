@@ -10,7 +10,7 @@ it into ``gr.Error``. ``to_query`` writes only what differs from the preset, and
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Mapping, Optional
 from urllib.parse import parse_qsl, urlencode
 
@@ -37,6 +37,7 @@ GPU_MAX_PARAMS = 1_500_000_000
 # and runs.forward caches 8 of them: phoenix-nano needs 144 MiB; 64 heads x 16 layers at T 1087 9 GiB.
 CPU_MAX_TRACE_BYTES = 512 * 2**20
 GPU_MAX_TRACE_BYTES = 8 * 2**30
+MAX_BATCH = 8                       # rows of inputs per forward; the views show one of them
 MAX_SWEEP_SECONDS_CPU = 30.0
 MAX_SWEEP_SECONDS_GPU = 120.0
 
@@ -81,6 +82,8 @@ class Settings:
     num_candidates: int = 3
     history_padding: int = 0
     candidate_padding: int = 0
+    batch_size: int = 1              # rows of inputs generated and run together
+    row: int = 0                     # the batch row every view shows
     # model geometry and attention
     emb_size: int = 64
     key_size: int = 16
@@ -267,6 +270,8 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *, uploaded: frozenset 
                                 why="padded slots are part of the history")
     v["candidate_padding"] = _int("candidate_padding", merged["candidate_padding"], 0, v["num_candidates"] - 1,
                                   why="at least one real candidate")
+    v["batch_size"] = _int("batch_size", merged["batch_size"], 1, MAX_BATCH)
+    v["row"] = _int("row", merged["row"], 0, v["batch_size"] - 1, why="a row of the batch")
     T = v["num_user"] + v["num_history"] + v["num_candidates"]
     if T > T_cap:
         raise ValidationError("num_history", v["num_history"],
@@ -328,6 +333,10 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *, uploaded: frozenset 
         raise ValidationError("emb_size", s.emb_size,
                               f"a model of at most {max_params() / 1e6:.0f}M parameters on {device().upper()} "
                               f"(this one has about {n / 1e6:.0f}M; phoenix-prod needs a GPU)")
+    if trace_bytes(s) > max_trace_bytes() and trace_bytes(replace(s, batch_size=1)) <= max_trace_bytes():
+        raise ValidationError("batch_size", s.batch_size,
+                              f"a batch whose recorded attention fits in {max_trace_bytes() / 2**20:.0f} MiB on "
+                              f"{device().upper()} (here {trace_bytes(s) / 2**20:.0f} MiB): fewer rows")
     if trace_bytes(s) > max_trace_bytes():
         raise ValidationError("num_layers", s.num_layers,
                               f"layers x query heads x T^2 within {max_trace_bytes() / 2**20:.0f} MiB of recorded "
@@ -337,8 +346,8 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *, uploaded: frozenset 
 
 
 def trace_bytes(s: Settings) -> int:
-    """Memory of one recorded forward's attention: probabilities and logits, fp32 [Hq, T, T] per layer."""
-    return 2 * 4 * s.num_layers * s.num_q_heads * s.seq_len ** 2
+    """Memory of one recorded forward's attention: probabilities and logits, fp32 [B, Hq, T, T] per layer."""
+    return 2 * 4 * s.batch_size * s.num_layers * s.num_q_heads * s.seq_len ** 2
 
 
 def check_backend(s: Settings, *, need_weights: bool = False) -> None:

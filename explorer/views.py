@@ -51,6 +51,11 @@ def mask_stats(mask: np.ndarray) -> dict:
                 tiles=tiles, skip_tiles=skipped / tiles)
 
 
+def row_note(s: Settings) -> str:
+    """Titles say which batch row is shown once there is more than one."""
+    return f" · batch row {s.row} of {s.batch_size}" if s.batch_size > 1 else ""
+
+
 def _panel(s: Settings, z: np.ndarray, title: str) -> Panel:
     seg, labels = s.layout.segments(), s.layout.token_labels()
     # float32: the model's own precision, and half the bytes on the wire
@@ -81,8 +86,8 @@ def attention_values(s: Settings, layer: int) -> np.ndarray:
     """[Hq, T, T] for the chosen value kind, read from the recorded forward."""
     trace = runs.forward(s).trunk.layers[layer]
     if s.values == "probabilities":
-        return trace.probs[0].float().cpu().numpy()
-    logits = trace.logits[0].float().cpu().numpy()
+        return trace.probs[s.row].float().cpu().numpy()
+    logits = trace.logits[s.row].float().cpu().numpy()
     if s.values == "capped logits":
         return logits
     return np.where(mask_dense(s, own_mask_kind(s))[None], logits, np.nan)   # masked: a gap
@@ -108,7 +113,7 @@ def attention_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
                     groups.append(f"KV head {kv}") if layer == 0 else None
         cols = s.num_q_heads + s.num_kv_heads - 1
         fig = heatmap_figure(panels, cols=cols, title=f"Attention {s.values}: every layer and head "
-                             f"({s.num_q_heads} query heads share {s.num_kv_heads} KV heads)",
+                             f"({s.num_q_heads} query heads share {s.num_kv_heads} KV heads){row_note(s)}",
                              value_name=value_name, log=log, colorscale=scale, max_cells=GRID_MAX_CELLS,
                              column_groups=groups,
                              zmin=0 if s.values == "probabilities" and not log else None)
@@ -117,7 +122,7 @@ def attention_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
         vals = attention_values(s, s.layer)
         kv = s.head // G
         fig = heatmap_figure([_panel(s, vals[s.head], "")], title=f"Attention {s.values}: layer {s.layer}, "
-                             f"query head {s.head} (KV head {kv})", value_name=value_name, log=log,
+                             f"query head {s.head} (KV head {kv}){row_note(s)}", value_name=value_name, log=log,
                              colorscale=scale, max_cells=SINGLE_MAX_CELLS,
                              zmin=0 if s.values == "probabilities" and not log else None)
         bar_head = s.head
@@ -128,7 +133,7 @@ def attention_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
 def query_row_view(s: Settings, layer: int, head: int) -> tuple[go.Figure, str]:
     """Where one query's attention goes: its row of probabilities as bars."""
     q = s.query_position
-    probs = runs.forward(s).trunk.layers[layer].probs[0, head, q].float().cpu().numpy()
+    probs = runs.forward(s).trunk.layers[layer].probs[s.row, head, q].float().cpu().numpy()
     labels, seg = s.layout.token_labels(), s.layout.segments()
     fig = bar_figure(labels, probs, title=f"Where query {labels[q]} attends (layer {layer}, head {head})",
                      value_name="weight", segments=seg)
@@ -155,9 +160,9 @@ class ProbeResult:
 
 
 def perturbed_embeddings(s: Settings) -> torch.Tensor:
-    """The trunk's input with candidate j changed as the settings ask ([1, T, D])."""
+    """The trunk's input of the shown batch row with candidate j changed as the settings ask ([1, T, D])."""
     base = runs.forward(s)
-    emb = base.embeddings.clone()
+    emb = base.embeddings[s.row:s.row + 1].clone()
     pos = s.candidate_start_offset + s.candidate
     if s.perturbation == "scale":
         emb[:, pos] = emb[:, pos] * s.delta
@@ -169,26 +174,32 @@ def perturbed_embeddings(s: Settings) -> torch.Tensor:
         post = batch.candidate_post_hashes.clone()
         post[:, s.candidate] = s.replace_with
         other = runs.score(s, replace(batch, candidate_post_hashes=post)).embeddings
-        emb[:, pos] = other[:, pos]
+        emb[:, pos] = other[s.row:s.row + 1, pos]
     return emb
 
 
 def isolation_probe(s: Settings, mask_kind: str | None = None) -> ProbeResult:
     """Run the model twice (as is, and with candidate j perturbed) under one mask kind."""
     kind = mask_kind or own_mask_kind(s)
-    probe = (s.candidate, s.perturbation, s.delta, s.replace_with)
+    probe = (s.row, s.candidate, s.perturbation, s.delta, s.replace_with)
     return _isolation_probe(runs.model_settings(s), probe, kind)
 
 
 @functools.lru_cache(maxsize=16)
 def _isolation_probe(s: Settings, probe: tuple, kind: str) -> ProbeResult:
-    s = replace(s, candidate=probe[0], perturbation=probe[1], delta=probe[2], replace_with=probe[3])
-    base_emb, pert_emb = runs.forward(s).embeddings, perturbed_embeddings(s)
+    s = replace(s, row=probe[0], candidate=probe[1], perturbation=probe[2], delta=probe[3], replace_with=probe[4])
+    r = slice(s.row, s.row + 1)          # the shown batch row, kept as a batch of one
+    base_emb, pert_emb = runs.forward(s).embeddings[r], perturbed_embeddings(s)
     if kind == own_mask_kind(s):
-        # the recorded forward already is the unperturbed run under the model's own mask
-        base, pert = runs.forward(s), runs.score(s, embeddings=pert_emb, mask_kind=kind, record=True)
-        base_layers, pert_layers = base.trunk.layers, pert.trunk.layers
-        base_logits, pert_logits = base.logits, pert.logits
+        # the recorded forward already is the unperturbed run under the model's own mask; the perturbed
+        # run keeps its batch shape ([B, T, D], row replaced) so fp32 reductions match bit for bit
+        base = runs.forward(s)
+        batch_emb = base.embeddings.clone()
+        batch_emb[r] = pert_emb
+        pert = runs.score(s, embeddings=batch_emb, mask_kind=kind, record=True)
+        base_layers = [replace(t, after_ffn=t.after_ffn[r]) for t in base.trunk.layers]
+        pert_layers = [replace(t, after_ffn=t.after_ffn[r]) for t in pert.trunk.layers]
+        base_logits, pert_logits = base.logits[r], pert.logits[r]
     else:
         both = runs.score(s, embeddings=torch.cat([base_emb, pert_emb]), mask_kind=kind, record=True)
         base_layers = [replace(t, after_ffn=t.after_ffn[:1]) for t in both.trunk.layers]
@@ -197,7 +208,7 @@ def _isolation_probe(s: Settings, probe: tuple, kind: str) -> ProbeResult:
     change = torch.stack([(a.after_ffn - b.after_ffn).abs().amax(-1)[0]
                           for a, b in zip(pert_layers, base_layers)]).float().cpu().numpy()
     logit_change = (pert_logits - base_logits).abs().amax(-1)[0].float().cpu().numpy()
-    valid = runs.forward(s).valid[0].cpu().numpy()
+    valid = runs.forward(s).valid[s.row].cpu().numpy()
     off, labels = s.candidate_start_offset, s.layout.token_labels()
     others = [c for c in range(s.num_candidates) if c != s.candidate and valid[off + c]]
     if others:
@@ -222,9 +233,10 @@ def isolation_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
     j = labels[s.candidate_start_offset + s.candidate]
     panels = [Panel(np.where(r.valid[None], r.change, np.nan), layers, labels, f"{r.mask_kind} mask",
                     None, seg) for r in (ours, causal)]
-    fig = heatmap_figure(panels, cols=2, title=f"|change| in the residual stream after perturbing {j} "
+    fig = heatmap_figure(panels, cols=2, title=(f"|change| in the residual stream after perturbing {j} "
                          f"({s.perturbation}, {s.delta:g})" if s.perturbation != "replace" else
-                         f"|change| in the residual stream after replacing {j} with item {s.replace_with}",
+                         f"|change| in the residual stream after replacing {j} with item {s.replace_with}")
+                         + row_note(s),
                          value_name="max |Δh|", row_title="layer", col_title="position",
                          max_cells=SINGLE_MAX_CELLS, height=360 + 24 * s.num_layers)
     C = s.num_candidates
@@ -244,7 +256,7 @@ def isolation_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
 
 def changed_batch(s: Settings, batch: RecsysBatch) -> tuple[RecsysBatch, list[tuple[int, int]]]:
     """Apply the operation to the real candidates -> (new batch, [(old index, new index)] kept)."""
-    C = batch.candidate_post_hashes.shape[1]
+    B, C = batch.candidate_post_hashes.shape[:2]
     real = C - s.candidate_padding
     pads = list(range(real, C))
     if s.operation == "permute":
@@ -256,33 +268,33 @@ def changed_batch(s: Settings, batch: RecsysBatch) -> tuple[RecsysBatch, list[tu
     new = batch.select_candidates(torch.tensor(order))
     pairs = sorted((old, new_i) for new_i, old in enumerate(order) if old < real)
     if s.operation == "add":
-        # one new candidate before the padded slots, hashes drawn from another seed
+        # one new candidate per row before the padded slots, hashes drawn from another seed
         g = torch.Generator().manual_seed(s.seed + 1000)
 
         def insert(t, row):
             return torch.cat([t[:, :real], row, t[:, real:]], dim=1)
         new = replace(new,
                       candidate_post_hashes=insert(new.candidate_post_hashes,
-                                                   torch.randint(1, 1024, (1, 1, new.candidate_post_hashes.shape[2]), generator=g)),
+                                                   torch.randint(1, 1024, (B, 1, new.candidate_post_hashes.shape[2]), generator=g)),
                       candidate_author_hashes=insert(new.candidate_author_hashes,
-                                                     torch.randint(1, 1024, (1, 1, new.candidate_author_hashes.shape[2]), generator=g)),
-                      candidate_product_surface=insert(new.candidate_product_surface, torch.zeros(1, 1, dtype=torch.long)))
+                                                     torch.randint(1, 1024, (B, 1, new.candidate_author_hashes.shape[2]), generator=g)),
+                      candidate_product_surface=insert(new.candidate_product_surface, torch.zeros(B, 1, dtype=torch.long)))
         pairs = [(c, c) for c in range(real)]
     return new, pairs
 
 
 def invariance(s: Settings) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]:
     """Scores before and after the operation for the kept candidates: ([N, A], [N, A], pairs)."""
-    return _invariance(runs.model_settings(s), s.operation, s.candidate)
+    return _invariance(runs.model_settings(s), s.operation, s.candidate, s.row)
 
 
 @functools.lru_cache(maxsize=16)
-def _invariance(s: Settings, operation: str, candidate: int):
-    s = replace(s, operation=operation, candidate=candidate)
+def _invariance(s: Settings, operation: str, candidate: int, row: int):
+    s = replace(s, operation=operation, candidate=candidate, row=row)
     batch = runs.batch_for(s)
     new, pairs = changed_batch(s, batch)
-    before = runs.forward(s).logits[0].float().cpu().numpy()
-    after = runs.score(s, new).logits[0].float().cpu().numpy()
+    before = runs.forward(s).logits[row].float().cpu().numpy()
+    after = runs.score(s, new).logits[row].float().cpu().numpy()
     return before[[o for o, _ in pairs]], after[[n for _, n in pairs]], pairs
 
 
@@ -296,7 +308,7 @@ def invariance_view(s: Settings) -> tuple[go.Figure, str]:
     cats = [labels[o] for o, _ in pairs]
     fig = grouped_bar_figure(cats, {f"RoPE {m}": v for m, v in per_mode.items()},
                              title=f"Batch invariance: |score change| per candidate after '{s.operation}' "
-                                   f"(max over actions)", value_name="max |Δ logit|")
+                                   f"(max over actions){row_note(s)}", value_name="max |Δ logit|")
     head = "| candidate | " + " | ".join(ACTIONS[:4]) + " (before → after) | max abs diff |"
     rows = [head, "|---|" + "---|" * 5]
     for (o, n), bb, aa in list(zip(pairs, b, a))[:16]:
@@ -406,10 +418,10 @@ def bug_zoo_view(s: Settings) -> tuple[go.Figure, str]:
     bug's layer-0 attention through the heatmap builder."""
     from models.bugzoo import BUGS, bug_report, with_bug
     model = runs.build_model(s).transformer
-    base = runs.forward(s)
-    emb, valid, off = base.embeddings, base.valid, base.candidate_start_offset
+    base, r = runs.forward(s), slice(s.row, s.row + 1)
+    emb, valid, off = base.embeddings[r], base.valid[r], base.candidate_start_offset
     with runs.cpu_threads(s), torch.no_grad():
-        rows = _bug_report(runs.model_settings(s))
+        rows = _bug_report(runs.model_settings(s), s.row)
         buggy = with_bug(model, s.bug)
         try:
             trace = buggy(emb, valid, off, record=True).layers[0]
@@ -429,10 +441,10 @@ def bug_zoo_view(s: Settings) -> tuple[go.Figure, str]:
 
 
 @functools.lru_cache(maxsize=4)
-def _bug_report(s: Settings):
+def _bug_report(s: Settings, row: int):
     from models.bugzoo import bug_report
-    base = runs.forward(s)
-    return bug_report(runs.build_model(s).transformer, base.embeddings, base.valid, base.candidate_start_offset)
+    base, r = runs.forward(s), slice(row, row + 1)
+    return bug_report(runs.build_model(s).transformer, base.embeddings[r], base.valid[r], base.candidate_start_offset)
 
 
 runs.EXTRA_CACHES += [_variant_run, _bug_report]

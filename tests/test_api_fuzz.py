@@ -2,10 +2,9 @@
 inf, huge and negative values and very long strings, answers with a clear message — "field: got
 value; allowed: ..." with no traceback — and the server keeps answering valid requests afterwards.
 
-The app runs in a subprocess on a free localhost port (traffic only to 127.0.0.1). Where Gradio's own
-component checks answer before the app's validation layer (a choice outside a dropdown, text in an
-integer box), the message does not name the field: those cases are strict xfails, so the test flips
-as soon as the app routes them through the validation layer.
+The app runs in a subprocess on a free localhost port (traffic only to 127.0.0.1). Its number boxes,
+dropdowns, radios and checkbox groups pass values through untouched (no rounding, no choice check),
+so even text in an integer box or a choice outside a dropdown reaches the validation layer.
 """
 import re
 from dataclasses import fields
@@ -25,12 +24,6 @@ BY_ARGUMENT = ("/settings", "/control_change", "/timing", "/export_figure", "/up
 # "field: got value; allowed: what" — the validation layer's one message shape
 CLEAR = re.compile(r"^(?P<field>[A-Za-z_][\w ]{0,40}): got .+; allowed: .+", re.S)
 TRACEBACK = ("Traceback (most recent call last)", 'File "', ", line ")
-GRADIO_CHOICE = pytest.mark.xfail(strict=True, reason="Gradio's choice check answers before the validation "
-                                                      "layer: names the value and choices, not the field")
-UNKNOWN_TAB = pytest.mark.xfail(strict=True, reason="render_* answer an unknown tab with nothing (every output "
-                                                     "skipped) instead of naming the tab")
-GRADIO_INT_BOX = pytest.mark.xfail(strict=True, reason="gr.Number(precision=0) fails on text before the "
-                                                       "validation layer: a generic error, no field named")
 
 
 @pytest.fixture(scope="module")
@@ -124,9 +117,14 @@ def test_every_other_query_endpoint_refuses_by_name(client, endpoints):
             assert_names_field(refused(client, api, query, *extra), field)
 
 
-@pytest.mark.parametrize("tab", [pytest.param(t, marks=UNKNOWN_TAB) for t in ("nope", 12345, "x" * 10_000)])
+@pytest.mark.parametrize("tab", ["nope", 12345, "x" * 10_000, None])
 def test_render_names_an_unknown_tab(client, tab):
     assert_names_field(refused(client, "/render_mask", "preset=lecture", tab), "tab")
+
+
+@pytest.mark.parametrize("tab", ["timing", "export"])
+def test_render_checks_the_query_on_tabs_drawn_on_demand(client, tab):
+    assert_names_field(refused(client, "/render_mask", "num_candidates=nan", tab), "num_candidates")
 
 
 # --- /settings: every control as its own argument -----------------------------------------------
@@ -158,14 +156,22 @@ def test_every_control_is_refused_by_name(client, endpoints, api, name, value):
 
 
 @pytest.mark.parametrize("name,value", [
-    pytest.param("num_user", "nan", marks=GRADIO_INT_BOX),
-    pytest.param("seed", "abc", marks=GRADIO_INT_BOX),
-    pytest.param("cap_method", "bogus", marks=GRADIO_CHOICE),
-    pytest.param("preset", "x" * 5000, marks=GRADIO_CHOICE),
-    pytest.param("head", 99, marks=GRADIO_CHOICE),
+    ("num_user", "nan"), ("seed", "abc"), ("seed", 2.5), ("num_candidates", True), ("layer", 0.5),
+    ("cap_method", "bogus"), ("preset", "x" * 5000), ("head", 99), ("head", "two"), ("values", 3),
+    ("backend", ["naive"]), ("batch_size", 9), ("row", 1),
 ])
 def test_settings_endpoint_component_checks_name_the_field(client, name, value):
+    """Values Gradio's components used to round (2.5 -> 2, True -> 1) or refuse without a field name."""
     assert_names_field(refused(client, "/settings", *control_values(**{name: value})), name)
+
+
+def test_head_takes_the_documented_string_form(client, endpoints):
+    """The API docs list the head dropdown's choices as strings ('-1', '0', ...); those work too."""
+    head = next(p for p in endpoints["/settings"]["parameters"] if p["label"] == "head")
+    documented = head["python_type"]["type"]
+    assert "'2'" in documented, documented
+    assert "head=2" in client.predict(*control_values(head="2"), api_name="/settings")
+    assert_names_field(refused(client, "/settings", *control_values(head="9")), "head")
 
 
 # --- the other endpoints, argument by argument ---------------------------------------------------
@@ -180,13 +186,15 @@ def test_timing_refuses_bad_query_by_name(client):
     assert_names_field(refused(client, "/timing", "num_history=inf", "8", ["naive"]), "num_history")
 
 
-@pytest.mark.parametrize("args", [
-    pytest.param(("preset=lecture", "8", ["bogus"]), marks=GRADIO_CHOICE),
-    pytest.param(("preset=lecture", "nope", "png"), marks=GRADIO_CHOICE),
+@pytest.mark.parametrize("api,args,field", [
+    ("/timing", ("preset=lecture", "8", ["bogus"]), "backends"),
+    ("/timing", ("preset=lecture", "8", "naive"), "backends"),
+    ("/export_figure", ("preset=lecture", "nope", "png"), "figure"),
+    ("/export_figure", ("preset=lecture", ["mask"], "png"), "figure"),
+    ("/export_figure", ("preset=lecture", "mask", "gif"), "format"),
 ])
-def test_timing_and_export_choices_name_the_field(client, args):
-    api = "/timing" if isinstance(args[2], list) else "/export_figure"
-    assert_names_field(refused(client, api, *args))
+def test_timing_and_export_choices_name_the_field(client, api, args, field):
+    assert_names_field(refused(client, api, *args), field)
 
 
 def test_export_refuses_bad_query_by_name(client):
@@ -214,6 +222,8 @@ def test_upload_refuses_bad_files_by_name_and_keeps_the_weights(client, weight_f
     handle = gradio_client.handle_file
     before = client.predict("preset=lecture&weights=random", api_name="/mask")
     assert_names_field(refused(client, "/upload_weights", "preset=lecture&weights=random", None), "weights file")
+    for not_uploaded in ("/etc/passwd", str(weight_files / "garbage.npz"), 5):    # paths on the server
+        assert_names_field(refused(client, "/upload_weights", "preset=lecture", not_uploaded), "weights file")
     assert_names_field(refused(client, "/upload_weights", "preset=lecture&weights=random",
                                handle(str(weight_files / "garbage.npz"))), "weights file")
     text = refused(client, "/upload_weights", "preset=lecture&weights=random",
@@ -237,7 +247,7 @@ def test_every_named_endpoint_is_covered(endpoints):
     assert not missing, f"endpoints without fuzz cases: {sorted(missing)}"
 
 
-@pytest.mark.parametrize("preset", [pytest.param("nope", marks=GRADIO_CHOICE), pytest.param(5, marks=GRADIO_CHOICE)])
+@pytest.mark.parametrize("preset", ["nope", 5, None])
 def test_preset_endpoint_names_the_field(client, preset):
     assert_names_field(refused(client, "/preset", preset), "preset")
 

@@ -188,3 +188,16 @@ def test_fuzzed_timing_and_export_arguments(client):
     with pytest.raises(AppError, match="query string: got"):
         client.predict("y" * 5000, "mask", "png", api_name="/export_figure")
     assert plot_data(client.predict(LECTURE, api_name="/mask")[0])
+
+
+def test_every_event_that_runs_the_model_shares_one_concurrency_limit():
+    """Control changes, tab redraws and the view endpoints queue together: their forwards are capped
+    as one group, not each event on its own default limit."""
+    import app
+    fns = {fn.api_name: fn for fn in app.build_app().fns.values() if fn.api_name}
+    forward = {n for n in fns if n == "control_change" or n.startswith("render_")} | {
+        "mask", "attention", "isolation", "invariance", "variants"}
+    assert {(fns[n].concurrency_id, fns[n].concurrency_limit) for n in forward} == {
+        (app.FORWARD["concurrency_id"], app.FORWARD["concurrency_limit"])}
+    others = {fns[n].concurrency_id for n in fns if n not in forward}
+    assert app.FORWARD["concurrency_id"] not in others

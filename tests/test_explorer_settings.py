@@ -25,6 +25,9 @@ BAD = [
     ("candidate", "7", "candidate"),
     ("query", "99", "position"),
     ("layer", "2", "[0, 1]"),
+    ("batch_size", "0", "[1, 8]"),
+    ("batch_size", "9", "[1, 8]"),
+    ("row", "1", "a row of the batch"),          # batch_size is 1
 ]
 
 
@@ -98,3 +101,9 @@ def test_any_value_gives_settings_or_validation_error(field, value):
     else:
         assert isinstance(s, Settings)
         assert all(not isinstance(v, float) or math.isfinite(v) for v in s.to_dict().values())
+
+
+def test_a_batch_too_big_to_record_names_the_batch_size():
+    with pytest.raises(ValidationError, match=r"^batch_size: got 8; allowed: .*fewer rows"):
+        parse_query("preset=phoenix-nano&batch_size=8")
+    assert parse_query("preset=phoenix-nano&batch_size=2").batch_size == 2

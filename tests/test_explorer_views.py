@@ -191,3 +191,31 @@ def test_isolation_is_exact_for_any_valid_layout(num_history, num_candidates, hi
     r = views.isolation_probe(s)
     assert r.isolated, views.verdict(r)
     assert r.change.shape == (s.num_layers, s.seq_len) and r.logit_change.shape == (s.num_candidates,)
+
+
+def test_every_view_shows_the_selected_batch_row():
+    """Inputs are generated for the whole batch; the heatmap, the query row, the isolation probe and
+    the invariance scores all read row 2, and row 2 is a different sequence from row 0."""
+    s = parse_query(LECTURE + "&batch_size=3&row=2&head=1&candidate=1&perturbation=noise&delta=5")
+    out = runs.forward(s)
+    assert out.logits.shape[0] == 3 and not torch.equal(out.embeddings[0], out.embeddings[2])
+    fig, bars, _ = views.attention_view(s)
+    (hm,) = heatmaps(fig)
+    np.testing.assert_array_equal(np.asarray(hm.z, dtype=np.float32), out.trunk.layers[0].probs[2, 1].numpy())
+    np.testing.assert_allclose(np.asarray(bars.data[0].y, dtype=np.float64),
+                               out.trunk.layers[0].probs[2, 1, s.query_position].numpy())
+    assert "batch row 2 of 3" in fig.layout.title.text
+    r = views.isolation_probe(s)
+    assert r.isolated and r.logit_change[1] > 0
+    alone = views.isolation_probe(parse_query(LECTURE + "&batch_size=3&row=0&candidate=1&perturbation=noise&delta=5"))
+    assert not np.array_equal(r.logit_change, alone.logit_change)       # another row, another sequence
+    before, _, pairs = views.invariance(s)
+    np.testing.assert_array_equal(before, out.logits[2].numpy()[[o for o, _ in pairs]])
+
+
+@pytest.mark.parametrize("operation", ["permute", "drop", "add"])
+def test_batch_invariance_holds_in_every_row(operation):
+    for row in range(3):
+        b, a, _ = views.invariance(parse_query(LECTURE + f"&batch_size=3&row={row}&rope_mode=shared"
+                                               f"&operation={operation}"))
+        assert np.abs(a - b).max() < views.FP32_TOLERANCE
