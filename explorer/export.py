@@ -6,8 +6,10 @@ export is the same picture the page shows, in the lecture theme.
 """
 from __future__ import annotations
 
+import functools
 import io
 import json
+import os
 import tempfile
 import warnings
 import zipfile
@@ -69,6 +71,14 @@ def all_figures(s: Settings) -> dict[str, tuple[go.Figure, str]]:
     return {name: (outputs[fn][index], caption(s, name)) for name, (fn, index) in FIGURES.items()}
 
 
+@functools.lru_cache(maxsize=None)
+def _browser_found() -> bool:
+    """kaleido's own search; without a browser its server thread dies and the export would hang."""
+    from choreographer.browsers.chromium import Chromium
+    path = Chromium.find_browser(skip_local=False)
+    return bool(path) and os.access(path, os.X_OK)
+
+
 def _kaleido_server() -> None:
     """Keep one headless chromium for every export: kaleido otherwise starts one per image (~5 s)."""
     import kaleido
@@ -78,11 +88,10 @@ def _kaleido_server() -> None:
 
 def figure_bytes(fig: go.Figure, fmt: str, scale: float = 3) -> bytes:
     check_format(fmt)
-    try:
-        _kaleido_server()
-    except RuntimeError as e:   # choreographer's ChromeNotFoundError: no browser on this machine
+    if not _browser_found():
         raise ValueError("export: PNG/SVG export renders through kaleido, which needs a Chromium browser and "
-                         "found none; install Debian's `chromium` (packages.txt does this on Spaces)") from e
+                         "found none; install Debian's `chromium` (packages.txt does this on Spaces)")
+    _kaleido_server()
     fig = lecture_theme(fig)
     width = 1400 if fig.layout.width is None else fig.layout.width
     with warnings.catch_warnings():

@@ -52,3 +52,12 @@ def test_lecture_pack_has_every_figure_config_and_captions(s, tmp_path):
         captions = z.read("captions.md").decode()
         assert all(f"**{fig}**" in captions for fig in export.all_figures(s))
         png_size(z.read("figures/isolation.png"))
+
+
+def test_export_without_a_browser_says_what_to_install(monkeypatch):
+    # kaleido's server thread dies without chromium and the export would hang: refuse up front instead
+    import plotly.graph_objects as go
+    from explorer import export
+    monkeypatch.setattr(export, "_browser_found", lambda: False)
+    with pytest.raises(ValueError, match=r"^export: .*chromium"):
+        export.figure_bytes(go.Figure(), "png")
