@@ -103,11 +103,15 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
     xdom, ydom = _grid_domains(panels, rows, cols)
     data, annotations, shapes, layout = [], [], [], {}
     k = 0
+    row_start = {}            # grid row -> the row labels of its first panel
     for i, p in enumerate(shown):
         if p is None:
             continue
         k += 1
         r, c = divmod(i, cols)
+        # panels to the right repeat the first panel's row labels: ticking them again would print
+        # them over the neighbouring panel's right edge
+        repeat = row_start.setdefault(r, p.row_labels) == p.row_labels and c > 0
         ax = "" if k == 1 else str(k)
         raw = p.z
         z = np.log10(np.clip(raw, 10 ** lo, None)) if log else raw
@@ -125,7 +129,8 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
                                     title=dict(text=col_title) if r == rows - 1 else None,
                                     **_sparse_ticks(p.col_labels, p.col_segments, cols))
         layout[f"yaxis{ax}"] = dict(domain=ydom[r], anchor=f"x{ax}", type="category", autorange="reversed",
-                                    tickfont=dict(size=11), showgrid=False,
+                                    tickfont=dict(size=11), showgrid=False, showticklabels=not repeat,
+                                    automargin=True,            # long row labels ("layer 0") stay inside
                                     title=dict(text=row_title) if c == 0 else None,
                                     **_sparse_ticks(p.row_labels, p.row_segments, cols))
         if p.title:
@@ -137,7 +142,9 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
             colour = MASK_SCALE[-1][1] if value else MASK_SCALE[0][1]
             data.append(dict(type="scatter", x=[None], y=[None], mode="markers", name=name, showlegend=True,
                              marker=dict(size=14, symbol="square", color=colour, line=dict(color="#888", width=1))))
-        layout["legend"] = dict(orientation="h", y=1.0, yanchor="bottom", x=1, xanchor="right")
+        # above the panel titles (~24 px tall), beside the left-aligned figure title
+        plot_px = (height or max(420, min(1100, 330 * rows + 120))) - 180       # minus top + bottom margin
+        layout["legend"] = dict(orientation="h", y=1.0 + 30 / plot_px, yanchor="bottom", x=1, xanchor="right")
     if column_groups:
         _group_labels(annotations, shapes, column_groups, xdom)
     layout.update(annotations=annotations, shapes=shapes, showlegend=bool(discrete), hovermode="closest",
@@ -276,5 +283,24 @@ def line_figure(series: dict[str, tuple[Sequence[float], Sequence[float]]], *, t
                  mode="lines+markers" if markers else "lines", line=dict(color=OKABE_ITO[i % len(OKABE_ITO)]),
                  hovertemplate=f"{name}<br>{x_title} %{{x}}<br>{y_title} %{{y:.6g}}<extra></extra>")
             for i, (name, (x, y)) in enumerate(series.items())]
-    return _figure(data, title, height, xaxis=dict(title=dict(text=x_title), type="log" if log_x else "linear"),
-                   yaxis=dict(title=dict(text=y_title), type="log" if log_y else "linear"))
+    xs = [float(v) for _, (x, _) in series.items() for v in x]
+    ys = [float(v) for _, (_, y) in series.items() for v in y]
+    return _figure(data, title, height,
+                   xaxis=dict(title=dict(text=x_title), **(_log_ticks(xs, measured=True) if log_x else {})),
+                   yaxis=dict(title=dict(text=y_title), **(_log_ticks(ys) if log_y else {})))
+
+
+def _log_ticks(values: list[float], measured: bool = False) -> dict:
+    """A log axis labelled in plain numbers: plotly's default writes '2' and '5' for 20 and 0.5 alike.
+    `measured`: tick exactly the values measured (a few sequence lengths); else 1-2-5 steps."""
+    finite = sorted({v for v in values if math.isfinite(v) and v > 0})
+    if not finite:
+        return dict(type="log")
+    if measured and len(finite) <= 12:
+        ticks = finite
+    else:
+        lo, hi = math.floor(math.log10(finite[0])), math.ceil(math.log10(finite[-1]))
+        steps = [(1, 2, 5), (1,)][hi - lo > 4]         # wide ranges: powers of ten only
+        ticks = [m * 10.0 ** e for e in range(lo, hi + 1) for m in steps
+                 if finite[0] / 1.5 <= m * 10.0 ** e <= finite[-1] * 1.5]
+    return dict(type="log", tickmode="array", tickvals=ticks, ticktext=[f"{v:g}" for v in ticks])

@@ -34,14 +34,23 @@ def wait_for_plot(page, elem_id: str, timeout: float = 30_000):
 
 
 def shrink(path: Path) -> None:
-    """256-colour palette PNG: the screenshots stay small in the repository (Pillow ships with gradio)."""
+    """256-colour palette PNG (Pillow ships with gradio): the screenshots stay small in the repository.
+    The palette holds the figures' categorical colours exactly (a plain median cut merged a legend's
+    Okabe-Ito green into the blue), the most frequent colours of the page, and a median cut of the
+    rest for the heatmaps' gradients."""
     try:
         from PIL import Image
     except ImportError:
         return
+    from explorer.figures import OKABE_ITO, SEGMENT_COLORS
     with Image.open(path) as im:
-        small = im.convert("RGB").quantize(256, method=Image.Quantize.MEDIANCUT)
-    small.save(path, optimize=True)
+        rgb = im.convert("RGB")
+    named = [tuple(int(h[i:i + 2], 16) for i in (1, 3, 5)) for h in (*OKABE_ITO, *SEGMENT_COLORS.values())]
+    frequent = [c for _, c in sorted(rgb.getcolors(2**24), reverse=True) if c not in named][:128 - len(named)]
+    spread = rgb.quantize(128, method=Image.Quantize.MEDIANCUT).getpalette()[:3 * 128]
+    palette = Image.new("P", (1, 1))
+    palette.putpalette([v for colour in named + frequent for v in colour] + spread)
+    rgb.quantize(palette=palette, dither=Image.Dither.NONE).save(path, optimize=True)
 
 
 def main(argv=None):

@@ -219,3 +219,18 @@ def test_batch_invariance_holds_in_every_row(operation):
         b, a, _ = views.invariance(parse_query(LECTURE + f"&batch_size=3&row={row}&rope_mode=shared"
                                                f"&operation={operation}"))
         assert np.abs(a - b).max() < views.FP32_TOLERANCE
+
+
+def test_panels_beside_the_first_do_not_repeat_its_row_labels():
+    """Repeated y tick labels would print over the neighbouring panel's right edge."""
+    fig = views.isolation_view(parse_query(LECTURE))[0]
+    assert fig.layout.yaxis.showticklabels and fig.layout.yaxis2.showticklabels is False
+
+
+def test_timing_log_axes_are_labelled_in_plain_numbers():
+    from explorer import timing
+    sw = timing.Sweep(device="cpu", points=[timing.Point("naive", T, ms, 1.0, 0.0)
+                                            for T, ms in ((64, 0.4), (128, 3.0), (256, 40.0))])
+    time_fig = timing.sweep_figures(sw)[0]
+    assert list(time_fig.layout.xaxis.ticktext) == ["64", "128", "256"]
+    assert list(time_fig.layout.yaxis.ticktext) == ["0.5", "1", "2", "5", "10", "20", "50"]
