@@ -30,7 +30,7 @@ from typing import Callable, Iterator, Optional
 import torch
 
 from models.attention import BACKENDS, attend, unavailable_reason
-from models.masks import MASK_KINDS, AttentionMask
+from models.masks import AttentionMask
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -348,6 +348,24 @@ def git_commit() -> str:
                               cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def load_results(results_dir: Path = RESULTS_DIR) -> list[tuple[str, dict]]:
+    """(file name, data) for every attention results file there; other JSON files (training, app latency,
+    load test) are skipped. The README tables and the app's "recorded" list both read through this."""
+    out = []
+    for path in sorted(Path(results_dir).glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("records"), list) and "device_name" in data:
+            out.append((path.name, data))
+    return out
+
+
+def on_gpu(data: dict) -> bool:
+    return data.get("cuda") is not None and not str(data["device_name"]).startswith("CPU")
 
 
 def results_path(device: str, date: str, out_dir: Path = RESULTS_DIR) -> Path:

@@ -6,7 +6,6 @@ must stay responsive) and reports where it stopped. Committed result files under
 """
 from __future__ import annotations
 
-import json
 import platform
 import time
 from dataclasses import dataclass, field
@@ -147,19 +146,10 @@ def sweep_figures(sw: Sweep):
 
 def recorded_results() -> list[dict]:
     """Committed attention benchmark files: [{file, device, date, gpu, points}], shown as recorded."""
-    out = []
-    for path in sorted(RESULTS_DIR.glob("*.json")):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if not isinstance(data, dict) or not isinstance(data.get("records"), list):
-            continue   # not an attention benchmark (e.g. training or app-latency results)
-        dev = str(data.get("device_name", "unknown device"))
-        ok = [r for r in data["records"] if r.get("status") == "ok"]
-        out.append(dict(file=path.name, device=dev, date=str(data.get("date", "unknown date")),
-                        gpu=not dev.upper().startswith("CPU"), points=len(ok)))
-    return out
+    from benchmarks.attention import load_results, on_gpu
+    return [dict(file=name, device=str(data["device_name"]), date=str(data.get("date", "unknown date")),
+                 gpu=on_gpu(data), points=sum(r.get("status") == "ok" for r in data["records"]))
+            for name, data in load_results(RESULTS_DIR)]
 
 
 def recorded_summary() -> str:
