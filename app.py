@@ -250,7 +250,7 @@ def render_tab(query: str, tab: str):
     elif tab == "variants":
         out["variants"] = variants_endpoint(query)
     flat = []
-    for t, n in (("mask", 2), ("attention", 3), ("isolation", 3), ("invariance", 5), ("variants", 4)):
+    for t, n in (("mask", 2), ("attention", 3), ("isolation", 3), ("invariance", 5), ("variants", 5)):
         flat += list(out[t]) if out[t] is not None else [gr.skip()] * n
     return flat
 
@@ -399,6 +399,7 @@ def build_app() -> gr.Blocks:
                                                    label="plant a seed-notebook bug in the trunk")
                         var_text = gr.Markdown()
                         var_fig = gr.Plot(label="variant attention", elem_id="variants-plot")
+                        var_loss = gr.Plot(label="training loss of every variant", elem_id="variants-loss-plot")
                         bug_text = gr.Markdown()
                         bug_fig = gr.Plot(label="attention with the bug")
                     with gr.Tab("6 · Flash vs naive", id="timing") as t_time:
@@ -427,7 +428,8 @@ def build_app() -> gr.Blocks:
         # never shown: triggers and outputs for the API-only endpoints below
         hidden_q, hidden_out = gr.Textbox(visible=False), gr.Textbox(visible=False)
         view_outputs = [mask_fig, mask_text, attn_fig, row_fig, attn_text, iso_fig, iso_bars, iso_text,
-                        inv_fig, inv_text, rope_angle, rope_qk, rope_text, var_fig, var_text, bug_fig, bug_text]
+                        inv_fig, inv_text, rope_angle, rope_qk, rope_text, var_fig, var_loss, var_text, bug_fig,
+                        bug_text]
         write_url = ("(q) => { const u = new URL(window.location); u.search = q; "
                      "window.history.replaceState(null, '', u); return q; }")
 
@@ -465,7 +467,7 @@ def build_app() -> gr.Blocks:
                 ("attention", attention_endpoint, [attn_fig, row_fig, attn_text]),
                 ("isolation", isolation_endpoint, [iso_fig, iso_bars, iso_text]),
                 ("invariance", invariance_endpoint, [inv_fig, inv_text, rope_angle, rope_qk, rope_text]),
-                ("variants", variants_endpoint, [var_fig, var_text, bug_fig, bug_text])):
+                ("variants", variants_endpoint, [var_fig, var_loss, var_text, bug_fig, bug_text])):
             hidden_q.submit(fn, hidden_q, outs, api_name=name, **FORWARD)
         run_ev = run_btn.click(timing_endpoint, [query, lengths, backend_pick],
                                [time_fig, mem_fig, speed_fig, err_fig, time_text], api_name="timing",

@@ -35,6 +35,7 @@ FIGURES = {
     "rope_angles": (views.rope_view, 0),
     "rope_qk": (views.rope_view, 1),
     "variant": (views.variant_view, 0),
+    "variant_loss": (views.variant_view, 1),
     "bug_zoo": (views.bug_zoo_view, 0),
 }
 
@@ -50,7 +51,10 @@ def caption(s: Settings, name: str) -> str:
         "invariance": f"Score change per candidate after '{s.operation}', for each RoPE mode.",
         "rope_angles": f"RoPE angle per dimension pair vs position (base {s.rope_base:g}).",
         "rope_qk": "q·k against relative distance under RoPE.",
-        "variant": f"Attention weights of the '{s.variant}' variant from the course notebooks.",
+        "variant": f"Attention weights of the '{s.variant}' variant from the course notebooks, trained on "
+                   "associative recall; ticks are the tokens of one held-out example.",
+        "variant_loss": "Training loss of every attention variant on associative recall; the legend gives "
+                        "each one's held-out accuracy.",
         "bug_zoo": f"Layer-0 attention of the trunk with the seed-notebook bug '{s.bug}'.",
     }[name]
 

@@ -280,7 +280,10 @@ def line_figure(series: dict[str, tuple[Sequence[float], Sequence[float]]], *, t
                 y_title: str, log_x: bool = False, log_y: bool = False, height: int = 420,
                 markers: bool = True) -> go.Figure:
     data = [dict(type="scatter", x=[float(v) for v in x], y=[float(v) for v in y], name=name,
-                 mode="lines+markers" if markers else "lines", line=dict(color=OKABE_ITO[i % len(OKABE_ITO)]),
+                 mode="lines+markers" if markers else "lines",
+                 # past eight series the colours repeat: dashes keep the lines apart
+                 line=dict(color=OKABE_ITO[i % len(OKABE_ITO)],
+                           dash=("solid", "dash", "dot")[i // len(OKABE_ITO) % 3]),
                  hovertemplate=f"{name}<br>{x_title} %{{x}}<br>{y_title} %{{y:.6g}}<extra></extra>")
             for i, (name, (x, y)) in enumerate(series.items())]
     xs = [float(v) for _, (x, _) in series.items() for v in x]

@@ -383,34 +383,140 @@ def bug_names() -> tuple:
     return ("none", *BUGS)
 
 
+@dataclass(frozen=True)
+class VariantRun:
+    """One recorded forward of a variant, with what its axes are."""
+    out: object                    # TransformerOutput: layers[i].probs [1, H, Tq, Tk]
+    queries: tuple                 # tick labels of the query rows ...
+    keys: tuple                    # ... and of the key columns
+    answer: tuple = ()             # key columns of the queried (key, value) pair; () for random inputs
+    prediction: str = ""           # the trained model's answer, e.g. "v5" ...
+    target: str = ""               # ... and the right one
+    trained: bool = False
+
+
 @functools.lru_cache(maxsize=8)
-def _variant_run(name: str, seed: int):
+def _variant_run(name: str, seed: int) -> VariantRun:
+    """The variant trained on associative recall over held-out example `seed`; without the weights
+    file, seeded random weights on random embeddings."""
+    from models.recall import load_trained_variant, recall_example
     from models.variants import VariantConfig, build_variant, variant_inputs
-    config = VariantConfig()
-    model = build_variant(name, config, seed)
-    inputs = variant_inputs(name, config, seed)
     with torch.no_grad(), runs.cpu_threads(replace(Settings(), num_history=0, num_candidates=4, emb_size=64)):
-        return model(**inputs, record=True), inputs
+        model = load_trained_variant(name)
+        if model is not None:
+            tokens, target, _ = recall_example(seed, model.task)
+            out = model.body(**model.body_inputs(tokens), record=True)
+            queries, keys, answer = model.attention_axes(tokens)
+            prediction = f"v{int(model(tokens).argmax(-1))}"                     # value tokens print as v<index>
+            return VariantRun(out, tuple(queries), tuple(keys), tuple(answer), prediction, f"v{int(target)}",
+                              trained=True)
+        config = VariantConfig()
+        inputs = variant_inputs(name, config, seed)
+        out = build_variant(name, config, seed)(**inputs, record=True)
+    T, (Tq, Tk) = inputs["embeddings"].shape[1], out.layers[0].probs.shape[-2:]
+    rows = [f"t{i}" for i in range(T)]
+    cols = [f"s{i}" for i in range(Tk)] if Tk != Tq else rows
+    queries = [f"c{i}" for i in range(Tq)] if "candidates" in inputs else rows
+    return VariantRun(out, tuple(queries), tuple(cols))
 
 
-def variant_view(s: Settings) -> tuple[go.Figure, str]:
+def variant_training_report() -> dict | None:
+    """benchmarks/results/variants-training.json (python -m models.train_variants), or None."""
+    import json
+    from models.train_variants import RESULTS
+    return json.loads(RESULTS.read_text()) if RESULTS.is_file() else None
+
+
+def _distinct(labels) -> list[str]:
+    """Category axes merge equal labels (two pairs may share value v2): repeats get zero-width spaces,
+    invisible on the slide."""
+    seen: dict[str, int] = {}
+    out = []
+    for label in labels:
+        out.append(label + "\u200b" * seen.get(label, 0))
+        seen[label] = seen.get(label, 0) + 1
+    return out
+
+
+def variant_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
     """One attention variant from the course notebooks, drawn by the same heatmap builder: every
-    layer x head of its own forward (seeded random weights)."""
+    layer x head of the variant trained on associative recall (ticks are the task's tokens), and
+    every variant's training loss."""
     from models.variants import VARIANTS
     v = VARIANTS[s.variant]
-    out, inputs = _variant_run(s.variant, s.seed)
-    T = inputs["embeddings"].shape[1]
-    rows = [f"t{i}" for i in range(T)]
+    run = _variant_run(s.variant, s.seed)
+    report = variant_training_report()
+    queries, keys = _distinct(run.queries), _distinct(run.keys)
     panels = []
-    for layer, trace in enumerate(out.layers):
-        probs = trace.probs[0].float().numpy()                       # [H, Tq, S]
-        cols = [f"s{i}" for i in range(probs.shape[-1])] if probs.shape[-1] != probs.shape[-2] else rows
-        qrows = [f"c{i}" for i in range(probs.shape[-2])] if v.inputs == "target" else rows
-        panels += [Panel(probs[h], qrows, cols, f"L{layer} · head {h}") for h in range(probs.shape[0])]
-    heads = len(panels) // len(out.layers)
-    fig = heatmap_figure(panels, cols=heads, title=f"Variant '{s.variant}' (notebook {v.notebook}): attention "
-                         "weights, every layer and head", value_name="weight", zmin=0, max_cells=GRID_MAX_CELLS)
-    return fig, f"**{s.variant}** — {v.teaches}."
+    for layer, trace in enumerate(run.out.layers):
+        probs = trace.probs[0].float().numpy()                       # [H, Tq, Tk]
+        panels += [Panel(probs[h], queries, keys, f"L{layer} · head {h}") for h in range(probs.shape[0])]
+    heads = len(panels) // len(run.out.layers)
+    what = "trained on associative recall" if run.trained else "seeded random weights"
+    fig = heatmap_figure(panels, cols=heads, title=f"Variant '{s.variant}' (notebook {v.notebook}), {what}: "
+                         "attention weights, every layer and head", value_name="weight", zmin=0,
+                         max_cells=GRID_MAX_CELLS, height=None if len(queries) > 1 else 300 + 60 * len(run.out.layers))
+    if run.answer:
+        _outline_answer(fig, len(panels), len(queries) - 1, run.answer)
+    return fig, variant_loss_figure(report, s.variant), f"**{s.variant}** — {v.teaches}.\n\n" + _recall_caption(
+        s.variant, run, report)
+
+
+def _outline_answer(fig: go.Figure, panels: int, row: int, columns: tuple) -> None:
+    """A box around the cells the query row should look at, in every panel."""
+    box = [dict(type="rect", xref=f"x{'' if k == 1 else k}", yref=f"y{'' if k == 1 else k}",
+                x0=min(columns) - 0.5, x1=max(columns) + 0.5, y0=row - 0.5, y1=row + 0.5,
+                line=dict(color="#D55E00", width=3)) for k in range(1, panels + 1)]
+    fig.update_layout(shapes=list(fig.layout.shapes) + box)
+
+
+def _recall_caption(name: str, run: VariantRun, report: dict | None) -> str:
+    if not run.trained:
+        return ("No trained weights (`models/demo/variants.safetensors` is missing; `python -m "
+                "models.train_variants` writes it): these are seeded random weights on random inputs, so the "
+                "maps have no structure to explain.")
+    # the share of the query row's weight (head mean) on the queried pair, per layer; |.| because
+    # talking heads mix the probabilities after the softmax, so its rows need not sum to one
+    rows = [t.probs[0, :, -1].float().abs() for t in run.out.layers]                 # [H, Tk] each
+    mass = [float((r[:, list(run.answer)].sum(-1) / r.sum(-1)).mean()) for r in rows]
+    layer = int(np.argmax(mass))
+    query, pair = run.queries[-1], " ".join(run.keys[c] for c in run.answer)
+    example = f"Ticks: one held-out example, `{' '.join(run.keys)}` + `{query}`" if len(run.queries) == 1 else \
+        f"Ticks: one held-out example, `{' '.join(run.queries)}`"
+    verdict = "right" if run.prediction == run.target else f"wrong, the value is `{run.target}`"
+    text = f"{example}; the model answers `{run.prediction}` ({verdict}). "
+    r = (report or {}).get("variants", {}).get(name)
+    if r is None:
+        return text + f"The `{query}` row puts {mass[layer]:.0%} of its weight on `{pair}` (layer {layer}, outlined)."
+    steps, acc, chance = report["steps"], r["held_out_accuracy"], r["chance_accuracy"]
+    if acc >= 0.9:
+        return text + (f"Trained {steps} steps: held-out accuracy {acc:.0%} (chance {chance:.0%}). Look at the "
+                       f"last row, `{query}`: in layer {layer} the heads put {mass[layer]:.0%} of its weight on "
+                       f"`{pair}`, the pair it asks for (outlined) — that lookup is how it answers.")
+    solved = [n for n, x in report["variants"].items() if x["held_out_accuracy"] >= 0.9]
+    return text + (f"It did **not** learn the task in {steps} steps: held-out accuracy {acc:.0%} (chance "
+                   f"{chance:.0%}), and the `{query}` row puts at most {mass[layer]:.0%} of its weight on "
+                   f"`{pair}` (layer {layer}, outlined)" + (f" — compare `{solved[0]}`, which did." if solved else "."))
+
+
+def variant_loss_figure(report: dict | None, selected: str = "") -> go.Figure:
+    """Every variant's training loss from variants-training.json, the selected one drawn thicker."""
+    if report is None:
+        return line_figure({}, title="No training curves yet: python -m models.train_variants writes "
+                           "benchmarks/results/variants-training.json", x_title="step", y_title="loss")
+    series = {f"{name} · {r['held_out_accuracy']:.0%}": ([step for step, _ in r["loss"]],
+                                                          [loss for _, loss in r["loss"]])
+              for name, r in report["variants"].items()}
+    chance = next(iter(report["variants"].values()))["chance_accuracy"]
+    fig = line_figure(series, title=f"Training loss, {report['task'].split(':')[0]} · {report['steps']} steps, "
+                      f"batch {report['batch']} · {report['device']}, {report['date'][:10]}<br><sup>legend: "
+                      f"variant · held-out accuracy (chance {chance:.0%})</sup>", x_title="step",
+                      y_title="cross-entropy loss (log)", log_y=True, markers=False, height=480)
+    for trace in fig.data:
+        trace.line.width = 4 if trace.name.split(" · ")[0] == selected else 1.5
+    fig.update_layout(legend=dict(orientation="v", y=1, yanchor="top", x=1.02, xanchor="left"),
+                      margin=dict(r=210))
+    return fig
 
 
 def bug_zoo_view(s: Settings) -> tuple[go.Figure, str]:

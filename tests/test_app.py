@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from explorer.views import variant_training_report
 from scripts.serve import running_app
 
 gradio_client = pytest.importorskip("gradio_client")
@@ -74,10 +75,12 @@ def test_invariance_endpoint(client):
 
 
 def test_variants_endpoint(client):
-    var_fig, var_text, bug_fig, bug_text = client.predict(LECTURE + "&variant=mla&bug=exact-gelu",
-                                                          api_name="/variants")
+    var_fig, loss_fig, var_text, bug_fig, bug_text = client.predict(LECTURE + "&variant=mla&bug=exact-gelu",
+                                                                    api_name="/variants")
     assert "**mla**" in var_text and "| **exact-gelu** |" in bug_text
     assert [t for t in plot_data(var_fig) if t["type"] == "heatmap"]
+    assert len([t for t in plot_data(loss_fig) if t["type"] == "scatter"]) == len(
+        variant_training_report()["variants"])                          # one training curve per variant
 
 
 def test_settings_and_preset_endpoints_write_the_query(client):

@@ -155,12 +155,54 @@ def test_demo_weights_default_on_lecture_when_present():
 @pytest.mark.skipif(not views.variant_names(), reason="models.variants is not in this build")
 def test_variant_view_draws_the_variants_own_weights():
     s = parse_query(LECTURE + "&variant=mqa&seed=3")
-    fig, text = views.variant_view(s)
-    out, _ = views._variant_run("mqa", 3)
+    fig, _, text = views.variant_view(s)
+    run = views._variant_run("mqa", 3)
     hm = heatmaps(fig)
-    assert len(hm) == len(out.layers) * out.layers[0].probs.shape[1]
-    np.testing.assert_array_equal(np.asarray(hm[1].z, dtype=np.float32), out.layers[0].probs[0, 1].numpy())
+    assert len(hm) == len(run.out.layers) * run.out.layers[0].probs.shape[1]
+    np.testing.assert_array_equal(np.asarray(hm[1].z, dtype=np.float32), run.out.layers[0].probs[0, 1].numpy())
     assert "multi-query" in text
+
+
+@pytest.mark.skipif(not views.variant_names(), reason="models.variants is not in this build")
+@pytest.mark.parametrize("name", ["gqa", "din-target-attention"])
+def test_variant_view_uses_the_trained_weights_and_labels_the_recall_tokens(name):
+    from models.recall import TRAINED_WEIGHTS, load_trained_variant, recall_example
+    if not TRAINED_WEIGHTS.is_file():
+        pytest.skip("run python -m models.train_variants")
+    fig, _, text = views.variant_view(parse_query(LECTURE + f"&variant={name}&seed=5"))
+    model = load_trained_variant(name)
+    tokens, _, labels = recall_example(5, model.task)
+    with torch.no_grad():
+        probs = model.body(**model.body_inputs(tokens), record=True).layers[-1].probs[0, -1]    # [Tq, Tk] head H-1
+    hm = heatmaps(fig)
+    np.testing.assert_allclose(np.asarray(hm[-1].z, dtype=np.float32), probs.numpy(), atol=1e-6)
+    assert [y.replace("\u200b", "") for y in hm[0].y][-1] == labels[-1] and labels[-1].startswith("?k")
+    assert "trained" in fig.layout.title.text and "held-out accuracy" in text and labels[-1] in text
+
+
+def test_variant_view_falls_back_to_random_weights_and_says_so(monkeypatch, tmp_path):
+    import models.recall
+    monkeypatch.setattr(models.recall, "TRAINED_WEIGHTS", tmp_path / "missing.safetensors")
+    views._variant_run.cache_clear()
+    try:
+        fig, _, text = views.variant_view(parse_query(LECTURE + "&variant=mha"))
+    finally:
+        views._variant_run.cache_clear()
+    assert "random" in fig.layout.title.text and "No trained weights" in text
+    assert heatmaps(fig)[0].y[0] == "t0"
+
+
+def test_loss_figure_plots_every_curve_of_the_training_report():
+    report = views.variant_training_report()
+    if report is None:
+        pytest.skip("run python -m models.train_variants")
+    fig = views.variant_loss_figure(report, "mla")
+    assert len(fig.data) == len(report["variants"])
+    for trace, (name, r) in zip(fig.data, report["variants"].items()):
+        assert trace.name.startswith(name + " · ")
+        assert list(trace.x) == [s for s, _ in r["loss"]] and list(trace.y) == [v for _, v in r["loss"]]
+        assert trace.line.width == (4 if name == "mla" else 1.5)
+    assert str(report["steps"]) in fig.layout.title.text and report["date"][:10] in fig.layout.title.text
 
 
 @pytest.mark.skipif(not views.bug_names(), reason="models.bugzoo is not in this build")
