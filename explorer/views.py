@@ -395,7 +395,7 @@ class VariantRun:
     trained: bool = False
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=32)          # 10 variants x a few examples; each run is a few kB
 def _variant_run(name: str, seed: int) -> VariantRun:
     """The variant trained on associative recall over held-out example `seed`; without the weights
     file, seeded random weights on random embeddings."""
@@ -453,8 +453,8 @@ def variant_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
         panels += [Panel(probs[h], queries, keys, f"L{layer} · head {h}") for h in range(probs.shape[0])]
     heads = len(panels) // len(run.out.layers)
     what = "trained on associative recall" if run.trained else "seeded random weights"
-    fig = heatmap_figure(panels, cols=heads, title=f"Variant '{s.variant}' (notebook {v.notebook}), {what}: "
-                         "attention weights, every layer and head", value_name="weight", zmin=0,
+    fig = heatmap_figure(panels, cols=heads, title=f"'{s.variant}' (notebook {v.notebook}), {what}: "
+                         "every layer × head", value_name="weight", zmin=0,
                          max_cells=GRID_MAX_CELLS, height=None if len(queries) > 1 else 300 + 60 * len(run.out.layers))
     if run.answer:
         _outline_answer(fig, len(panels), len(queries) - 1, run.answer)
@@ -492,11 +492,27 @@ def _recall_caption(name: str, run: VariantRun, report: dict | None) -> str:
     if acc >= 0.9:
         return text + (f"Trained {steps} steps: held-out accuracy {acc:.0%} (chance {chance:.0%}). Look at the "
                        f"last row, `{query}`: in layer {layer} the heads put {mass[layer]:.0%} of its weight on "
-                       f"`{pair}`, the pair it asks for (outlined) — that lookup is how it answers.")
+                       f"`{pair}`, the pair it asks for (outlined) — that lookup is how it answers."
+                       + _previous_token_note(run))
     solved = [n for n, x in report["variants"].items() if x["held_out_accuracy"] >= 0.9]
     return text + (f"It did **not** learn the task in {steps} steps: held-out accuracy {acc:.0%} (chance "
                    f"{chance:.0%}), and the `{query}` row puts at most {mass[layer]:.0%} of its weight on "
                    f"`{pair}` (layer {layer}, outlined)" + (f" — compare `{solved[0]}`, which did." if solved else "."))
+
+
+def _previous_token_note(run: VariantRun) -> str:
+    """Self-attention over k v k v ...: a layer-0 head whose value rows look one back at their key
+    copies the key into the value's position — what the query then finds (an induction head)."""
+    if len(run.out.layers) < 2 or len(run.queries) == 1:
+        return ""
+    probs = run.out.layers[0].probs[0].float().abs()                                 # [H, T, T]
+    values = torch.arange(1, probs.shape[-1] - 1, 2)                                 # v rows; their key is one back
+    share = (probs[:, values, values - 1] / probs[:, values].sum(-1)).mean(-1)      # [H]
+    head = int(share.argmax())
+    if share[head] < 0.5:
+        return ""
+    return (f" Layer 0, head {head}: each `v` row looks one back at its own key ({float(share[head]):.0%} of its "
+            "weight), copying the key into the value's position — which is what the query row then finds.")
 
 
 def variant_loss_figure(report: dict | None, selected: str = "") -> go.Figure:

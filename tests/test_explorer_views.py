@@ -178,6 +178,8 @@ def test_variant_view_uses_the_trained_weights_and_labels_the_recall_tokens(name
     np.testing.assert_allclose(np.asarray(hm[-1].z, dtype=np.float32), probs.numpy(), atol=1e-6)
     assert [y.replace("\u200b", "") for y in hm[0].y][-1] == labels[-1] and labels[-1].startswith("?k")
     assert "trained" in fig.layout.title.text and "held-out accuracy" in text and labels[-1] in text
+    if name == "gqa":                    # the trained decoder's layer 0 holds a previous-token head
+        assert "looks one back at its own key" in text
 
 
 def test_variant_view_falls_back_to_random_weights_and_says_so(monkeypatch, tmp_path):
