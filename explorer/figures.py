@@ -153,12 +153,20 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
 
 
 def _sparse_ticks(labels: list[str], segments: Optional[list[str]], cols: int) -> dict:
-    """Long axes (or many panels side by side) tick only where a segment starts: U, H0, C0, ..."""
-    if len(labels) * cols <= 48:
+    """Long axes (or many panels side by side): tick where each segment starts (U, H0, C0, ...) and
+    every `step` positions inside long segments, never two ticks close enough to print over each other."""
+    n = len(labels)
+    if n * cols <= 48:
         return {}
-    starts = [0] + (boundaries(segments) if segments else [])
-    return dict(tickmode="array", tickvals=[labels[i] for i in starts],
-                ticktext=[labels[i].split("–")[0] for i in starts])
+    target = max(2, 10 // cols)                                  # ticks per axis that stay legible
+    step = next(m * 10 ** e for e in range(7) for m in (1, 2, 5) if m * 10 ** e * target >= n)
+    chosen: list[int] = []
+    for i in [0] + (boundaries(segments) if segments else []) + list(range(0, n, step)):
+        if all(abs(i - j) >= step / 2 for j in chosen):
+            chosen.append(i)
+    chosen.sort()
+    return dict(tickmode="array", tickvals=[labels[i] for i in chosen],
+                ticktext=[labels[i].split("–")[0] for i in chosen])
 
 
 def _colour_range(shown, log, zmin, zmax) -> tuple[float, float]:

@@ -278,3 +278,16 @@ def test_timing_log_axes_are_labelled_in_plain_numbers():
     time_fig = timing.sweep_figures(sw)[0]
     assert list(time_fig.layout.xaxis.ticktext) == ["64", "128", "256"]
     assert list(time_fig.layout.yaxis.ticktext) == ["0.5", "1", "2", "5", "10", "20", "50"]
+
+
+def test_long_axes_tick_segment_starts_and_never_crowd():
+    # phoenix-nano: 1 user + 1022 history + 64 candidates; ticks must name C0 and stay apart
+    from explorer.figures import _sparse_ticks
+    labels = ["U"] + [f"H{i}" for i in range(1022)] + [f"C{i}" for i in range(64)]
+    segments = ["U"] + ["H"] * 1022 + ["C"] * 64
+    for cols in (1, 2, 4):
+        ticks = _sparse_ticks(labels, segments, cols)
+        positions = [labels.index(v) for v in ticks["tickvals"]]
+        assert ticks["ticktext"][0] == "U" and "C0" in ticks["ticktext"]
+        assert 2 <= len(positions) <= 11
+        assert min(b - a for a, b in zip(positions, positions[1:])) >= 50
