@@ -5,6 +5,10 @@
 # 1. starts building flash-attn from the carried sdist (.whl/flash_attn-*.tar.gz) in the background;
 # 2. meanwhile: GPU exactness tests, then the phoenix-prod and long benchmarks for every other backend;
 # 3. if the build finished in time: flash_attn's GPU tests and benchmark points, merged into the same file.
+# Before the call, on a machine with PyPI (flash-attn has only an sdist there; the GPU machine has no network):
+#   FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE pip download --no-deps --no-build-isolation --no-binary=:all: -d .whl flash-attn==2.8.3
+# then run this with .whl carried; afterwards `python -m benchmarks.attention --replot <file>` and
+# `python scripts/readme_tables.py` where plotly is installed, and commit the results.
 # Results (JSON, HTML, PNG when plotly/kaleido are there) go to benchmarks/results/ and, when $OUT is
 # set, are copied there. Copy benchmarks/results/ back into a later call's tree to merge into it.
 set -uo pipefail
