@@ -25,7 +25,9 @@ from explorer.settings import (COLOR_SCALES, INVARIANCE_OPS, MAX_BATCH, PERTURBA
 from models.attention import BACKENDS, CAP_METHODS
 from models.grok import ROPE_MODES
 from models.masks import MASK_KINDS, PREFIX_MODES
+from models.bugzoo import BUGS
 from models.recsys import PRESETS
+from models.variants import VARIANTS
 
 log = logging.getLogger("explorer")
 
@@ -359,7 +361,7 @@ def build_app() -> gr.Blocks:
                     c["backend"] = Dropdown(backend_choices(), value=d.backend, label="attention backend "
                                                "(probes and scores; heatmaps always use naive)")
             with gr.Column(scale=4):
-                with gr.Tabs() as tabs:
+                with gr.Tabs():
                     with gr.Tab("1 · Mask", id="mask") as t_mask:
                         c["compare"] = Dropdown(list(MASK_KINDS), value=d.compare, label="compare with")
                         mask_fig = gr.Plot(label="mask", elem_id="mask-plot")
@@ -393,9 +395,9 @@ def build_app() -> gr.Blocks:
                         rope_text = gr.Markdown()
                     with gr.Tab("5 · Variants", id="variants") as t_var:
                         with gr.Row():
-                            c["variant"] = Dropdown(list(views.variant_names()) or ["gqa"], value=d.variant,
+                            c["variant"] = Dropdown(list(VARIANTS), value=d.variant,
                                                        label="attention variant (course notebooks)")
-                            c["bug"] = Dropdown(list(views.bug_names()) or ["none"], value=d.bug,
+                            c["bug"] = Dropdown(["none", *BUGS], value=d.bug,
                                                    label="plant a seed-notebook bug in the trunk")
                         var_text = gr.Markdown()
                         var_fig = gr.Plot(label="variant attention", elem_id="variants-plot")

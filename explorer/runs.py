@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import importlib
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Optional
 
 import torch
 
+from models import demo
 from models.recsys import RecsysBatch, RecsysConfig, RecsysModel, RecsysOutput, get_preset, init_recsys, synthetic_batch
 
 from .settings import Settings, ValidationError, device
@@ -31,25 +31,10 @@ def uploaded_names() -> frozenset:
     return frozenset(UPLOADED)
 
 
-def _optional(module: str):
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        return None
-
-
-def demo_available() -> Optional[str]:
-    """None when trained demo weights can be loaded, else why not."""
-    demo = _optional("models.demo")
-    if demo is None or not hasattr(demo, "load_demo_model") or not Path(demo.DEMO_WEIGHTS).exists():
-        return "trained demo weights are not in this build (models/demo.py or its weight file is missing)"
-    return None
-
-
 def recsys_config(s: Settings) -> RecsysConfig:
     """The ranking model's config: the demo world's vocabulary for demo weights, else the preset's."""
     if s.weights == "demo":
-        return replace(importlib.import_module("models.demo").demo_config(), transformer=s.transformer_config())
+        return replace(demo.demo_config(), transformer=s.transformer_config())
     return get_preset(s.preset).recsys_config(s.transformer_config(), num_user_tokens=s.num_user)
 
 
@@ -57,11 +42,8 @@ def recsys_config(s: Settings) -> RecsysConfig:
 def _weights(geometry: tuple) -> dict[str, torch.Tensor]:
     """State dict for a geometry and a weight source; shared by every attention option."""
     s = Settings(**dict(geometry))
-    if s.weights == "demo":
-        why = demo_available()
-        if why:
-            raise ValidationError("weights", "demo", f"random or zeros ({why})")
-        return dict(importlib.import_module("models.demo").load_demo_model().state_dict())
+    if s.weights == "demo":             # explorer.settings refused "demo" already if the file is missing
+        return dict(demo.load_demo_model().state_dict())
     model = RecsysModel(recsys_config(s))
     if s.weights in ("random", "zeros"):
         init_recsys(model, s.weights, s.seed)
@@ -128,7 +110,7 @@ def model_settings(s: Settings) -> Settings:
 @functools.lru_cache(maxsize=8)
 def _batch_for(s: Settings) -> RecsysBatch:
     if s.weights == "demo":
-        return importlib.import_module("models.demo").demo_batch(s.layout, s.seed, s.batch_size)
+        return demo.demo_batch(s.layout, s.seed, s.batch_size)
     return synthetic_batch(build_model(s).config, s.layout, s.seed, s.batch_size)
 
 

@@ -17,9 +17,12 @@ from urllib.parse import parse_qsl, urlencode
 import torch
 
 from models.attention import BACKENDS, CAP_METHODS, unavailable_reason
+from models.bugzoo import BUGS
+from models.demo import DEMO_WEIGHTS, demo_config
 from models.grok import ROPE_MODES, TransformerConfig
 from models.masks import MASK_KINDS, PREFIX_MODES
 from models.recsys import PRESETS, SequenceLayout, get_preset
+from models.variants import VARIANTS
 
 WEIGHT_SOURCES = ("random", "zeros", "demo", "upload")
 VALUE_KINDS = ("probabilities", "capped logits", "masked logits")
@@ -218,13 +221,9 @@ def _choice(name: str, value: Any, choices) -> str:
 
 
 def demo_transformer() -> Optional[TransformerConfig]:
-    """The trained demo model's geometry, or None when this build has no demo weights."""
-    try:
-        from models.demo import DEMO_WEIGHTS, demo_config
-    except ImportError:
-        return None
-    from pathlib import Path
-    return demo_config().transformer if Path(DEMO_WEIGHTS).exists() else None
+    """The trained demo model's geometry, or None in a checkout without the weights file
+    (python -m models.train_demo writes it)."""
+    return demo_config().transformer if DEMO_WEIGHTS.exists() else None
 
 
 def _check_demo_geometry(v: dict) -> None:
@@ -323,9 +322,8 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *, uploaded: frozenset 
     v["replace_with"] = _int("replace_with", merged["replace_with"], 1, 1023, why="an item hash")
     v["operation"] = _choice("operation", merged["operation"], INVARIANCE_OPS)
     v["compare"] = _choice("compare", merged["compare"], tuple(MASK_KINDS))
-    from .views import bug_names, variant_names       # registries owned by models/, imported late
-    v["variant"] = _choice("variant", merged["variant"], variant_names() or ("gqa",))
-    v["bug"] = _choice("bug", merged["bug"], bug_names() or ("none",))
+    v["variant"] = _choice("variant", merged["variant"], tuple(VARIANTS))
+    v["bug"] = _choice("bug", merged["bug"], ("none", *BUGS))
 
     s = Settings(**v)
     n = estimate_params(s)

@@ -13,7 +13,7 @@ import numpy as np
 import plotly.graph_objects as go
 import torch
 
-from models.masks import MASK_KINDS, AttentionMask
+from models.masks import AttentionMask
 from models.recsys import ACTIONS, RecsysBatch
 from models.grok import RotaryEmbedding
 
@@ -367,22 +367,6 @@ runs.EXTRA_CACHES += [_isolation_probe, _invariance]
 
 # --- 7. variants and the bug zoo ------------------------------------------------------------------
 
-def variant_names() -> tuple:
-    try:
-        from models.variants import VARIANTS
-    except ImportError:
-        return ()
-    return tuple(VARIANTS)
-
-
-def bug_names() -> tuple:
-    try:
-        from models.bugzoo import BUGS
-    except ImportError:
-        return ()
-    return ("none", *BUGS)
-
-
 @dataclass(frozen=True)
 class VariantRun:
     """One recorded forward of a variant, with what its axes are."""
@@ -538,7 +522,7 @@ def variant_loss_figure(report: dict | None, selected: str = "") -> go.Figure:
 def bug_zoo_view(s: Settings) -> tuple[go.Figure, str]:
     """The seed notebooks' bugs planted in the current trunk, each probe's verdict, and the chosen
     bug's layer-0 attention through the heatmap builder."""
-    from models.bugzoo import BUGS, bug_report, with_bug
+    from models.bugzoo import BUGS, with_bug
     model = runs.build_model(s).transformer
     base, r = runs.forward(s), slice(s.row, s.row + 1)
     emb, valid, off = base.embeddings[r], base.valid[r], base.candidate_start_offset
