@@ -42,7 +42,7 @@ FIGURES = {
 
 def caption(s: Settings, name: str) -> str:
     return {
-        "mask": f"Attention mask '{views.own_mask_kind(s)}' beside '{s.compare}' (T = {s.seq_len}). "
+        "mask": f"Attention mask '{s.mask_kind}' beside '{s.compare}' (T = {s.seq_len}). "
                 "Blue: the query (row) may attend to the key (column).",
         "attention": f"Attention {s.values} from the model's own forward ({s.weights} weights).",
         "query_row": "Where one query's attention goes, coloured by segment.",

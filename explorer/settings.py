@@ -128,6 +128,11 @@ class Settings:
                               self.history_padding, self.candidate_padding)
 
     @property
+    def mask_kind(self) -> str:
+        """The model's own mask: grok.py's recsys mask, or production's bidirectional prefix."""
+        return "recsys" if self.prefix == "causal" else "recsys-bidirectional"
+
+    @property
     def seq_len(self) -> int:
         return self.num_user + self.num_history + self.num_candidates
 
@@ -351,7 +356,7 @@ def trace_bytes(s: Settings) -> int:
 def check_backend(s: Settings, *, need_weights: bool = False) -> None:
     """The chosen backend must run these settings exactly on this device (the capability table)."""
     why = unavailable_reason(s.backend, device=device(), cap=s.logit_cap, cap_method=s.cap_method,
-                             mask_kind="recsys" if s.prefix == "causal" else "recsys-bidirectional",
+                             mask_kind=s.mask_kind,
                              padding=bool(s.history_padding or s.candidate_padding), head_dim=s.key_size,
                              need_weights=need_weights)
     if why:

@@ -73,14 +73,10 @@ class Sweep:
     stopped: str = ""                                        # why the sweep ended early, if it did
 
 
-def mask_kind(s: Settings) -> str:
-    return "recsys" if s.prefix == "causal" else "recsys-bidirectional"
-
-
 def usable_backends(s: Settings) -> dict[str, Optional[str]]:
     """Every registered backend -> None if it runs here exactly with these settings, else the reason."""
     return {name: unavailable_reason(name, device=device(), cap=s.logit_cap, cap_method=s.cap_method,
-                                     mask_kind=mask_kind(s), head_dim=s.key_size)
+                                     mask_kind=s.mask_kind, head_dim=s.key_size)
             for name in BACKENDS}
 
 
@@ -109,7 +105,7 @@ def sweep(s: Settings, lengths: list[int], backends: list[str], *, budget_s: Opt
                 return result
             if progress:
                 progress(done / total, f"{b} at T = {T}")
-            rec, out = measure_point(b, mask=mask_kind(s), Hq=s.num_q_heads, Hkv=s.num_kv_heads,
+            rec, out = measure_point(b, mask=s.mask_kind, Hq=s.num_q_heads, Hkv=s.num_kv_heads,
                                      head_dim=s.key_size, T=T, num_candidates=C, device=device(),
                                      cap=s.logit_cap, cap_method=s.cap_method, inputs=inputs,
                                      reference=reference, return_output=True, min_time_s=min_time_s)

@@ -28,10 +28,6 @@ GRID_MAX_CELLS = 128      # per axis, per panel, in the layer x head grid
 SINGLE_MAX_CELLS = 512
 
 
-def own_mask_kind(s: Settings) -> str:
-    return "recsys" if s.prefix == "causal" else "recsys-bidirectional"
-
-
 def mask_dense(s: Settings, kind: str) -> np.ndarray:
     """[T, T] bool: the structure of `kind` and the layout's key padding, as the model applies it."""
     m = AttentionMask(kind, s.seq_len, s.candidate_start_offset, s.layout.valid()[None])
@@ -65,7 +61,7 @@ def _panel(s: Settings, z: np.ndarray, title: str) -> Panel:
 # --- 1. mask -------------------------------------------------------------------------------
 
 def mask_view(s: Settings) -> tuple[go.Figure, str]:
-    kinds = [own_mask_kind(s), s.compare]
+    kinds = [s.mask_kind, s.compare]
     masks = [mask_dense(s, k) for k in kinds]
     panels = [_panel(s, m.astype(float), k) for k, m in zip(kinds, masks)]
     fig = heatmap_figure(panels, cols=2, title=f"Who may attend to whom (T = {s.seq_len})",
@@ -90,7 +86,7 @@ def attention_values(s: Settings, layer: int) -> np.ndarray:
     logits = trace.logits[s.row].float().cpu().numpy()
     if s.values == "capped logits":
         return logits
-    return np.where(mask_dense(s, own_mask_kind(s))[None], logits, np.nan)   # masked: a gap
+    return np.where(mask_dense(s, s.mask_kind)[None], logits, np.nan)   # masked: a gap
 
 
 def attention_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
@@ -139,7 +135,7 @@ def query_row_view(s: Settings, layer: int, head: int) -> tuple[go.Figure, str]:
                      value_name="weight", segments=seg)
     top = np.argsort(-probs)[:3]
     text = (f"Query **{labels[q]}** puts " + ", ".join(f"{probs[i]:.4f} on {labels[i]}" for i in top)
-            + f"; weights over masked keys sum to {probs[~mask_dense(s, own_mask_kind(s))[q]].sum():.3g}.")
+            + f"; weights over masked keys sum to {probs[~mask_dense(s, s.mask_kind)[q]].sum():.3g}.")
     return fig, text
 
 
@@ -180,7 +176,7 @@ def perturbed_embeddings(s: Settings) -> torch.Tensor:
 
 def isolation_probe(s: Settings, mask_kind: str | None = None) -> ProbeResult:
     """Run the model twice (as is, and with candidate j perturbed) under one mask kind."""
-    kind = mask_kind or own_mask_kind(s)
+    kind = mask_kind or s.mask_kind
     probe = (s.row, s.candidate, s.perturbation, s.delta, s.replace_with)
     return _isolation_probe(runs.model_settings(s), probe, kind)
 
@@ -190,7 +186,7 @@ def _isolation_probe(s: Settings, probe: tuple, kind: str) -> ProbeResult:
     s = replace(s, row=probe[0], candidate=probe[1], perturbation=probe[2], delta=probe[3], replace_with=probe[4])
     r = slice(s.row, s.row + 1)          # the shown batch row, kept as a batch of one
     base_emb, pert_emb = runs.forward(s).embeddings[r], perturbed_embeddings(s)
-    if kind == own_mask_kind(s):
+    if kind == s.mask_kind:
         # the recorded forward already is the unperturbed run under the model's own mask; the perturbed
         # run keeps its batch shape ([B, T, D], row replaced) so fp32 reductions match bit for bit
         base = runs.forward(s)
