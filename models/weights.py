@@ -146,8 +146,10 @@ def haiku_params(model: Model) -> dict[str, dict[str, np.ndarray]]:
     return unflatten(flat)
 
 
-def _load_flat(model: Model, flat: Mapping, field: str = FIELD) -> None:
-    spec = param_spec(model)
+def checked_arrays(spec: Mapping[str, tuple], flat: Mapping, field: str, config: str) -> dict[str, np.ndarray]:
+    """The arrays of a flat ``{key: array}`` mapping, checked against ``spec`` (key -> (target, shape,
+    what the shape is)). On any problem one ValueError names every key at fault, against `config` (the
+    geometry in words), so the caller loads nothing. Shared by every loader (grok.py's and xrex's)."""
     problems, arrays = [], {}
     for key in sorted(set(spec) - set(flat)):
         problems.append(f"{key} is missing (expected shape {list(spec[key][1])} {spec[key][2]})")
@@ -167,11 +169,17 @@ def _load_flat(model: Model, flat: Mapping, field: str = FIELD) -> None:
         else:
             arrays[key] = arr
     if problems:
-        cfg = model.config.transformer if isinstance(model, RecsysModel) else model.config
-        raise ValueError(f"{field}: {len(problems)} problem(s) against the config (emb_size={cfg.emb_size}, "
-                         f"key_size={cfg.key_size}, num_q_heads={cfg.num_q_heads}, "
-                         f"num_kv_heads={cfg.num_kv_heads}, num_layers={cfg.num_layers}, "
-                         f"ffn_size={cfg.ffn_hidden}); nothing was loaded:\n  " + "\n  ".join(problems))
+        raise ValueError(f"{field}: {len(problems)} problem(s) against the config ({config}); nothing was "
+                         f"loaded:\n  " + "\n  ".join(problems))
+    return arrays
+
+
+def _load_flat(model: Model, flat: Mapping, field: str = FIELD) -> None:
+    spec = param_spec(model)
+    cfg = model.config.transformer if isinstance(model, RecsysModel) else model.config
+    arrays = checked_arrays(spec, flat, field, f"emb_size={cfg.emb_size}, key_size={cfg.key_size}, "
+                            f"num_q_heads={cfg.num_q_heads}, num_kv_heads={cfg.num_kv_heads}, "
+                            f"num_layers={cfg.num_layers}, ffn_size={cfg.ffn_hidden}")
     tensors = dict(model.named_parameters())
     with torch.no_grad():
         for key, arr in arrays.items():
@@ -333,4 +341,4 @@ def model_from_weight_file(path, max_bytes: int = DEFAULT_MAX_BYTES) -> Model:
 
 __all__ = ["haiku_params", "load_haiku_params", "save_weights", "load_weights", "read_weight_file",
            "config_from_weight_file", "model_from_weight_file", "trunk_spec", "recsys_spec", "flatten",
-           "unflatten", "DEFAULT_MAX_BYTES", "EXTENSIONS", "SAVE_DTYPES"]
+           "unflatten", "checked_arrays", "DEFAULT_MAX_BYTES", "EXTENSIONS", "SAVE_DTYPES"]

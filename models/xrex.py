@@ -1,0 +1,444 @@
+"""The 2026 production Phoenix ranker (xai-org/x-algorithm ``phoenix/xrex/``): trunk and output head.
+
+``models/grok.py`` ports the 2025 open-source ``grok.py``; this file ports what X's ranking configs
+(``home_direct_packed`` and its ``_nano`` / ``xrecsys_seqpack`` siblings) run in 2026. The two differ
+in nearly every piece that touches attention (/work/shared/PRODUCTION.md §8):
+
+    grok.py (models/grok.py)                 xrex (this file)
+    causal user + history                    bidirectional prefix; each candidate sees prefix + self
+    RoPE at 0..T-1                           right-anchored: last history event at P+L-1, candidates at P+L
+    pre + post RMSNorm on both sub-layers    pre-norm only (post-norms only with primer_norm)
+    separate query / key / value             one merged ``qkv``, interleaved per KV group
+    no qk norm                               qk_norm: one RMSNorm over all heads flattened, before RoPE
+    30 * tanh cap, attn_output_multiplier    no cap (or soft_sign / tanh), scale sqrt(128) / key_size
+    GeGLU, ffn round_up(2/3 * wf * D, 8)     plain tanh-GELU ``up_proj`` / ``down_proj``, round_up(wf * D, 32)
+    per-layer parameters                     layers stacked on axis 0 under ``layer_stack/decoder_layer_0``
+    rms_norm -> unembedding                  ``final_layer_norm`` -> ``unembeddings`` * sqrt(512 / D) * 2
+
+Names follow production (``pre_attn_norm``, ``multi_head_attention/qkv``, ``q_norm``, ``out``,
+``up_proj``, ``down_proj``, ``final_layer_norm``, ``unembeddings``); ``load_xrex_params`` reads the
+exact tree the original's ``hk.transform(...).init`` returns. Linear weights are ``[in, out]`` as in
+Haiku, so ``x @ w`` is the original line.
+
+Scope: the trunk and its output head, from the trunk's input embeddings (after production's
+"project-then-sum" feature prep and its ``* sqrt(D)`` input scale) to the 64 action logits. The
+continuous head's weights (``continuous_unembeddings``) are loaded and kept; its activations (dwell
+gallery, sigmoid * 30) are not modelled.
+
+Numerics. ``forward(..., numerics="fp32")`` (the default) computes everything in float32: that is what
+the NumPy reference checks. ``numerics="bf16"`` reproduces production's (PRODUCTION.md §2): parameters
+read as bfloat16 (norm scales included), a bfloat16 residual stream, RMSNorm, RoPE and softmax in
+float32 and cast back, attention probabilities cast to bfloat16 before ``probs @ v``, bfloat16 logits
+times the output scale. Logits come back as float32 either way.
+
+Attention runs through ``models.attention.attend`` (the same backends and ``record=True`` traces as
+grok.py's trunk): production's attention is grok.py's function with multiplier sqrt(128)/key_size, the
+chosen cap, and the ``recsys-bidirectional`` mask with padded keys hidden.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Mapping, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import CAP_METHODS, attend
+from .grok import LayerTrace, Linear, RotaryEmbedding, init_params
+from .grok import RMSNorm as GrokRMSNorm
+from .masks import AttentionMask
+from .weights import checked_arrays, flatten   # the haiku-mapping checks grok.py's loader uses
+
+NUMERICS = ("fp32", "bf16")
+PARAMS_FIELD = "params"
+
+
+def round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+def ffn_size(emb_size: int, widening_factor: float, base_size: int = 32) -> int:
+    """Production's non-gated MLP width: int(widening_factor * D) rounded up to a multiple of 32."""
+    return round_up(int(widening_factor * emb_size), base_size)
+
+
+@dataclass(frozen=True)
+class XrexConfig:
+    emb_size: int
+    num_layers: int
+    num_q_heads: int
+    num_kv_heads: int
+    key_size: int
+    widening_factor: float = 2.0        # FFN hidden = round_up(int(widening_factor * emb_size), 32)
+    num_user_prefix_tokens: int = 2     # P: user token + user-features token
+    history_seq_len: int = 1022         # L; candidates start at P + L
+    qk_norm: bool = True
+    attn_logit_cap: float = -1.0        # <= 0: no cap
+    attn_logit_cap_method: str = "soft_sign"   # or "tanh" ("none" also turns it off)
+    primer_norm: bool = False
+    rope_base_exponent: int = 10000
+    output_vocab_size: int = 64
+    num_continuous_actions: int = 8
+
+    def __post_init__(self):
+        for name in ("emb_size", "num_layers", "num_q_heads", "num_kv_heads", "key_size", "output_vocab_size",
+                     "num_continuous_actions"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}: got {v!r}; allowed: a positive integer")
+        for name in ("num_user_prefix_tokens", "history_seq_len"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name}: got {v!r}; allowed: an integer >= 0")
+        if self.key_size % 2:
+            raise ValueError(f"key_size: got {self.key_size}; allowed: an even number (RoPE rotates halves)")
+        if self.num_q_heads % self.num_kv_heads:
+            raise ValueError(f"num_q_heads: got {self.num_q_heads} with num_kv_heads {self.num_kv_heads}; "
+                             f"allowed: a multiple of num_kv_heads (qkv interleaves q heads per KV group)")
+        if self.attn_logit_cap_method not in CAP_METHODS:
+            raise ValueError(f"attn_logit_cap_method: got {self.attn_logit_cap_method!r}; "
+                             f"allowed: {', '.join(CAP_METHODS)}")
+        for name in ("widening_factor", "attn_logit_cap"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"{name}: got {v!r}; allowed: a finite number")
+        if self.widening_factor <= 0:
+            raise ValueError(f"widening_factor: got {self.widening_factor}; allowed: greater than 0")
+        if isinstance(self.rope_base_exponent, bool) or not isinstance(self.rope_base_exponent, int) \
+                or self.rope_base_exponent < 2:
+            raise ValueError(f"rope_base_exponent: got {self.rope_base_exponent!r}; allowed: an integer >= 2")
+        for name in ("qk_norm", "primer_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: got {getattr(self, name)!r}; allowed: True or False")
+
+    @property
+    def ffn_hidden(self) -> int:
+        return ffn_size(self.emb_size, self.widening_factor)
+
+    @property
+    def candidate_start_offset(self) -> int:
+        """P + L: where candidates begin, and every candidate's RoPE position."""
+        return self.num_user_prefix_tokens + self.history_seq_len
+
+    @property
+    def attn_scale(self) -> float:
+        """scaling.py attn_output_scale: sqrt(128) / key_size (= 1/sqrt(128) at key_size 128)."""
+        return math.sqrt(128) / self.key_size
+
+    @property
+    def output_scale(self) -> float:
+        """scaling.py output_scale: sqrt(512 / D) * 2 (0.894 at D = 2560, 2.0 at 512)."""
+        return math.sqrt(512 / self.emb_size) * 2.0
+
+    def make(self) -> "XrexRanker":
+        return XrexRanker(self)
+
+    def replace(self, **changes) -> "XrexConfig":
+        return replace(self, **changes)
+
+
+# --- building blocks ------------------------------------------------------------------------
+
+class RMSNorm(GrokRMSNorm):
+    """normalization.py RMSNorm: fp32 ``x * rsqrt(mean x^2 + eps) * scale``, cast back, scale init 1.
+    Unlike grok.py's port, the scale is read in the activation dtype first (production reads every
+    parameter as bf16, norm scales included); in fp32 the two are the same."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__(dim, eps)
+        nn.init.ones_(self.scale)
+
+    def forward(self, x):
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.scale.to(x.dtype).float() * normed).to(x.dtype)
+
+
+def right_anchored_positions(padding_mask: torch.Tensor, num_user_prefix_tokens: int,
+                             history_seq_len: int) -> torch.Tensor:
+    """recsys_model.py right_anchored_rope_positions: [B, T] bool -> [B, T] float32 positions.
+
+    prefix token i -> i; history slot k -> P + L - n_valid + k (n_valid: valid history slots of the row,
+    so with events left-aligned the last one sits at P + L - 1); every candidate -> P + L; padding -> 0.
+    A candidate's rotation is therefore the same in every slot and every batch row. The formula counts
+    slots, not events: it assumes serving's left-aligned history (seqpack builds its own positions)."""
+    P, L = num_user_prefix_tokens, history_seq_len
+    B, T = padding_mask.shape
+    idx = torch.arange(T, device=padding_mask.device)[None, :].expand(B, T)        # [B, T]
+    n_valid = padding_mask[:, P:P + L].sum(1, keepdim=True)                         # [B, 1]
+    in_history = (idx >= P) & (idx < P + L)
+    positions = torch.where(in_history, P + L - n_valid + (idx - P), idx)
+    positions = torch.where(idx >= P + L, torch.full_like(idx, P + L), positions)
+    return torch.where(padding_mask, positions, torch.zeros_like(idx)).float()
+
+
+class MultiHeadAttention(nn.Module):
+    """layers.py MultiHeadAttention with qkv_merge, qk_norm and 1-D RoPE."""
+
+    def __init__(self, config: XrexConfig):
+        super().__init__()
+        c = config
+        self.config = c
+        K = c.key_size
+        self.qkv = Linear(c.emb_size, (c.num_q_heads + 2 * c.num_kv_heads) * K)
+        if c.qk_norm:
+            self.q_norm = RMSNorm(c.num_q_heads * K)
+            self.k_norm = RMSNorm(c.num_kv_heads * K)
+        self.out = Linear(c.num_q_heads * K, c.emb_size)
+        self.rotary = RotaryEmbedding(K, float(c.rope_base_exponent))
+
+    def split_qkv(self, x):
+        """x [B, T, D] -> q [B, T, Hq, K], k, v [B, T, Hkv, K].
+
+        The merged weight's columns are grouped by KV head: group g holds its r = Hq / Hkv query
+        heads (g*r .. g*r + r-1), then k_g, then v_g — not [all q | all k | all v]."""
+        c = self.config
+        B, T, _ = x.shape
+        r = c.num_q_heads // c.num_kv_heads
+        qkv = self.qkv(x).view(B, T, c.num_kv_heads, r + 2, c.key_size)            # [B, T, Hkv, r+2, K]
+        q = qkv[:, :, :, :r].reshape(B, T, c.num_q_heads, c.key_size)               # [B, T, Hq, K]
+        return q, qkv[:, :, :, r], qkv[:, :, :, r + 1]                              # k, v [B, T, Hkv, K]
+
+    def forward(self, x, mask: AttentionMask, positions, backend="naive", need_weights=False):
+        c = self.config
+        B, T, _ = x.shape
+        q, k, v = self.split_qkv(x)
+        if c.qk_norm:   # one norm over every head's features at once, before RoPE
+            q = self.q_norm(q.reshape(B, T, -1)).view_as(q)
+            k = self.k_norm(k.reshape(B, T, -1)).view_as(k)
+        q, k = self.rotary(q, positions), self.rotary(k, positions)
+        a = attend(q, k, v, mask, multiplier=c.attn_scale, cap=c.attn_logit_cap,
+                   cap_method=c.attn_logit_cap_method, backend=backend, need_weights=need_weights)
+        return self.out(a.out.reshape(B, T, c.num_q_heads * c.key_size)), a
+
+
+class DenseBlock(nn.Module):
+    """transformer.py DenseBlock with gated_mlp=False: down_proj(gelu_tanh(up_proj(x)))."""
+
+    def __init__(self, config: XrexConfig):
+        super().__init__()
+        self.up_proj = Linear(config.emb_size, config.ffn_hidden)
+        self.down_proj = Linear(config.ffn_hidden, config.emb_size)
+
+    def forward(self, x):
+        return self.down_proj(F.gelu(self.up_proj(x), approximate="tanh"))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm residual block; post-norms on both sub-layers only when primer_norm."""
+
+    def __init__(self, config: XrexConfig):
+        super().__init__()
+        D = config.emb_size
+        self.primer_norm = config.primer_norm
+        self.pre_attn_norm = RMSNorm(D)
+        self.multi_head_attention = MultiHeadAttention(config)
+        self.pre_ffn_norm = RMSNorm(D)
+        self.dense_block = DenseBlock(config)
+        if config.primer_norm:
+            self.post_attn_norm = RMSNorm(D)
+            self.post_ffn_norm = RMSNorm(D)
+
+    def forward(self, h, mask, positions, backend="naive", record=False):
+        attn, a = self.multi_head_attention(self.pre_attn_norm(h), mask, positions, backend, record)
+        h = h + (self.post_attn_norm(attn) if self.primer_norm else attn)
+        after_attention = h
+        ffn = self.dense_block(self.pre_ffn_norm(h))
+        h = h + (self.post_ffn_norm(ffn) if self.primer_norm else ffn)
+        return h, (LayerTrace(a.probs, a.logits, after_attention, h) if record else None)
+
+
+class Transformer(nn.Module):
+    """The stack of decoder layers; no final norm here (the ranker applies final_layer_norm)."""
+
+    def __init__(self, config: XrexConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+
+    def forward(self, h, mask, positions, backend="naive", record=False):
+        traces = [] if record else None
+        for layer in self.layers:
+            h, trace = layer(h, mask, positions, backend, record)
+            if record:
+                traces.append(trace)
+        return h, traces
+
+
+@dataclass
+class XrexOutput:
+    trunk: torch.Tensor     # float32 [B, T, D]: transformer output before final_layer_norm
+    logits: torch.Tensor    # float32 [B, T - (P + L), V]: final_layer_norm(trunk)[:, P+L:] @ unembeddings * sqrt(512/D) * 2
+    layers: Optional[list[LayerTrace]] = None   # per-layer attention and residual stream when record=True
+
+
+class XrexRanker(nn.Module):
+    """recsys_model.py RecsysAggregatedModel from the trunk's input on: trunk -> final_layer_norm ->
+    candidate rows -> unembeddings * output_scale."""
+
+    def __init__(self, config: XrexConfig):
+        super().__init__()
+        if not isinstance(config, XrexConfig):
+            raise ValueError(f"config: got {type(config).__name__}; allowed: XrexConfig")
+        c = config
+        self.config = c
+        self.transformer = Transformer(c)
+        self.final_layer_norm = RMSNorm(c.emb_size)
+        self.unembeddings = nn.Parameter(torch.zeros(c.emb_size, c.output_vocab_size))
+        self.continuous_unembeddings = nn.Parameter(torch.zeros(c.emb_size, c.num_continuous_actions))
+
+    def attention_mask(self, padding_mask: torch.Tensor) -> AttentionMask:
+        """Key j is visible to query i when j is a valid prefix / history token, or j == i (a padded
+        key is never visible, so nothing in padding reaches a valid output)."""
+        return AttentionMask("recsys-bidirectional", padding_mask.shape[1], self.config.candidate_start_offset,
+                             padding_mask)
+
+    def forward(self, embeddings: torch.Tensor, padding_mask: torch.Tensor, *, numerics: str = "fp32",
+                backend: str = "naive", record: bool = False) -> XrexOutput:
+        """embeddings float [B, T, D] (the trunk's input), padding_mask bool [B, T] (True = valid), T >= P + L."""
+        c = self.config
+        if numerics not in NUMERICS:
+            raise ValueError(f"numerics: got {numerics!r}; allowed: {', '.join(NUMERICS)}")
+        if not isinstance(embeddings, torch.Tensor) or embeddings.dim() != 3 or embeddings.shape[-1] != c.emb_size:
+            shape = tuple(embeddings.shape) if isinstance(embeddings, torch.Tensor) else type(embeddings).__name__
+            raise ValueError(f"embeddings: got {shape}; allowed: a tensor [B, T, {c.emb_size}] (emb_size)")
+        B, T, _ = embeddings.shape
+        if T < c.candidate_start_offset:
+            raise ValueError(f"embeddings: got T = {T}; allowed: T >= {c.candidate_start_offset} "
+                             f"(num_user_prefix_tokens + history_seq_len)")
+        if not isinstance(padding_mask, torch.Tensor) or tuple(padding_mask.shape) != (B, T):
+            shape = tuple(padding_mask.shape) if isinstance(padding_mask, torch.Tensor) else type(padding_mask).__name__
+            raise ValueError(f"padding_mask: got {shape}; allowed: a bool tensor [{B}, {T}] (the embeddings' "
+                             f"batch and sequence length)")
+        padding_mask = padding_mask.bool().to(embeddings.device)
+        dtype = torch.bfloat16 if numerics == "bf16" else torch.float32
+        positions = right_anchored_positions(padding_mask, c.num_user_prefix_tokens, c.history_seq_len)
+        h, traces = self.transformer(embeddings.to(dtype), self.attention_mask(padding_mask), positions,
+                                     backend, record)                                # [B, T, D]
+        candidates = self.final_layer_norm(h)[:, c.candidate_start_offset:]           # [B, C, D]
+        logits = (candidates @ self.unembeddings.to(dtype)) * c.output_scale           # [B, C, V]
+        return XrexOutput(h.float(), logits.float(), traces)
+
+
+# --- parameters: the original's init tree ------------------------------------------------------
+
+STACK = "transformer/layer_stack/decoder_layer_0"
+HEAD = "recsys_aggregated_model"
+
+
+def param_spec(config: XrexConfig) -> dict[str, tuple[str, tuple, str]]:
+    """production key -> (torch name with {i} for the layer, expected shape, what the shape is).
+    Layer parameters are stacked: their leading axis is num_layers."""
+    c = config
+    n, D, K, F_ = c.num_layers, c.emb_size, c.key_size, c.ffn_hidden
+    q, kv = c.num_q_heads * K, c.num_kv_heads * K
+    mha, layer = f"{STACK}/multi_head_attention", "transformer.layers.{i}"
+    spec = {
+        f"{STACK}/pre_attn_norm/scale": (f"{layer}.pre_attn_norm.scale", (n, D), "[num_layers, emb_size]"),
+        f"{mha}/qkv/w": (f"{layer}.multi_head_attention.qkv.w", (n, D, q + 2 * kv),
+                         "[num_layers, emb_size, (num_q_heads + 2*num_kv_heads)*key_size]"),
+        f"{mha}/out/w": (f"{layer}.multi_head_attention.out.w", (n, q, D),
+                         "[num_layers, num_q_heads*key_size, emb_size]"),
+        f"{STACK}/pre_ffn_norm/scale": (f"{layer}.pre_ffn_norm.scale", (n, D), "[num_layers, emb_size]"),
+        f"{STACK}/up_proj/w": (f"{layer}.dense_block.up_proj.w", (n, D, F_), "[num_layers, emb_size, ffn_size]"),
+        f"{STACK}/down_proj/w": (f"{layer}.dense_block.down_proj.w", (n, F_, D), "[num_layers, ffn_size, emb_size]"),
+        f"{HEAD}/final_layer_norm/scale": ("final_layer_norm.scale", (D,), "[emb_size]"),
+        f"{HEAD}/unembeddings": ("unembeddings", (D, c.output_vocab_size), "[emb_size, output_vocab_size]"),
+        f"{HEAD}/continuous_unembeddings": ("continuous_unembeddings", (D, c.num_continuous_actions),
+                                            "[emb_size, num_continuous_actions]"),
+    }
+    if c.qk_norm:
+        spec[f"{mha}/q_norm/scale"] = (f"{layer}.multi_head_attention.q_norm.scale", (n, q),
+                                       "[num_layers, num_q_heads*key_size] (qk_norm)")
+        spec[f"{mha}/k_norm/scale"] = (f"{layer}.multi_head_attention.k_norm.scale", (n, kv),
+                                       "[num_layers, num_kv_heads*key_size] (qk_norm)")
+    if c.primer_norm:
+        for norm in ("post_attn_norm", "post_ffn_norm"):
+            spec[f"{STACK}/{norm}/scale"] = (f"{layer}.{norm}.scale", (n, D), "[num_layers, emb_size] (primer_norm)")
+    return spec
+
+
+def load_xrex_params(model: XrexRanker, params: Mapping[str, Mapping[str, np.ndarray]]) -> XrexRanker:
+    """Copy the original's ``{module_path: {param_name: array}}`` init tree into ``model``.
+
+    Every key and shape is checked against the config first; on any problem one ValueError lists all of
+    them by name and the model keeps its weights. Arrays may be numpy, jax (bf16 too) or torch."""
+    if not isinstance(model, XrexRanker):
+        raise ValueError(f"model: got {type(model).__name__}; allowed: XrexRanker")
+    c = model.config
+    spec = param_spec(c)
+    arrays = checked_arrays(spec, flatten(params), PARAMS_FIELD,
+                            f"emb_size={c.emb_size}, num_layers={c.num_layers}, num_q_heads={c.num_q_heads}, "
+                            f"num_kv_heads={c.num_kv_heads}, key_size={c.key_size}, ffn_size={c.ffn_hidden}, "
+                            f"qk_norm={c.qk_norm}, primer_norm={c.primer_norm}")
+    tensors = dict(model.named_parameters())
+    with torch.no_grad():
+        for key, arr in arrays.items():
+            name = spec[key][0]
+            if "{i}" in name:
+                for i in range(c.num_layers):
+                    p = tensors[name.format(i=i)]
+                    p.copy_(torch.from_numpy(arr[i]).to(p.dtype))
+            else:
+                p = tensors[name]
+                p.copy_(torch.from_numpy(arr).to(p.dtype))
+    return model
+
+
+def xrex_params(model: XrexRanker) -> dict[str, dict[str, np.ndarray]]:
+    """The original's init tree for ``model`` (stacked layers), as fp32 numpy copies: the inverse of
+    ``load_xrex_params``."""
+    tensors = dict(model.named_parameters())
+    nested: dict[str, dict] = {}
+    for key, (name, _, _) in param_spec(model.config).items():
+        if "{i}" in name:
+            arr = np.stack([tensors[name.format(i=i)].detach().float().numpy()
+                            for i in range(model.config.num_layers)])
+        else:
+            arr = tensors[name].detach().float().numpy().copy()
+        module, _, leaf = key.rpartition("/")
+        nested.setdefault(module, {})[leaf] = arr
+    return nested
+
+
+def init_xrex(model: XrexRanker, seed: int = 0) -> XrexRanker:
+    """Seeded random weights (fan-average truncated normal, as grok.py's ``random`` init), norm scales 1."""
+    return init_params(model, "random", seed)
+
+
+# --- presets: PRODUCTION.md §1 --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class XrexPreset:
+    description: str
+    config: XrexConfig
+    num_candidates: int = 64
+
+    @property
+    def seq_len(self) -> int:
+        """T: prefix + history + candidates padded to a multiple of 128 (recsys_model.py pad_to_next_128_multiple)."""
+        return round_up(self.config.candidate_start_offset + self.num_candidates, 128)
+
+
+PRESETS: dict[str, XrexPreset] = {
+    "phoenix-2026": XrexPreset(
+        "production ranking, home_direct_packed (configs/xrecsys.py): D 2560, 8 layers, 20 q / 4 kv heads, "
+        "qk_norm, no cap",
+        XrexConfig(emb_size=2560, num_layers=8, num_q_heads=20, num_kv_heads=4, key_size=128)),
+    "phoenix-2026-nano": XrexPreset(
+        "production ranking, home_direct_packed_nano: D 512, 4 layers, 4 q / 2 kv heads, qk_norm, no cap",
+        XrexConfig(emb_size=512, num_layers=4, num_q_heads=4, num_kv_heads=2, key_size=128)),
+    "phoenix-2026-seqpack": XrexPreset(
+        "production ranking, xrecsys_seqpack: D 2560, 8 layers, 20 q / 4 kv heads, soft_sign cap 80, "
+        "primer_norm, no qk_norm",
+        XrexConfig(emb_size=2560, num_layers=8, num_q_heads=20, num_kv_heads=4, key_size=128, qk_norm=False,
+                   attn_logit_cap=80.0, attn_logit_cap_method="soft_sign", primer_norm=True)),
+}
+
+
+def get_xrex_preset(name: str) -> XrexPreset:
+    if name not in PRESETS:
+        raise ValueError(f"preset: got {name!r}; allowed: {', '.join(PRESETS)}")
+    return PRESETS[name]

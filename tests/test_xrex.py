@@ -1,0 +1,390 @@
+"""The production Phoenix port (models/xrex.py) computes production's function: checked against an
+independent float64 NumPy forward written from PRODUCTION.md (tests/reference_xrex.py), plus the
+properties that set it apart from grok.py's trunk (right-anchored RoPE, bidirectional prefix,
+isolation, batch invariance) and the loader's contract on production's stacked parameter tree."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import reference_xrex as ref
+from models import xrex
+from models.xrex import (PRESETS, XrexConfig, XrexRanker, get_xrex_preset, init_xrex, load_xrex_params,
+                         param_spec, right_anchored_positions, xrex_params)
+
+TOL = 2e-5
+P, L, C = 2, 6, 4          # 2 prefix tokens, 6 history slots, 4 candidates: T = 12
+
+FLAGSHIP = dict(qk_norm=True, attn_logit_cap=-1.0, primer_norm=False)                       # home_direct_packed
+SEQPACK = dict(qk_norm=False, attn_logit_cap=80.0, attn_logit_cap_method="soft_sign", primer_norm=True)
+
+
+def config(q=4, kv=2, **kw):
+    base = dict(emb_size=64, num_layers=2, num_q_heads=q, num_kv_heads=kv, key_size=16,
+                num_user_prefix_tokens=P, history_seq_len=L)
+    return XrexConfig(**{**base, **kw})
+
+
+def loaded(cfg, seed):
+    params = ref.random_xrex_params(np.random.default_rng(seed), emb_size=cfg.emb_size, num_layers=cfg.num_layers,
+                                    num_q_heads=cfg.num_q_heads, num_kv_heads=cfg.num_kv_heads,
+                                    key_size=cfg.key_size, widening_factor=cfg.widening_factor,
+                                    qk_norm=cfg.qk_norm, primer_norm=cfg.primer_norm)
+    return load_xrex_params(XrexRanker(cfg), params), params
+
+
+def inputs(seed, batch=3, D=64):
+    """Embeddings and a padding mask: row 0 serving layout (4 history events left-aligned, 2 padded slots,
+    last candidate padded), row 1 three padded slots before its events, row 2 a hole mid-history."""
+    rng = np.random.default_rng(1000 + seed)
+    T = P + L + C
+    x = rng.normal(0, 1, (batch, T, D)).astype(np.float32)
+    valid = np.ones((batch, T), bool)
+    valid[0, P + 4:P + L] = False
+    valid[0, T - 1] = False
+    valid[1 % batch, P:P + 3] = False
+    valid[2 % batch, P + 2] = False
+    return x, valid
+
+
+def run(model, x, valid, **kw):
+    with torch.no_grad():
+        return model(torch.from_numpy(x), torch.from_numpy(valid), **kw)
+
+
+def errors(cfg, params, model, x, valid):
+    """(trunk, logits) relative errors vs the NumPy reference, valid positions only."""
+    out = run(model, x, valid)
+    trunk, logits = ref.xrex_forward(params, x, valid, P=P, L=L, num_q_heads=cfg.num_q_heads,
+                                     num_kv_heads=cfg.num_kv_heads, key_size=cfg.key_size, qk_norm=cfg.qk_norm,
+                                     attn_logit_cap=cfg.attn_logit_cap,
+                                     attn_logit_cap_method=cfg.attn_logit_cap_method, primer_norm=cfg.primer_norm,
+                                     rope_base=cfg.rope_base_exponent)
+    return (ref.relative_error(out.trunk.numpy(), trunk, valid),
+            ref.relative_error(out.logits.numpy(), logits, valid[:, P + L:]))
+
+
+# --- parity with the NumPy reference ---------------------------------------------------------
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("heads", [(4, 2), (10, 2), (4, 4)])
+@pytest.mark.parametrize("kind", ["flagship", "seqpack"])
+def test_matches_numpy_reference(kind, heads, seed):
+    cfg = config(*heads, **(FLAGSHIP if kind == "flagship" else SEQPACK))
+    model, params = loaded(cfg, seed)
+    x, valid = inputs(seed)
+    trunk_err, logit_err = errors(cfg, params, model, x, valid)
+    assert trunk_err <= TOL and logit_err <= TOL, (trunk_err, logit_err)
+
+
+@pytest.mark.parametrize("changes", [dict(attn_logit_cap=2.0, attn_logit_cap_method="tanh"),
+                                     dict(attn_logit_cap=2.0, attn_logit_cap_method="soft_sign"),
+                                     dict(key_size=32, widening_factor=1.3), dict(rope_base_exponent=500)],
+                         ids=["tanh-cap-bites", "soft_sign-cap-bites", "key32-ffn-rounded", "rope-base-500"])
+def test_variants_match_numpy_reference(changes):
+    cfg = config(4, 2, **changes)
+    assert cfg.ffn_hidden == ref.ffn_hidden(64, cfg.widening_factor)
+    model, params = loaded(cfg, 5)
+    x, valid = inputs(5)
+    assert max(errors(cfg, params, model, x, valid)) <= TOL
+
+
+# --- each production rule is load-bearing: the plausible alternative fails the reference -----------
+
+def error_after(monkeypatch, seed, target, name, replacement):
+    """The port matches the reference; with `target.name` replaced by the alternative, the smaller of its
+    trunk / logits errors."""
+    cfg = config(4, 2, **FLAGSHIP)
+    model, params = loaded(cfg, seed)
+    x, valid = inputs(seed)
+    assert max(errors(cfg, params, model, x, valid)) <= TOL
+    monkeypatch.setattr(target, name, replacement)
+    return min(errors(cfg, params, model, x, valid))
+
+
+def sequential_positions(mask, num_user_prefix_tokens, history_seq_len):
+    return torch.arange(mask.shape[1], dtype=torch.float32).expand(mask.shape)
+
+
+def test_naive_qkv_split_fails_the_reference(monkeypatch):
+    """The merged weight is interleaved per KV group; reading it as [all q | all k | all v] is wrong."""
+    def naive_split(self, h):
+        c = self.config
+        B, T, _ = h.shape
+        q, k, v = self.qkv(h).split([c.num_q_heads * c.key_size, c.num_kv_heads * c.key_size,
+                                     c.num_kv_heads * c.key_size], dim=-1)
+        return (q.view(B, T, c.num_q_heads, c.key_size), k.view(B, T, c.num_kv_heads, c.key_size),
+                v.view(B, T, c.num_kv_heads, c.key_size))
+    assert error_after(monkeypatch, 2, xrex.MultiHeadAttention, "split_qkv", naive_split) > 1e-2
+
+
+def test_per_head_qk_norm_fails_the_reference(monkeypatch):
+    """qk_norm is one RMSNorm over all heads' features flattened; normalising each head alone is wrong."""
+    original = xrex.MultiHeadAttention.split_qkv
+
+    def per_head_normed_split(self, h):
+        # each head brought to unit RMS first: the all-heads norm that follows then changes nothing but
+        # the scale, so this is per-head RMSNorm with the same scales
+        q, k, v = original(self, h)
+
+        def per_head(t):
+            return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-5)
+        return per_head(q), per_head(k), v
+    assert error_after(monkeypatch, 3, xrex.MultiHeadAttention, "split_qkv", per_head_normed_split) > 1e-3
+
+
+def test_sequential_positions_fail_the_reference(monkeypatch):
+    assert error_after(monkeypatch, 4, xrex, "right_anchored_positions", sequential_positions) > 1e-3
+
+
+def test_right_anchored_positions_by_hand():
+    # P=2, L=6, C=4; row 0: 4 events left-aligned then 2 padded slots, last candidate padded;
+    # rows 1 and 2 break serving's left alignment; the formula counts slots, not events (as production's
+    # right_anchored_rope_positions does; seqpack builds its own positions), so row 1's events (3 padded
+    # slots first) sit at 8..10 and row 2's event after its hole at slot 2 lands one further right
+    _, valid = inputs(0, batch=3)
+    got = right_anchored_positions(torch.from_numpy(valid), P, L).tolist()
+    assert got[0] == [0, 1, 4, 5, 6, 7, 0, 0, 8, 8, 8, 0]        # last event at P+L-1 = 7, candidates at 8
+    assert got[1] == [0, 1, 0, 0, 0, 8, 9, 10, 8, 8, 8, 8]
+    assert got[2] == [0, 1, 3, 4, 0, 6, 7, 8, 8, 8, 8, 8]
+    full = torch.ones(1, 12, dtype=torch.bool)
+    assert right_anchored_positions(full, P, L).tolist()[0] == [0, 1, 2, 3, 4, 5, 6, 7, 8, 8, 8, 8]
+    assert np.array_equal(np.asarray(got), ref.right_anchored(valid, P, L))
+
+
+# --- properties --------------------------------------------------------------------------------
+
+def random_model(seed=0, **kw):
+    return init_xrex(XrexRanker(config(**{**FLAGSHIP, **kw})), seed)
+
+
+@pytest.mark.parametrize("kind", ["flagship", "seqpack"])
+@pytest.mark.parametrize("j", [0, 2])
+def test_candidate_isolation_bit_exact(kind, j):
+    """Perturbing candidate j changes no other candidate's trunk output or logits by a single bit."""
+    model = random_model(1, **(FLAGSHIP if kind == "flagship" else SEQPACK))
+    x, valid = inputs(0)
+    moved = x.copy()
+    moved[:, P + L + j] += np.random.default_rng(j).normal(0, 3, x.shape[-1]).astype(np.float32)
+    a, b = run(model, x, valid), run(model, moved, valid)
+    others = [c for c in range(C) if c != j]
+    assert torch.equal(a.trunk[:, :P + L], b.trunk[:, :P + L])
+    assert torch.equal(a.trunk[:, [P + L + c for c in others]], b.trunk[:, [P + L + c for c in others]])
+    assert torch.equal(a.logits[:, others], b.logits[:, others])
+    assert not torch.equal(a.logits[:, j], b.logits[:, j])
+
+
+def test_padding_content_never_reaches_a_valid_output():
+    model = random_model(2)
+    x, valid = inputs(1)
+    junk = np.where(valid[..., None], x, 1e3 * np.random.default_rng(0).normal(size=x.shape)).astype(np.float32)
+    a, b = run(model, x, valid), run(model, junk, valid)
+    v = torch.from_numpy(valid)
+    assert torch.equal(a.trunk[v], b.trunk[v])
+
+
+def test_prefix_is_bidirectional():
+    """Production's user and history attend both ways: the first token depends on the last history event."""
+    model = random_model(3)
+    x, valid = inputs(2)
+    moved = x.copy()
+    moved[:, P + 1] += 1.0
+    a, b = run(model, x, valid), run(model, moved, valid)
+    assert (a.trunk[:, 0] - b.trunk[:, 0]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("kind", ["flagship", "seqpack"])
+def test_candidate_scores_batch_invariant(kind):
+    """Every candidate sits at P+L and sees only prefix + self: a candidate's score does not depend on
+    its slot or on which other candidates share the request (permute, drop, add)."""
+    model = random_model(4, **(FLAGSHIP if kind == "flagship" else SEQPACK))
+    x, valid = inputs(3)
+    base = run(model, x, valid).logits
+    perm = [3, 0, 2, 1]
+    xp = np.concatenate([x[:, :P + L], x[:, P + L:][:, perm]], axis=1)
+    vp = np.concatenate([valid[:, :P + L], valid[:, P + L:][:, perm]], axis=1)
+    permuted = run(model, xp, vp).logits
+    alone = run(model, x[:, :P + L + 1], valid[:, :P + L + 1]).logits              # only candidate 0
+    extra = np.concatenate([x, x[:, P + L:P + L + 2] * 2], axis=1)                  # two more candidates
+    added = run(model, extra, np.concatenate([valid, valid[:, P + L:P + L + 2]], axis=1)).logits
+    cv = torch.from_numpy(valid[:, P + L:])
+    for got, want, keep in ((permuted, base[:, perm], cv[:, perm]), (alone, base[:, :1], cv[:, :1]),
+                            (added[:, :C], base, cv)):
+        torch.testing.assert_close(got[keep], want[keep], rtol=1e-5, atol=1e-6)
+
+
+def test_sequential_positions_break_batch_invariance(monkeypatch):
+    """The same permutation under positions 0..T-1 moves scores: right-anchoring is what makes them invariant."""
+    monkeypatch.setattr(xrex, "right_anchored_positions", sequential_positions)
+    model = random_model(4)
+    x, valid = inputs(3)
+    valid[:] = True
+    base = run(model, x, valid).logits
+    perm = [3, 0, 2, 1]
+    xp = np.concatenate([x[:, :P + L], x[:, P + L:][:, perm]], axis=1)
+    assert (run(model, xp, valid).logits - base[:, perm]).abs().max() > 1e-3
+
+
+def test_record_traces_the_same_forward():
+    model = random_model(5)
+    x, valid = inputs(4)
+    plain, traced = run(model, x, valid), run(model, x, valid, record=True)
+    assert torch.equal(plain.logits, traced.logits) and plain.layers is None
+    assert len(traced.layers) == model.config.num_layers
+    probs = traced.layers[0].probs                                                  # [B, Hq, T, T]
+    T = x.shape[1]
+    cand = probs[:, :, P + L:, P + L:]
+    assert torch.equal(cand * (1 - torch.eye(C)), torch.zeros_like(cand))           # no candidate sees another
+    torch.testing.assert_close(probs.sum(-1), torch.ones(3, 4, T))
+    assert torch.equal(traced.layers[-1].after_ffn, traced.trunk)
+
+
+@pytest.mark.parametrize("backend", ["structured", "sdpa"])
+def test_backends_agree_with_naive(backend):
+    model = random_model(6)                                                          # flagship: no cap, so SDPA runs
+    x, valid = inputs(5)
+    a, b = run(model, x, valid), run(model, x, valid, backend=backend)
+    v = torch.from_numpy(valid)
+    torch.testing.assert_close(b.trunk[v], a.trunk[v], rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_numerics_switch():
+    """Production's numerics: close to fp32 (bf16 rounding) but not the same numbers; isolation still exact."""
+    cfg = config(4, 2, **FLAGSHIP)
+    model, params = loaded(cfg, 7)
+    x, valid = inputs(7)
+    fp32, bf16 = run(model, x, valid), run(model, x, valid, numerics="bf16")
+    assert bf16.logits.dtype == torch.float32 and bf16.trunk.dtype == torch.float32
+    cv = torch.from_numpy(valid[:, P + L:])
+    err = ((bf16.logits - fp32.logits)[cv].abs().max() / fp32.logits[cv].abs().max()).item()
+    assert 1e-4 < err < 5e-2, err
+    moved = x.copy()
+    moved[:, P + L] += 1.0
+    assert torch.equal(run(model, moved, valid, numerics="bf16").logits[:, 1:], bf16.logits[:, 1:])
+
+
+# --- parameters: production's stacked tree ------------------------------------------------------
+
+def test_spec_matches_production_shapes():
+    """PRODUCTION.md §5, home_direct_packed: the stacked names and shapes (checked without allocating)."""
+    spec = {k: v[1] for k, v in param_spec(get_xrex_preset("phoenix-2026").config).items()}
+    s = "transformer/layer_stack/decoder_layer_0"
+    assert spec == {
+        f"{s}/pre_attn_norm/scale": (8, 2560), f"{s}/multi_head_attention/qkv/w": (8, 2560, 3584),
+        f"{s}/multi_head_attention/q_norm/scale": (8, 2560), f"{s}/multi_head_attention/k_norm/scale": (8, 512),
+        f"{s}/multi_head_attention/out/w": (8, 2560, 2560), f"{s}/pre_ffn_norm/scale": (8, 2560),
+        f"{s}/up_proj/w": (8, 2560, 5120), f"{s}/down_proj/w": (8, 5120, 2560),
+        "recsys_aggregated_model/final_layer_norm/scale": (2560,),
+        "recsys_aggregated_model/unembeddings": (2560, 64),
+        "recsys_aggregated_model/continuous_unembeddings": (2560, 8)}
+    seqpack = param_spec(get_xrex_preset("phoenix-2026-seqpack").config)
+    assert f"{s}/post_attn_norm/scale" in seqpack and f"{s}/post_ffn_norm/scale" in seqpack
+    assert f"{s}/multi_head_attention/q_norm/scale" not in seqpack
+
+
+@pytest.mark.parametrize("kind", ["flagship", "seqpack"])
+def test_load_production_tree_round_trips(kind):
+    cfg = config(10, 2, **(FLAGSHIP if kind == "flagship" else SEQPACK))
+    model, params = loaded(cfg, 8)
+    back = xrex_params(model)
+    assert {k: set(v) for k, v in back.items()} == {k: set(v) for k, v in params.items()}
+    for module, inner in params.items():
+        for name, arr in inner.items():
+            np.testing.assert_array_equal(back[module][name], arr)
+    layer1 = model.transformer.layers[1].multi_head_attention.qkv.w.detach().numpy()
+    np.testing.assert_array_equal(layer1, params[f"{ref.MHA}/qkv"]["w"][1])       # axis 0 is the layer
+
+
+def test_load_nano_preset_tree():
+    """A full phoenix-2026-nano tree (D 512, 4 layers, 4 q / 2 kv heads of 128) loads; bf16-like inputs too."""
+    cfg = get_xrex_preset("phoenix-2026-nano").config
+    params = ref.random_xrex_params(np.random.default_rng(0), emb_size=512, num_layers=4, num_q_heads=4,
+                                    num_kv_heads=2, key_size=128)
+    params[f"{ref.STACK}/up_proj"]["w"] = torch.from_numpy(params[f"{ref.STACK}/up_proj"]["w"]).bfloat16()
+    model = load_xrex_params(XrexRanker(cfg), params)
+    assert model.transformer.layers[3].dense_block.up_proj.w.shape == (512, 1024)
+    out = run(model, np.random.default_rng(1).normal(size=(1, 1088, 512)).astype(np.float32),
+              np.ones((1, 1088), bool))
+    assert out.logits.shape == (1, 64, 64) and torch.isfinite(out.logits).all()
+
+
+def _broken(params, how):
+    bad = {k: dict(v) for k, v in params.items()}
+    if how == "missing":
+        del bad[f"{ref.MHA}/k_norm"]
+        return bad, "multi_head_attention/k_norm/scale is missing"
+    if how == "shape":
+        bad[f"{ref.MHA}/qkv"]["w"] = bad[f"{ref.MHA}/qkv"]["w"][:1]                   # one layer, not two
+        return bad, "multi_head_attention/qkv/w has shape [1, 64, 128], expected [2, 64, 128]"
+    if how == "unexpected":
+        bad["transformer/decoder_layer_0/multi_head_attention/query"] = {"w": np.zeros((64, 64), np.float32)}
+        return bad, "transformer/decoder_layer_0/multi_head_attention/query/w is unexpected"
+    if how == "nan":
+        bad[ref.HEAD]["unembeddings"] = np.full((64, 64), np.nan, np.float32)
+        return bad, "recsys_aggregated_model/unembeddings contains NaN"
+    raise AssertionError(how)
+
+
+@pytest.mark.parametrize("how", ["missing", "shape", "unexpected", "nan"])
+def test_bad_mapping_refused_by_name_nothing_loaded(how):
+    cfg = config(4, 2, **FLAGSHIP)
+    _, params = loaded(cfg, 9)
+    model = random_model(9)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    bad, message = _broken(params, how)
+    with pytest.raises(ValueError) as e:
+        load_xrex_params(model, bad)
+    assert str(e.value).startswith("params: 1 problem(s)") and message in str(e.value), str(e.value)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_primer_tree_needs_post_norms_and_flagship_refuses_them():
+    _, seqpack_params = loaded(config(4, 2, **SEQPACK), 0)
+    with pytest.raises(ValueError, match="post_attn_norm/scale is unexpected"):
+        load_xrex_params(XrexRanker(config(4, 2, **{**SEQPACK, "primer_norm": False})), seqpack_params)
+    with pytest.raises(ValueError, match="q_norm/scale is missing"):
+        load_xrex_params(XrexRanker(config(4, 2, **{**SEQPACK, "qk_norm": True})), seqpack_params)
+
+
+# --- config, inputs, presets ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("changes, field", [
+    (dict(num_q_heads=5, num_kv_heads=2), "num_q_heads"), (dict(key_size=15), "key_size"),
+    (dict(attn_logit_cap_method="clip"), "attn_logit_cap_method"), (dict(history_seq_len=-1), "history_seq_len"),
+    (dict(widening_factor=0.0), "widening_factor"), (dict(qk_norm="yes"), "qk_norm"),
+    (dict(emb_size=0), "emb_size")])
+def test_bad_config_names_the_field(changes, field):
+    with pytest.raises(ValueError, match=f"^{field}: got .*; allowed: "):
+        config(**changes)
+
+
+def test_bad_inputs_name_the_field():
+    model = random_model(0)
+    x, valid = inputs(0)
+    with pytest.raises(ValueError, match=r"^embeddings: got T = 7; allowed: T >= 8"):
+        run(model, x[:, :7], valid[:, :7])
+    with pytest.raises(ValueError, match=r"^padding_mask: got \(3, 11\); allowed"):
+        run(model, x, valid[:, :11])
+    with pytest.raises(ValueError, match=r"^embeddings: got \(3, 12, 32\); allowed"):
+        run(model, x[..., :32], valid)
+    with pytest.raises(ValueError, match="^numerics: got 'fp16'; allowed: fp32, bf16"):
+        run(model, x, valid, numerics="fp16")
+
+
+def test_presets_follow_the_production_table():
+    flag, nano, seq = (get_xrex_preset(n) for n in ("phoenix-2026", "phoenix-2026-nano", "phoenix-2026-seqpack"))
+    assert (flag.config.emb_size, flag.config.num_layers, flag.config.num_q_heads, flag.config.num_kv_heads,
+            flag.config.key_size, flag.config.ffn_hidden) == (2560, 8, 20, 4, 128, 5120)
+    assert (nano.config.emb_size, nano.config.num_layers, nano.config.num_q_heads, nano.config.num_kv_heads,
+            nano.config.ffn_hidden) == (512, 4, 4, 2, 1024)
+    for p in (flag, nano, seq):
+        assert (p.config.num_user_prefix_tokens, p.config.history_seq_len, p.num_candidates, p.seq_len) == (2, 1022, 64, 1152)
+    assert flag.config.qk_norm and flag.config.attn_logit_cap <= 0 and not flag.config.primer_norm
+    assert (not seq.config.qk_norm and seq.config.attn_logit_cap == 80.0
+            and seq.config.attn_logit_cap_method == "soft_sign" and seq.config.primer_norm)
+    assert flag.config.output_scale == pytest.approx(0.8944, abs=1e-4) and nano.config.output_scale == 2.0
+    assert flag.config.attn_scale == pytest.approx(1 / math.sqrt(128))
+    assert set(PRESETS) == {"phoenix-2026", "phoenix-2026-nano", "phoenix-2026-seqpack"}
+    with pytest.raises(ValueError, match="^preset: got 'phoenix'; allowed: phoenix-2026"):
+        get_xrex_preset("phoenix")
