@@ -66,7 +66,8 @@ def load_upload(s: Settings, path: str) -> str:
     size = Path(path).stat().st_size
     if size > MAX_UPLOAD_BYTES:
         raise ValidationError("weights file", f"{size:,} bytes", f"at most {MAX_UPLOAD_BYTES:,} bytes")
-    model = RecsysModel(recsys_config(replace(s, weights="random")))
+    # seeded first: a file exported from the original has no hash tables, and the model keeps these
+    model = init_recsys(RecsysModel(recsys_config(replace(s, weights="random"))), "random", s.seed)
     try:
         load_weights(model, path, max_bytes=MAX_UPLOAD_BYTES)
     except ValueError as e:

@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 import torch
 
 from models.masks import AttentionMask
-from models.recsys import ACTIONS, RecsysBatch
+from models.recsys import RecsysBatch
 from models.grok import RotaryEmbedding
 
 from . import runs
@@ -239,7 +239,8 @@ def isolation_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
     cand_labels = labels[s.candidate_start_offset:]
     bars = grouped_bar_figure(cand_labels, {f"{ours.mask_kind} mask": ours.logit_change,
                                             "causal mask": causal.logit_change},
-                              title=f"|change| in each candidate's logits (max over {len(ACTIONS)} actions)",
+                              title=f"|change| in each candidate's logits (max over "
+                                    f"{runs.build_model(s).config.num_actions} actions)",
                               value_name="max |Δ logit|")
     text = "\n\n".join(["**" + verdict(ours) + "**", verdict(causal),
                         "Exact numbers per candidate (isolation mask | causal mask): "
@@ -305,7 +306,8 @@ def invariance_view(s: Settings) -> tuple[go.Figure, str]:
     fig = grouped_bar_figure(cats, {f"RoPE {m}": v for m, v in per_mode.items()},
                              title=f"Batch invariance: |score change| per candidate after '{s.operation}' "
                                    f"(max over actions){row_note(s)}", value_name="max |Δ logit|")
-    head = "| candidate | " + " | ".join(ACTIONS[:4]) + " (before → after) | max abs diff |"
+    head = ("| candidate | " + " | ".join(runs.build_model(s).config.action_names[:4])
+            + " (before → after) | max abs diff |")
     rows = [head, "|---|" + "---|" * 5]
     for (o, n), bb, aa in list(zip(pairs, b, a))[:16]:
         rows.append(f"| {labels[o]} → slot {n} | " + " | ".join(f"{x:.4f} → {y:.4f}" for x, y in zip(bb[:4], aa[:4]))

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from .recsys import ACTIONS, RecsysBatch, RecsysConfig, RecsysModel, SequenceLayout, get_preset
-from .world import ENGAGED_ACTION, World, WorldLabels
+from .recsys import RecsysBatch, RecsysConfig, RecsysModel, SequenceLayout, get_preset
+from .world import ENGAGED_ACTION, WORLD_ACTIONS, World, WorldLabels
 
 DEMO_WEIGHTS = Path(__file__).parent / "demo" / "lecture.safetensors"
 DEMO_WORLD = World(seed=0)
@@ -45,7 +45,7 @@ def demo_example(layout: SequenceLayout, seed: int = 0, batch: int = 1) -> tuple
 
 def engagement_scores(logits: torch.Tensor) -> torch.Tensor:
     """[B, C, A] logits -> [B, C]: the logit of the action that marks engagement."""
-    return logits[..., ACTIONS.index(ENGAGED_ACTION)]
+    return logits[..., WORLD_ACTIONS.index(ENGAGED_ACTION)]
 
 
 def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:

@@ -1,14 +1,19 @@
-"""The ranking model around the trunk (phoenix ``recsys_model.py``), the retrieval user tower,
-synthetic inputs and the preset registry.
+"""The original Phoenix models around the trunk: the ranker of ``recsys_model.py`` and the
+two-tower retrieval model of ``recsys_retrieval_model.py``, at the original's interface; synthetic
+inputs and the preset registry.
+
+The original takes the hash embeddings already looked up (``RecsysEmbeddings``); so does
+``forward(batch, embeddings)`` here. Without ``embeddings`` the models look the hashes up in their
+own tables, which the original keeps outside the model (the demo world and the app use them).
 
 Sequence: [user tokens | history | candidates]; ``candidate_start_offset = U + S``.
-Hash 0 marks an empty slot (padding). Output: ``rms_norm(trunk)[:, offset:] @ unembedding``
+Hash 0 marks an empty slot (padding). Ranker output: ``rms_norm(trunk)[:, offset:] @ unembeddings``
 -> [B, C, num_actions] logits.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Optional
 
 import torch
@@ -16,7 +21,12 @@ from torch import nn
 
 from .grok import Linear, RMSNorm, Transformer, TransformerConfig, TransformerOutput, init_params
 
-ACTIONS = ("like", "reply", "repost", "click", "profile_click", "share", "dwell", "not_interested")
+# the engagement actions the original ranker predicts, in its order (phoenix runners.ACTIONS)
+ACTIONS = ("favorite_score", "reply_score", "repost_score", "photo_expand_score", "click_score",
+           "profile_click_score", "vqv_score", "share_score", "share_via_dm_score", "share_via_copy_link_score",
+           "dwell_score", "quote_score", "quoted_click_score", "follow_author_score", "not_interested_score",
+           "block_author_score", "mute_author_score", "report_score", "dwell_time")
+L2_EPS = 1e-12   # recsys_retrieval_model.py: norm = sqrt(max(sum(x^2), EPS))
 
 
 @dataclass(frozen=True)
@@ -70,18 +80,35 @@ class SequenceLayout:
 
 @dataclass(frozen=True)
 class RecsysConfig:
+    """PhoenixModelConfig / PhoenixRetrievalModelConfig of the original, with the same defaults."""
     transformer: TransformerConfig
     num_user_hashes: int = 2
     num_item_hashes: int = 2
     num_author_hashes: int = 2
-    num_actions: int = len(ACTIONS)
-    num_product_surfaces: int = 8
-    hash_vocab_size: int = 1024
+    action_names: tuple[str, ...] = ACTIONS    # what each logit predicts; num_actions = their count
+    num_product_surfaces: int = 16             # the original's product_surface_vocab_size
+    hash_vocab_size: int = 1024                # the project's own hash tables (the original's live outside)
     num_user_tokens: int = 1   # phoenix reduces the user to one token; the explorer may widen it
+
+    def __post_init__(self):
+        names = self.action_names
+        if (isinstance(names, str) or not isinstance(names, (tuple, list)) or not names
+                or not all(isinstance(a, str) and a for a in names) or len(set(names)) != len(names)):
+            raise ValueError(f"action_names: got {names!r}; allowed: distinct non-empty names, one per "
+                             f"logit, e.g. the original's {', '.join(ACTIONS[:3])}, ...")
+        object.__setattr__(self, "action_names", tuple(names))
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.type == "int" and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"{f.name}: got {v!r}; allowed: an integer >= 1")
 
     @property
     def emb_size(self) -> int:
         return self.transformer.emb_size
+
+    @property
+    def num_actions(self) -> int:
+        return len(self.action_names)
 
 
 @dataclass
@@ -103,6 +130,36 @@ class RecsysBatch:
 
 
 @dataclass
+class RecsysEmbeddings:
+    """The hash embeddings already looked up, as the original's models take them."""
+    user_embeddings: torch.Tensor              # [B, n_user_hashes, D]
+    history_post_embeddings: torch.Tensor      # [B, S, n_item_hashes, D]
+    candidate_post_embeddings: torch.Tensor    # [B, C, n_item_hashes, D]
+    history_author_embeddings: torch.Tensor    # [B, S, n_author_hashes, D]
+    candidate_author_embeddings: torch.Tensor  # [B, C, n_author_hashes, D]
+
+    def check(self, config: RecsysConfig, batch: RecsysBatch) -> "RecsysEmbeddings":
+        """Every shape against the config and the batch; a ValueError names the first that differs."""
+        B, S = batch.history_post_hashes.shape[:2]
+        C, D = batch.candidate_post_hashes.shape[1], config.emb_size
+        expected = {"user_embeddings": ((B, config.num_user_hashes, D), "[B, num_user_hashes, emb_size]"),
+                    "history_post_embeddings": ((B, S, config.num_item_hashes, D),
+                                                "[B, S, num_item_hashes, emb_size]"),
+                    "candidate_post_embeddings": ((B, C, config.num_item_hashes, D),
+                                                  "[B, C, num_item_hashes, emb_size]"),
+                    "history_author_embeddings": ((B, S, config.num_author_hashes, D),
+                                                  "[B, S, num_author_hashes, emb_size]"),
+                    "candidate_author_embeddings": ((B, C, config.num_author_hashes, D),
+                                                    "[B, C, num_author_hashes, emb_size]")}
+        for name, (shape, what) in expected.items():
+            t = getattr(self, name)
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
+                got = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(f"embeddings.{name}: got {got}; allowed: {what} = {list(shape)}")
+        return self
+
+
+@dataclass
 class RecsysOutput:
     logits: torch.Tensor          # [B, C, num_actions]
     trunk: TransformerOutput      # the trunk's output (and traces when recorded)
@@ -111,13 +168,14 @@ class RecsysOutput:
     candidate_start_offset: int
 
 
-class RecsysModel(nn.Module):
-    """Phoenix ranking model: block reduce -> trunk (recsys mask) -> rms_norm -> unembedding."""
+class _PhoenixInputs(nn.Module):
+    """What the ranker and the retrieval model share: the trunk, the user and history reductions
+    (``block_user_reduce`` / ``block_history_reduce``: proj_mat_1, proj_mat_3), the action projection,
+    the product-surface table, and the project's own hash tables."""
 
     def __init__(self, config: RecsysConfig):
         super().__init__()
-        c = config
-        D = c.emb_size
+        c, D = config, config.emb_size
         self.config = c
         self.user_embeddings = nn.Embedding(c.hash_vocab_size, D)
         self.post_embeddings = nn.Embedding(c.hash_vocab_size, D)
@@ -126,79 +184,127 @@ class RecsysModel(nn.Module):
         self.action_projection = nn.Parameter(torch.zeros(c.num_actions, D))
         self.user_projection = Linear(c.num_user_hashes * D, c.num_user_tokens * D)
         self.history_projection = Linear((c.num_item_hashes + c.num_author_hashes) * D + 2 * D, D)
-        self.candidate_projection = Linear((c.num_item_hashes + c.num_author_hashes) * D + D, D)
         self.transformer = Transformer(c.transformer)
-        self.rms_norm = RMSNorm(D, c.transformer.norm_eps)
-        self.unembedding = nn.Parameter(torch.zeros(D, c.num_actions))
 
-    # --- the three blocks -----------------------------------------------------------------
-    def embed(self, batch: RecsysBatch):
-        """-> (embeddings [B, T, D], valid [B, T] bool, candidate_start_offset)."""
+    def lookup(self, batch: RecsysBatch) -> RecsysEmbeddings:
+        """The hash embeddings from the model's own tables (the original looks them up outside)."""
+        return RecsysEmbeddings(self.user_embeddings(batch.user_hashes),
+                                self.post_embeddings(batch.history_post_hashes),
+                                self.post_embeddings(batch.candidate_post_hashes),
+                                self.author_embeddings(batch.history_author_hashes),
+                                self.author_embeddings(batch.candidate_author_hashes))
+
+    def _hash_embeddings(self, batch: RecsysBatch, embeddings: Optional[RecsysEmbeddings]) -> RecsysEmbeddings:
+        return self.lookup(batch) if embeddings is None else embeddings.check(self.config, batch)
+
+    def _product_surface(self, index: torch.Tensor) -> torch.Tensor:
+        """one_hot(index, vocab) @ table, as the original: an index outside the vocabulary gives zeros."""
+        table = self.product_surface_embeddings.weight
+        inside = (index >= 0) & (index < table.shape[0])
+        return table[index.clamp(0, table.shape[0] - 1)] * inside.unsqueeze(-1).to(table.dtype)
+
+    def _user(self, batch: RecsysBatch, e: RecsysEmbeddings):
+        """-> (user tokens [B, U, D], valid [B, U]); valid where the first user hash is not 0."""
         c, D = self.config, self.config.emb_size
-        B = batch.user_hashes.shape[0]
-        user = self.user_embeddings(batch.user_hashes).reshape(B, 1, -1)            # [B, 1, n*D]
-        user = self.user_projection(user).reshape(B, c.num_user_tokens, D)          # [B, U, D]
-        user_valid = (batch.user_hashes[:, :1] != 0).expand(B, c.num_user_tokens)
+        B = e.user_embeddings.shape[0]
+        user = self.user_projection(e.user_embeddings.reshape(B, 1, -1)).reshape(B, c.num_user_tokens, D)
+        return user, (batch.user_hashes[:, :1] != 0).expand(B, c.num_user_tokens)
 
-        S = batch.history_post_hashes.shape[1]
+    def _history(self, batch: RecsysBatch, e: RecsysEmbeddings):
+        """-> (history tokens [B, S, D], valid [B, S])."""
         actions = batch.history_actions.float()
         action_emb = (2 * actions - 1) @ self.action_projection                     # [B, S, D]
         action_emb = action_emb * actions.any(-1, keepdim=True)                     # no action -> 0
-        history = torch.cat([
-            self.post_embeddings(batch.history_post_hashes).flatten(2),
-            self.author_embeddings(batch.history_author_hashes).flatten(2),
-            action_emb,
-            self.product_surface_embeddings(batch.history_product_surface),
-        ], dim=-1)
-        history = self.history_projection(history)                                  # [B, S, D]
-        history_valid = batch.history_post_hashes[:, :, 0] != 0
+        history = torch.cat([e.history_post_embeddings.flatten(2), e.history_author_embeddings.flatten(2),
+                             action_emb, self._product_surface(batch.history_product_surface)], dim=-1)
+        return self.history_projection(history), batch.history_post_hashes[:, :, 0] != 0
 
-        C = batch.candidate_post_hashes.shape[1]
-        cand = torch.cat([
-            self.post_embeddings(batch.candidate_post_hashes).flatten(2),
-            self.author_embeddings(batch.candidate_author_hashes).flatten(2),
-            self.product_surface_embeddings(batch.candidate_product_surface),
-        ], dim=-1)
+
+class RecsysModel(_PhoenixInputs):
+    """The original ranker (``PhoenixModel``): reduce -> trunk (recsys mask) -> rms_norm -> unembeddings."""
+
+    def __init__(self, config: RecsysConfig):
+        super().__init__(config)
+        c, D = config, config.emb_size
+        self.candidate_projection = Linear((c.num_item_hashes + c.num_author_hashes) * D + D, D)
+        self.rms_norm = RMSNorm(D, c.transformer.norm_eps)
+        self.unembedding = nn.Parameter(torch.zeros(D, c.num_actions))
+
+    def embed(self, batch: RecsysBatch, embeddings: Optional[RecsysEmbeddings] = None):
+        """-> (trunk input [B, T, D], valid [B, T] bool, candidate_start_offset)."""
+        e = self._hash_embeddings(batch, embeddings)
+        user, user_valid = self._user(batch, e)
+        history, history_valid = self._history(batch, e)
+        cand = torch.cat([e.candidate_post_embeddings.flatten(2), e.candidate_author_embeddings.flatten(2),
+                          self._product_surface(batch.candidate_product_surface)], dim=-1)
         cand = self.candidate_projection(cand)                                      # [B, C, D]
         cand_valid = batch.candidate_post_hashes[:, :, 0] != 0
-
         emb = torch.cat([user, history, cand], dim=1)
         valid = torch.cat([user_valid, history_valid, cand_valid], dim=1)
-        return emb, valid, c.num_user_tokens + S
+        return emb, valid, user.shape[1] + history.shape[1]
 
     def score_embeddings(self, embeddings, valid, candidate_start_offset, **trunk_kwargs) -> RecsysOutput:
-        """Run the trunk and head on given embeddings (probes perturb them here)."""
+        """Run the trunk and head on given trunk inputs (probes perturb them here)."""
         out = self.transformer(embeddings, valid, candidate_start_offset, **trunk_kwargs)
         cand = self.rms_norm(out.embeddings)[:, candidate_start_offset:]            # [B, C, D]
         logits = cand @ self.unembedding.to(cand.dtype)                             # [B, C, A]
         return RecsysOutput(logits, out, embeddings, valid, candidate_start_offset)
 
-    def forward(self, batch: RecsysBatch, **trunk_kwargs) -> RecsysOutput:
-        emb, valid, off = self.embed(batch)
+    def forward(self, batch: RecsysBatch, embeddings: Optional[RecsysEmbeddings] = None,
+                **trunk_kwargs) -> RecsysOutput:
+        """``embeddings`` given: used exactly as recsys_model.py uses them; else looked up here."""
+        emb, valid, off = self.embed(batch, embeddings)
         return self.score_embeddings(emb, valid, off, **trunk_kwargs)
 
 
-class RetrievalUserTower(nn.Module):
-    """The retrieval user tower: the same trunk in causal mode over user + history,
-    mean-pooled over valid positions and L2-normalised. Shares the ranker's embedding blocks."""
+class CandidateTower(nn.Module):
+    """recsys_retrieval_model.py's candidate tower: concat(post, author hash embeddings)
+    -> Linear 2D -> SiLU -> Linear D -> L2-normalised."""
 
-    def __init__(self, ranker: RecsysModel):
+    def __init__(self, in_size: int, emb_size: int):
         super().__init__()
-        self.ranker = ranker
+        self.projection_1 = Linear(in_size, 2 * emb_size)
+        self.projection_2 = Linear(2 * emb_size, emb_size)
 
-    def forward(self, batch: RecsysBatch, **trunk_kwargs) -> torch.Tensor:
-        emb, valid, off = self.ranker.embed(batch)
-        emb, valid = emb[:, :off], valid[:, :off]
-        h = self.ranker.transformer(emb, valid, None, **trunk_kwargs).embeddings     # causal
-        h = self.ranker.rms_norm(h)
+    def forward(self, post: torch.Tensor, author: torch.Tensor) -> torch.Tensor:
+        """post [B, C, n_item_hashes, D], author [B, C, n_author_hashes, D] -> [B, C, D]."""
+        x = torch.cat([post, author], dim=2).flatten(2)
+        x = self.projection_2(torch.nn.functional.silu(self.projection_1(x)))
+        return x / x.pow(2).sum(-1, keepdim=True).clamp_min(L2_EPS).sqrt()
+
+
+class PhoenixRetrievalModel(_PhoenixInputs):
+    """The original two-tower retrieval model: the trunk in causal mode over user + history,
+    mean-pooled raw (no final norm) over valid tokens and L2-normalised; candidates through
+    ``CandidateTower``. Same ``RecsysConfig`` as the ranker."""
+
+    def __init__(self, config: RecsysConfig):
+        super().__init__(config)
+        D = config.emb_size
+        self.candidate_tower = CandidateTower((config.num_item_hashes + config.num_author_hashes) * D, D)
+
+    def build_user_representation(self, batch: RecsysBatch, embeddings: Optional[RecsysEmbeddings] = None):
+        """-> (user_representation [B, D] unit norm, user_norm [B, 1] its norm before normalising)."""
+        e = self._hash_embeddings(batch, embeddings)
+        user, user_valid = self._user(batch, e)
+        history, history_valid = self._history(batch, e)
+        valid = torch.cat([user_valid, history_valid], dim=1)
+        h = self.transformer(torch.cat([user, history], dim=1), valid, None).embeddings    # causal
         w = valid.unsqueeze(-1).to(h.dtype)
-        pooled = (h * w).sum(1) / w.sum(1).clamp_min(1)                             # [B, D]
-        return torch.nn.functional.normalize(pooled, dim=-1)
+        pooled = (h * w).sum(1) / w.sum(1).clamp_min(1.0)                                # [B, D]
+        norm = pooled.pow(2).sum(-1, keepdim=True).clamp_min(L2_EPS).sqrt()               # [B, 1]
+        return pooled / norm, norm
+
+    def build_candidate_representation(self, batch: RecsysBatch, embeddings: Optional[RecsysEmbeddings] = None):
+        """-> (candidate_representation [B, C, D] unit norm, candidate_padding_mask [B, C] True = valid)."""
+        e = self._hash_embeddings(batch, embeddings)
+        rep = self.candidate_tower(e.candidate_post_embeddings, e.candidate_author_embeddings)
+        return rep, batch.candidate_post_hashes[:, :, 0] != 0
 
 
-def init_recsys(model: RecsysModel, mode: str = "random", seed: int = 0) -> RecsysModel:
-    """Trunk per grok.py's modes; embedding tables N(0, 1) seeded (zeros leaves them random too,
-    so zeros-init still has distinct tokens to look at)."""
+def init_recsys(model, mode: str = "random", seed: int = 0):
+    """RecsysModel or PhoenixRetrievalModel. Trunk per grok.py's modes; embedding tables N(0, 1) seeded
+    (zeros leaves them random too, so zeros-init still has distinct tokens to look at)."""
     init_params(model, mode, seed)
     g = torch.Generator().manual_seed(int(seed) + 1)
     with torch.no_grad():
@@ -207,7 +313,10 @@ def init_recsys(model: RecsysModel, mode: str = "random", seed: int = 0) -> Recs
             emb.weight.copy_(torch.randn(emb.weight.shape, generator=g))
         if mode == "zeros":
             # grok.py inits only the trunk to zeros; the reduce projections must pass information
-            for lin in (model.user_projection, model.history_projection, model.candidate_projection):
+            for lin in (model.user_projection, model.history_projection,
+                        getattr(model, "candidate_projection", None)):
+                if lin is None:     # the retrieval model has no candidate projection
+                    continue
                 t = torch.randn(lin.w.shape, generator=g) / math.sqrt(lin.w.shape[0])
                 lin.w.copy_(t)
     return model

@@ -13,14 +13,29 @@ Paths (FACTS.md §1), trunk::
     transformer/decoder_layer_{i}/{linear,linear_v}/w                        [D, F]
     transformer/decoder_layer_{i}/linear_1/w                                 [F, D]
 
-The ranking model (``RecsysModel``) adds, under ``recsys_model/`` (hk.Embed calls its table
-``embeddings``, hk.Linear its weight ``w``)::
+The original's models (``recsys_model.py``, ``recsys_retrieval_model.py``) keep their own
+parameters with ``hk.get_parameter`` directly under their module, so the ranker (``RecsysModel``)
+adds, exactly as its ``init`` returns them::
 
-    recsys_model/{user,post,author,product_surface}_embeddings/embeddings    [vocab, D]
-    recsys_model/action_projection/w                                         [num_actions, D]
-    recsys_model/{user,history,candidate}_projection/w                       [in, out]
-    recsys_model/rms_norm/scale                                              [D]
-    recsys_model/unembedding/w                                               [D, num_actions]
+    phoenix_model/proj_mat_1                        [num_user_hashes*D, D]          user
+    phoenix_model/proj_mat_2                        [(n_item+n_author+1)*D, D]      candidate
+    phoenix_model/proj_mat_3                        [(n_item+n_author+2)*D, D]      history
+    phoenix_model/action_projection                 [num_actions, D]
+    phoenix_model/product_surface_embedding_table   [product_surface_vocab_size, D]
+    phoenix_model/unembeddings                      [D, num_actions]
+    phoenix_model/rms_norm/scale                    [D]
+
+and the retrieval model (``PhoenixRetrievalModel``)::
+
+    phoenix_retrieval_model/{proj_mat_1,proj_mat_3,action_projection,product_surface_embedding_table}
+    phoenix_retrieval_model/candidate_tower/candidate_tower_projection_1   [(n_item+n_author)*D, 2D]
+    phoenix_retrieval_model/candidate_tower/candidate_tower_projection_2   [2D, D]
+
+The original looks the hash embeddings up outside the model; the project's own tables are
+``hash_tables/{user,post,author}_embeddings`` [hash_vocab_size, D], optional when loading (the
+model keeps its own) and left out of ``haiku_params(model, hash_tables=False)``, so a mapping
+from the original's ``init`` round-trips unchanged. Files written before the project used the
+original's names (``recsys_model/...``) are read through ``LEGACY_NAMES``.
 
 Files: ``.npz`` or ``.safetensors`` with flattened ``module_path/param_name`` keys, never
 pickle. The model's config travels with the weights as JSON (safetensors metadata
@@ -39,7 +54,8 @@ import torch
 from torch import nn
 
 from .grok import Transformer, TransformerConfig
-from .recsys import RecsysConfig, RecsysModel
+from .recsys import ACTIONS, PhoenixRetrievalModel, RecsysConfig, RecsysModel
+from .world import WORLD_ACTIONS
 
 FIELD = "weights"
 FILE_FIELD = "weights file"
@@ -47,7 +63,7 @@ EXTENSIONS = (".npz", ".safetensors")
 CONFIG_KEY = "__config__"            # npz entry (uint8 JSON) / safetensors metadata key "config"
 DEFAULT_MAX_BYTES = 4 * 2**30         # phoenix-prod's trunk alone is ~1.3 GB in fp32
 
-Model = Union[Transformer, RecsysModel]
+Model = Union[Transformer, RecsysModel, PhoenixRetrievalModel]
 
 
 # --- the name map: haiku key -> (torch parameter name, expected shape, what the shape is) --------
@@ -72,35 +88,77 @@ def trunk_spec(c: TransformerConfig, torch_prefix: str = "") -> dict[str, tuple[
     return spec
 
 
-def recsys_spec(c: RecsysConfig) -> dict[str, tuple[str, tuple, str]]:
-    D, V, A = c.emb_size, c.hash_vocab_size, c.num_actions
-    items = c.num_item_hashes + c.num_author_hashes
-    r = "recsys_model"
-    spec = {
-        f"{r}/user_embeddings/embeddings": ("user_embeddings.weight", (V, D), "[hash_vocab_size, emb_size]"),
-        f"{r}/post_embeddings/embeddings": ("post_embeddings.weight", (V, D), "[hash_vocab_size, emb_size]"),
-        f"{r}/author_embeddings/embeddings": ("author_embeddings.weight", (V, D), "[hash_vocab_size, emb_size]"),
-        f"{r}/product_surface_embeddings/embeddings": (
+HASH_TABLES = "hash_tables"
+
+
+def _hash_table_spec(c: RecsysConfig) -> dict[str, tuple[str, tuple, str]]:
+    V, D = c.hash_vocab_size, c.emb_size
+    return {f"{HASH_TABLES}/{n}_embeddings": (f"{n}_embeddings.weight", (V, D), "[hash_vocab_size, emb_size]")
+            for n in ("user", "post", "author")}
+
+
+def _inputs_spec(c: RecsysConfig, root: str) -> dict[str, tuple[str, tuple, str]]:
+    """What the ranker and the retrieval model share: block_user_reduce / block_history_reduce."""
+    D, items = c.emb_size, c.num_item_hashes + c.num_author_hashes
+    return {
+        f"{root}/proj_mat_1": ("user_projection.w", (c.num_user_hashes * D, c.num_user_tokens * D),
+                               "[num_user_hashes*emb_size, num_user_tokens*emb_size]"),
+        f"{root}/proj_mat_3": ("history_projection.w", (items * D + 2 * D, D),
+                               "[(num_item_hashes+num_author_hashes+2)*emb_size, emb_size]"),
+        f"{root}/action_projection": ("action_projection", (c.num_actions, D), "[num_actions, emb_size]"),
+        f"{root}/product_surface_embedding_table": (
             "product_surface_embeddings.weight", (c.num_product_surfaces, D), "[num_product_surfaces, emb_size]"),
-        f"{r}/action_projection/w": ("action_projection", (A, D), "[num_actions, emb_size]"),
-        f"{r}/user_projection/w": ("user_projection.w", (c.num_user_hashes * D, c.num_user_tokens * D),
-                                   "[num_user_hashes*emb_size, num_user_tokens*emb_size]"),
-        f"{r}/history_projection/w": ("history_projection.w", (items * D + 2 * D, D),
-                                      "[(num_item_hashes+num_author_hashes+2)*emb_size, emb_size]"),
-        f"{r}/candidate_projection/w": ("candidate_projection.w", (items * D + D, D),
-                                        "[(num_item_hashes+num_author_hashes+1)*emb_size, emb_size]"),
-        f"{r}/rms_norm/scale": ("rms_norm.scale", (D,), "[emb_size]"),
-        f"{r}/unembedding/w": ("unembedding", (D, A), "[emb_size, num_actions]"),
+        **_hash_table_spec(c), **trunk_spec(c.transformer, "transformer."),
     }
-    return {**spec, **trunk_spec(c.transformer, "transformer.")}
+
+
+def recsys_spec(c: RecsysConfig) -> dict[str, tuple[str, tuple, str]]:
+    D, items, r = c.emb_size, c.num_item_hashes + c.num_author_hashes, "phoenix_model"
+    return {
+        **_inputs_spec(c, r),
+        f"{r}/proj_mat_2": ("candidate_projection.w", (items * D + D, D),
+                            "[(num_item_hashes+num_author_hashes+1)*emb_size, emb_size]"),
+        f"{r}/unembeddings": ("unembedding", (D, c.num_actions), "[emb_size, num_actions]"),
+        f"{r}/rms_norm/scale": ("rms_norm.scale", (D,), "[emb_size]"),
+    }
+
+
+def retrieval_spec(c: RecsysConfig) -> dict[str, tuple[str, tuple, str]]:
+    D, items, r = c.emb_size, c.num_item_hashes + c.num_author_hashes, "phoenix_retrieval_model"
+    return {
+        **_inputs_spec(c, r),
+        f"{r}/candidate_tower/candidate_tower_projection_1": (
+            "candidate_tower.projection_1.w", (items * D, 2 * D),
+            "[(num_item_hashes+num_author_hashes)*emb_size, 2*emb_size]"),
+        f"{r}/candidate_tower/candidate_tower_projection_2": (
+            "candidate_tower.projection_2.w", (2 * D, D), "[2*emb_size, emb_size]"),
+    }
+
+
+# keys of the project's files before it used the original's names -> the original's names
+LEGACY_NAMES = {
+    "recsys_model/user_embeddings/embeddings": f"{HASH_TABLES}/user_embeddings",
+    "recsys_model/post_embeddings/embeddings": f"{HASH_TABLES}/post_embeddings",
+    "recsys_model/author_embeddings/embeddings": f"{HASH_TABLES}/author_embeddings",
+    "recsys_model/product_surface_embeddings/embeddings": "phoenix_model/product_surface_embedding_table",
+    "recsys_model/action_projection/w": "phoenix_model/action_projection",
+    "recsys_model/user_projection/w": "phoenix_model/proj_mat_1",
+    "recsys_model/history_projection/w": "phoenix_model/proj_mat_3",
+    "recsys_model/candidate_projection/w": "phoenix_model/proj_mat_2",
+    "recsys_model/rms_norm/scale": "phoenix_model/rms_norm/scale",
+    "recsys_model/unembedding/w": "phoenix_model/unembeddings",
+}
 
 
 def param_spec(model: nn.Module) -> dict[str, tuple[str, tuple, str]]:
     if isinstance(model, RecsysModel):
         return recsys_spec(model.config)
+    if isinstance(model, PhoenixRetrievalModel):
+        return retrieval_spec(model.config)
     if isinstance(model, Transformer):
         return trunk_spec(model.config)
-    raise ValueError(f"model: got {type(model).__name__}; allowed: Transformer or RecsysModel")
+    raise ValueError(f"model: got {type(model).__name__}; allowed: Transformer, RecsysModel or "
+                     f"PhoenixRetrievalModel")
 
 
 # --- nested haiku mapping <-> flat "module_path/param_name" keys ------------------------------
@@ -138,11 +196,13 @@ def _as_array(value) -> np.ndarray:
     return arr
 
 
-def haiku_params(model: Model) -> dict[str, dict[str, np.ndarray]]:
-    """The nested mapping haiku's ``transform(...).init`` returns, as fp32 numpy copies."""
+def haiku_params(model: Model, hash_tables: bool = True) -> dict[str, dict[str, np.ndarray]]:
+    """The nested mapping haiku's ``transform(...).init`` returns, as fp32 numpy copies.
+    hash_tables=False leaves out the project's own hash tables, as the original's init does."""
     tensors = dict(model.named_parameters())
     flat = {key: tensors[name].detach().cpu().float().numpy().copy()
-            for key, (name, _, _) in param_spec(model).items()}
+            for key, (name, _, _) in param_spec(model).items()
+            if hash_tables or not key.startswith(f"{HASH_TABLES}/")}
     return unflatten(flat)
 
 
@@ -175,8 +235,10 @@ def checked_arrays(spec: Mapping[str, tuple], flat: Mapping, field: str, config:
 
 
 def _load_flat(model: Model, flat: Mapping, field: str = FIELD) -> None:
-    spec = param_spec(model)
-    cfg = model.config.transformer if isinstance(model, RecsysModel) else model.config
+    flat = {LEGACY_NAMES.get(k, k): v for k, v in flat.items()}
+    # the original keeps no hash tables: without them the model keeps its own
+    spec = {k: v for k, v in param_spec(model).items() if k in flat or not k.startswith(f"{HASH_TABLES}/")}
+    cfg = model.config if isinstance(model, Transformer) else model.config.transformer
     arrays = checked_arrays(spec, flat, field, f"emb_size={cfg.emb_size}, key_size={cfg.key_size}, "
                             f"num_q_heads={cfg.num_q_heads}, num_kv_heads={cfg.num_kv_heads}, "
                             f"num_layers={cfg.num_layers}, ffn_size={cfg.ffn_hidden}")
@@ -190,6 +252,8 @@ def _load_flat(model: Model, flat: Mapping, field: str = FIELD) -> None:
 def load_haiku_params(model: Model, params: Mapping) -> Model:
     """Copy a haiku ``{module_path: {param_name: array}}`` mapping into the model.
 
+    Takes what the original's ``init`` returns with no renaming (``phoenix_model/...`` or
+    ``phoenix_retrieval_model/...`` and ``transformer/...``); the project's hash tables are optional.
     Every key and shape is checked against the config first; on any problem a ValueError lists
     all of them and the model keeps its weights."""
     _load_flat(model, flatten(params))
@@ -199,8 +263,9 @@ def load_haiku_params(model: Model, params: Mapping) -> Model:
 # --- files ----------------------------------------------------------------------------------
 
 def _config_json(model: Model) -> str:
-    if isinstance(model, RecsysModel):
-        return json.dumps({"model": "recsys", "recsys": asdict(model.config)})
+    if isinstance(model, (RecsysModel, PhoenixRetrievalModel)):
+        kind = "recsys" if isinstance(model, RecsysModel) else "retrieval"
+        return json.dumps({"model": kind, "recsys": asdict(model.config)})
     return json.dumps({"model": "transformer", "transformer": asdict(model.config)})
 
 
@@ -302,14 +367,26 @@ def _parse_config(config: Optional[str]) -> Optional[Union[TransformerConfig, Re
         return None
     try:
         d = json.loads(config)
-        if d.get("model") == "recsys":
+        if d.get("model") in ("recsys", "retrieval"):
             r = dict(d["recsys"])
+            if "num_actions" in r:      # written before the config named its actions
+                r["action_names"] = _legacy_action_names(r.pop("num_actions"))
             return RecsysConfig(transformer=TransformerConfig(**r.pop("transformer")), **r)
         if d.get("model") == "transformer":
             return TransformerConfig(**d["transformer"])
         raise KeyError("model")
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise ValueError(f"{FILE_FIELD}: its stored config is not valid ({e})") from None
+
+
+def _legacy_action_names(n) -> tuple[str, ...]:
+    """A file's ``num_actions`` -> names: the original's 19, or the project's first 8 (like, reply, ...),
+    which are the demo world's names for the same actions, in the same order."""
+    for names in (ACTIONS, WORLD_ACTIONS):
+        if n == len(names):
+            return names
+    raise ValueError(f"num_actions: got {n!r}; allowed: {len(ACTIONS)} or {len(WORLD_ACTIONS)} in a file "
+                     f"without action_names")
 
 
 def config_from_weight_file(path, max_bytes: int = DEFAULT_MAX_BYTES
@@ -329,16 +406,19 @@ def load_weights(model: Model, path, max_bytes: int = DEFAULT_MAX_BYTES) -> Mode
 
 def model_from_weight_file(path, max_bytes: int = DEFAULT_MAX_BYTES) -> Model:
     """Rebuild the model a file was saved from (needs the stored config) and load its weights."""
-    arrays, config = _read(path, max_bytes)
-    config = _parse_config(config)
+    arrays, stored = _read(path, max_bytes)
+    config = _parse_config(stored)
     if config is None:
         raise ValueError(f"{FILE_FIELD}: {os.path.basename(os.fspath(path))!r} carries no config; "
                          f"build the model with its TransformerConfig and call load_weights")
-    model = RecsysModel(config) if isinstance(config, RecsysConfig) else Transformer(config)
+    if isinstance(config, RecsysConfig):
+        model = (PhoenixRetrievalModel if json.loads(stored)["model"] == "retrieval" else RecsysModel)(config)
+    else:
+        model = Transformer(config)
     _load_flat(model, arrays, FILE_FIELD)
     return model
 
 
 __all__ = ["haiku_params", "load_haiku_params", "save_weights", "load_weights", "read_weight_file",
-           "config_from_weight_file", "model_from_weight_file", "trunk_spec", "recsys_spec", "flatten",
-           "unflatten", "checked_arrays", "DEFAULT_MAX_BYTES", "EXTENSIONS", "SAVE_DTYPES"]
+           "config_from_weight_file", "model_from_weight_file", "trunk_spec", "recsys_spec", "retrieval_spec",
+           "flatten", "unflatten", "checked_arrays", "DEFAULT_MAX_BYTES", "EXTENSIONS", "SAVE_DTYPES"]

@@ -19,18 +19,23 @@ import torch
 
 from .recsys import ACTIONS, RecsysBatch, RecsysConfig, SequenceLayout
 
-# which actions a user takes on a post they engage with / skip (probabilities per action)
-_ENGAGED_ACTIONS = {"like": 1.0, "reply": 0.2, "repost": 0.3, "click": 0.9, "profile_click": 0.2,
-                    "share": 0.1, "dwell": 0.8, "not_interested": 0.0}
-_SKIPPED_ACTIONS = {"like": 0.0, "reply": 0.0, "repost": 0.0, "click": 0.15, "profile_click": 0.0,
-                    "share": 0.0, "dwell": 0.1, "not_interested": 0.4}
-ENGAGED_ACTION = "like"   # `like` fires exactly when the user engages: the ranking target
+# The world's users take 8 of the original's 19 actions (runners.ACTIONS), in the original's order:
+# the demo ranker predicts these 8. Per action, how likely a user takes it on a post they engage
+# with / skip.
+_ENGAGED_ACTIONS = {"favorite_score": 1.0, "reply_score": 0.2, "repost_score": 0.3, "click_score": 0.9,
+                    "profile_click_score": 0.2, "share_score": 0.1, "dwell_score": 0.8,
+                    "not_interested_score": 0.0}
+_SKIPPED_ACTIONS = {"favorite_score": 0.0, "reply_score": 0.0, "repost_score": 0.0, "click_score": 0.15,
+                    "profile_click_score": 0.0, "share_score": 0.0, "dwell_score": 0.1,
+                    "not_interested_score": 0.4}
+WORLD_ACTIONS = tuple(a for a in ACTIONS if a in _ENGAGED_ACTIONS)
+ENGAGED_ACTION = "favorite_score"   # fires exactly when the user engages: the ranking target
 
 
 @dataclass
 class WorldLabels:
     actions: torch.Tensor            # [B, C, num_actions] multi-hot float: what the user did
-    engaged: torch.Tensor            # [B, C] bool (== actions[..., like])
+    engaged: torch.Tensor            # [B, C] bool (== actions[..., favorite_score])
     history_topics: torch.Tensor     # [B, S] long, -1 at padded slots
     candidate_topics: torch.Tensor   # [B, C] long, -1 at padded slots
 
@@ -66,7 +71,7 @@ class World:
         object.__setattr__(self, "post_topic", self.author_topic[post_author])
 
     def recsys_config(self, transformer) -> RecsysConfig:
-        return RecsysConfig(transformer, hash_vocab_size=self.hash_vocab_size,
+        return RecsysConfig(transformer, action_names=WORLD_ACTIONS, hash_vocab_size=self.hash_vocab_size,
                             num_product_surfaces=self.num_product_surfaces)
 
     def _posts_of(self, topics: torch.Tensor, g: torch.Generator) -> torch.Tensor:
@@ -77,8 +82,8 @@ class World:
 
     def _actions(self, engaged: torch.Tensor, g: torch.Generator) -> torch.Tensor:
         """engaged [...] bool -> [..., num_actions] multi-hot."""
-        p_eng = torch.tensor([_ENGAGED_ACTIONS[a] for a in ACTIONS])
-        p_skip = torch.tensor([_SKIPPED_ACTIONS[a] for a in ACTIONS])
+        p_eng = torch.tensor([_ENGAGED_ACTIONS[a] for a in WORLD_ACTIONS])
+        p_skip = torch.tensor([_SKIPPED_ACTIONS[a] for a in WORLD_ACTIONS])
         p = torch.where(engaged[..., None], p_eng, p_skip)
         return (torch.rand(p.shape, generator=g) < p).float()
 
@@ -130,6 +135,6 @@ class World:
             cand_actions[:, pad] = 0
         batch_ = RecsysBatch(user_h, hist_post_h, hist_author_h, hist_actions, surf_h,
                              cand_post_h, cand_author_h, surf_c)
-        labels = WorldLabels(cand_actions, cand_actions[..., ACTIONS.index(ENGAGED_ACTION)].bool(),
+        labels = WorldLabels(cand_actions, cand_actions[..., WORLD_ACTIONS.index(ENGAGED_ACTION)].bool(),
                              hist_topics, cand_topics)
         return batch_, labels

@@ -1,4 +1,5 @@
-"""An independent NumPy forward of phoenix grok.py and recsys_model.py, written from FACTS.md.
+"""An independent NumPy forward of phoenix grok.py, recsys_model.py and recsys_retrieval_model.py,
+written from FACTS.md.
 
 Imports nothing from models/: it reads the same haiku ``{module_path: {param_name: array}}``
 mapping the port loads through ``load_haiku_params`` and computes in float64, so agreement with
@@ -35,6 +36,33 @@ def random_haiku_params(rng, emb_size, key_size, num_q_heads, num_kv_heads, num_
         params[f"{p}/linear"] = w(D, F)
         params[f"{p}/linear_v"] = w(D, F)
         params[f"{p}/linear_1"] = w(F, D)
+    return params
+
+
+def phoenix_init_params(rng, model, *, emb_size, key_size, num_q_heads, num_kv_heads, num_layers, ffn_hidden,
+                        num_actions=19, product_surface_vocab_size=16, num_user_hashes=2, num_item_hashes=2,
+                        num_author_hashes=2):
+    """What the original's ``hk.transform(forward).init`` returns, names and shapes written out from
+    FACTS.md §2-3 (random values): model "phoenix_model" (recsys_model.py's ranker) or
+    "phoenix_retrieval_model" (recsys_retrieval_model.py). No hash tables: the original keeps none."""
+    D = emb_size
+    params = random_haiku_params(rng, D, key_size, num_q_heads, num_kv_heads, num_layers, ffn_hidden)
+
+    def w(fan_in, fan_out):
+        return rng.normal(0.0, 1.0 / np.sqrt(fan_in), (fan_in, fan_out)).astype(np.float32)
+
+    items = (num_item_hashes + num_author_hashes) * D
+    own = {"proj_mat_1": w(num_user_hashes * D, D), "proj_mat_3": w(items + 2 * D, D),
+           "action_projection": w(num_actions, D), "product_surface_embedding_table": w(product_surface_vocab_size, D)}
+    if model == "phoenix_model":
+        params["phoenix_model"] = {**own, "proj_mat_2": w(items + D, D), "unembeddings": w(D, num_actions)}
+        params["phoenix_model/rms_norm"] = {"scale": rng.normal(1.0, 0.5, (D,)).astype(np.float32)}
+    elif model == "phoenix_retrieval_model":
+        params["phoenix_retrieval_model"] = own
+        params["phoenix_retrieval_model/candidate_tower"] = {"candidate_tower_projection_1": w(items, 2 * D),
+                                                             "candidate_tower_projection_2": w(2 * D, D)}
+    else:
+        raise AssertionError(model)
     return params
 
 
@@ -135,40 +163,96 @@ def transformer_forward(params, embeddings, valid, candidate_start_offset=None, 
 
 
 # --- the ranking model (recsys_model.py, FACTS.md §2) -----------------------------------------
+# The original takes the hash embeddings already looked up: `emb` is a dict with its five
+# RecsysEmbeddings fields. Its own parameters sit directly under its module (`root`).
+
+def lookup(params, user_hashes, hist_post, hist_author, cand_post, cand_author):
+    """The project's own hash tables -> the five embedding arrays the original takes from outside."""
+    def table(name):
+        return np.asarray(params["hash_tables"][f"{name}_embeddings"], dtype=np.float64)
+    user, post, author = table("user"), table("post"), table("author")
+    return {"user_embeddings": user[user_hashes], "history_post_embeddings": post[hist_post],
+            "candidate_post_embeddings": post[cand_post], "history_author_embeddings": author[hist_author],
+            "candidate_author_embeddings": author[cand_author]}
+
+
+def _one_hot_lookup(table, index):
+    """jax.nn.one_hot(index, V) @ table: an index outside [0, V) gives a zero row."""
+    return (np.asarray(index)[..., None] == np.arange(table.shape[0])).astype(np.float64) @ table
+
+
+def _user_and_history(params, root, user_hashes, hist_post, hist_actions, hist_surface, emb, num_user_tokens):
+    def own(name):
+        return np.asarray(params[root][name], dtype=np.float64)
+    f64 = {k: np.asarray(v, dtype=np.float64) for k, v in emb.items()}
+    B, S = hist_post.shape[:2]
+    D = own("proj_mat_3").shape[1]
+    user = (f64["user_embeddings"].reshape(B, 1, -1) @ own("proj_mat_1")).reshape(B, num_user_tokens, D)
+    actions = np.asarray(hist_actions, dtype=np.float64)
+    action_emb = ((2 * actions - 1) @ own("action_projection")) * actions.any(-1, keepdims=True)
+    history = np.concatenate([f64["history_post_embeddings"].reshape(B, S, -1),
+                              f64["history_author_embeddings"].reshape(B, S, -1), action_emb,
+                              _one_hot_lookup(own("product_surface_embedding_table"), hist_surface)],
+                             axis=-1) @ own("proj_mat_3")
+    valid = np.concatenate([np.repeat(user_hashes[:, :1] != 0, num_user_tokens, axis=1), hist_post[:, :, 0] != 0],
+                           axis=1)
+    return np.concatenate([user, history], axis=1), valid, f64
+
 
 def recsys_embed(params, user_hashes, hist_post, hist_author, hist_actions, hist_surface,
-                 cand_post, cand_author, cand_surface, *, num_user_tokens=1):
-    """-> (embeddings [B, T, D], valid [B, T], candidate_start_offset). Hash 0 = empty slot."""
-    r = "recsys_model"
-
-    def table(name):
-        return np.asarray(params[f"{r}/{name}"]["embeddings"], dtype=np.float64)
-
-    def w(name):
-        return np.asarray(params[f"{r}/{name}"]["w"], dtype=np.float64)
-
-    post, author, surface, users = (table("post_embeddings"), table("author_embeddings"),
-                                    table("product_surface_embeddings"), table("user_embeddings"))
-    D = post.shape[1]
-    B, S, C = user_hashes.shape[0], hist_post.shape[1], cand_post.shape[1]
-    user = users[user_hashes].reshape(B, 1, -1) @ w("user_projection")                 # [B, 1, U*D]
-    user = user.reshape(B, num_user_tokens, D)
-    actions = np.asarray(hist_actions, dtype=np.float64)
-    action_emb = ((2 * actions - 1) @ w("action_projection")) * actions.any(-1, keepdims=True)
-    history = np.concatenate([post[hist_post].reshape(B, S, -1), author[hist_author].reshape(B, S, -1),
-                              action_emb, surface[hist_surface]], axis=-1) @ w("history_projection")
-    cand = np.concatenate([post[cand_post].reshape(B, C, -1), author[cand_author].reshape(B, C, -1),
-                           surface[cand_surface]], axis=-1) @ w("candidate_projection")
-    valid = np.concatenate([np.repeat(user_hashes[:, :1] != 0, num_user_tokens, axis=1),
-                            hist_post[:, :, 0] != 0, cand_post[:, :, 0] != 0], axis=1)
-    return np.concatenate([user, history, cand], axis=1), valid, num_user_tokens + S
+                 cand_post, cand_author, cand_surface, emb=None, *, num_user_tokens=1):
+    """-> (trunk input [B, T, D], valid [B, T], candidate_start_offset). Hash 0 = empty slot.
+    emb None: looked up in the project's hash tables."""
+    if emb is None:
+        emb = lookup(params, user_hashes, hist_post, hist_author, cand_post, cand_author)
+    prefix, prefix_valid, f64 = _user_and_history(params, "phoenix_model", user_hashes, hist_post, hist_actions,
+                                                  hist_surface, emb, num_user_tokens)
+    B, C = cand_post.shape[:2]
+    surface = np.asarray(params["phoenix_model"]["product_surface_embedding_table"], dtype=np.float64)
+    cand = np.concatenate([f64["candidate_post_embeddings"].reshape(B, C, -1),
+                           f64["candidate_author_embeddings"].reshape(B, C, -1),
+                           _one_hot_lookup(surface, cand_surface)], axis=-1) @ np.asarray(
+        params["phoenix_model"]["proj_mat_2"], dtype=np.float64)
+    valid = np.concatenate([prefix_valid, cand_post[:, :, 0] != 0], axis=1)
+    return np.concatenate([prefix, cand], axis=1), valid, prefix.shape[1]
 
 
 def recsys_logits(params, trunk_out, candidate_start_offset, eps=1e-5):
-    """rms_norm(trunk)[:, offset:] @ unembedding -> [B, C, num_actions]."""
-    scale = np.asarray(params["recsys_model/rms_norm"]["scale"], dtype=np.float64)
-    unembedding = np.asarray(params["recsys_model/unembedding"]["w"], dtype=np.float64)
-    return rms_norm(trunk_out, scale, eps)[:, candidate_start_offset:] @ unembedding
+    """rms_norm(trunk)[:, offset:] @ unembeddings -> [B, C, num_actions]."""
+    scale = np.asarray(params["phoenix_model/rms_norm"]["scale"], dtype=np.float64)
+    unembeddings = np.asarray(params["phoenix_model"]["unembeddings"], dtype=np.float64)
+    return rms_norm(trunk_out, scale, eps)[:, candidate_start_offset:] @ unembeddings
+
+
+# --- the retrieval model (recsys_retrieval_model.py, FACTS.md §3) -------------------------------
+
+def l2_normalise(x, eps=1e-12):
+    """-> (x / norm, norm) with norm = sqrt(max(sum(x^2), eps))."""
+    norm = np.sqrt(np.maximum((x * x).sum(-1, keepdims=True), eps))
+    return x / norm, norm
+
+
+def retrieval_user(params, user_hashes, hist_post, hist_actions, hist_surface, emb, *, num_user_tokens=1,
+                   **trunk):
+    """User tower: the trunk in causal mode over user + history, the RAW output (no final norm)
+    mean-pooled over valid tokens, then L2. -> (representation [B, D], norm [B, 1])."""
+    x, valid, _ = _user_and_history(params, "phoenix_retrieval_model", user_hashes, hist_post, hist_actions,
+                                    hist_surface, emb, num_user_tokens)
+    out = transformer_forward(params, x, valid, None, **trunk)
+    w = valid[..., None].astype(np.float64)
+    pooled = (out * w).sum(1) / np.maximum(w.sum(1), 1.0)
+    return l2_normalise(pooled)
+
+
+def retrieval_candidates(params, cand_post_emb, cand_author_emb):
+    """Candidate tower: concat(post, author hash embeddings) -> @ W1 [., 2D] -> SiLU -> @ W2 [2D, D] -> L2."""
+    tower = params["phoenix_retrieval_model/candidate_tower"]
+    B, C = cand_post_emb.shape[:2]
+    x = np.concatenate([np.asarray(cand_post_emb, np.float64).reshape(B, C, -1),
+                        np.asarray(cand_author_emb, np.float64).reshape(B, C, -1)], axis=-1)
+    hidden = x @ np.asarray(tower["candidate_tower_projection_1"], np.float64)
+    hidden = hidden / (1.0 + np.exp(-hidden))                                   # SiLU
+    return l2_normalise(hidden @ np.asarray(tower["candidate_tower_projection_2"], np.float64))[0]
 
 
 def relative_error(actual, expected, valid):

@@ -5,6 +5,7 @@ import torch
 from models.demo import (DEMO_WEIGHTS, DEMO_WORLD, auc, demo_batch, demo_example, evaluate, load_demo_model,
                          topic_attention_mass)
 from models.recsys import ACTIONS, SequenceLayout
+from models.world import WORLD_ACTIONS
 from models.train_demo import train
 from models.weights import config_from_weight_file
 
@@ -56,7 +57,13 @@ def test_world_is_deterministic_and_padding_is_hash_zero():
     assert not torch.equal(a.history_post_hashes, DEMO_WORLD.sample(layout, 4, seed=6)[0].history_post_hashes)
     assert (a.history_post_hashes[:, 4:] == 0).all() and (a.candidate_post_hashes[:, 3:] == 0).all()
     assert (la.history_topics[:, 4:] == -1).all() and not la.engaged[:, 3:].any()
-    assert torch.equal(la.engaged, la.actions[..., ACTIONS.index("like")].bool())
+    assert torch.equal(la.engaged, la.actions[..., WORLD_ACTIONS.index("favorite_score")].bool())
+
+
+def test_world_actions_are_the_originals_in_its_order():
+    """The demo world uses 8 of the original's 19 actions (runners.ACTIONS), in the original's order."""
+    assert len(ACTIONS) == 19 and ACTIONS[0] == "favorite_score" and ACTIONS[-1] == "dwell_time"
+    assert list(WORLD_ACTIONS) == sorted(WORLD_ACTIONS, key=ACTIONS.index) and len(WORLD_ACTIONS) == 8
 
 
 def test_engagement_follows_the_users_topics():
@@ -69,7 +76,8 @@ def test_engagement_follows_the_users_topics():
 
 def test_demo_batch_fits_the_demo_model(model):
     out = model(demo_batch(LECTURE, seed=0, batch=2), record=True)
-    assert out.logits.shape == (2, 3, len(ACTIONS))
+    assert out.logits.shape == (2, 3, len(WORLD_ACTIONS))
+    assert model.config.action_names == WORLD_ACTIONS
     assert out.trunk.layers[0].probs.shape == (2, 4, 9, 9)
 
 

@@ -1,5 +1,7 @@
-"""The ranking model around the trunk: same logits as an independent NumPy recsys_model.py,
-batch invariance under shared / no RoPE, and the retrieval tower's contract."""
+"""The original's models around the trunk: the ranker and the retrieval model give the same numbers
+as an independent NumPy recsys_model.py / recsys_retrieval_model.py on parameters named and shaped as
+the original's init returns them, with embeddings given from outside or looked up in the project's
+tables; batch invariance under shared / no RoPE; the retrieval towers' contracts."""
 import math
 from dataclasses import replace
 
@@ -8,8 +10,8 @@ import pytest
 import torch
 
 import reference_numpy as ref
-from models.recsys import (PRESETS, RecsysModel, RetrievalUserTower, SequenceLayout, get_preset, init_recsys,
-                           synthetic_batch)
+from models.recsys import (ACTIONS, PRESETS, PhoenixRetrievalModel, RecsysConfig, RecsysEmbeddings, RecsysModel,
+                           SequenceLayout, get_preset, init_recsys, synthetic_batch)
 from models.weights import haiku_params, load_haiku_params
 
 
@@ -54,6 +56,134 @@ def test_logits_match_numpy_reference(seed, prefix):
     assert ref.relative_error(out.logits.numpy(), expected, cand_valid) <= 2e-5
 
 
+# --- the original's interface: parameters from its init, embeddings from outside -------------------
+
+LAYOUT = SequenceLayout(1, 6, 4, history_padding=2, candidate_padding=1)
+T_CFG = get_preset("lecture").transformer
+
+
+def original(kind, seed, **transformer_changes):
+    """A model of `kind` loaded with a mapping named and shaped as the original's init returns it."""
+    t = T_CFG.replace(**transformer_changes)
+    params = ref.phoenix_init_params(np.random.default_rng(seed), "phoenix_model" if kind is RecsysModel
+                                     else "phoenix_retrieval_model", emb_size=t.emb_size, key_size=t.key_size,
+                                     num_q_heads=t.num_q_heads, num_kv_heads=t.num_kv_heads,
+                                     num_layers=t.num_layers, ffn_hidden=t.ffn_hidden)
+    return load_haiku_params(kind(RecsysConfig(t)), params), params
+
+
+def outside_embeddings(config, batch, seed):
+    """Float embeddings as an outside lookup would give them (not from the model's tables)."""
+    rng = np.random.default_rng(seed)
+    B, S = batch.history_post_hashes.shape[:2]
+    C, D = batch.candidate_post_hashes.shape[1], config.emb_size
+    shapes = {"user_embeddings": (B, config.num_user_hashes, D),
+              "history_post_embeddings": (B, S, config.num_item_hashes, D),
+              "candidate_post_embeddings": (B, C, config.num_item_hashes, D),
+              "history_author_embeddings": (B, S, config.num_author_hashes, D),
+              "candidate_author_embeddings": (B, C, config.num_author_hashes, D)}
+    arrays = {k: rng.normal(size=v).astype(np.float32) for k, v in shapes.items()}
+    return RecsysEmbeddings(**{k: torch.from_numpy(v) for k, v in arrays.items()}), arrays
+
+
+def original_batch(config, seed):
+    batch = synthetic_batch(config, LAYOUT, seed=seed, batch=2)
+    batch.history_actions[0, 1] = 0                      # an event with no action: its action embedding is 0
+    batch.candidate_product_surface[1, 0] = config.num_product_surfaces   # outside the vocabulary: one_hot is 0
+    return batch
+
+
+def trunk_kwargs(t):
+    return dict(num_q_heads=t.num_q_heads, num_kv_heads=t.num_kv_heads, key_size=t.key_size,
+                attn_output_multiplier=t.attn_output_multiplier)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_ranker_from_original_params_and_outside_embeddings_matches_reference(seed):
+    model, params = original(RecsysModel, seed)
+    assert model.config.num_actions == len(ACTIONS) == 19 and model.config.num_product_surfaces == 16
+    batch = original_batch(model.config, seed)
+    emb, arrays = outside_embeddings(model.config, batch, seed)
+    with torch.no_grad():
+        out = model(batch, emb)
+    x, valid, off = ref.recsys_embed(params, *batch_arrays(batch), arrays)
+    np.testing.assert_array_equal(valid, out.valid.numpy())
+    assert off == out.candidate_start_offset == 1 + LAYOUT.num_history
+    trunk = ref.transformer_forward(params, x, valid, off, **trunk_kwargs(model.config.transformer))
+    expected = ref.recsys_logits(params, trunk, off)
+    assert ref.relative_error(out.embeddings.numpy(), x, valid) <= 2e-6
+    assert ref.relative_error(out.logits.numpy(), expected, valid[:, off:]) <= 2e-5
+
+
+def test_own_tables_are_the_outside_lookup():
+    """Without embeddings the model looks the hashes up itself: the same as handing it that lookup."""
+    model, _, layout = ranker(3)
+    batch = synthetic_batch(model.config, layout, seed=2, batch=2)
+    with torch.no_grad():
+        assert torch.equal(model(batch).logits, model(batch, model.lookup(batch)).logits)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_retrieval_user_tower_matches_reference(seed):
+    model, params = original(PhoenixRetrievalModel, seed)
+    batch = original_batch(model.config, seed)
+    emb, arrays = outside_embeddings(model.config, batch, seed)
+    with torch.no_grad():
+        rep, norm = model.build_user_representation(batch, emb)
+    arr = batch_arrays(batch)
+    expected, expected_norm = ref.retrieval_user(params, arr[0], arr[1], arr[3], arr[4], arrays,
+                                                 **trunk_kwargs(model.config.transformer))
+    assert rep.shape == (2, 64) and norm.shape == (2, 1)
+    everything = np.ones(rep.shape, bool)
+    assert ref.relative_error(rep.numpy(), expected, everything) <= 2e-5
+    assert ref.relative_error(norm.numpy(), expected_norm, np.ones(norm.shape, bool)) <= 2e-5
+    torch.testing.assert_close(rep.norm(dim=-1), torch.ones(2), rtol=0, atol=1e-6)
+
+
+def test_retrieval_candidate_tower_matches_reference():
+    model, params = original(PhoenixRetrievalModel, 2)
+    batch = original_batch(model.config, 2)
+    emb, arrays = outside_embeddings(model.config, batch, 2)
+    with torch.no_grad():
+        rep, valid = model.build_candidate_representation(batch, emb)
+    expected = ref.retrieval_candidates(params, arrays["candidate_post_embeddings"],
+                                        arrays["candidate_author_embeddings"])
+    assert rep.shape == (2, LAYOUT.num_candidates, 64)
+    np.testing.assert_array_equal(valid.numpy(), LAYOUT.valid()[LAYOUT.candidate_start_offset:].expand(2, -1))
+    assert ref.relative_error(rep.numpy(), expected, np.ones(rep.shape, bool)) <= 2e-5
+
+
+def test_retrieval_user_independent_of_candidates_and_prefix_mode():
+    """The user tower reads user + history only, always causally (the ranker's prefix mode aside)."""
+    model, _ = original(PhoenixRetrievalModel, 4)
+    bidirectional, _ = original(PhoenixRetrievalModel, 4, prefix="bidirectional")
+    batch = synthetic_batch(model.config, LAYOUT, seed=5, batch=3)
+    fresh = synthetic_batch(model.config, SequenceLayout(1, 6, 7), seed=9, batch=3)
+    other = replace(batch, candidate_post_hashes=fresh.candidate_post_hashes,        # 7 other candidates
+                    candidate_author_hashes=fresh.candidate_author_hashes,
+                    candidate_product_surface=fresh.candidate_product_surface)
+    init_recsys(model, "random", 0)   # give it hash tables to look up
+    bidirectional.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        u = model.build_user_representation(batch)[0]
+        assert torch.equal(u, model.build_user_representation(other)[0])
+        assert torch.equal(u, bidirectional.build_user_representation(batch)[0])
+        changed = synthetic_batch(model.config, LAYOUT, seed=6, batch=3)
+        assert not torch.allclose(model.build_user_representation(changed)[0], u, atol=1e-3)
+
+
+def test_outside_embeddings_of_the_wrong_shape_named():
+    model, _ = original(RecsysModel, 0)
+    batch = original_batch(model.config, 0)
+    emb, _ = outside_embeddings(model.config, batch, 0)
+    bad = replace(emb, candidate_author_embeddings=emb.candidate_author_embeddings[:, :, :1])
+    with pytest.raises(ValueError, match=r"embeddings\.candidate_author_embeddings: got \[2, 4, 1, 64\]; "
+                                         r"allowed: \[B, C, num_author_hashes, emb_size\] = \[2, 4, 2, 64\]"):
+        model(batch, bad)
+    with pytest.raises(ValueError, match=r"action_names: got \(\); allowed"):
+        RecsysConfig(T_CFG, action_names=())
+
+
 def permuted_scores(model, layout, perm):
     batch = synthetic_batch(model.config, layout, seed=3, batch=2)
     with torch.no_grad():
@@ -85,22 +215,6 @@ def test_candidate_scores_isolated():
         a, b = model(batch).logits, model(changed).logits
     assert torch.equal(a[:, [0, 2]], b[:, [0, 2]])
     assert not torch.equal(a[:, 1], b[:, 1])
-
-
-def test_retrieval_tower_unit_norm_and_independent_of_candidates():
-    model, _, layout = ranker(2)
-    tower = RetrievalUserTower(model)
-    batch = synthetic_batch(model.config, layout, seed=5, batch=3)
-    fresh = synthetic_batch(model.config, SequenceLayout(1, 5, 7), seed=9, batch=3)
-    other = replace(batch, candidate_post_hashes=fresh.candidate_post_hashes,        # 7 other candidates
-                    candidate_author_hashes=fresh.candidate_author_hashes,
-                    candidate_product_surface=fresh.candidate_product_surface)
-    with torch.no_grad():
-        u, v = tower(batch), tower(other)
-    torch.testing.assert_close(u.norm(dim=-1), torch.ones(3), rtol=0, atol=1e-6)
-    assert torch.equal(u, v)
-    history_changed = synthetic_batch(model.config, layout, seed=6, batch=3)
-    assert not torch.allclose(tower(history_changed), u, atol=1e-3)
 
 
 def test_padding_from_zero_hashes_matches_layout():

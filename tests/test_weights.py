@@ -1,5 +1,7 @@
 """Weights from and to the original: haiku mappings round-trip losslessly, files round-trip,
 and anything wrong is refused with every problem named and nothing loaded."""
+import dataclasses
+import json
 import math
 import zipfile
 
@@ -9,7 +11,8 @@ import torch
 
 import reference_numpy as ref
 from models.grok import Transformer, TransformerConfig, init_params
-from models.recsys import RecsysModel, get_preset, init_recsys, synthetic_batch
+from models.recsys import (PhoenixRetrievalModel, RecsysConfig, RecsysModel, SequenceLayout, get_preset,
+                           init_recsys, synthetic_batch)
 from models.weights import (config_from_weight_file, haiku_params, load_haiku_params, load_weights,
                             model_from_weight_file, read_weight_file, save_weights)
 
@@ -99,7 +102,8 @@ def test_non_finite_and_non_mapping_params_refused():
         load_haiku_params(Transformer(CFG), bad)
     with pytest.raises(ValueError, match="weights: got list"):
         load_haiku_params(Transformer(CFG), [1, 2])
-    with pytest.raises(ValueError, match="model: got Linear; allowed: Transformer or RecsysModel"):
+    with pytest.raises(ValueError, match="model: got Linear; allowed: Transformer, RecsysModel or "
+                                         "PhoenixRetrievalModel"):
         load_haiku_params(torch.nn.Linear(2, 2), random_params())
 
 
@@ -129,14 +133,15 @@ def test_recsys_file_round_trip(tmp_path, ext):
     path = tmp_path / f"ranker.{ext}"
     save_weights(model, path)
     keys = set(read_weight_file(path))
-    assert "recsys_model/unembedding/w" in keys and "transformer/decoder_layer_0/linear_v/w" in keys
+    assert "phoenix_model/unembeddings" in keys and "transformer/decoder_layer_0/linear_v/w" in keys
+    assert "hash_tables/post_embeddings" in keys    # the app's files keep the project's own tables
     rebuilt = model_from_weight_file(path)
     assert isinstance(rebuilt, RecsysModel) and rebuilt.config == model.config
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), rebuilt.parameters()))
     batch = synthetic_batch(model.config, preset.layout, seed=1)
     assert torch.equal(model(batch).logits, rebuilt(batch).logits)
     # a ranker file is not a trunk file: the extra keys are named
-    with pytest.raises(ValueError, match="(?s)weights file: .*recsys_model/unembedding/w is unexpected"):
+    with pytest.raises(ValueError, match="(?s)weights file: .*phoenix_model/unembeddings is unexpected"):
         load_weights(Transformer(model.config.transformer), path)
 
 
@@ -203,3 +208,128 @@ def test_float16_file_loads_rounded_into_fp32_model(tmp_path, ext):
         assert torch.equal(a.detach().half().float(), b.detach()), name
     with pytest.raises(ValueError, match="dtype: got 'int8'; allowed: float32, float16"):
         save_weights(model, path, dtype="int8")
+
+
+# --- the original's own mappings: phoenix_model/..., phoenix_retrieval_model/... ------------------
+
+LECTURE = get_preset("lecture").transformer
+
+
+def original_params(model, seed=0, cfg=LECTURE):
+    return ref.phoenix_init_params(np.random.default_rng(seed), model, emb_size=cfg.emb_size, key_size=cfg.key_size,
+                                   num_q_heads=cfg.num_q_heads, num_kv_heads=cfg.num_kv_heads,
+                                   num_layers=cfg.num_layers, ffn_hidden=cfg.ffn_hidden)
+
+
+# written out by hand from the issue / FACTS.md §3: what the original's init returns besides the trunk
+ORIGINAL_OWN = {
+    "phoenix_model": {("phoenix_model", "proj_mat_1"): (128, 64), ("phoenix_model", "proj_mat_2"): (320, 64),
+                      ("phoenix_model", "proj_mat_3"): (384, 64), ("phoenix_model", "action_projection"): (19, 64),
+                      ("phoenix_model", "product_surface_embedding_table"): (16, 64),
+                      ("phoenix_model", "unembeddings"): (64, 19), ("phoenix_model/rms_norm", "scale"): (64,)},
+    "phoenix_retrieval_model": {
+        ("phoenix_retrieval_model", "proj_mat_1"): (128, 64), ("phoenix_retrieval_model", "proj_mat_3"): (384, 64),
+        ("phoenix_retrieval_model", "action_projection"): (19, 64),
+        ("phoenix_retrieval_model", "product_surface_embedding_table"): (16, 64),
+        ("phoenix_retrieval_model/candidate_tower", "candidate_tower_projection_1"): (256, 128),
+        ("phoenix_retrieval_model/candidate_tower", "candidate_tower_projection_2"): (128, 64)},
+}
+
+
+@pytest.mark.parametrize("kind", [RecsysModel, PhoenixRetrievalModel])
+def test_original_init_mapping_loads_as_it_is_and_round_trips(kind):
+    root = "phoenix_model" if kind is RecsysModel else "phoenix_retrieval_model"
+    params = original_params(root, seed=1)
+    own = {(m, n): v.shape for m, inner in params.items() if not m.startswith("transformer/")
+           for n, v in inner.items()}
+    assert own == ORIGINAL_OWN[root]                                   # the test's mapping is the original's
+    model = load_haiku_params(kind(RecsysConfig(LECTURE)), params)    # no renaming, no hash tables
+    assert params_equal(haiku_params(model, hash_tables=False), params)
+    exported = haiku_params(model)
+    assert set(exported) - set(params) == {"hash_tables"}
+    # the parameters landed where the original uses them
+    w = model.user_projection.w if kind is RecsysModel else model.candidate_tower.projection_2.w
+    expected = params[root]["proj_mat_1"] if kind is RecsysModel else \
+        params[f"{root}/candidate_tower"]["candidate_tower_projection_2"]
+    assert np.array_equal(w.detach().numpy(), expected)
+
+
+def test_original_mapping_with_problems_refused_by_name_and_nothing_loaded():
+    model = init_recsys(RecsysModel(RecsysConfig(LECTURE)), "random", 0)
+    before = haiku_params(model)
+    bad = original_params("phoenix_model", seed=2)
+    bad["phoenix_model"]["proj_mat_2"] = bad["phoenix_model"]["proj_mat_2"][:-64]
+    del bad["phoenix_model"]["unembeddings"]
+    bad["phoenix_model"]["product_surface_embedding_table"] = np.zeros((8, 64), np.float32)
+    bad["phoenix_retrieval_model/candidate_tower"] = {"candidate_tower_projection_1": np.zeros((256, 128))}
+    with pytest.raises(ValueError) as e:
+        load_haiku_params(model, bad)
+    msg = str(e.value)
+    assert msg.startswith("weights: 4 problem(s)")
+    assert "phoenix_model/proj_mat_2 has shape [256, 64], expected [320, 64]" in msg
+    assert "phoenix_model/unembeddings is missing (expected shape [64, 19] [emb_size, num_actions])" in msg
+    assert "phoenix_model/product_surface_embedding_table has shape [8, 64], expected [16, 64]" in msg
+    assert "phoenix_retrieval_model/candidate_tower/candidate_tower_projection_1 is unexpected" in msg
+    assert params_equal(haiku_params(model), before)
+
+
+@pytest.mark.parametrize("ext", ["npz", "safetensors"])
+def test_retrieval_file_round_trip(tmp_path, ext):
+    model = init_recsys(PhoenixRetrievalModel(RecsysConfig(LECTURE, hash_vocab_size=64)), "random", 3)
+    path = tmp_path / f"retrieval.{ext}"
+    save_weights(model, path)
+    rebuilt = model_from_weight_file(path)
+    assert isinstance(rebuilt, PhoenixRetrievalModel) and rebuilt.config == model.config
+    assert params_equal(haiku_params(rebuilt), haiku_params(model))
+
+
+def test_project_file_with_the_old_names_still_loads(tmp_path):
+    """Files written before the project used the original's names: recsys_model/... and num_actions."""
+    cfg = RecsysConfig(LECTURE, action_names=("favorite_score", "reply_score", "repost_score", "click_score",
+                                              "profile_click_score", "share_score", "dwell_score",
+                                              "not_interested_score"), num_product_surfaces=8, hash_vocab_size=32)
+    model = init_recsys(RecsysModel(cfg), "random", 4)
+    new = {f"{m}/{n}": v for m, inner in haiku_params(model).items() for n, v in inner.items()}
+    old_names = {"hash_tables/user_embeddings": "recsys_model/user_embeddings/embeddings",
+                 "hash_tables/post_embeddings": "recsys_model/post_embeddings/embeddings",
+                 "hash_tables/author_embeddings": "recsys_model/author_embeddings/embeddings",
+                 "phoenix_model/product_surface_embedding_table": "recsys_model/product_surface_embeddings/embeddings",
+                 "phoenix_model/action_projection": "recsys_model/action_projection/w",
+                 "phoenix_model/proj_mat_1": "recsys_model/user_projection/w",
+                 "phoenix_model/proj_mat_2": "recsys_model/candidate_projection/w",
+                 "phoenix_model/proj_mat_3": "recsys_model/history_projection/w",
+                 "phoenix_model/rms_norm/scale": "recsys_model/rms_norm/scale",
+                 "phoenix_model/unembeddings": "recsys_model/unembedding/w"}
+    old = {old_names.get(k, k): v for k, v in new.items()}
+    config = {"model": "recsys", "recsys": {"transformer": dataclasses.asdict(LECTURE), "num_user_hashes": 2,
+                                            "num_item_hashes": 2, "num_author_hashes": 2, "num_actions": 8,
+                                            "num_product_surfaces": 8, "hash_vocab_size": 32, "num_user_tokens": 1}}
+    path = tmp_path / "old.npz"
+    np.savez(path, **old, __config__=np.frombuffer(json.dumps(config).encode(), dtype=np.uint8))
+    rebuilt = model_from_weight_file(path)
+    assert rebuilt.config == cfg
+    assert params_equal(haiku_params(rebuilt), haiku_params(model))
+
+
+def test_app_opens_a_jax_export(tmp_path):
+    """The README's export: the original's params flattened to .npz, no config, no hash tables.
+    The app's upload accepts it for a matching geometry, and the model it serves holds those params."""
+    from explorer import runs
+    from explorer.settings import Settings
+    params = original_params("phoenix_model", seed=5)
+    path = tmp_path / "phoenix.npz"
+    np.savez(path, **{f"{module}/{name}": np.asarray(value, np.float32)
+                      for module, inner in params.items() for name, value in inner.items()})
+    s = Settings(preset="lecture")
+    assert s.transformer_config().ffn_hidden == LECTURE.ffn_hidden
+    name = runs.load_upload(s, str(path))
+    served = runs.build_model(dataclasses.replace(s, weights=f"upload:{name}"))
+    got = haiku_params(served, hash_tables=False)
+    assert params.keys() == got.keys()
+    assert all(np.array_equal(params[m][n], got[m][n]) for m in params for n in params[m])
+    # the file has no hash tables: the app looks hashes up in the seeded tables of its random weights
+    seeded = init_recsys(RecsysModel(served.config), "random", s.seed)
+    assert torch.equal(served.post_embeddings.weight.cpu(), seeded.post_embeddings.weight)
+    # a file for another geometry is refused, naming what differs
+    with pytest.raises(Exception, match="(?s)weights file.*proj_mat_1 has shape"):
+        runs.load_upload(dataclasses.replace(s, emb_size=128, key_size=32), str(path))
