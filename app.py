@@ -25,7 +25,7 @@ from explorer.settings import (COLOR_SCALES, INVARIANCE_OPS, MAX_BATCH, PERTURBA
 from models.attention import BACKENDS, CAP_METHODS
 from models.grok import ROPE_MODES
 from models.masks import MASK_KINDS, PREFIX_MODES
-from models.bugzoo import BUGS
+from models.bugzoo import bug_names
 from models.recsys import PRESETS
 from models.variants import VARIANTS
 
@@ -397,7 +397,7 @@ def build_app() -> gr.Blocks:
                         with gr.Row():
                             c["variant"] = Dropdown(list(VARIANTS), value=d.variant,
                                                        label="attention variant (course notebooks)")
-                            c["bug"] = Dropdown(["none", *BUGS], value=d.bug,
+                            c["bug"] = Dropdown(["none", *bug_names("grok")], value=d.bug,
                                                    label="plant a seed-notebook bug in the trunk")
                         var_text = gr.Markdown()
                         var_fig = gr.Plot(label="variant attention", elem_id="variants-plot")

@@ -17,7 +17,7 @@ from urllib.parse import parse_qsl, urlencode
 import torch
 
 from models.attention import BACKENDS, CAP_METHODS, unavailable_reason
-from models.bugzoo import BUGS
+from models.bugzoo import bug_names
 from models.demo import DEMO_WEIGHTS, demo_config
 from models.grok import ROPE_MODES, TransformerConfig
 from models.masks import MASK_KINDS, PREFIX_MODES
@@ -328,7 +328,7 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *, uploaded: frozenset 
     v["operation"] = _choice("operation", merged["operation"], INVARIANCE_OPS)
     v["compare"] = _choice("compare", merged["compare"], tuple(MASK_KINDS))
     v["variant"] = _choice("variant", merged["variant"], tuple(VARIANTS))
-    v["bug"] = _choice("bug", merged["bug"], ("none", *BUGS))
+    v["bug"] = _choice("bug", merged["bug"], ("none", *bug_names("grok")))
 
     s = Settings(**v)
     n = estimate_params(s)

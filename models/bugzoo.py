@@ -1,6 +1,7 @@
 """The course notebooks' real mistakes, as switches on the real trunk.
 
-``with_bug(model, name)`` returns a deep copy of a ``Transformer`` or ``RecsysModel`` — same
+``with_bug(model, name)`` returns a deep copy of a ``Transformer`` or ``RecsysModel`` (or, for
+production's serving-kernel quirks, a ``models.xrex`` ranker or trunk) — same
 weights, same parameter names, same ``record=True`` traces — with one sub-module re-wired the way
 a notebook wrote it. The same probes (models/probes.py) then run on the buggy and the correct
 model; ``BUGS[name].probe`` names the one that catches it.
@@ -19,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import AttentionOutput
+from .attention import AttentionOutput, apply_cap
 from .grok import DecoderLayer, DenseBlock, LayerTrace, MultiHeadAttention, RotaryEmbedding
 from .masks import AttentionMask
 
@@ -125,6 +126,56 @@ def exact_gelu(model: nn.Module) -> None:
     _each(model, DenseBlock, patch)
 
 
+# --- production (2026) quirks: the serving kernel, recsys_attention.py PallasRankerAttentionInference --
+
+def serving_kernel_counts(seq_len: int, candidate_start_offset: int, block_kv: Optional[int] = 128) -> torch.Tensor:
+    """[T, T] how many times production's H100 inference kernel (pallas ranker_attention_fa3
+    _attention_forward_inference, bound (0, P+L, P+L, T)) adds key j into query i's softmax.
+
+    It first runs the history key blocks 0 .. cdiv(P+L, block_kv)-1 with no mask at all (padded slots
+    included), then each candidate's own block with only the diagonal (q == k, both candidates).
+    When P+L is a multiple of block_kv the history blocks end exactly at P+L; otherwise they run on
+    into the first candidates, which then see each other and count their own key twice.
+    block_kv None: the history blocks end at P+L whatever it is (production's aligned case)."""
+    off = candidate_start_offset
+    history_end = off if block_kv is None else -(-off // block_kv) * block_kv
+    i = torch.arange(seq_len)[:, None]
+    j = torch.arange(seq_len)[None, :]
+    return (j < history_end).long() + ((i == j) & (i >= off)).long()                 # [T, T]
+
+
+def serving_kernel_attention(q, k, v, mask: AttentionMask, *, multiplier: float, cap: float, cap_method: str,
+                             block_kv: Optional[int] = 128, need_weights: bool = False) -> AttentionOutput:
+    """The serving kernel's softmax, element by element: each key weighted by how often the kernel adds
+    it (a key counted twice gets logit + log 2); the padding mask is never consulted."""
+    B, T, Hq, K = q.shape
+    Hkv = k.shape[2]
+    counts = serving_kernel_counts(T, mask.candidate_start_offset, block_kv).to(q.device)
+    qg = q.reshape(B, T, Hkv, Hq // Hkv, K)                                          # [B, T, Hkv, G, K]
+    logits = apply_cap(torch.einsum("bthgd,bshd->bhgts", qg, k).float() * multiplier, cap, cap_method)
+    probs = torch.softmax(logits + torch.log(counts.float()), dim=-1).to(q.dtype)    # log 0 = -inf: never seen
+    out = torch.einsum("bhgts,bshd->bthgd", probs, v).reshape(B, T, Hq, K)
+    if not need_weights:
+        return AttentionOutput(out)
+    return AttentionOutput(out, probs.reshape(B, Hq, T, T), logits.reshape(B, Hq, T, T))
+
+
+def _serving_kernel(block_kv: Optional[int]) -> Callable[[nn.Module], None]:
+    def patch(model: nn.Module) -> None:
+        from .xrex import MultiHeadAttention as XrexAttention
+
+        def swap(mha):
+            c = mha.config
+
+            def attention(q, k, v, mask, backend="naive", need_weights=False):
+                return serving_kernel_attention(q, k, v, mask, multiplier=c.attn_scale, cap=c.attn_logit_cap,
+                                                cap_method=c.attn_logit_cap_method, block_kv=block_kv,
+                                                need_weights=need_weights)
+            mha.attention = attention
+        _each(model, XrexAttention, swap)
+    return patch
+
+
 # --- registry -------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -133,6 +184,7 @@ class Bug:
     notebook: str
     probe: str                             # the models.probes.PROBES entry that catches it
     symptom: str
+    family: str = "grok"                   # the model it lives in: grok (2025 open source) | xrex (2026 production)
 
 
 BUGS: dict[str, Bug] = {
@@ -150,7 +202,26 @@ BUGS: dict[str, Bug] = {
                         "each token reads only itself (isolation and causality pass!)"),
     "exact-gelu": Bug(exact_gelu, "003", "parity",
                       "exact GELU where grok.py uses tanh: a small but measurable parity error"),
+    # production's own, in its serving kernel (PRODUCTION.md §6); "notebook" names where it lives
+    "serving-padding": Bug(_serving_kernel(None), "xrex serving kernel", "parity",
+                           "the serving kernel masks no padded history slot: whatever sits in padding is "
+                           "attended, so outputs move with it (exact when the history has no padding; "
+                           "isolation passes)", family="xrex"),
+    "serving-block-rounding": Bug(_serving_kernel(128), "xrex serving kernel", "isolation",
+                                  "history key blocks of 128 run unmasked past P+L when it is not a multiple of "
+                                  "128 (the bench default 130; production's 1024 is): the first candidates see "
+                                  "each other and count themselves twice", family="xrex"),
 }
+
+
+def model_family(model: nn.Module) -> str:
+    from .xrex import MultiHeadAttention as XrexAttention
+    return "xrex" if any(isinstance(m, XrexAttention) for m in model.modules()) else "grok"
+
+
+def bug_names(family: str = "grok") -> list[str]:
+    """The bugs that can be planted in a model of `family` (grok | xrex)."""
+    return [name for name, bug in BUGS.items() if bug.family == family]
 
 
 def with_bug(model: nn.Module, bug: Optional[str]) -> nn.Module:
@@ -158,8 +229,10 @@ def with_bug(model: nn.Module, bug: Optional[str]) -> nn.Module:
     returns the model itself, unchanged."""
     if bug in (None, "none"):
         return model
-    if bug not in BUGS:
-        raise ValueError(f"bug: got {bug!r}; allowed: none, {', '.join(BUGS)}")
+    family = model_family(model)
+    if bug not in bug_names(family):
+        raise ValueError(f"bug: got {bug!r}; allowed: none, {', '.join(bug_names(family))} (the bugs a {family} "
+                         f"model can carry)")
     buggy = copy.deepcopy(model)
     BUGS[bug].patch(buggy)
     return buggy
@@ -170,7 +243,7 @@ def bug_report(model: nn.Module, embeddings, mask, candidate_start_offset=None) 
     whether each is flagged — the table a lecturer shows (and the README's)."""
     from .probes import PROBES, run_probe
     rows = []
-    for bug in ("none", *BUGS):
+    for bug in ("none", *bug_names(model_family(model))):
         results = [run_probe(p, with_bug(model, bug), embeddings, mask, candidate_start_offset) for p in PROBES]
         rows.append({"bug": bug, "notebook": BUGS[bug].notebook if bug in BUGS else "",
                      "caught_by": BUGS[bug].probe if bug in BUGS else "",

@@ -77,8 +77,10 @@ def causality_probe(model, embeddings, mask, candidate_start_offset: Optional[in
 
 def correct_reference(model) -> Transformer:
     """The faithful trunk with `model`'s weights (same dtype): what every bug is measured against.
-    (It is itself checked against an independent float64 NumPy forward in tests/test_grok.py.)"""
-    ref = Transformer(model.config)
+    A grok.py ``Transformer`` or a production ``models.xrex.XrexTrunk``: a bugzoo copy keeps its class,
+    so ``type(model)(model.config)`` rebuilds the unpatched one. (Both are checked against independent
+    float64 NumPy forwards: tests/test_grok.py, tests/test_xrex.py.)"""
+    ref = type(model)(model.config)
     ref.load_state_dict(model.state_dict())
     return ref.to(next(model.parameters()).dtype)
 

@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import CAP_METHODS, attend
-from .grok import LayerTrace, Linear, RotaryEmbedding, init_params
+from .grok import LayerTrace, Linear, RotaryEmbedding, TransformerOutput, init_params
 from .grok import RMSNorm as GrokRMSNorm
 from .masks import AttentionMask
 from .weights import checked_arrays, flatten   # the haiku-mapping checks grok.py's loader uses
@@ -210,9 +210,15 @@ class MultiHeadAttention(nn.Module):
             q = self.q_norm(q.reshape(B, T, -1)).view_as(q)
             k = self.k_norm(k.reshape(B, T, -1)).view_as(k)
         q, k = self.rotary(q, positions), self.rotary(k, positions)
-        a = attend(q, k, v, mask, multiplier=c.attn_scale, cap=c.attn_logit_cap,
-                   cap_method=c.attn_logit_cap_method, backend=backend, need_weights=need_weights)
+        a = self.attention(q, k, v, mask, backend, need_weights)
         return self.out(a.out.reshape(B, T, c.num_q_heads * c.key_size)), a
+
+    def attention(self, q, k, v, mask: AttentionMask, backend="naive", need_weights=False):
+        """softmax(cap(q.k * sqrt(128)/key_size) | mask) v through the named backend (models.bugzoo
+        swaps in production's serving kernel here)."""
+        c = self.config
+        return attend(q, k, v, mask, multiplier=c.attn_scale, cap=c.attn_logit_cap,
+                      cap_method=c.attn_logit_cap_method, backend=backend, need_weights=need_weights)
 
 
 class DenseBlock(nn.Module):
@@ -320,6 +326,26 @@ class XrexRanker(nn.Module):
         candidates = self.final_layer_norm(h)[:, c.candidate_start_offset:]           # [B, C, D]
         logits = (candidates @ self.unembeddings.to(dtype)) * c.output_scale           # [B, C, V]
         return XrexOutput(h.float(), logits.float(), traces)
+
+
+class XrexTrunk(nn.Module):
+    """The ranker as a trunk, ``(embeddings, mask, candidate_start_offset) -> TransformerOutput`` like
+    grok.py's ``Transformer``: the interface models.probes and models.bugzoo take. The offset must be
+    the config's P + L (production's layout fixes it)."""
+
+    def __init__(self, config: XrexConfig):
+        super().__init__()
+        self.config = config
+        self.ranker = XrexRanker(config)
+
+    def forward(self, embeddings, mask, candidate_start_offset: Optional[int] = None, *, backend: str = "naive",
+                record: bool = False, numerics: str = "fp32") -> TransformerOutput:
+        P_L = self.config.candidate_start_offset
+        if candidate_start_offset not in (None, P_L):
+            raise ValueError(f"candidate_start_offset: got {candidate_start_offset}; allowed: {P_L} "
+                             f"(num_user_prefix_tokens + history_seq_len)")
+        out = self.ranker(embeddings, mask, numerics=numerics, backend=backend, record=record)
+        return TransformerOutput(out.trunk, out.layers)
 
 
 # --- parameters: the original's init tree ------------------------------------------------------

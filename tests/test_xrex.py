@@ -388,3 +388,71 @@ def test_presets_follow_the_production_table():
     assert set(PRESETS) == {"phoenix-2026", "phoenix-2026-nano", "phoenix-2026-seqpack"}
     with pytest.raises(ValueError, match="^preset: got 'phoenix'; allowed: phoenix-2026"):
         get_xrex_preset("phoenix")
+
+
+# --- production's quirks in the bug zoo (PRODUCTION.md §6) -------------------------------------------
+
+def trunk(seed=0, **kw):
+    from models.xrex import XrexTrunk
+    cfg = config(4, 2, **{**FLAGSHIP, **kw})
+    model = XrexTrunk(cfg)
+    model.ranker = loaded(cfg, seed)[0]
+    return model
+
+
+def test_serving_kernel_counts_by_hand():
+    from models.bugzoo import serving_kernel_counts
+    aligned = serving_kernel_counts(6, 4, None)             # history blocks end exactly at P+L = 4
+    assert aligned.tolist() == [[1, 1, 1, 1, 0, 0]] * 4 + [[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 1]]
+    rounded = serving_kernel_counts(6, 4, 128)              # one 128-block holds everything, unmasked
+    assert rounded.tolist() == [[1] * 6] * 4 + [[1, 1, 1, 1, 2, 1], [1, 1, 1, 1, 1, 2]]
+    assert torch.equal(serving_kernel_counts(132, 128, 128), serving_kernel_counts(132, 128, None))
+
+
+def test_serving_padding_caught_by_parity_only_when_history_is_padded():
+    from models.bugzoo import BUGS, with_bug
+    from models.probes import run_probe
+    model = trunk(10)
+    x, valid = (torch.from_numpy(a) for a in inputs(10))
+    buggy = with_bug(model, "serving-padding")
+    assert BUGS["serving-padding"].probe == "parity"
+    assert run_probe("parity", buggy, x, valid, P + L).flagged
+    assert not run_probe("parity", model, x, valid, P + L).flagged
+    assert not run_probe("isolation", buggy, x, valid, P + L).flagged          # candidates stay isolated
+    full = torch.ones_like(valid)
+    assert run_probe("parity", buggy, x, full, P + L).value <= 1e-6            # no padding: the same function
+
+
+def test_serving_block_rounding_caught_by_isolation_exact_at_a_multiple_of_128():
+    from models.bugzoo import BUGS, with_bug
+    from models.probes import run_probe
+    model = trunk(11)
+    x, valid = (torch.from_numpy(a) for a in inputs(11))
+    buggy = with_bug(model, "serving-block-rounding")
+    assert BUGS["serving-block-rounding"].probe == "isolation"
+    assert run_probe("isolation", buggy, x, valid, P + L).flagged               # P+L = 8: candidates see each other
+    assert not run_probe("isolation", model, x, valid, P + L).flagged
+    # production's layout: P+L a multiple of 128 and no padded history -> the kernel is exact
+    aligned = trunk(12, emb_size=32, num_layers=1, history_seq_len=126)
+    xa = torch.randn(1, 132, 32, generator=torch.Generator().manual_seed(0))
+    full = torch.ones(1, 132, dtype=torch.bool)
+    buggy = with_bug(aligned, "serving-block-rounding")
+    assert not run_probe("isolation", buggy, xa, full, 128).flagged
+    assert run_probe("parity", buggy, xa, full, 128).value <= 1e-6
+
+
+def test_quirks_belong_to_production_and_notebook_bugs_to_grok():
+    from models.bugzoo import bug_names, bug_report, with_bug
+    from models.recsys import get_preset
+    from models.grok import Transformer
+    assert set(bug_names("xrex")) == {"serving-padding", "serving-block-rounding"}
+    with pytest.raises(ValueError, match="^bug: got 'serving-padding'; allowed: none, unmasked-decoder"):
+        with_bug(Transformer(get_preset("lecture").transformer), "serving-padding")
+    with pytest.raises(ValueError, match="^bug: got 'exact-gelu'; allowed: none, serving-padding"):
+        with_bug(trunk(0), "exact-gelu")
+    x, valid = (torch.from_numpy(a) for a in inputs(0))
+    rows = {r["bug"]: r for r in bug_report(trunk(0), x, valid, P + L)}
+    assert set(rows) == {"none", "serving-padding", "serving-block-rounding"}
+    assert rows["none"]["flagged"] == ["causality"]                  # bidirectional prefix, by design
+    assert "parity" in rows["serving-padding"]["flagged"]
+    assert "isolation" in rows["serving-block-rounding"]["flagged"]
