@@ -28,8 +28,12 @@ adds, exactly as its ``init`` returns them::
 and the retrieval model (``PhoenixRetrievalModel``)::
 
     phoenix_retrieval_model/{proj_mat_1,proj_mat_3,action_projection,product_surface_embedding_table}
-    phoenix_retrieval_model/candidate_tower/candidate_tower_projection_1   [(n_item+n_author)*D, 2D]
-    phoenix_retrieval_model/candidate_tower/candidate_tower_projection_2   [2D, D]
+    phoenix_retrieval_model/~build_candidate_representation/candidate_tower/
+        candidate_tower_projection_1    [(n_item+n_author)*D, 2D]
+        candidate_tower_projection_2    [2D, D]
+
+(Haiku names a submodule made in a method other than ``__call__`` ``parent/~method/child``: the
+original makes its ``CandidateTower`` inside ``build_candidate_representation``.)
 
 The original looks the hash embeddings up outside the model; the project's own tables are
 ``hash_tables/{user,post,author}_embeddings`` [hash_vocab_size, D], optional when loading (the
@@ -123,14 +127,18 @@ def recsys_spec(c: RecsysConfig) -> dict[str, tuple[str, tuple, str]]:
     }
 
 
+# made inside PhoenixRetrievalModel.build_candidate_representation, hence haiku's "~method/" in its path
+CANDIDATE_TOWER = "phoenix_retrieval_model/~build_candidate_representation/candidate_tower"
+
+
 def retrieval_spec(c: RecsysConfig) -> dict[str, tuple[str, tuple, str]]:
     D, items, r = c.emb_size, c.num_item_hashes + c.num_author_hashes, "phoenix_retrieval_model"
     return {
         **_inputs_spec(c, r),
-        f"{r}/candidate_tower/candidate_tower_projection_1": (
+        f"{CANDIDATE_TOWER}/candidate_tower_projection_1": (
             "candidate_tower.projection_1.w", (items * D, 2 * D),
             "[(num_item_hashes+num_author_hashes)*emb_size, 2*emb_size]"),
-        f"{r}/candidate_tower/candidate_tower_projection_2": (
+        f"{CANDIDATE_TOWER}/candidate_tower_projection_2": (
             "candidate_tower.projection_2.w", (2 * D, D), "[2*emb_size, emb_size]"),
     }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 MASK_VALUE = -1e30
+CANDIDATE_TOWER = "phoenix_retrieval_model/~build_candidate_representation/candidate_tower"
 
 
 def ffn_size(emb_size, widening_factor, multiple_of=8):
@@ -59,8 +60,10 @@ def phoenix_init_params(rng, model, *, emb_size, key_size, num_q_heads, num_kv_h
         params["phoenix_model/rms_norm"] = {"scale": rng.normal(1.0, 0.5, (D,)).astype(np.float32)}
     elif model == "phoenix_retrieval_model":
         params["phoenix_retrieval_model"] = own
-        params["phoenix_retrieval_model/candidate_tower"] = {"candidate_tower_projection_1": w(items, 2 * D),
-                                                             "candidate_tower_projection_2": w(2 * D, D)}
+        # haiku names a submodule made in a method other than __call__ "parent/~method/child"; the original
+        # makes its CandidateTower in build_candidate_representation
+        params[CANDIDATE_TOWER] = {"candidate_tower_projection_1": w(items, 2 * D),
+                                   "candidate_tower_projection_2": w(2 * D, D)}
     else:
         raise AssertionError(model)
     return params
@@ -246,7 +249,7 @@ def retrieval_user(params, user_hashes, hist_post, hist_actions, hist_surface, e
 
 def retrieval_candidates(params, cand_post_emb, cand_author_emb):
     """Candidate tower: concat(post, author hash embeddings) -> @ W1 [., 2D] -> SiLU -> @ W2 [2D, D] -> L2."""
-    tower = params["phoenix_retrieval_model/candidate_tower"]
+    tower = params[CANDIDATE_TOWER]
     B, C = cand_post_emb.shape[:2]
     x = np.concatenate([np.asarray(cand_post_emb, np.float64).reshape(B, C, -1),
                         np.asarray(cand_author_emb, np.float64).reshape(B, C, -1)], axis=-1)

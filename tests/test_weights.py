@@ -221,7 +221,10 @@ def original_params(model, seed=0, cfg=LECTURE):
                                    num_layers=cfg.num_layers, ffn_hidden=cfg.ffn_hidden)
 
 
-# written out by hand from the issue / FACTS.md §3: what the original's init returns besides the trunk
+# written out by hand from the issue / FACTS.md §3: what the original's init returns besides the trunk.
+# Haiku names a submodule made in a method other than __call__ "parent/~method/child" (haiku module.py
+# unique_and_canonical_name); the original makes its CandidateTower in build_candidate_representation.
+TOWER = "phoenix_retrieval_model/~build_candidate_representation/candidate_tower"
 ORIGINAL_OWN = {
     "phoenix_model": {("phoenix_model", "proj_mat_1"): (128, 64), ("phoenix_model", "proj_mat_2"): (320, 64),
                       ("phoenix_model", "proj_mat_3"): (384, 64), ("phoenix_model", "action_projection"): (19, 64),
@@ -231,8 +234,7 @@ ORIGINAL_OWN = {
         ("phoenix_retrieval_model", "proj_mat_1"): (128, 64), ("phoenix_retrieval_model", "proj_mat_3"): (384, 64),
         ("phoenix_retrieval_model", "action_projection"): (19, 64),
         ("phoenix_retrieval_model", "product_surface_embedding_table"): (16, 64),
-        ("phoenix_retrieval_model/candidate_tower", "candidate_tower_projection_1"): (256, 128),
-        ("phoenix_retrieval_model/candidate_tower", "candidate_tower_projection_2"): (128, 64)},
+        (TOWER, "candidate_tower_projection_1"): (256, 128), (TOWER, "candidate_tower_projection_2"): (128, 64)},
 }
 
 
@@ -250,7 +252,7 @@ def test_original_init_mapping_loads_as_it_is_and_round_trips(kind):
     # the parameters landed where the original uses them
     w = model.user_projection.w if kind is RecsysModel else model.candidate_tower.projection_2.w
     expected = params[root]["proj_mat_1"] if kind is RecsysModel else \
-        params[f"{root}/candidate_tower"]["candidate_tower_projection_2"]
+        params[TOWER]["candidate_tower_projection_2"]
     assert np.array_equal(w.detach().numpy(), expected)
 
 
@@ -261,7 +263,7 @@ def test_original_mapping_with_problems_refused_by_name_and_nothing_loaded():
     bad["phoenix_model"]["proj_mat_2"] = bad["phoenix_model"]["proj_mat_2"][:-64]
     del bad["phoenix_model"]["unembeddings"]
     bad["phoenix_model"]["product_surface_embedding_table"] = np.zeros((8, 64), np.float32)
-    bad["phoenix_retrieval_model/candidate_tower"] = {"candidate_tower_projection_1": np.zeros((256, 128))}
+    bad[TOWER] = {"candidate_tower_projection_1": np.zeros((256, 128))}
     with pytest.raises(ValueError) as e:
         load_haiku_params(model, bad)
     msg = str(e.value)
@@ -269,7 +271,7 @@ def test_original_mapping_with_problems_refused_by_name_and_nothing_loaded():
     assert "phoenix_model/proj_mat_2 has shape [256, 64], expected [320, 64]" in msg
     assert "phoenix_model/unembeddings is missing (expected shape [64, 19] [emb_size, num_actions])" in msg
     assert "phoenix_model/product_surface_embedding_table has shape [8, 64], expected [16, 64]" in msg
-    assert "phoenix_retrieval_model/candidate_tower/candidate_tower_projection_1 is unexpected" in msg
+    assert f"{TOWER}/candidate_tower_projection_1 is unexpected" in msg
     assert params_equal(haiku_params(model), before)
 
 
