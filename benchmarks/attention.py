@@ -88,14 +88,8 @@ def preset_for(name: str, device: str) -> Preset:
 # --- counting ---------------------------------------------------------------------------
 
 def useful_pairs(kind: str, T: int, candidate_start_offset: int) -> int:
-    """(query, key) pairs the mask allows, per batch row and head (no padding)."""
-    P, C = candidate_start_offset, T - candidate_start_offset
-    if kind == "causal":
-        return T * (T + 1) // 2
-    if kind == "full":
-        return T * T
-    prefix = P * (P + 1) // 2 if kind == "recsys" else P * P
-    return prefix + C * (P + 1)
+    """(query, key) pairs the mask allows, per batch row and head (no padding): the mask's own count."""
+    return AttentionMask(kind, T, candidate_start_offset).useful_pairs()
 
 
 def useful_flops(kind, B, Hq, head_dim, T, num_candidates) -> int:

@@ -20,7 +20,7 @@ from models.attention import BACKENDS, CAP_METHODS, unavailable_reason
 from models.bugzoo import bug_names
 from models.demo import DEMO_WEIGHTS, demo_config
 from models.grok import ROPE_MODES, TransformerConfig
-from models.masks import MASK_KINDS, PREFIX_MODES
+from models.masks import MASK_KINDS, PREFIX_MODES, model_mask_kind
 from models.recsys import PRESETS, SequenceLayout, get_preset
 from models.variants import VARIANTS
 
@@ -130,7 +130,7 @@ class Settings:
     @property
     def mask_kind(self) -> str:
         """The model's own mask: grok.py's recsys mask, or production's bidirectional prefix."""
-        return "recsys" if self.prefix == "causal" else "recsys-bidirectional"
+        return model_mask_kind(self.prefix)
 
     @property
     def seq_len(self) -> int:

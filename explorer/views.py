@@ -28,23 +28,25 @@ GRID_MAX_CELLS = 128      # per axis, per panel, in the layer x head grid
 SINGLE_MAX_CELLS = 512
 
 
+def layout_mask(s: Settings, kind: str) -> AttentionMask:
+    """`kind` over the layout, with its key padding, as the model applies it."""
+    return AttentionMask(kind, s.seq_len, s.candidate_start_offset, s.layout.valid()[None])
+
+
 def mask_dense(s: Settings, kind: str) -> np.ndarray:
     """[T, T] bool: the structure of `kind` and the layout's key padding, as the model applies it."""
-    m = AttentionMask(kind, s.seq_len, s.candidate_start_offset, s.layout.valid()[None])
-    return m.dense()[0, 0].numpy()
+    return layout_mask(s, kind).dense()[0, 0].numpy()
 
 
-def mask_stats(mask: np.ndarray) -> dict:
-    """Allowed pairs, and the work a mask-aware kernel skips: per element, and per (64 x 128) tile."""
-    T, S = mask.shape
-    allowed = int(mask.sum())
-    tiles = skipped = 0
-    for q0 in range(0, T, BLOCK_Q):
-        for k0 in range(0, S, BLOCK_KV):
-            tiles += 1
-            skipped += not mask[q0:q0 + BLOCK_Q, k0:k0 + BLOCK_KV].any()
-    return dict(allowed=allowed, total=T * S, skip_elements=1 - allowed / (T * S),
-                tiles=tiles, skip_tiles=skipped / tiles)
+def mask_stats(mask: AttentionMask) -> dict:
+    """Allowed pairs, and the work a mask-aware kernel skips: per element, and per (64 x 128) tile
+    (the tile map FlashAttention-4's block-sparse tensors are built from)."""
+    T = mask.seq_len
+    allowed = int(mask.dense().sum())
+    tiles = mask.tiles(BLOCK_Q, BLOCK_KV).counts()
+    total_tiles = sum(tiles.values())
+    return dict(allowed=allowed, total=T * T, skip_elements=1 - allowed / (T * T),
+                tiles=total_tiles, skip_tiles=tiles["empty"] / total_tiles)
 
 
 def row_note(s: Settings) -> str:
@@ -62,8 +64,8 @@ def _panel(s: Settings, z: np.ndarray, title: str) -> Panel:
 
 def mask_view(s: Settings) -> tuple[go.Figure, str]:
     kinds = [s.mask_kind, s.compare]
-    masks = [mask_dense(s, k) for k in kinds]
-    panels = [_panel(s, m.astype(float), k) for k, m in zip(kinds, masks)]
+    masks = [layout_mask(s, k) for k in kinds]
+    panels = [_panel(s, m.dense()[0, 0].numpy().astype(float), k) for k, m in zip(kinds, masks)]
     fig = heatmap_figure(panels, cols=2, title=f"Who may attend to whom (T = {s.seq_len})",
                          value_name="", colorscale=MASK_SCALE, zmin=0, zmax=1,
                          discrete={1.0: "may attend", 0.0: "masked"}, max_cells=SINGLE_MAX_CELLS)

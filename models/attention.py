@@ -13,7 +13,14 @@ A backend is one function plus one entry in BACKENDS (with its capabilities):
                     so offered only with the cap off
     flex            FlexAttention: the mask predicate as mask_mod, multiplier + cap as score_mod
     structured      the recsys decomposition below, from plain torch pieces (runs anywhere)
-    flash_attn      the same decomposition from Dao-AILab flash_attn_func (CUDA, tanh cap or none)
+    flash_attn      the same decomposition from Dao-AILab FlashAttention 2 (CUDA, tanh cap or none);
+                    padded batches as one flash_attn_varlen_func call per piece (cu_seqlens)
+    fa4             FlashAttention-4 (CuTe DSL, Hopper / Blackwell): the whole mask in one call, as
+                    block-sparse tiles (full tiles unmasked, partial tiles through a mask_mod)
+
+Nothing here reads a tensor back to the host: whether a mask is padded is AttentionMask.padded
+(its layout), and the mask's dense / block / tile forms are built on the inputs' device once per
+mask (models.masks), so a forward makes no host sync and a timed call builds no mask.
 
 capability_table() lists what each runs (device, dtype, mask kind, cap, padding, head dim);
 unavailable_reason() says in plain words why a combination is refused. attend() never approximates:
@@ -23,6 +30,8 @@ position) gets uniform weights from naive/sdpa (grok.py's -1e30) and zeros from 
 from __future__ import annotations
 
 import functools
+import importlib.util
+import os
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
@@ -68,7 +77,7 @@ def naive_attention(q, k, v, mask: AttentionMask, *, multiplier: float, cap: flo
     logits = torch.einsum("bthgd,bshd->bhgts", qg, k).float()          # [B, Hkv, G, T, S]
     logits = logits * multiplier
     logits = apply_cap(logits, cap, cap_method)
-    m = mask.dense().to(q.device)[:, :, None]                          # [B|1, 1, 1, T, S]
+    m = mask.dense(q.device)[:, :, None]                               # [B|1, 1, 1, T, S]
     masked = torch.where(m, logits, torch.full_like(logits, MASK_VALUE))
     probs = torch.softmax(masked, dim=-1).to(q.dtype)
     out = torch.einsum("bhgts,bshd->bthgd", probs, v).reshape(B, T, Hq, K)
@@ -90,7 +99,9 @@ def _additive_mask(mask: AttentionMask, dtype, device) -> torch.Tensor:
     in fp32, so this is grok.py's where(mask, logits, -1e30), fully masked rows (uniform) included.
     fp16 cannot hold -1e30: it gets its most negative number, exact on every row with an allowed key."""
     fill = max(MASK_VALUE, torch.finfo(dtype).min)
-    return torch.where(mask.dense().to(device), 0.0, fill).to(dtype)
+    dev = torch.device(device)
+    return mask.cached(("additive", dtype, str(dev)),
+                       lambda: torch.where(mask.dense(dev), 0.0, fill).to(dtype))
 
 
 def sdpa_attention(q, k, v, mask: AttentionMask, *, multiplier: float, cap: float, cap_method: str,
@@ -103,10 +114,10 @@ def sdpa_attention(q, k, v, mask: AttentionMask, *, multiplier: float, cap: floa
     if kernel in ("efficient", "cudnn") and Hq != Hkv:
         # these kernels take no enable_gqa: give each query head its KV head (h -> h // G, as grok.py)
         kh, vh = (x.repeat_interleave(Hq // Hkv, dim=1) for x in (kh, vh))
-    plain = mask.kind in ("causal", "full") and not has_padding(mask)
+    plain = not mask.has_candidates and not mask.padded        # causal / full: no mask tensor needed
     bias = None if plain else _additive_mask(mask, q.dtype, q.device)
     with sdpa_kernel([_sdpa_kernel(kernel)]):
-        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=bias, is_causal=plain and mask.kind == "causal",
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=bias, is_causal=plain and mask.prefix_causal,
                                              scale=multiplier, enable_gqa=Hq != kh.shape[1])
     return AttentionOutput(out.transpose(1, 2))                         # [B, T, Hq, K]
 
@@ -139,22 +150,32 @@ _BLOCK_MASKS: "OrderedDict[tuple, object]" = OrderedDict()
 
 
 def flex_block_mask(mask: AttentionMask, device):
-    """The BlockMask for this layout, built from mask.mask_mod() (padding reads valid[b, kv]) and cached
-    on (kind, T, offset, padding pattern, device)."""
+    """The BlockMask for this mask on `device`, built from mask.mask_mod() (padding reads valid[b, kv]).
+    An unpadded layout's is shared by every mask of that (kind, T, offset, device); a padded one is
+    kept on its AttentionMask (one per forward), never keyed by reading the padding back."""
     from torch.nn.attention.flex_attention import create_block_mask
-    padded = has_padding(mask)
-    valid = mask.valid.to(device) if padded else None
-    key = (mask.kind, mask.seq_len, mask.candidate_start_offset, str(device),
-           None if not padded else (tuple(valid.shape), valid.cpu().numpy().tobytes()))
+    dev = torch.device(device)
+
+    def build():
+        batch = mask.valid.shape[0] if mask.padded else None     # None: one mask broadcast over the batch
+        return create_block_mask(mask.mask_mod(dev), batch, None, mask.seq_len, mask.seq_len, device=dev)
+    if mask.padded:
+        return mask.cached(("flex", str(dev)), build)
+    key = (mask.kind, mask.seq_len, mask.candidate_start_offset, str(dev))
     if key not in _BLOCK_MASKS:
-        m = AttentionMask(mask.kind, mask.seq_len, mask.candidate_start_offset, valid)
-        batch = valid.shape[0] if padded else None          # None: one mask broadcast over the batch
-        _BLOCK_MASKS[key] = create_block_mask(m.mask_mod(), batch, None, mask.seq_len, mask.seq_len,
-                                              device=device)
+        _BLOCK_MASKS[key] = build()
         while len(_BLOCK_MASKS) > 32:
             _BLOCK_MASKS.popitem(last=False)
     _BLOCK_MASKS.move_to_end(key)
     return _BLOCK_MASKS[key]
+
+
+def flex_refused() -> Optional[str]:
+    """Compiled or not at all: eager flex materialises the scores, which is no flash kernel."""
+    if os.environ.get("SPACES_ZERO_GPU"):
+        return ("flex needs torch.compile, which Hugging Face ZeroGPU does not support "
+                "(uncompiled it would materialise the scores)")
+    return None
 
 
 def flex_attention(q, k, v, mask: AttentionMask, *, multiplier: float, cap: float, cap_method: str,
@@ -190,7 +211,7 @@ def math_piece(q, k, v, *, causal: bool, key_valid: Optional[torch.Tensor], mult
         allowed = allowed.tril()
     allowed = allowed[None, None, None]                                             # [1, 1, 1, Tq, S]
     if key_valid is not None:
-        allowed = allowed & key_valid[:, None, None, None, :].to(q.device)
+        allowed = allowed & key_valid[:, None, None, None, :]
     logits = logits.masked_fill(~allowed, float("-inf"))
     lse = torch.logsumexp(logits, dim=-1)                                           # [B, Hkv, G, Tq]
     probs = torch.exp(logits - lse[..., None]).nan_to_num(0.0)                      # empty row -> zeros
@@ -200,18 +221,17 @@ def math_piece(q, k, v, *, causal: bool, key_valid: Optional[torch.Tensor], mult
 
 def decomposed_attention(q, k, v, mask: AttentionMask, piece, *, multiplier: float, cap: float,
                          cap_method: str) -> torch.Tensor:
-    """grok.py's attention for any MASK_KINDS kind from `piece` calls that never see candidate x candidate."""
+    """grok.py's attention for any mask kind from `piece` calls that never see candidate x candidate.
+    Reads the mask's structure: prefix length P, prefix causal or not, candidates from P on."""
     B, T, Hq, K = q.shape
     Hkv = k.shape[2]
     G = Hq // Hkv
-    recsys = mask.kind.startswith("recsys")
-    P = mask.candidate_start_offset if recsys else T          # causal/full: the whole sequence is "prefix"
-    causal_prefix = mask.kind == "causal" or (recsys and mask.prefix == "causal")
-    valid = mask.valid.to(q.device) if has_padding(mask) else None
+    P = mask.prefix_len                                      # no candidates: the whole sequence is prefix
+    valid = mask.valid_on(q.device)
     kw = dict(multiplier=multiplier, cap=cap, cap_method=cap_method)
     out = torch.zeros_like(q)
     if P > 0:                                                                       # (a)
-        out[:, :P] = piece(q[:, :P], k[:, :P], v[:, :P], causal=causal_prefix,
+        out[:, :P] = piece(q[:, :P], k[:, :P], v[:, :P], causal=mask.prefix_causal,
                            key_valid=None if valid is None else valid[:, :P], **kw)[0]
     if P == T:
         return out
@@ -242,56 +262,178 @@ def structured_attention(q, k, v, mask: AttentionMask, *, multiplier: float, cap
                                                 cap_method=cap_method))
 
 
-# --- flash_attn: Dao-AILab's kernels ------------------------------------------------------
+# --- flash_attn: Dao-AILab's FlashAttention 2 --------------------------------------------
 
-def _flash_attn_func():
-    from flash_attn import flash_attn_func
-    return flash_attn_func
+def _flash_attn_funcs():
+    """(flash_attn_func, flash_attn_varlen_func): a seam the CPU tests fill with stand-ins."""
+    from flash_attn import flash_attn_func, flash_attn_varlen_func
+    return flash_attn_func, flash_attn_varlen_func
 
 
-def flash_attn_missing() -> Optional[str]:
+def _import_failure(module: str, load: Callable[[], object], package: str) -> Optional[str]:
+    """None when `load()` works; "<package> not installed" when `module` is absent; otherwise the
+    import error itself (a build that cannot load its CUDA library is not a missing package)."""
     try:
-        _flash_attn_func()
-    except Exception:  # ImportError, or a build that fails to load its CUDA library
-        return "flash-attn not installed"
+        if importlib.util.find_spec(module.split(".")[0]) is None or importlib.util.find_spec(module) is None:
+            return f"{package} not installed"
+    except ImportError:
+        return f"{package} not installed"
+    except Exception as e:  # noqa: BLE001 — the package's own __init__ failed while looking for `module`
+        return f"{package} is installed but does not load ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
+    try:
+        load()
+    except Exception as e:  # noqa: BLE001
+        return f"{package} is installed but does not load ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
     return None
 
 
+def flash_attn_missing() -> Optional[str]:
+    # flash-attn-4 installs flash_attn/cute without flash_attn/__init__: FA2 is then still missing
+    return _import_failure("flash_attn.flash_attn_interface", _flash_attn_funcs, "flash-attn")
+
+
+def pack_rows(valid: torch.Tensor):
+    """Varlen packing without a host read. valid [B, L] bool ->
+    (dest [B, L] long: each token's row in a [B*L] buffer, valid tokens of row b contiguous at
+     cu[b]:cu[b+1] and padded ones after cu[B]; cu [B+1] int32 cumulative valid lengths)."""
+    B, L = valid.shape
+    counts = valid.sum(1)                                                           # [B]
+    cu = F.pad(counts.cumsum(0), (1, 0))                                            # [B+1]
+    rank = valid.long().cumsum(1) - 1                                               # index among row's valid
+    pad_rank = (~valid).flatten().long().cumsum(0).reshape(B, L) - 1                # index among all padded
+    dest = torch.where(valid, cu[:-1, None] + rank, cu[-1] + pad_rank)
+    return dest, cu.to(torch.int32)
+
+
+def _pack(x, dest):
+    """x [B, L, ...] -> [B*L, ...] with row dest[b, t] = x[b, t]."""
+    flat = x.flatten(0, 1)
+    return torch.empty_like(flat).index_copy_(0, dest.flatten(), flat)
+
+
 def flash_attn_piece(q, k, v, *, causal: bool, key_valid, multiplier: float, cap: float, cap_method: str):
-    """flash_attn_func on one block: [B, T, H, D] layout, GQA natively, tanh softcap; lse [B, H, Tq]."""
-    if key_valid is not None:
-        raise ValueError("flash_attn_piece takes no key padding: unpad first (unpadded_rows)")
+    """FlashAttention 2 on one block: [B, T, H, D], GQA natively, tanh softcap; -> out, lse [B, Tq, Hq].
+    With key padding: one flash_attn_varlen_func call, each row's valid keys packed by cu_seqlens
+    (a causal block packs its queries the same way, so "earlier" keeps its meaning)."""
+    dense_fn, varlen_fn = _flash_attn_funcs()
     softcap = float(cap) if cap_active(cap, cap_method) else 0.0
-    out, lse, _ = _flash_attn_func()(q, k, v, softmax_scale=float(multiplier), causal=causal,
-                                     softcap=softcap, return_attn_probs=True)
-    return out, lse.transpose(1, 2)                                                 # lse [B, Tq, Hq]
-
-
-def unpadded_rows(q, k, v, mask: AttentionMask, attention: Callable[..., torch.Tensor]) -> torch.Tensor:
-    """Run `attention(q, k, v, mask)` on each batch row with its padded tokens removed.
-
-    Padded keys are invisible to every query, and dropping them keeps every mask kind's structure
-    (order, prefix vs candidate), so row b is an unpadded layout of the same kind with
-    offset = its valid prefix length. Outputs at padded positions are zeros. A Python loop over the
-    batch: exact, not fast (flash_attn_varlen_func would batch it)."""
-    out = torch.zeros_like(q)
-    recsys = mask.kind.startswith("recsys")
-    for b in range(q.shape[0]):
-        keep = mask.valid[b].to(q.device).nonzero().squeeze(1)                      # [T_b] valid positions
-        if keep.numel() == 0:
-            continue
-        offset = int(mask.valid[b, :mask.candidate_start_offset].sum()) if recsys else None
-        row = AttentionMask(mask.kind, keep.numel(), offset)
-        out[b, keep] = attention(q[b:b + 1, keep], k[b:b + 1, keep], v[b:b + 1, keep], row)[0]
-    return out
+    if key_valid is None:
+        out, lse, _ = dense_fn(q, k, v, softmax_scale=float(multiplier), causal=causal, softcap=softcap,
+                               return_attn_probs=True)
+        return out, lse.transpose(1, 2)                                             # lse [B, Tq, Hq]
+    B, Tq, Hq, _ = q.shape
+    S = k.shape[1]
+    k_dest, cu_k = pack_rows(key_valid)
+    if causal:                                                                      # Tq == S
+        q_dest, cu_q, q_valid = k_dest, cu_k, key_valid
+    else:
+        q_valid = torch.ones(B, Tq, dtype=torch.bool, device=q.device)
+        q_dest, cu_q = pack_rows(q_valid)
+    # max_seqlen: an upper bound sizes the launch grid exactly as well as the true maximum would
+    out, lse, _ = varlen_fn(_pack(q, q_dest), _pack(k, k_dest), _pack(v, k_dest), cu_q, cu_k, Tq, S,
+                            softmax_scale=float(multiplier), causal=causal, softcap=softcap,
+                            return_attn_probs=True)
+    out = out[q_dest]                                                               # [B, Tq, Hq, D]
+    lse = lse.transpose(0, 1)[q_dest]                                               # [B, Tq, Hq]
+    # rows past cu_q[-1] were never written, and a row with no keys gets lse = +inf from the kernel
+    has_keys = (key_valid.sum(1) > 0)[:, None, None] & q_valid[..., None]           # [B, Tq, 1]
+    return (torch.where(has_keys[..., None], out, torch.zeros((), dtype=out.dtype, device=out.device)),
+            torch.where(has_keys, lse, torch.full((), float("-inf"), device=lse.device)))
 
 
 def flash_attn_attention(q, k, v, mask: AttentionMask, *, multiplier: float, cap: float, cap_method: str,
                          need_weights: bool = False) -> AttentionOutput:
-    def run(q, k, v, mask):
-        return decomposed_attention(q, k, v, mask, flash_attn_piece, multiplier=multiplier, cap=cap,
-                                    cap_method=cap_method)
-    return AttentionOutput(unpadded_rows(q, k, v, mask, run) if has_padding(mask) else run(q, k, v, mask))
+    return AttentionOutput(decomposed_attention(q, k, v, mask, flash_attn_piece, multiplier=multiplier,
+                                                cap=cap, cap_method=cap_method))
+
+
+# --- fa4: FlashAttention-4 (CuTe DSL), the whole mask in one block-sparse call ---------------
+# flash_attn.cute.flash_attn_func takes a CuTe mask_mod(batch, head, m_idx, n_idx, seqlen_info,
+# aux_tensors) and BlockSparseTensorsTorch: per query tile, the kv tiles to run unmasked ("full")
+# and those to run through mask_mod ("mask"); every other tile is skipped. Both come from the
+# mask's own structure and its tile map (AttentionMask.tiles), so for the recsys mask the prefix
+# tiles run full, each candidate tile runs its prefix tiles plus its diagonal tile, and the
+# candidate x candidate block is never computed. pack_gqa stays off so tiles are token tiles.
+
+FA4_BLOCK_KV = 128
+
+
+def _fa4_block_q(device) -> int:
+    """Query tile: 128 on Hopper; Blackwell runs two 128-row Q stages per CTA, so 256 there."""
+    return 256 if torch.cuda.get_device_capability(device)[0] >= 10 else 128
+
+
+def fa4_mask_mod_body(prefix_len: int, prefix_causal: bool, padded: bool, *, lift, key_valid):
+    """The mask as FA4 evaluates it on partial tiles, written once for both the CuTe kernel and the
+    CPU stand-in: `lift` makes an index-typed constant, `key_valid(valid, batch, n_idx)` reads the
+    padding passed as aux_tensors[0] ([B, T] int32, 1 = valid). The Python `if`s run while the
+    kernel is traced, so each layout compiles to straight-line code."""
+    def prefix_and_self(batch, head, m_idx, n_idx, seqlen_info, aux_tensors):
+        return (n_idx < lift(prefix_len)) | (n_idx == m_idx)
+
+    def causal_prefix(batch, head, m_idx, n_idx, seqlen_info, aux_tensors):
+        return prefix_and_self(batch, head, m_idx, n_idx, seqlen_info, aux_tensors) & (n_idx <= m_idx)
+
+    structure = causal_prefix if prefix_causal else prefix_and_self
+    if not padded:
+        return structure
+
+    def with_padding(batch, head, m_idx, n_idx, seqlen_info, aux_tensors):
+        return (structure(batch, head, m_idx, n_idx, seqlen_info, aux_tensors)
+                & key_valid(aux_tensors[0], batch, n_idx))
+    return with_padding
+
+
+@functools.lru_cache(maxsize=64)
+def _fa4_mask_mod(prefix_len: int, prefix_causal: bool, padded: bool):
+    """The CuTe version (compiled by FA4 on first use, cached by it per function)."""
+    import cutlass
+    import cutlass.cute as cute
+    from flash_attn.cute import utils
+
+    def lift(x):
+        return utils.scalar_to_ssa(x, cutlass.Int32)
+
+    def key_valid(valid, batch, n_idx):     # per element, as FA4's own document mask reads aux tensors
+        return utils.scalar_to_ssa(valid[batch[0], n_idx[0]], cutlass.Int32) == lift(1)
+    return cute.jit(fa4_mask_mod_body(prefix_len, prefix_causal, padded, lift=lift, key_valid=key_valid))
+
+
+def _fa4_func():
+    """(flash_attn_func, BlockSparseTensorsTorch): a seam the CPU tests fill with stand-ins."""
+    from flash_attn.cute import flash_attn_func
+    from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
+    return flash_attn_func, BlockSparseTensorsTorch
+
+
+def fa4_missing() -> Optional[str]:
+    why = _import_failure("flash_attn.cute", _fa4_func, "flash-attn-4")
+    if why is None and torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        if major not in (9, 10, 11):
+            return (f"fa4 runs on Hopper (SM90) and Blackwell (SM100/SM110) GPUs; this one is "
+                    f"SM{major}{minor}")
+    return why
+
+
+def fa4_attention(q, k, v, mask: AttentionMask, *, multiplier: float, cap: float, cap_method: str,
+                  need_weights: bool = False) -> AttentionOutput:
+    flash_attn_func, BlockSparse = _fa4_func()
+    block_q = _fa4_block_q(q.device)
+
+    def sparse():
+        full_cnt, full_idx, part_cnt, part_idx = mask.tiles(block_q, FA4_BLOCK_KV, q.device).block_sparse()
+        return BlockSparse(mask_block_cnt=part_cnt, mask_block_idx=part_idx, full_block_cnt=full_cnt,
+                           full_block_idx=full_idx, block_size=(block_q, FA4_BLOCK_KV))
+    blocks = mask.cached(("fa4-blocks", block_q, str(q.device)), sparse)
+    aux = None
+    if mask.padded:
+        aux = [mask.cached(("fa4-valid", str(q.device)), lambda: mask.valid_on(q.device).to(torch.int32))]
+    out, _ = flash_attn_func(q, k, v, softmax_scale=float(multiplier), causal=False,
+                             softcap=float(cap) if cap_active(cap, cap_method) else 0.0, pack_gqa=False,
+                             mask_mod=_fa4_mask_mod(mask.prefix_len, mask.prefix_causal, mask.padded),
+                             aux_tensors=aux, block_sparse_tensors=blocks)
+    return AttentionOutput(out)
 
 
 # --- the registry and its capability table --------------------------------------------------
@@ -313,6 +455,7 @@ class Backend:
     mask_kinds: tuple = tuple(MASK_KINDS)
     padding: bool = True                # key padding (mask.valid) supported
     max_head_dim: Optional[int] = None
+    head_dim_multiple: Optional[int] = None
     gqa: str = "grouped einsum"         # how query heads share KV heads
     empty_rows: str = "uniform"         # a query with no allowed key: "uniform" (grok.py) or "zeros"
     per_device: dict = field(default_factory=dict)   # device -> fields that differ there
@@ -344,21 +487,23 @@ BACKENDS: dict[str, Backend] = {
                           max_head_dim=128, gqa="repeated K/V"),
     "flex": Backend(flex_attention,
                     "FlexAttention: the mask predicate as mask_mod, multiplier + cap as score_mod, compiled",
-                    gqa="native (enable_gqa)", empty_rows="zeros"),
+                    gqa="native (enable_gqa)", empty_rows="zeros", available=flex_refused),
     "structured": Backend(structured_attention,
                           "recsys decomposition (prefix | candidates x prefix with LSE | self) in plain torch; "
                           "never builds the candidate x candidate block", empty_rows="zeros"),
     "flash_attn": Backend(flash_attn_attention,
-                          "Dao-AILab flash_attn_func + the recsys decomposition merged by log-sum-exp; "
-                          "key padding by unpadding row by row",
+                          "Dao-AILab FlashAttention 2 + the recsys decomposition merged by log-sum-exp; "
+                          "key padding packed with cu_seqlens (flash_attn_varlen_func)",
                           devices=("cuda",), dtypes=_CUDA_SDPA, cap_methods=("tanh", "none"),
-                          available=flash_attn_missing, max_head_dim=256,
+                          available=flash_attn_missing, max_head_dim=256, head_dim_multiple=8,
                           gqa="native", empty_rows="zeros"),
+    "fa4": Backend(fa4_attention,
+                   "FlashAttention-4 (CuTe DSL, Hopper / Blackwell): the whole mask in one call, full tiles "
+                   "unmasked, partial tiles through a mask_mod, empty tiles (candidate x candidate) skipped",
+                   devices=("cuda",), dtypes=_CUDA_SDPA, cap_methods=("tanh", "none"), available=fa4_missing,
+                   max_head_dim=128, head_dim_multiple=8, gqa="native (pack_gqa off: token tiles)",
+                   empty_rows="zeros"),
 }
-
-
-def has_padding(mask: AttentionMask) -> bool:
-    return mask.valid is not None and not bool(mask.valid.all())
 
 
 def capability_table() -> list[dict]:
@@ -384,6 +529,8 @@ def unavailable_reason(backend: str, *, device: str = "cpu", dtype: str = "float
     if backend not in BACKENDS:
         return f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}"
     dev = torch.device(device).type
+    if dev == "meta":       # shape-only runs (tests/test_device.py): the plain-torch backends run there as on CPU
+        dev = "cpu"
     base = BACKENDS[backend]
     if dev not in base.devices:
         return f"{backend} needs {' or '.join(d.upper() for d in base.devices)}"
@@ -404,6 +551,8 @@ def unavailable_reason(backend: str, *, device: str = "cpu", dtype: str = "float
         return f"{backend} on {dev} does not support key padding"
     if head_dim is not None and b.max_head_dim is not None and head_dim > b.max_head_dim:
         return f"{backend} takes head dim up to {b.max_head_dim}, got {head_dim}"
+    if head_dim is not None and b.head_dim_multiple and head_dim % b.head_dim_multiple:
+        return f"{backend} takes head dims that are multiples of {b.head_dim_multiple}, got {head_dim}"
     if need_weights and not b.returns_weights:
         return f"{backend} does not return attention weights; heatmaps need naive"
     return None
@@ -413,7 +562,7 @@ def attend(q, k, v, mask: AttentionMask, *, multiplier: float = 1.0, cap: float 
            cap_method: str = "tanh", backend: str = "naive", need_weights: bool = False) -> AttentionOutput:
     """q [B, T, Hq, K]; k, v [B, S, Hkv, K] -> AttentionOutput(out [B, T, Hq, K]) via the named backend."""
     why = unavailable_reason(backend, device=q.device.type, dtype=str(q.dtype).removeprefix("torch."),
-                             cap=cap, cap_method=cap_method, mask_kind=mask.kind, padding=has_padding(mask),
+                             cap=cap, cap_method=cap_method, mask_kind=mask.kind, padding=mask.padded,
                              head_dim=q.shape[-1], need_weights=need_weights)
     if why:
         raise ValueError(f"backend: {why}")

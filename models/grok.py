@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import CAP_METHODS, BACKENDS, attend
-from .masks import PREFIX_MODES, AttentionMask, make_recsys_attn_mask  # noqa: F401  (grok.py's name)
+from .masks import PREFIX_MODES, AttentionMask, make_recsys_attn_mask, model_mask_kind  # noqa: F401  (grok.py's name)
 
 ROPE_MODES = ("sequential", "shared", "none")
 INIT_MODES = ("zeros", "random")
@@ -236,14 +236,16 @@ class Transformer(nn.Module):
 
     def attention_mask(self, mask: torch.Tensor, candidate_start_offset: Optional[int],
                        mask_kind: Optional[str] = None) -> AttentionMask:
-        """grok.py: recsys mask when an offset is given, causal otherwise; padding on keys."""
+        """grok.py: recsys mask when an offset is given (its prefix per config.prefix), causal otherwise;
+        padding on keys. A mask on the CPU with no padded slot is dropped (reading it costs no device
+        sync); one on a GPU is kept as padding without being read: exact either way, no host sync."""
         T = mask.shape[1]
         if mask_kind is None:
-            if candidate_start_offset is None:
-                mask_kind = "causal"
-            else:
-                mask_kind = "recsys" if self.config.prefix == "causal" else "recsys-bidirectional"
-        return AttentionMask(mask_kind, T, candidate_start_offset, mask.bool())
+            mask_kind = "causal" if candidate_start_offset is None else model_mask_kind(self.config.prefix)
+        valid = mask.bool()
+        if valid.device.type == "cpu" and bool(valid.all()):
+            valid = None
+        return AttentionMask(mask_kind, T, candidate_start_offset, valid)
 
     def forward(self, embeddings: torch.Tensor, mask: torch.Tensor,
                 candidate_start_offset: Optional[int] = None, *, backend: str = "naive",

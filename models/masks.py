@@ -1,16 +1,24 @@
-"""Attention masks, each written once as a predicate.
+"""Attention masks, each written once as a predicate, with the structure every consumer reads.
 
 A mask is a ``mask_mod(b, h, q_idx, kv_idx) -> bool`` — the signature FlexAttention's
 ``mask_mod`` takes (attention-gym style). The same predicate produces the dense tensor the
 model multiplies in (``dense``), the FlexAttention block mask (models.attention) and the
 pictures the explorer draws. True = the query may attend to the key.
 
+Each kind also states its structure once (``MaskKind``): how long the prefix is, whether the
+prefix is causal, whether the positions after it are candidates that see only the prefix and
+themselves. The decomposition and the flash kernels (models.attention), useful-FLOP counts
+(benchmarks) and tile maps (``AttentionMask.tiles``) read that, never the kind's name; a test
+proves the structure and the predicate describe the same mask. Adding a kind is one predicate
+and one ``MASK_KINDS`` entry.
+
 grok.py's ``make_recsys_attn_mask`` is kept with its own name and signature; a test proves it
 equals the predicate.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
@@ -69,24 +77,120 @@ def and_masks(*mods: MaskMod) -> MaskMod:
     return combined
 
 
-MASK_KINDS: dict[str, Callable[..., MaskMod]] = {
-    # kind -> builder(candidate_start_offset) ; one entry per mask kind
-    "recsys": lambda off: recsys_mask(off, "causal"),
-    "recsys-bidirectional": lambda off: recsys_mask(off, "bidirectional"),
-    "causal": lambda off: causal_mask(),
-    "full": lambda off: full_mask(),
+# --- the registry: one predicate and its structure per kind -------------------------------
+
+@dataclass(frozen=True)
+class MaskKind:
+    """One mask kind. Positions [0, P) are the prefix, attending within itself causally or not;
+    with candidates, P = candidate_start_offset and every later position sees the prefix and
+    itself only (the candidate x candidate block is empty but its diagonal). Without, P = T."""
+    predicate: Callable[[int], MaskMod]     # candidate_start_offset -> mask_mod
+    prefix_causal: bool
+    has_candidates: bool
+    prefix_mode: Optional[str] = None       # the model's own mask for TransformerConfig.prefix
+
+
+MASK_KINDS: dict[str, MaskKind] = {
+    "recsys": MaskKind(lambda off: recsys_mask(off, "causal"), prefix_causal=True, has_candidates=True,
+                       prefix_mode="causal"),
+    "recsys-bidirectional": MaskKind(lambda off: recsys_mask(off, "bidirectional"), prefix_causal=False,
+                                     has_candidates=True, prefix_mode="bidirectional"),
+    "causal": MaskKind(lambda off: causal_mask(), prefix_causal=True, has_candidates=False),
+    "full": MaskKind(lambda off: full_mask(), prefix_causal=False, has_candidates=False),
 }
 
 
-def dense(mask_mod: MaskMod, q_len: int, kv_len: Optional[int] = None, batch: int = 1) -> torch.Tensor:
-    """Evaluate a predicate on the whole grid by broadcasting: [batch, 1, q_len, kv_len] bool."""
+def model_mask_kind(prefix: str) -> str:
+    """The ranker's own mask for a prefix mode (TransformerConfig.prefix): the one place the
+    prefix <-> kind mapping lives."""
+    for name, kind in MASK_KINDS.items():
+        if kind.prefix_mode == prefix:
+            return name
+    raise ValueError(f"prefix: got {prefix!r}; allowed: {', '.join(PREFIX_MODES)}")
+
+
+def dense(mask_mod: MaskMod, q_len: int, kv_len: Optional[int] = None, batch: int = 1,
+          device=None) -> torch.Tensor:
+    """Evaluate a predicate on the whole grid by broadcasting: [batch, 1, q_len, kv_len] bool, built
+    on `device` (the device of any tensor the predicate reads, such as padding's `valid`)."""
     kv_len = q_len if kv_len is None else kv_len
-    b = torch.arange(batch)[:, None, None, None]
-    h = torch.zeros(1, 1, 1, 1, dtype=torch.long)
-    q = torch.arange(q_len)[None, None, :, None]
-    kv = torch.arange(kv_len)[None, None, None, :]
+    b = torch.arange(batch, device=device)[:, None, None, None]
+    h = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=device)
+    q = torch.arange(q_len, device=device)[None, None, :, None]
+    kv = torch.arange(kv_len, device=device)[None, None, None, :]
     out = mask_mod(b, h, q, kv)
     return out.expand(batch, 1, q_len, kv_len).bool()
+
+
+@functools.lru_cache(maxsize=16)
+def _structure_dense(kind: str, seq_len: int, offset: Optional[int], device: str) -> torch.Tensor:
+    """[1, 1, T, T] bool for one layout on one device, built once (masks for T in the tens of
+    thousands are not cached here: tile maps evaluate the predicate in row chunks instead)."""
+    return dense(MASK_KINDS[kind].predicate(offset), seq_len, device=device)
+
+
+# --- tiles: which blocks of the grid a block-sparse kernel computes ------------------------
+
+EMPTY, PARTIAL, FULL = 0, 1, 2
+TILE_CLASSES = {EMPTY: "empty (skipped)", PARTIAL: "partial (masked element by element)",
+                FULL: "full (no mask needed)"}
+
+
+@dataclass(frozen=True, eq=False)
+class TileMap:
+    """The mask cut into block_q x block_kv tiles (edge tiles hold only in-range pairs).
+
+    allowed: [B|1, nq, nk] allowed pairs per tile; size: [nq, nk] in-range pairs per tile;
+    classes: [B|1, nq, nk] EMPTY / PARTIAL / FULL. Built on the mask's device with no host read."""
+    block_q: int
+    block_kv: int
+    allowed: torch.Tensor
+    size: torch.Tensor
+    classes: torch.Tensor
+
+    def counts(self, row: int = 0) -> dict:
+        """Tiles of each class in one batch row (a host read: for views and reports, not forwards)."""
+        c = self.classes[min(row, self.classes.shape[0] - 1)]
+        return {name: int((c == k).sum()) for k, name in ((EMPTY, "empty"), (PARTIAL, "partial"), (FULL, "full"))}
+
+    def block_sparse(self):
+        """FlashAttention-4's block-sparse form, per query tile: the kv tiles to run unmasked (full)
+        and with mask_mod (partial), each list in ascending kv order, padded past its count.
+        -> (full_cnt, full_idx, partial_cnt, partial_idx): [B|1, 1, nq] and [B|1, 1, nq, nk] int32."""
+        def listing(cls):
+            hit = self.classes == cls                                            # [B, nq, nk]
+            order = torch.argsort((~hit).to(torch.int8), dim=-1, stable=True)    # hits first, in kv order
+            return hit.sum(-1, dtype=torch.int32)[:, None], order.to(torch.int32)[:, None]
+        return (*listing(FULL), *listing(PARTIAL))
+
+
+def tile_map(mask_mod: MaskMod, seq_len: int, block_q: int, block_kv: int, batch: int = 1, device=None,
+             max_elements: int = 1 << 24) -> TileMap:
+    """Classify every tile by evaluating the predicate over rows of tiles at a time (never the whole
+    T x T grid at once: at T = 32768 that would be a GiB)."""
+    for name, v in (("block_q", block_q), ("block_kv", block_kv)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}: got {v!r}; allowed: a positive integer")
+    nq, nk = -(-seq_len // block_q), -(-seq_len // block_kv)
+    kv = torch.arange(nk * block_kv, device=device)
+    in_kv = kv < seq_len
+    kv_clamped = kv.clamp_max(seq_len - 1)            # padding reads valid[b, kv]: stay in range
+    rows_per_chunk = max(1, max_elements // (batch * block_q * nk * block_kv))
+    parts = []
+    for r0 in range(0, nq, rows_per_chunk):
+        r1 = min(nq, r0 + rows_per_chunk)
+        q = torch.arange(r0 * block_q, r1 * block_q, device=device)
+        ok = mask_mod(torch.arange(batch, device=device)[:, None, None], torch.zeros((), dtype=torch.long,
+                      device=device), q[None, :, None], kv_clamped[None, None, :])
+        ok = ok & in_kv[None, None, :] & (q < seq_len)[None, :, None]
+        ok = ok.expand(batch, -1, -1).reshape(batch, r1 - r0, block_q, nk, block_kv)
+        parts.append(ok.sum((2, 4)))
+    allowed = torch.cat(parts, 1)                                                # [B, nq, nk]
+    rows = (seq_len - torch.arange(nq, device=device) * block_q).clamp(max=block_q)
+    cols = (seq_len - torch.arange(nk, device=device) * block_kv).clamp(max=block_kv)
+    size = rows[:, None] * cols[None, :]                                         # [nq, nk]
+    classes = torch.where(allowed == 0, EMPTY, torch.where(allowed == size, FULL, PARTIAL)).to(torch.int8)
+    return TileMap(block_q, block_kv, allowed, size, classes)
 
 
 # --- the description backends receive --------------------------------------------------
@@ -95,18 +199,21 @@ def dense(mask_mod: MaskMod, q_len: int, kv_len: Optional[int] = None, batch: in
 class AttentionMask:
     """Everything a backend may need to know about the mask, from which it builds its own form.
 
-    kind: a key of MASK_KINDS; candidate_start_offset: where candidates begin (recsys kinds);
-    valid: optional [B, T] bool key-padding; seq_len: T.
-    """
+    kind: a key of MASK_KINDS; candidate_start_offset: where candidates begin (kinds with
+    candidates); valid: optional [B, T] bool key-padding — None means no padding, and whether a
+    mask is padded is read from that, never from the tensor's values (no host sync in a forward);
+    seq_len: T. Derived forms (dense tensors, block masks, tile maps) are built once per device
+    and kept on the mask, so a forward builds them in its first layer and a benchmark in warm-up."""
     kind: str
     seq_len: int
     candidate_start_offset: Optional[int] = None
     valid: Optional[torch.Tensor] = None
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if self.kind not in MASK_KINDS:
             raise ValueError(f"mask kind: got {self.kind!r}; allowed: {', '.join(MASK_KINDS)}")
-        if self.kind.startswith("recsys"):
+        if self.has_candidates:
             off = self.candidate_start_offset
             if off is None or not 0 <= off <= self.seq_len:
                 raise ValueError(
@@ -116,25 +223,80 @@ class AttentionMask:
             raise ValueError(f"mask: got shape {tuple(self.valid.shape)}; allowed: [B, {self.seq_len}] "
                              f"(batch, sequence length)")
 
+    # --- structure, from the registry --------------------------------------------------
+    @property
+    def structure(self) -> MaskKind:
+        return MASK_KINDS[self.kind]
+
+    @property
+    def has_candidates(self) -> bool:
+        return self.structure.has_candidates
+
+    @property
+    def prefix_causal(self) -> bool:
+        return self.structure.prefix_causal
+
     @property
     def prefix(self) -> str:
-        return "bidirectional" if self.kind == "recsys-bidirectional" else "causal"
+        return "causal" if self.prefix_causal else "bidirectional"
+
+    @property
+    def prefix_len(self) -> int:
+        """P: positions [0, P) attend within the prefix; [P, T) are candidates (prefix + self)."""
+        return self.candidate_start_offset if self.has_candidates else self.seq_len
+
+    @property
+    def padded(self) -> bool:
+        return self.valid is not None
+
+    def useful_pairs(self) -> int:
+        """(query, key) pairs the structure allows, per batch row and head (padding not counted)."""
+        P, C = self.prefix_len, self.seq_len - self.prefix_len
+        return (P * (P + 1) // 2 if self.prefix_causal else P * P) + C * (P + 1)
+
+    # --- derived forms, cached per device -------------------------------------------------
+    def cached(self, key, build: Callable[[], object]):
+        """build() once per key for this mask (keys name the form and its device)."""
+        if key not in self._cache:
+            self._cache[key] = build()
+        return self._cache[key]
 
     def structure_mod(self) -> MaskMod:
-        return MASK_KINDS[self.kind](self.candidate_start_offset)
+        return self.structure.predicate(self.candidate_start_offset)
 
-    def mask_mod(self) -> MaskMod:
+    def mask_mod(self, device=None) -> MaskMod:
+        """The predicate with padding; `device`: where the padding tensor it reads should live."""
         s = self.structure_mod()
-        return s if self.valid is None else and_masks(s, padding_mask(self.valid))
+        if self.valid is None:
+            return s
+        return and_masks(s, padding_mask(self.valid_on(device)))
 
-    def dense(self) -> torch.Tensor:
-        """[B or 1, 1, T, T] bool — what grok.py multiplies together."""
+    def valid_on(self, device=None) -> Optional[torch.Tensor]:
+        if self.valid is None or device is None:
+            return self.valid
+        return self.cached(("valid", str(torch.device(device))), lambda: self.valid.to(device))
+
+    def _device(self, device):
+        if device is not None:
+            return torch.device(device)
+        return self.valid.device if self.valid is not None else torch.device("cpu")
+
+    def dense(self, device=None) -> torch.Tensor:
+        """[B or 1, 1, T, T] bool on `device` (default: valid's, else CPU) — what grok.py multiplies."""
+        dev = self._device(device)
+
+        def build():
+            s = _structure_dense(self.kind, self.seq_len, self.candidate_start_offset, str(dev))
+            return s if self.valid is None else s & self.valid_on(dev)[:, None, None, :]
+        return self.cached(("dense", str(dev)), build)
+
+    def tiles(self, block_q: int, block_kv: int, device=None) -> TileMap:
+        """The tile classification (empty / partial / full) that tile counts in the views and the
+        FlashAttention-4 block-sparse tensors both read."""
+        dev = self._device(device)
         batch = 1 if self.valid is None else self.valid.shape[0]
-        return dense(self.mask_mod(), self.seq_len, batch=batch)
-
-
-def allowed_pairs(mask: torch.Tensor) -> int:
-    return int(mask.sum())
+        return self.cached(("tiles", block_q, block_kv, str(dev)),
+                           lambda: tile_map(self.mask_mod(dev), self.seq_len, block_q, block_kv, batch, dev))
 
 
 # --- grok.py's own function ------------------------------------------------------------

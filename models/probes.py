@@ -44,15 +44,15 @@ def isolation_probe(model, embeddings, mask, candidate_start_offset: int, *, can
     if not candidate_start_offset <= pos < T:
         raise ValueError(f"candidate: got {candidate}; allowed: 0..{T - candidate_start_offset - 1} "
                          f"(the number of candidates)")
-    target = torch.zeros(B, T, dtype=torch.bool)
+    target = torch.zeros(B, T, dtype=torch.bool, device=embeddings.device)
     target[:, pos] = True
     before = _trunk_out(model, embeddings, mask, candidate_start_offset)
     after = _trunk_out(model, _perturbation(embeddings, target, scale, seed), mask, candidate_start_offset)
-    others = mask.bool().clone()
+    others = mask.to(embeddings.device, dtype=torch.bool, copy=True)
     others[:, :candidate_start_offset] = False
     others[:, pos] = False
     change = (after - before).abs().amax(-1)                                     # [B, T]
-    return float(change[others].max()) if others.any() else 0.0
+    return float(change.masked_fill(~others, 0).amax())          # the one host read: the answer
 
 
 @torch.no_grad()
@@ -65,7 +65,7 @@ def causality_probe(model, embeddings, mask, candidate_start_offset: Optional[in
     before = _trunk_out(model, embeddings, mask, candidate_start_offset)
     worst = 0.0
     for p in range(1, T):
-        target = torch.zeros(B, T, dtype=torch.bool)
+        target = torch.zeros(B, T, dtype=torch.bool, device=embeddings.device)
         target[:, p] = True
         after = _trunk_out(model, _perturbation(embeddings, target, scale, seed + p), mask, candidate_start_offset)
         earlier = mask.bool()[:, :p]

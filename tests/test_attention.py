@@ -3,6 +3,8 @@
 Error is relative: max |backend - naive| / max |naive| over valid query positions (outputs at padded
 positions mean nothing, FACTS.md §1). fp32 on CPU <= 1e-5; bf16/fp16 on CUDA <= 2e-2.
 """
+from typing import NamedTuple, Optional
+
 import pytest
 import torch
 
@@ -84,40 +86,201 @@ def test_structured_never_builds_candidate_block(monkeypatch):
     assert seen == [offset, offset]
 
 
-# --- flash_attn: the decomposition checked against an independent reference kernel --------
+# --- flash kernels: our wrappers checked against stand-ins of each kernel's documented contract ------
+# Strict signatures (as in flash-attn 2.8.3 and flash-attn-4 4.0.0b36): a misspelled keyword fails.
 
-def reference_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, softcap=0.0,
-                              return_attn_probs=False, **_):
-    """flash_attn_func's documented contract in plain torch: q [B, Tq, H, D], k/v [B, S, Hkv, D],
-    KV head of query head h is h // (H / Hkv), tanh softcap after scaling, lse [B, H, Tq]."""
-    G = q.shape[2] // k.shape[2]
-    kk, vv = (x.repeat_interleave(G, dim=2).float() for x in (k, v))
-    s = torch.einsum("bqhd,bkhd->bhqk", q.float(), kk) * softmax_scale
+def _dense_softmax(q, k, v, scale, softcap, allowed):
+    """q [Tq, H, D], k/v [S, Hkv, D], allowed [H|1, Tq, S] -> out [Tq, H, D], lse [H, Tq]; empty rows: 0, +inf."""
+    G = q.shape[1] // k.shape[1]
+    kk, vv = (x.repeat_interleave(G, dim=1).float() for x in (k, v))
+    s = torch.einsum("qhd,khd->hqk", q.float(), kk) * scale
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
-    if causal:
-        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+    s = s.masked_fill(~allowed, float("-inf"))
     lse = torch.logsumexp(s, -1)
-    out = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, -1), vv).to(q.dtype)
+    out = torch.einsum("hqk,khd->qhd", torch.exp(s - lse[..., None]).nan_to_num(0.0), vv)
+    return out.to(q.dtype), lse.masked_fill(lse == float("-inf"), float("inf"))   # FA2 writes +inf
+
+
+def _bottom_right_causal(Tq, S):
+    return torch.ones(Tq, S, dtype=torch.bool).tril(S - Tq)
+
+
+def reference_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """FA2 flash_attn_func: q [B, Tq, H, D], k/v [B, S, Hkv, D]; KV head of query head h is h // (H / Hkv);
+    tanh softcap after scaling; causal aligned bottom-right; lse [B, H, Tq]."""
+    assert dropout_p == 0.0 and window_size == (-1, -1) and alibi_slopes is None
+    allowed = _bottom_right_causal(q.shape[1], k.shape[1]) if causal else torch.ones(q.shape[1], k.shape[1], dtype=torch.bool)
+    outs = [_dense_softmax(q[b], k[b], v[b], softmax_scale, softcap, allowed[None]) for b in range(q.shape[0])]
+    out, lse = torch.stack([o for o, _ in outs]), torch.stack([l for _, l in outs])
     return (out, lse, None) if return_attn_probs else out
+
+
+def reference_flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                     dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                                     softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False, block_table=None):
+    """FA2 flash_attn_varlen_func: sequence b is q[cu_q[b]:cu_q[b+1]] against k[cu_k[b]:cu_k[b+1]];
+    lse [H, total_q]. Rows past cu_q[-1] are never written: NaN here, so a wrapper that reads them fails."""
+    assert cu_seqlens_q.dtype == cu_seqlens_k.dtype == torch.int32 and cu_seqlens_q.shape == cu_seqlens_k.shape
+    assert q.dim() == k.dim() == 3 and block_table is None and dropout_p == 0.0
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((q.shape[1], q.shape[0]), float("nan"))
+    for b in range(cu_seqlens_q.shape[0] - 1):
+        q0, q1, k0, k1 = (int(x) for x in (cu_seqlens_q[b], cu_seqlens_q[b + 1], cu_seqlens_k[b], cu_seqlens_k[b + 1]))
+        assert q1 - q0 <= max_seqlen_q and k1 - k0 <= max_seqlen_k
+        allowed = _bottom_right_causal(q1 - q0, k1 - k0) if causal else torch.ones(q1 - q0, k1 - k0, dtype=torch.bool)
+        out[q0:q1], lse[:, q0:q1] = _dense_softmax(q[q0:q1], k[k0:k1], v[k0:k1], softmax_scale, softcap, allowed[None])
+    return (out, lse, None) if return_attn_probs else out
+
+
+FA2_STAND_IN = (reference_flash_attn_func, reference_flash_attn_varlen_func)
 
 
 @pytest.mark.parametrize("kind", list(MASK_KINDS))
 @pytest.mark.parametrize("cap,method", [(30.0, "tanh"), (1.5, "tanh"), (0.0, "none")])
 @pytest.mark.parametrize("padding", [False, True])
 def test_flash_attn_decomposition_with_reference_kernel(monkeypatch, kind, cap, method, padding):
-    monkeypatch.setattr(A, "_flash_attn_func", lambda: reference_flash_attn_func)
-    q, k, v = qkv(B=3, T=13, Hq=6, Hkv=2)
+    monkeypatch.setattr(A, "_flash_attn_funcs", lambda: FA2_STAND_IN)
+    q, k, v = qkv(B=4, T=13, Hq=6, Hkv=2)
     valid = None
     if padding:
-        valid = torch.ones(3, 13, dtype=torch.bool)
+        valid = torch.ones(4, 13, dtype=torch.bool)
         valid[0, 7:9] = False          # history padding
         valid[1, 11:] = False          # candidate padding
         valid[2, 0] = False            # a padded first slot
+        valid[3, :9] = False           # no valid prefix at all: candidates see only themselves
     mask = AttentionMask(kind, 13, 9, valid)
     kw = dict(multiplier=0.3, cap=cap, cap_method=method)
     out = A.flash_attn_attention(q, k, v, mask, **kw).out
     assert rel_err(out, A.naive_attention(q, k, v, mask, **kw).out, valid) <= CPU_TOL
+
+
+def test_flash_attn_padded_batch_is_one_varlen_call_per_piece(monkeypatch):
+    """No Python loop over the batch: the recsys decomposition with padding is two varlen calls."""
+    calls = []
+
+    def counting_varlen(*args, **kw):
+        calls.append(args[3].shape[0] - 1)                  # batch size seen by the kernel
+        return reference_flash_attn_varlen_func(*args, **kw)
+    monkeypatch.setattr(A, "_flash_attn_funcs", lambda: (reference_flash_attn_func, counting_varlen))
+    q, k, v = qkv(B=5, T=13)
+    valid = torch.ones(5, 13, dtype=torch.bool)
+    valid[:, 3] = False
+    A.flash_attn_attention(q, k, v, AttentionMask("recsys", 13, 9, valid), multiplier=1.0, cap=30.0,
+                           cap_method="tanh")
+    assert calls == [5, 5]
+
+
+def test_pack_rows_is_a_permutation_with_rows_contiguous():
+    valid = torch.tensor([[True, False, True, True], [False, False, False, False], [True, True, False, True]])
+    dest, cu = A.pack_rows(valid)
+    assert sorted(dest.flatten().tolist()) == list(range(12)) and cu.tolist() == [0, 3, 3, 6]
+    assert dest[0, [0, 2, 3]].tolist() == [0, 1, 2] and dest[2, [0, 1, 3]].tolist() == [3, 4, 5]
+    assert (dest[~valid] >= 6).all()
+
+
+class ReferenceBlockSparseTensorsTorch(NamedTuple):
+    """flash_attn.cute.block_sparsity.BlockSparseTensorsTorch's fields (4.0.0b36)."""
+    mask_block_cnt: torch.Tensor
+    mask_block_idx: torch.Tensor
+    full_block_cnt: Optional[torch.Tensor] = None
+    full_block_idx: Optional[torch.Tensor] = None
+    cu_total_m_blocks: Optional[torch.Tensor] = None
+    cu_block_idx_offsets: Optional[torch.Tensor] = None
+    block_size: Optional[tuple] = None
+    dq_write_order: Optional[torch.Tensor] = None
+    dq_write_order_full: Optional[torch.Tensor] = None
+    spt: Optional[bool] = None
+
+
+def reference_fa4_func(q, k, v, qv=None, gather_kv_indices=None, softmax_scale=None, causal=False,
+                       window_size=(None, None), learnable_sink=None, softcap=0.0, num_splits=1, pack_gqa=None,
+                       deterministic=False, score_mod=None, score_mod_bwd=None, mask_mod=None, aux_tensors=None,
+                       aux_scalars=None, block_sparse_tensors=None, block_sparse_tensors_bwd=None,
+                       return_lse=False, gather_bwd_recompute_p=False, gather_bwd_token_chunk=None):
+    """flash_attn.cute.flash_attn_func with block sparsity: per query tile, kv tiles listed as full run
+    unmasked, those listed as mask run through mask_mod(batch, head, m, n, seqlen_info, aux_tensors),
+    every other tile is skipped. Returns (out, lse)."""
+    assert block_sparse_tensors is not None and mask_mod is not None and not causal and pack_gqa is False
+    bs = block_sparse_tensors
+    bq, bk = bs.block_size
+    B, T, H, _ = q.shape
+    S = k.shape[1]
+    nq = -(-T // bq)
+    assert bs.mask_block_cnt.shape[-1] == nq and bs.mask_block_cnt.dtype == torch.int32
+    outs, lses = [], []
+    for b in range(B):
+        allowed = torch.zeros(T, S, dtype=torch.bool)
+        for i in range(nq):
+            rows = slice(i * bq, (i + 1) * bq)
+            row_b = min(b, bs.mask_block_cnt.shape[0] - 1)
+            for j in bs.full_block_idx[row_b, 0, i, :int(bs.full_block_cnt[row_b, 0, i])].tolist():
+                allowed[rows, j * bk:(j + 1) * bk] = True
+            for j in bs.mask_block_idx[row_b, 0, i, :int(bs.mask_block_cnt[row_b, 0, i])].tolist():
+                m = torch.arange(i * bq, min(T, (i + 1) * bq))[:, None]
+                n = torch.arange(j * bk, min(S, (j + 1) * bk))[None, :]
+                allowed[m, n] = mask_mod(torch.tensor(b), torch.tensor(0), m, n, None, aux_tensors)
+        o, l = _dense_softmax(q[b], k[b], v[b], softmax_scale, softcap, allowed[None])
+        outs.append(o)
+        lses.append(l)
+    return torch.stack(outs), (torch.stack(lses) if return_lse else None)
+
+
+def torch_fa4_mask_mod(prefix_len, prefix_causal, padded):
+    """The same body FA4 compiles, evaluated on torch index tensors."""
+    return A.fa4_mask_mod_body(prefix_len, prefix_causal, padded, lift=torch.tensor,
+                               key_valid=lambda valid, b, n: valid[b, n] == 1)
+
+
+@pytest.fixture
+def fa4_stand_in(monkeypatch):
+    monkeypatch.setattr(A, "_fa4_func", lambda: (reference_fa4_func, ReferenceBlockSparseTensorsTorch))
+    monkeypatch.setattr(A, "_fa4_mask_mod", torch_fa4_mask_mod)
+    monkeypatch.setattr(A, "_fa4_block_q", lambda device: 4)       # small tiles: full, partial and empty all occur
+    monkeypatch.setattr(A, "FA4_BLOCK_KV", 4)
+
+
+@pytest.mark.parametrize("kind", list(MASK_KINDS))
+@pytest.mark.parametrize("cap,method", [(30.0, "tanh"), (0.0, "none")])
+@pytest.mark.parametrize("padding", [False, True])
+def test_fa4_one_call_with_reference_kernel(fa4_stand_in, kind, cap, method, padding):
+    q, k, v = qkv(B=3, T=21, Hq=6, Hkv=2)
+    valid = None
+    if padding:
+        valid = torch.ones(3, 21, dtype=torch.bool)
+        valid[0, 10:12] = False
+        valid[1, 19:] = False
+        valid[2, 0] = False
+    mask = AttentionMask(kind, 21, 16, valid)
+    kw = dict(multiplier=0.3, cap=cap, cap_method=method)
+    out = A.fa4_attention(q, k, v, mask, **kw).out
+    assert rel_err(out, A.naive_attention(q, k, v, mask, **kw).out, valid) <= CPU_TOL
+
+
+def test_fa4_skips_the_candidate_block(fa4_stand_in, monkeypatch):
+    """Candidate tiles run their prefix tiles and their own diagonal tile only."""
+    seen = {}
+
+    def spy(*args, **kw):
+        seen.update(kw)
+        return reference_fa4_func(*args, **kw)
+    monkeypatch.setattr(A, "_fa4_func", lambda: (spy, ReferenceBlockSparseTensorsTorch))
+    q, k, v = qkv(B=1, T=24, Hq=2, Hkv=1)
+    A.fa4_attention(q, k, v, AttentionMask("recsys-bidirectional", 24, 16), multiplier=1.0, cap=30.0,
+                    cap_method="tanh")
+    bs = seen["block_sparse_tensors"]
+    for i in (4, 5):                               # the two candidate query tiles (rows 16..23)
+        assert bs.full_block_idx[0, 0, i, :int(bs.full_block_cnt[0, 0, i])].tolist() == [0, 1, 2, 3]
+        assert bs.mask_block_idx[0, 0, i, :int(bs.mask_block_cnt[0, 0, i])].tolist() == [i]
+    assert seen["softcap"] == 30.0 and seen["softmax_scale"] == 1.0
+
+
+def test_flash_kernels_say_whether_missing_or_broken(monkeypatch):
+    assert A._import_failure("no_such_module_here", lambda: None, "pkg") == "pkg not installed"
+    broken = A._import_failure("json", lambda: (_ for _ in ()).throw(OSError("libcudart.so.12: cannot open")), "pkg")
+    assert broken.startswith("pkg is installed but does not load (OSError: libcudart")
 
 
 # --- FlexAttention: compiled per layout (~5-20 s each on CPU), so few shapes ---------------
@@ -134,11 +297,11 @@ def test_flex_matches_naive(kind, cap, method, Hkv, padding):
 
 @pytest.mark.slow
 def test_flex_block_mask_cached_per_layout():
-    mask = AttentionMask("recsys", 11, 7, padded_valid(2, 11, 7))
-    same = AttentionMask("recsys", 11, 7, padded_valid(2, 11, 7))
-    other = AttentionMask("recsys", 11, 6, padded_valid(2, 11, 7))
+    mask, same, other = (AttentionMask("recsys", 11, off) for off in (7, 7, 6))
     assert A.flex_block_mask(mask, "cpu") is A.flex_block_mask(same, "cpu")
     assert A.flex_block_mask(mask, "cpu") is not A.flex_block_mask(other, "cpu")
+    padded = AttentionMask("recsys", 11, 7, padded_valid(2, 11, 7))      # kept on the mask, never read back
+    assert A.flex_block_mask(padded, "cpu") is A.flex_block_mask(padded, "cpu")
 
 
 # --- the whole model ------------------------------------------------------------------------
@@ -204,17 +367,37 @@ def test_refusals_say_why():
 
 def test_flash_attn_refusals_on_cuda(monkeypatch):
     monkeypatch.setattr(A, "_needs_cuda_build", lambda: None)                  # pretend a GPU
-    monkeypatch.setattr(A, "_flash_attn_func", lambda: reference_flash_attn_func)
+    monkeypatch.setattr(A, "flash_attn_missing", lambda: None)
+    monkeypatch.setitem(A.BACKENDS, "flash_attn", A.replace(A.BACKENDS["flash_attn"], available=lambda: None))
     ok = dict(device="cuda", dtype="bfloat16", cap=30.0, cap_method="tanh", mask_kind="recsys")
     assert unavailable_reason("flash_attn", **ok) is None
     assert "soft_sign" in unavailable_reason("flash_attn", **{**ok, "cap_method": "soft_sign"})
     assert "float32" in unavailable_reason("flash_attn", **{**ok, "dtype": "float32"})
-    assert unavailable_reason("flash_attn", **ok, padding=True) is None          # unpadded row by row
+    assert unavailable_reason("flash_attn", **ok, padding=True) is None          # varlen
     assert "padding" in unavailable_reason("sdpa-cudnn", **{**ok, "cap": 0.0, "mask_kind": "causal"}, padding=True)
-    assert "head dim" in unavailable_reason("flash_attn", **ok, head_dim=512)
+    assert "head dim up to 256, got 512" in unavailable_reason("flash_attn", **ok, head_dim=512)
+    assert "multiples of 8, got 12" in unavailable_reason("flash_attn", **ok, head_dim=12)
     assert "recsys" in unavailable_reason("sdpa-flash", **{**ok, "cap": 0.0})    # CUDA flash SDPA: no mask
-    monkeypatch.setattr(A, "_flash_attn_func", lambda: (_ for _ in ()).throw(ImportError()))
-    assert unavailable_reason("flash_attn", **ok) == "flash-attn not installed"
+    monkeypatch.setitem(A.BACKENDS, "fa4", A.replace(A.BACKENDS["fa4"], available=lambda: None))
+    assert unavailable_reason("fa4", **ok, padding=True, head_dim=128) is None
+    assert "head dim up to 128" in unavailable_reason("fa4", **ok, head_dim=256)
+    assert "soft_sign" in unavailable_reason("fa4", **{**ok, "cap_method": "soft_sign"})
+
+
+def test_fa4_refuses_other_gpus(monkeypatch):
+    monkeypatch.setattr(A, "_import_failure", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    assert A.fa4_missing() == "fa4 runs on Hopper (SM90) and Blackwell (SM100/SM110) GPUs; this one is SM80"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    assert A.fa4_missing() is None
+
+
+def test_flex_refused_on_zero_gpu(monkeypatch):
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    assert "ZeroGPU does not support" in unavailable_reason("flex", cap=30.0)
+    monkeypatch.delenv("SPACES_ZERO_GPU")
+    assert unavailable_reason("flex", cap=30.0) is None
 
 
 def test_attend_raises_rather_than_approximates():

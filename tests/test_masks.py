@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import reference_numpy as ref
-from models.masks import MASK_KINDS, AttentionMask, dense, make_recsys_attn_mask
+from models.masks import (EMPTY, FULL, MASK_KINDS, PARTIAL, PREFIX_MODES, AttentionMask, dense,
+                          make_recsys_attn_mask, model_mask_kind)
 
 T = 9
 
@@ -42,7 +43,7 @@ def test_make_recsys_attn_mask_equals_grok_construction(offset):
 @pytest.mark.parametrize("offset", [0, 1, 4, T])
 @pytest.mark.parametrize("kind", list(MASK_KINDS))
 def test_predicate_equals_independent_dense(kind, offset):
-    got = dense(MASK_KINDS[kind](offset), T)
+    got = dense(MASK_KINDS[kind].predicate(offset), T)
     assert got.shape == (1, 1, T, T)
     np.testing.assert_array_equal(got[0, 0].numpy(), REFERENCE[kind](offset))
 
@@ -77,3 +78,93 @@ def test_bad_mask_inputs():
         AttentionMask("causal", T, None, torch.ones(2, T - 1, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"candidate_start_offset: got 10; allowed: \[0, 9\]"):
         make_recsys_attn_mask(T, 10)
+
+
+# --- structure: what the decomposition, FLOP counts and tile maps read instead of the kind's name ---
+
+def structure_dense(m: AttentionMask) -> np.ndarray:
+    """The mask rebuilt from the declared structure alone (prefix length, causal prefix, candidates)."""
+    T, P = m.seq_len, m.prefix_len
+    q, kv = np.arange(T)[:, None], np.arange(T)[None, :]
+    prefix = (kv < P) & ((kv <= q) if m.prefix_causal else True)
+    prefix = prefix & ((q < P) | (kv < P))                 # candidates see the whole prefix
+    return prefix | ((q >= P) & (kv == q))
+
+
+@pytest.mark.parametrize("offset", [0, 1, 4, T])
+@pytest.mark.parametrize("kind", list(MASK_KINDS))
+def test_structure_describes_the_predicate(kind, offset):
+    m = AttentionMask(kind, T, offset)
+    np.testing.assert_array_equal(m.dense()[0, 0].numpy(), structure_dense(m))
+    assert m.useful_pairs() == int(m.dense().sum())
+
+
+def test_prefix_mode_maps_to_the_models_kind():
+    for prefix in PREFIX_MODES:
+        m = AttentionMask(model_mask_kind(prefix), T, 4)
+        assert m.has_candidates and m.prefix == prefix
+    assert model_mask_kind("causal") == "recsys"          # grok.py's make_recsys_attn_mask
+    with pytest.raises(ValueError, match=r"prefix: got 'sideways'; allowed: causal, bidirectional"):
+        model_mask_kind("sideways")
+
+
+def independent_tile_classes(allowed: np.ndarray, bq: int, bk: int) -> np.ndarray:
+    T = allowed.shape[0]
+    out = np.zeros((-(-T // bq), -(-T // bk)), np.int8)
+    for i in range(out.shape[0]):
+        for j in range(out.shape[1]):
+            tile = allowed[i * bq:(i + 1) * bq, j * bk:(j + 1) * bk]
+            out[i, j] = EMPTY if not tile.any() else FULL if tile.all() else PARTIAL
+    return out
+
+
+@pytest.mark.parametrize("kind", list(MASK_KINDS))
+@pytest.mark.parametrize("bq,bk", [(4, 4), (3, 5), (16, 8)])
+def test_tile_map_matches_the_dense_mask(kind, bq, bk):
+    Tl, off = 37, 25
+    valid = torch.ones(2, Tl, dtype=torch.bool)
+    valid[1, 20:23] = False
+    m = AttentionMask(kind, Tl, off, valid)
+    tiles = m.tiles(bq, bk)
+    dense_b = m.dense()[:, 0].numpy()
+    for b in range(2):
+        expected = independent_tile_classes(dense_b[b], bq, bk)
+        np.testing.assert_array_equal(tiles.classes[b].numpy(), expected)
+        assert int(tiles.allowed[b].sum()) == int(dense_b[b].sum())
+    full_cnt, full_idx, part_cnt, part_idx = tiles.block_sparse()
+    for cnt, idx, cls in ((full_cnt, full_idx, FULL), (part_cnt, part_idx, PARTIAL)):
+        assert cnt.dtype == idx.dtype == torch.int32 and cnt.shape[1] == idx.shape[1] == 1
+        for b in range(2):
+            for i in range(tiles.classes.shape[1]):
+                want = np.flatnonzero(tiles.classes[b, i].numpy() == cls)
+                assert int(cnt[b, 0, i]) == len(want)
+                np.testing.assert_array_equal(idx[b, 0, i, :len(want)].numpy(), want)
+
+
+def test_tile_map_in_row_chunks_equals_one_pass():
+    from models.masks import tile_map
+    m = AttentionMask("recsys-bidirectional", 300, 236)
+    whole = tile_map(m.mask_mod(), 300, 64, 128)
+    chunked = tile_map(m.mask_mod(), 300, 64, 128, max_elements=1)          # one row of tiles at a time
+    assert torch.equal(whole.classes, chunked.classes) and torch.equal(whole.allowed, chunked.allowed)
+
+
+def test_recsys_tiles_skip_the_candidate_block():
+    """Production geometry: prefix 1024 (8 kv tiles of 128), 64 candidates -> the candidate tile row runs
+    its 8 prefix tiles full and its diagonal tile partial; nothing else in the candidate block."""
+    m = AttentionMask("recsys-bidirectional", 1088, 1024)
+    c = m.tiles(128, 128).classes[0]
+    assert (c[:8, :8] == FULL).all() and (c[:8, 8] == EMPTY).all()
+    assert (c[8, :8] == FULL).all() and c[8, 8] == PARTIAL
+    assert m.tiles(128, 128).counts() == {"empty": 8, "partial": 1, "full": 72}
+
+
+def test_derived_forms_are_built_once_per_device():
+    m = AttentionMask("recsys", T, 4, torch.ones(2, T, dtype=torch.bool))
+    assert m.dense() is m.dense("cpu") and m.tiles(4, 4) is m.tiles(4, 4)
+    assert m.dense("meta").device.type == "meta"             # built where asked, not moved there
+
+
+def test_bad_tile_sizes():
+    with pytest.raises(ValueError, match=r"block_q: got 0; allowed: a positive integer"):
+        AttentionMask("causal", T).tiles(0, 4)

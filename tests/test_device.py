@@ -1,0 +1,93 @@
+"""Device-correctness without a GPU: the `meta` device refuses what a CUDA forward must never do.
+
+A meta tensor has a shape and a device but no data, so mixing it with a CPU tensor raises ("is not on
+the expected device cpu") and reading it back raises ("cannot be called on meta tensors"). A forward
+that runs on meta therefore builds every mask on the inputs' device and makes no host sync — the two
+faults that made every view of a GPU Space fail (models/masks.py built its index ranges on the CPU and
+`&`-ed them with a CUDA `valid`; has_padding read `valid.all()` back in every layer)."""
+import pytest
+import torch
+
+from models import attention as A
+from models.grok import Transformer, init_params
+from models.masks import AttentionMask
+from models.probes import isolation_probe
+from models.recsys import RecsysModel, SequenceLayout, get_preset, init_recsys, synthetic_batch
+
+META = torch.device("meta")
+
+
+def padded_valid(B, T, offset):
+    valid = torch.ones(B, T, dtype=torch.bool)
+    valid[0, offset - 2:offset] = False
+    valid[1, T - 1] = False
+    return valid
+
+
+def meta_trunk(**changes):
+    config = get_preset("lecture").transformer.replace(**changes)
+    return init_params(Transformer(config), "random", seed=1).to(META)
+
+
+@pytest.mark.parametrize("prefix", ["causal", "bidirectional"])
+@pytest.mark.parametrize("backend,cap_method", [("naive", "tanh"), ("structured", "soft_sign"), ("sdpa", "none")])
+def test_trunk_forward_with_padding_runs_on_meta(prefix, backend, cap_method):
+    model = meta_trunk(prefix=prefix, cap_method=cap_method)
+    emb = torch.randn(2, 9, 64).to(META)
+    valid = padded_valid(2, 9, 6).to(META)
+    with torch.no_grad():
+        out = model(emb, valid, 6, backend=backend, record=backend == "naive")
+    assert out.embeddings.device == META and out.embeddings.shape == (2, 9, 64)
+
+
+def test_ranker_forward_with_padding_runs_on_meta():
+    preset = get_preset("lecture")
+    config = preset.recsys_config(preset.transformer.replace(prefix="bidirectional"))
+    model = init_recsys(RecsysModel(config), "random", seed=2).to(META)
+    batch = synthetic_batch(config, SequenceLayout(1, 6, 4, history_padding=2, candidate_padding=1), seed=5, batch=2)
+    batch = type(batch)(*(getattr(batch, f).to(META) for f in batch.__dataclass_fields__))
+    with torch.no_grad():
+        out = model(batch, record=True)
+    assert out.logits.device == META and out.logits.shape[:2] == (2, 4)
+
+
+def test_attention_mask_forms_are_built_on_meta():
+    mask = AttentionMask("recsys", 11, 7, padded_valid(2, 11, 7).to(META))
+    assert mask.padded                                        # known from the layout, not read back
+    assert mask.dense(META).device == META
+    full_cnt, full_idx, part_cnt, part_idx = mask.tiles(4, 4, META).block_sparse()
+    assert {t.device for t in (full_cnt, full_idx, part_cnt, part_idx)} == {META}
+
+
+def test_flash_wrappers_make_no_host_read(monkeypatch):
+    """The varlen packing (FlashAttention 2) and the block-sparse tensors (FlashAttention-4) run on meta
+    around shape-only kernels: neither wrapper reads a count, an offset or a mask back."""
+    def shape_only_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                          softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                          alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None):
+        return torch.empty_like(q), q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32), None
+
+    def shape_only_fa4(q, k, v, softmax_scale=None, causal=False, softcap=0.0, pack_gqa=None, mask_mod=None,
+                       aux_tensors=None, block_sparse_tensors=None):
+        assert all(t.device == META for t in block_sparse_tensors[:4]) and mask_mod is not None
+        return torch.empty_like(q), None
+    monkeypatch.setattr(A, "_flash_attn_funcs", lambda: (None, shape_only_varlen))
+    monkeypatch.setattr(A, "_fa4_func", lambda: (shape_only_fa4, lambda **kw: tuple(kw.values())))
+    monkeypatch.setattr(A, "_fa4_mask_mod", lambda *a: (lambda *args: None))
+    monkeypatch.setattr(A, "_fa4_block_q", lambda device: 4)
+    q, k, v = (torch.randn(2, 11, h, 8).to(META) for h in (4, 2, 2))
+    mask = AttentionMask("recsys", 11, 7, padded_valid(2, 11, 7).to(META))
+    for fn in (A.flash_attn_attention, A.fa4_attention):
+        out = fn(q, k, v, mask, multiplier=1.0, cap=30.0, cap_method="tanh").out
+        assert out.device == META and out.shape == q.shape
+
+
+def test_isolation_probe_keeps_every_tensor_on_the_model_device():
+    """On meta the probe gets as far as its one deliberate host read — the number it returns."""
+    model = meta_trunk()
+    emb = torch.randn(2, 9, 64).to(META)
+    with pytest.raises(RuntimeError, match="cannot be called on meta tensors") as raised:
+        isolation_probe(model, emb, padded_valid(2, 9, 6).to(META), 6, candidate=1)
+    frames = [str(entry.path) for entry in raised.traceback]
+    ours = [f for f in frames if "/models/" in f]
+    assert ours[-1].endswith("probes.py"), ours          # raised by the probe's float(), not inside a forward
