@@ -48,7 +48,9 @@ pickle. The model's config travels with the weights as JSON (safetensors metadat
 from __future__ import annotations
 
 import json
+import math
 import os
+import struct
 import zipfile
 from dataclasses import asdict
 from typing import Mapping, Optional, Union
@@ -194,14 +196,52 @@ def unflatten(flat: Mapping) -> dict[str, dict]:
     return nested
 
 
-def _as_array(value) -> np.ndarray:
-    """numpy, jax, torch or anything with __array__ -> a float numpy array (bf16 -> fp32)."""
-    if isinstance(value, torch.Tensor):
-        value = value.detach().cpu().float().numpy()
-    arr = np.asarray(value)
-    if arr.dtype.kind != "f" or arr.dtype not in (np.float16, np.float32, np.float64):
-        arr = arr.astype(np.float32)   # ml_dtypes.bfloat16 from jax, ints
-    return arr
+# What a weight may hold. Trained transformer weights are O(1) (grok.py initialises with variance
+# scaling; RMSNorm scales stay near 1); a value past MAX_ABS_WEIGHT is no trained weight but an overflow
+# waiting in the forward: 1e4 x 1e4 products summed over a few thousand features already reach 1e11,
+# and a second layer squares them past fp32's 3.4e38. Values are checked after the cast to the model's
+# dtype, where 1e300 in float64 is already inf.
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+MAX_ABS_WEIGHT = 1e4
+MAX_LISTED = 8                   # problems spelled out in one message; the rest are counted
+
+
+def _shown(key: str) -> str:
+    """A key as a message shows it: file keys are anyone's text, so long ones are cut."""
+    return key if len(key) <= 100 else key[:97] + "..."
+
+
+def _dtype_name(value) -> str:
+    if isinstance(value, np.ndarray):
+        return value.dtype.name              # '>f4' is float32 too
+    return str(value.dtype).removeprefix("torch.")
+
+
+def _as_tensor(value, shape: tuple, dtype: torch.dtype) -> Union[torch.Tensor, str]:
+    """numpy, jax, torch or anything with __array__ -> a tensor of the model's dtype, or what is wrong
+    with it: not an array, not a real floating dtype (complex, ints and bool are refused, never
+    cast), the wrong shape, or values that are not finite or too large once cast."""
+    if not isinstance(value, torch.Tensor):
+        try:
+            value = np.asarray(value)
+        except (TypeError, ValueError) as e:
+            return f"is not a numeric array ({str(e)[:100]})"
+    if _dtype_name(value) not in FLOAT_DTYPES:
+        return f"has dtype {_dtype_name(value)}; allowed: a real floating dtype ({', '.join(FLOAT_DTYPES)})"
+    if tuple(value.shape) != shape:
+        return f"has shape {list(value.shape)}, expected {list(shape)}"
+    if isinstance(value, np.ndarray):
+        if value.dtype.name == "bfloat16":                  # ml_dtypes (jax): exact in float32
+            value = value.astype(np.float32)
+        value = torch.from_numpy(np.array(value, dtype=value.dtype.newbyteorder("="), copy=True))
+    t = value.detach().to("cpu", dtype)
+    if not torch.isfinite(t).all():
+        return f"contains NaN or infinity as {_dtype_name(t)} (the model's dtype)"
+    largest = t.abs().max().item() if t.numel() else 0.0
+    if largest > MAX_ABS_WEIGHT:
+        return (f"has a value of magnitude {largest:.3g}; allowed: at most {MAX_ABS_WEIGHT:.0e} "
+                f"(larger weights overflow the forward)")
+    return t
 
 
 def haiku_params(model: Model, hash_tables: bool = True) -> dict[str, dict[str, np.ndarray]]:
@@ -214,31 +254,31 @@ def haiku_params(model: Model, hash_tables: bool = True) -> dict[str, dict[str, 
     return unflatten(flat)
 
 
-def checked_arrays(spec: Mapping[str, tuple], flat: Mapping, field: str, config: str) -> dict[str, np.ndarray]:
+def checked_arrays(spec: Mapping[str, tuple], flat: Mapping, field: str, config: str,
+                   dtype: torch.dtype = torch.float32) -> dict[str, np.ndarray]:
     """The arrays of a flat ``{key: array}`` mapping, checked against ``spec`` (key -> (target, shape,
-    what the shape is)). On any problem one ValueError names every key at fault, against `config` (the
-    geometry in words), so the caller loads nothing. Shared by every loader (grok.py's and xrex's)."""
-    problems, arrays = [], {}
-    for key in sorted(set(spec) - set(flat)):
-        problems.append(f"{key} is missing (expected shape {list(spec[key][1])} {spec[key][2]})")
-    for key in sorted(set(flat) - set(spec)):
-        problems.append(f"{key} is unexpected (this model has no such parameter)")
+    what the shape is)) and returned in `dtype`, the model's (values are checked after that cast). On
+    any problem one ValueError names the keys at fault (a few, and a count of the rest), against
+    `config` (the geometry in words), so the caller loads nothing. Shared by every loader (grok.py's
+    and xrex's)."""
+    missing = [f"{key} is missing (expected shape {list(spec[key][1])} {spec[key][2]})"
+               for key in sorted(set(spec) - set(flat))]
+    unexpected = [f"{_shown(key)} is unexpected (this model has no such parameter)"
+                  for key in sorted(set(flat) - set(spec))]
+    wrong, arrays = [], {}
     for key in [k for k in spec if k in flat]:
         _, shape, why = spec[key]
-        try:
-            arr = _as_array(flat[key])
-        except (TypeError, ValueError) as e:
-            problems.append(f"{key} is not a numeric array ({e})")
-            continue
-        if tuple(arr.shape) != shape:
-            problems.append(f"{key} has shape {list(arr.shape)}, expected {list(shape)} {why}")
-        elif not np.isfinite(arr).all():
-            problems.append(f"{key} contains NaN or infinity")
+        t = _as_tensor(flat[key], shape, dtype)
+        if isinstance(t, str):
+            wrong.append(f"{key} {t}" + (f" {why}" if t.startswith("has shape") else ""))
         else:
-            arrays[key] = arr
+            arrays[key] = t.numpy()
+    problems = missing + wrong + unexpected          # the least telling last: extra keys
     if problems:
-        raise ValueError(f"{field}: {len(problems)} problem(s) against the config ({config}); nothing was "
-                         f"loaded:\n  " + "\n  ".join(problems))
+        listed = problems[:MAX_LISTED] + ([f"... and {len(problems) - MAX_LISTED:,} more"]
+                                          if len(problems) > MAX_LISTED else [])
+        raise ValueError(f"{field}: {len(problems):,} problem(s) against the config ({config}); nothing was "
+                         f"loaded:\n  " + "\n  ".join(listed))
     return arrays
 
 
@@ -317,41 +357,139 @@ def _read(path, max_bytes: int) -> tuple[dict[str, np.ndarray], Optional[str]]:
                          f"{max_bytes:,} bytes")
     if ext == ".npz":
         return _read_npz(path, max_bytes)
-    return _read_safetensors(path)
+    return _read_safetensors(path, max_bytes)
+
+
+# Archive limits, checked before anything is read: how many arrays a file may hold (the largest
+# preset has a few hundred parameters), how large its index may be (zip directory, safetensors
+# header), and the bytes its arrays declare (shape x dtype) against the caller's max_bytes.
+MAX_ARRAYS = 4096
+MAX_INDEX_BYTES = MAX_ARRAYS * 1024
+MAX_CONFIG_BYTES = 64 * 1024
+
+
+def _too_many(name: str, count: int) -> ValueError:
+    return ValueError(f"{FILE_FIELD}: {name!r} holds {count:,} arrays; allowed: at most {MAX_ARRAYS:,}")
+
+
+def _too_large(name: str, what: str, size: int, allowed: int) -> ValueError:
+    return ValueError(f"{FILE_FIELD}: {name!r} {what} {size:,} bytes; allowed: at most {allowed:,}")
+
+
+def _zip_directory(path: str, name: str) -> tuple[int, int]:
+    """(entries, directory bytes) as the zip's end record declares them, read without parsing the
+    directory itself: 200,000 members take seconds to list. Zip64 (65,535+ entries) reads as 65,535."""
+    with open(path, "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        fh.seek(max(0, fh.tell() - (22 + 65535)))          # end record + the longest comment
+        tail = fh.read()
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or len(tail) - at < 22:
+        raise ValueError(f"{FILE_FIELD}: {name!r} is not a valid .npz archive (no zip end record)")
+    return struct.unpack("<HI", tail[at + 10:at + 16])
+
+
+def _npz_member(z: zipfile.ZipFile, info: zipfile.ZipInfo, name: str, budget: int) -> np.ndarray:
+    """One .npy member: its header read first, its data only when the shape and dtype it declares
+    fit in `budget` bytes. Object arrays (pickle) are refused, never loaded."""
+    with z.open(info) as f:
+        version = np.lib.format.read_magic(f)
+        read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                       (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+        if read_header is None:
+            raise ValueError(f"npy format version {version} is not supported")
+        shape, fortran_order, dtype = read_header(f)
+        if dtype.hasobject:
+            raise ValueError(f"{FILE_FIELD}: {name!r} contains pickled objects; refused (only plain numeric "
+                             f"arrays are loaded, never pickle)")
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes > budget:
+            raise _too_large(name, f"declares {_shown(info.filename)!r} of shape {list(shape)} {dtype.name}:",
+                             nbytes, budget)
+        data = bytearray(nbytes)
+        if f.readinto(data) != nbytes:
+            raise ValueError(f"{_shown(info.filename)!r} is shorter than its shape {list(shape)} declares")
+    return np.frombuffer(data, dtype).reshape(shape, order="F" if fortran_order else "C")
 
 
 def _read_npz(path: str, max_bytes: int):
     name = os.path.basename(path)
+    entries, directory = _zip_directory(path, name)
+    if entries > MAX_ARRAYS:
+        raise _too_many(name, entries)
+    if directory > MAX_INDEX_BYTES:
+        raise _too_large(name, "has a zip directory of", directory, MAX_INDEX_BYTES)
+    arrays, config, budget = {}, None, max_bytes
     try:
         with zipfile.ZipFile(path) as z:
+            infos = z.infolist()
+            if len(infos) > MAX_ARRAYS:
+                raise _too_many(name, len(infos))
             # compressed members could expand far beyond the file size: cap what they unpack to
-            unpacked = sum(info.file_size for info in z.infolist())
-    except (zipfile.BadZipFile, OSError) as e:
-        raise ValueError(f"{FILE_FIELD}: {name!r} is not a valid .npz archive ({e})") from None
-    if unpacked > max_bytes:
-        raise ValueError(f"{FILE_FIELD}: {name!r} unpacks to {unpacked:,} bytes; allowed: at most {max_bytes:,}")
-    arrays, config = {}, None
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            for key in data.files:
-                arr = data[key]   # raises ValueError on object (pickled) arrays
+            unpacked = sum(info.file_size for info in infos)
+            if unpacked > max_bytes:
+                raise _too_large(name, "unpacks to", unpacked, max_bytes)
+            for info in infos:
+                key = info.filename.removesuffix(".npy")
+                arr = _npz_member(z, info, name, MAX_CONFIG_BYTES if key == CONFIG_KEY else budget)
+                budget -= arr.nbytes
                 if key == CONFIG_KEY:
                     config = arr.astype(np.uint8).tobytes().decode("utf-8")
                 else:
                     arrays[key] = arr
     except ValueError as e:
-        if "pickle" in str(e).lower():
-            raise ValueError(f"{FILE_FIELD}: {name!r} contains pickled objects; refused (only plain numeric "
-                             f"arrays are loaded, never pickle)") from None
-        raise ValueError(f"{FILE_FIELD}: {name!r} could not be read as .npz ({e})") from None
-    except (OSError, EOFError, zipfile.BadZipFile, UnicodeDecodeError) as e:
-        raise ValueError(f"{FILE_FIELD}: {name!r} could not be read as .npz ({e})") from None
+        if str(e).startswith(FILE_FIELD):
+            raise
+        raise ValueError(f"{FILE_FIELD}: {name!r} could not be read as .npz ({str(e)[:200]})") from None
+    except (OSError, EOFError, zipfile.BadZipFile, UnicodeDecodeError, NotImplementedError) as e:
+        raise ValueError(f"{FILE_FIELD}: {name!r} could not be read as .npz ({str(e)[:200]})") from None
     return arrays, config
 
 
-def _read_safetensors(path: str):
+# bytes per element of each safetensors dtype
+SAFETENSORS_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
+                      "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
+
+
+def _check_safetensors_header(path: str, name: str, max_bytes: int) -> None:
+    """The header (8-byte length, then JSON {key: {dtype, shape, data_offsets}}) checked before the
+    library reads anything: its size, the number of arrays, and the bytes their shapes declare."""
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        length = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if not 0 < length <= MAX_INDEX_BYTES:
+            raise ValueError(f"{FILE_FIELD}: {name!r} could not be read as .safetensors (its header declares "
+                             f"{length:,} bytes; allowed: 1 to {MAX_INDEX_BYTES:,})")
+        try:
+            header = json.loads(fh.read(length))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ValueError(f"{FILE_FIELD}: {name!r} could not be read as .safetensors (header: "
+                             f"{str(e)[:100]})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{FILE_FIELD}: {name!r} could not be read as .safetensors (header is no JSON object)")
+    entries = {k: v for k, v in header.items() if k != "__metadata__"}
+    if len(entries) > MAX_ARRAYS:
+        raise _too_many(name, len(entries))
+    total = 0
+    for key, entry in entries.items():
+        dtype = entry.get("dtype") if isinstance(entry, dict) else None
+        shape = entry.get("shape") if isinstance(entry, dict) else None
+        if dtype not in SAFETENSORS_DTYPES or not isinstance(shape, list) or not all(
+                isinstance(n, int) and n >= 0 for n in shape):
+            raise ValueError(f"{FILE_FIELD}: {name!r} declares {_shown(key)!r} as dtype {str(dtype)[:20]!r}, "
+                             f"shape {str(shape)[:60]}; allowed: a dtype of {', '.join(SAFETENSORS_DTYPES)} and "
+                             f"a list of sizes")
+        nbytes = math.prod(shape) * SAFETENSORS_DTYPES[dtype]
+        total += nbytes
+        if total > max_bytes:
+            raise _too_large(name, f"declares {_shown(key)!r} of shape {shape} {dtype}, arrays of at least",
+                             total, max_bytes)
+
+
+def _read_safetensors(path: str, max_bytes: int):
     from safetensors import safe_open
     name = os.path.basename(path)
+    _check_safetensors_header(path, name, max_bytes)
     try:
         # framework "pt" reads bf16 too, which numpy has no dtype for
         with safe_open(path, framework="pt") as f:
@@ -361,7 +499,7 @@ def _read_safetensors(path: str):
                 t = f.get_tensor(key)
                 arrays[key] = (t.float() if t.dtype == torch.bfloat16 else t).numpy()
     except Exception as e:  # safetensors raises its own SafetensorError for malformed headers
-        raise ValueError(f"{FILE_FIELD}: {name!r} could not be read as .safetensors ({e})") from None
+        raise ValueError(f"{FILE_FIELD}: {name!r} could not be read as .safetensors ({str(e)[:200]})") from None
     return arrays, config
 
 

@@ -141,7 +141,7 @@ def test_recsys_file_round_trip(tmp_path, ext):
     batch = synthetic_batch(model.config, preset.layout, seed=1)
     assert torch.equal(model(batch).logits, rebuilt(batch).logits)
     # a ranker file is not a trunk file: the extra keys are named
-    with pytest.raises(ValueError, match="(?s)weights file: .*phoenix_model/unembeddings is unexpected"):
+    with pytest.raises(ValueError, match="(?s)weights file: 10 problem.*phoenix_model/action_projection is unexpected"):
         load_weights(Transformer(model.config.transformer), path)
 
 
@@ -335,3 +335,133 @@ def test_app_opens_a_jax_export(tmp_path):
     # a file for another geometry is refused, naming what differs
     with pytest.raises(Exception, match="(?s)weights file.*proj_mat_1 has shape"):
         runs.load_upload(dataclasses.replace(s, emb_size=128, key_size=32), str(path))
+
+
+# --- values: checked in the model's dtype, bounded, real floating point only ----------------
+
+def one_bad(value, key=("transformer/decoder_layer_1/linear", "w")):
+    params = random_params(seed=9)
+    params[key[0]][key[1]] = value
+    return params
+
+
+@pytest.mark.parametrize("value,message", [
+    (np.full((64, 176), 1e300, np.float64), r"linear/w contains NaN or infinity as float32 \(the model's dtype\)"),
+    (np.full((64, 176), 1e30, np.float32), r"linear/w has a value of magnitude 1e\+30; allowed: at most 1e\+04"),
+    (np.full((64, 176), -2e4, np.float16), r"magnitude 2e\+04; allowed: at most 1e\+04"),
+    (torch.full((64, 176), 1e300, dtype=torch.float64), "NaN or infinity as float32"),
+    (np.ones((64, 176), np.complex64), r"linear/w has dtype complex64; allowed: a real floating dtype"),
+    (torch.ones((64, 176), dtype=torch.complex64), "has dtype complex64; allowed"),
+    (np.ones((64, 176), np.int8), "linear/w has dtype int8; allowed"),
+    (np.ones((64, 176), bool), "linear/w has dtype bool; allowed"),
+    (torch.ones((64, 176), dtype=torch.int32), "has dtype int32; allowed"),
+])
+def test_values_are_checked_after_the_cast_and_only_real_floats_load(value, message):
+    """float64 1e300 is finite until cast to the model's fp32; 1e30 is finite but overflows the
+    forward; complex would lose its imaginary part and ints/bool are no weights: all refused by name."""
+    model = init_params(Transformer(CFG), "random", 0)
+    before = haiku_params(model)
+    with pytest.raises(ValueError, match=message):
+        load_haiku_params(model, one_bad(value))
+    assert params_equal(haiku_params(model), before)
+
+
+def test_weights_within_the_bound_load_exactly_in_any_float_dtype():
+    params = random_params(seed=10)
+    w = params["transformer/decoder_layer_0/linear_v"]["w"]
+    w[0, 0] = 1e4                                            # the bound itself is allowed
+    params["transformer/decoder_layer_0/linear_v"]["w"] = w.astype(">f8")     # big-endian float64
+    params["transformer/decoder_layer_0/linear"]["w"] = torch.from_numpy(
+        params["transformer/decoder_layer_0/linear"]["w"]).bfloat16()
+    model = load_haiku_params(Transformer(CFG), params)
+    assert model.layers[0].dense_block.linear_v.w[0, 0].item() == 1e4
+    assert torch.equal(model.layers[0].dense_block.linear.w.detach(),
+                       torch.from_numpy(params["transformer/decoder_layer_0/linear"]["w"].float().numpy()))
+
+
+@pytest.mark.parametrize("ext", ["npz", "safetensors"])
+@pytest.mark.parametrize("dtype", [np.int8, np.bool_, np.complex64])
+def test_files_with_integer_bool_or_complex_weights_are_refused(tmp_path, ext, dtype):
+    params = random_params(seed=11)
+    flat = {f"{m}/{n}": v for m, inner in params.items() for n, v in inner.items()}
+    flat["transformer/decoder_layer_0/rms_norm/scale"] = np.ones(64, dtype)
+    path = tmp_path / f"w.{ext}"
+    if ext == "npz":
+        np.savez(path, **flat)
+    else:
+        if dtype is np.complex64:
+            pytest.skip("safetensors.numpy writes no complex dtype")
+        from safetensors.numpy import save_file
+        save_file(flat, str(path))
+    with pytest.raises(ValueError, match=f"rms_norm/scale has dtype {np.dtype(dtype).name}; allowed"):
+        load_weights(Transformer(CFG), path)
+
+
+def test_a_message_lists_a_few_problems_and_counts_the_rest():
+    params = random_params(seed=12)
+    for i in range(20_000):
+        params[f"extra/module_{i}"] = {"w": np.zeros(1, np.float32)}
+    params["x" * 100_000] = {"w": np.zeros(1, np.float32)}
+    del params["transformer/decoder_layer_1/rms_norm_2"]
+    with pytest.raises(ValueError) as e:
+        load_haiku_params(Transformer(CFG), params)
+    msg = str(e.value)
+    assert len(msg) < 3000, len(msg)
+    assert msg.startswith("weights: 20,002 problem(s)")
+    assert "rms_norm_2/scale is missing" in msg.splitlines()[1]           # the telling problems first
+    assert msg.splitlines()[-1].strip() == "... and 19,994 more"
+
+
+# --- archives: counts, declared shapes and bytes checked before reading ----------------------
+
+def test_npz_with_too_many_members_is_refused_before_its_directory_is_read(tmp_path):
+    path = tmp_path / "many.npz"
+    with zipfile.ZipFile(path, "w") as z:
+        for i in range(5000):
+            z.writestr(f"k{i}.npy", b"")
+    with pytest.raises(ValueError, match="weights file: 'many.npz' holds 5,000 arrays; allowed: at most 4,096"):
+        read_weight_file(path)
+
+
+def npy_bytes(shape, descr="<f4", data=b"\0" * 16):
+    import io
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": descr, "fortran_order": False, "shape": shape})
+    return buf.getvalue() + data
+
+
+def test_npz_member_declaring_a_huge_shape_is_refused_by_name(tmp_path):
+    path = tmp_path / "huge.npz"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("transformer/decoder_layer_0/rms_norm/scale.npy", npy_bytes((10**14,)))
+    with pytest.raises(ValueError, match=r"weights file: 'huge.npz' declares .*rms_norm/scale.npy' of shape "
+                                         r"\[100000000000000\] float32: 400,000,000,000,000 bytes; allowed"):
+        read_weight_file(path)
+    # and a member shorter than its header says is named too
+    with zipfile.ZipFile(tmp_path / "short.npz", "w") as z:
+        z.writestr("a.npy", npy_bytes((64,)))
+    with pytest.raises(ValueError, match="'short.npz' could not be read as .npz .*shorter than its shape"):
+        read_weight_file(tmp_path / "short.npz")
+
+
+def safetensors_bytes(header: dict, data: bytes = b"\0" * 16) -> bytes:
+    import json
+    raw = json.dumps(header).encode()
+    return len(raw).to_bytes(8, "little") + raw + data
+
+
+def test_safetensors_header_limits_are_checked_before_reading(tmp_path):
+    path = tmp_path / "huge.safetensors"
+    path.write_bytes(safetensors_bytes({"k": {"dtype": "F32", "shape": [10**14], "data_offsets": [0, 16]}}))
+    with pytest.raises(ValueError, match=r"'huge.safetensors' declares 'k' of shape \[100000000000000\] F32"):
+        read_weight_file(path)
+    path.write_bytes(safetensors_bytes({f"k{i}": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}
+                                        for i in range(5000)}))
+    with pytest.raises(ValueError, match="'huge.safetensors' holds 5,000 arrays; allowed: at most 4,096"):
+        read_weight_file(path)
+    path.write_bytes((2**40).to_bytes(8, "little") + b"{}")
+    with pytest.raises(ValueError, match="could not be read as .safetensors .*header declares 1,099,511,627,776"):
+        read_weight_file(path)
+    path.write_bytes(safetensors_bytes({"k": {"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]}}))
+    with pytest.raises(ValueError, match="declares 'k' as dtype 'F32', shape \\[-4\\]; allowed"):
+        read_weight_file(path)
