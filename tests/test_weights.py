@@ -465,3 +465,22 @@ def test_safetensors_header_limits_are_checked_before_reading(tmp_path):
     path.write_bytes(safetensors_bytes({"k": {"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]}}))
     with pytest.raises(ValueError, match="declares 'k' as dtype 'F32', shape \\[-4\\]; allowed"):
         read_weight_file(path)
+
+
+@pytest.mark.parametrize("query", ["preset=lecture&weights=random&multiplier=100&logit_cap=0",
+                                   "preset=lecture&weights=random&emb_size=512&num_layers=4&num_q_heads=8&"
+                                   "key_size=64&multiplier=100&cap_method=none"])
+def test_the_magnitude_bound_keeps_the_worst_case_forward_finite(query):
+    """Every parameter at +MAX_ABS_WEIGHT (all products aligned), no logit cap, the largest multiplier:
+    the scores are finite, so weights that pass the check cannot overflow the forward."""
+    from explorer.runs import recsys_config
+    from explorer.settings import parse_query
+    from models.weights import MAX_ABS_WEIGHT
+    s = parse_query(query)
+    model = RecsysModel(recsys_config(s))
+    params = {m: {n: np.full_like(a, MAX_ABS_WEIGHT) for n, a in inner.items()}
+              for m, inner in haiku_params(model).items()}
+    load_haiku_params(model, params)
+    with torch.no_grad():
+        out = model(synthetic_batch(model.config, s.layout, seed=0), record=True)
+    assert torch.isfinite(out.logits).all()
