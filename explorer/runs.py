@@ -10,25 +10,19 @@ import contextlib
 import functools
 import hashlib
 import threading
-from dataclasses import replace
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
 from models import demo
 from models.recsys import RecsysBatch, RecsysConfig, RecsysModel, RecsysOutput, get_preset, init_recsys, synthetic_batch
 
-from .settings import Settings, ValidationError, device
+from .settings import WEIGHT_GEOMETRY, Settings, ValidationError, device
 
-# uploaded weight files, by name: {name: {parameter name: tensor}} (kept small: a few entries)
-UPLOADED: dict[str, dict[str, torch.Tensor]] = {}
-_lock = threading.Lock()
-MAX_UPLOAD_BYTES = 200 * 2**20      # phoenix-nano in fp32 is ~45 MB
-
-
-def uploaded_names() -> frozenset:
-    return frozenset(UPLOADED)
+MAX_UPLOAD_BYTES = 200 * 2**20      # one file; phoenix-nano in fp32 is ~45 MB
 
 
 def recsys_config(s: Settings) -> RecsysConfig:
@@ -48,21 +42,81 @@ def _weights(geometry: tuple) -> dict[str, torch.Tensor]:
     if s.weights in ("random", "zeros"):
         init_recsys(model, s.weights, s.seed)
         return dict(model.state_dict())
-    name = s.weights[len("upload:"):]
-    if name not in UPLOADED:
-        raise ValidationError("weights", s.weights, "an uploaded file the server still holds; upload it again")
-    return UPLOADED[name]
+    return _upload_state(s.weights)
 
 
-def load_upload(s: Settings, path: str) -> str:
-    """Check an uploaded .npz / .safetensors file against the current configuration and keep it.
+# --- uploaded weights: each visitor's own -----------------------------------------------------
+# Held per session (Gradio's session hash; gradio_client keeps one per Client) and never listed to
+# anyone else; forgotten UPLOAD_TTL_S after their last use, or when the page is closed. A session
+# keeps its newest UPLOADS_PER_SESSION; one visitor's uploads never evict another's: when every
+# session's uploads together fill MAX_UPLOAD_STORE_BYTES, a new upload is refused by name instead.
+# Names are the file's content hash, so two sessions holding one name hold the same weights.
+UPLOADS_PER_SESSION = 2
+MAX_UPLOAD_STORE_BYTES = 512 * 2**20        # as fp32 tensors: ~3 models at the CPU's 40M-parameter cap
+UPLOAD_TTL_S = 3600.0
 
-    -> its name for ``Settings.weights = "upload:<name>"``. On any problem a ValidationError lists
-    every mismatch and nothing changes (the current weights stay)."""
+
+@dataclass
+class Upload:
+    state: dict[str, torch.Tensor]
+    geometry: dict[str, Any]            # the settings its shapes were checked against
+    nbytes: int
+    used: float                         # time.monotonic() of the last use
+
+
+_UPLOADS: dict[str, dict[str, Upload]] = {}     # session -> name -> upload, oldest first
+_uploads_lock = threading.Lock()
+
+
+def _expire_uploads(now: float) -> None:
+    for session in list(_UPLOADS):
+        mine = _UPLOADS[session]
+        for name in [n for n, u in mine.items() if now - u.used > UPLOAD_TTL_S]:
+            del mine[name]
+        if not mine:
+            del _UPLOADS[session]
+
+
+def uploads(session: str) -> dict[str, dict[str, Any]]:
+    """This session's uploads: name -> the geometry they fit (explorer.settings' `uploaded`). Asking
+    counts as a use, so weights a visitor is looking at do not expire."""
+    now = time.monotonic()
+    with _uploads_lock:
+        _expire_uploads(now)
+        mine = _UPLOADS.get(session, {})
+        for u in mine.values():
+            u.used = now
+        return {name: dict(u.geometry) for name, u in mine.items()}
+
+
+def forget_uploads(session: str) -> None:
+    with _uploads_lock:
+        _UPLOADS.pop(session, None)
+
+
+def _upload_state(weights: str) -> dict[str, torch.Tensor]:
+    """The tensors behind "upload:<name>": the validation layer has checked that the asking session
+    holds that name, and equal names are equal files, so any session's copy serves."""
+    name = weights[len("upload:"):]
+    with _uploads_lock:
+        for mine in _UPLOADS.values():
+            if name in mine:
+                return mine[name].state
+    raise ValidationError("weights", weights, "an uploaded file the server still holds; upload it again")
+
+
+def load_upload(s: Settings, path: str, session: str) -> str:
+    """Check an uploaded .npz / .safetensors file against the current configuration and keep it for
+    this session.
+
+    -> its name for ``Settings.weights = "upload:<name>"``. On any problem a ValidationError names it
+    and nothing changes (the current weights stay): shapes, dtypes and values (models.weights), or a
+    store without room."""
     from models.weights import EXTENSIONS, load_weights
+    filename = Path(path).name
     ext = Path(path).suffix.lower()
     if ext not in EXTENSIONS:
-        raise ValidationError("weights file", Path(path).name, "a .npz or .safetensors file (never pickle)")
+        raise ValidationError("weights file", filename, "a .npz or .safetensors file (never pickle)")
     size = Path(path).stat().st_size
     if size > MAX_UPLOAD_BYTES:
         raise ValidationError("weights file", f"{size:,} bytes", f"at most {MAX_UPLOAD_BYTES:,} bytes")
@@ -71,13 +125,29 @@ def load_upload(s: Settings, path: str) -> str:
     try:
         load_weights(model, path, max_bytes=MAX_UPLOAD_BYTES)
     except ValueError as e:
-        raise ValidationError("weights file", Path(path).name, "weights that match the configuration. "
+        raise ValidationError("weights file", filename, "weights that match the configuration. "
                               + str(e).split(":", 1)[-1].strip()) from None
-    name = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
-    with _lock:
-        while len(UPLOADED) >= 4:              # keep memory bounded: forget the oldest
-            UPLOADED.pop(next(iter(UPLOADED)))
-        UPLOADED[name] = dict(model.state_dict())
+    with open(path, "rb") as f:
+        name = hashlib.file_digest(f, "sha256").hexdigest()[:16]
+    state = dict(model.state_dict())
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    geometry = {f: getattr(s, f) for f in WEIGHT_GEOMETRY}
+    now = time.monotonic()
+    with _uploads_lock:
+        _expire_uploads(now)
+        mine = _UPLOADS.get(session, {})
+        mine.pop(name, None)                     # uploaded again: now the newest, with this geometry
+        evicted = list(mine)[:max(0, len(mine) - UPLOADS_PER_SESSION + 1)]
+        held = sum(u.nbytes for m in _UPLOADS.values() for n, u in m.items() if m is not mine or n not in evicted)
+        if held + nbytes > MAX_UPLOAD_STORE_BYTES:
+            raise ValidationError("weights file", f"{nbytes:,} bytes of weights",
+                                  f"room in the server's upload store ({MAX_UPLOAD_STORE_BYTES - held:,} of "
+                                  f"{MAX_UPLOAD_STORE_BYTES:,} bytes free; uploads are forgotten "
+                                  f"{UPLOAD_TTL_S / 60:.0f} minutes after their last use) — try again later")
+        for n in evicted:
+            del mine[n]
+        mine[name] = Upload(state, geometry, nbytes, now)
+        _UPLOADS[session] = mine
     return name
 
 
@@ -86,8 +156,7 @@ def build_model(s: Settings) -> RecsysModel:
     return _build_model(model_settings(s))
 
 
-_GEOMETRY = ("preset", "num_user", "emb_size", "key_size", "num_q_heads", "num_kv_heads", "num_layers",
-             "widening_factor", "weights", "seed")
+_GEOMETRY = (*WEIGHT_GEOMETRY, "weights", "seed")
 
 
 @functools.lru_cache(maxsize=8)
@@ -133,6 +202,9 @@ def cpu_threads(s: Settings):
         yield
     finally:
         torch.set_num_threads(DEFAULT_THREADS)
+
+
+_lock = threading.Lock()
 
 
 @functools.lru_cache(maxsize=8)

@@ -25,6 +25,9 @@ from models.recsys import PRESETS, SequenceLayout, get_preset
 from models.variants import VARIANTS
 
 WEIGHT_SOURCES = ("random", "zeros", "demo", "upload")
+# the fields that decide the weights' shapes: uploaded weights are held to the values they were loaded at
+WEIGHT_GEOMETRY = ("preset", "num_user", "emb_size", "key_size", "num_q_heads", "num_kv_heads", "num_layers",
+                   "widening_factor")
 VALUE_KINDS = ("probabilities", "capped logits", "masked logits")
 COLOR_SCALES = ("linear", "log")
 PERTURBATIONS = ("scale", "noise", "replace")
@@ -243,6 +246,16 @@ def _check_demo_geometry(v: dict) -> None:
         raise ValidationError("num_user", v["num_user"], "1 with the trained demo weights")
 
 
+def _check_upload_geometry(v: dict, weights: str, geometry: Mapping[str, Any]) -> None:
+    changed = [f for f in WEIGHT_GEOMETRY if v[f] != geometry[f]]
+    if changed:
+        raise ValidationError("weights", weights, "these uploaded weights are for "
+                              + ", ".join(f"{f}={geometry[f]:g}" if isinstance(geometry[f], float)
+                                          else f"{f}={geometry[f]}" for f in changed)
+                              + " (here " + ", ".join(f"{f}={v[f]}" for f in changed)
+                              + "); set it back, or choose random, zeros or demo weights")
+
+
 def estimate_params(s: Settings) -> int:
     """Trunk + embedding tables + projections, enough to refuse a model too big for the device."""
     D, K = s.emb_size, s.key_size
@@ -252,11 +265,14 @@ def estimate_params(s: Settings) -> int:
     return trunk + 3 * 1024 * D + 12 * D * D
 
 
-def parse_settings(raw: Mapping[str, Any] | None = None, *, uploaded: frozenset = frozenset()) -> Settings:
+def parse_settings(raw: Mapping[str, Any] | None = None, *,
+                   uploaded: Optional[Mapping[str, Mapping[str, Any]]] = None) -> Settings:
     """Raw values (strings from a URL, numbers from the UI) -> a valid Settings, or ValidationError.
 
-    `uploaded` holds the names of weight files the server holds ("upload:<name>" is then valid).
+    `uploaded`: the weight files this visitor has uploaded, name -> the WEIGHT_GEOMETRY values they
+    were checked against ("upload:<name>" is then valid with those values).
     """
+    uploaded = uploaded or {}
     raw = dict(raw or {})
     unknown = sorted(k for k in raw if k not in _FIELDS)
     if unknown:
@@ -300,6 +316,7 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *, uploaded: frozenset 
 
     weights = merged["weights"]
     if isinstance(weights, str) and weights.startswith("upload:") and weights[7:] in uploaded:
+        _check_upload_geometry(v, weights, uploaded[weights[7:]])
         v["weights"] = weights
     elif weights == "upload":
         raise ValidationError("weights", weights, "upload a .npz or .safetensors file first")
@@ -376,17 +393,10 @@ def _fmt(val: Any) -> str:
     return repr(val) if isinstance(val, float) else str(val)
 
 
-def parse_query(query: str, *, uploaded: frozenset = frozenset()) -> Settings:
+def parse_query(query: str, *, uploaded: Optional[Mapping[str, Mapping[str, Any]]] = None) -> Settings:
     if not isinstance(query, str):
         raise ValidationError("query string", query, "text like 'preset=lecture&num_candidates=4'")
     if len(query) > 4000:
         raise ValidationError("query string", query, "at most 4000 characters")
     pairs = parse_qsl(query.lstrip("?"), keep_blank_values=True)
     return parse_settings(dict(pairs), uploaded=uploaded)
-
-
-def with_changes(s: Settings, **changes) -> Settings:
-    """A copy with some fields changed, validated again (probes run variations of the current settings)."""
-    raw = {**asdict(s), **changes}
-    uploaded = frozenset([s.weights[7:]]) if s.weights.startswith("upload:") else frozenset()
-    return parse_settings(raw, uploaded=uploaded)

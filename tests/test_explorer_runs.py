@@ -1,0 +1,88 @@
+"""Uploaded weights belong to the visitor who uploaded them: never listed to or usable by another
+session, never evicted by another session's uploads, forgotten after a while, bounded in bytes, and
+held to the geometry they were checked against (a change of num_layers is answered by name)."""
+import re
+
+import pytest
+import torch
+
+from explorer import runs
+from explorer.settings import ValidationError, parse_query
+from models.recsys import RecsysModel, init_recsys
+from models.weights import save_weights
+
+LECTURE = "preset=lecture&weights=random"
+
+
+@pytest.fixture(autouse=True)
+def empty_store(monkeypatch):
+    monkeypatch.setattr(runs, "_UPLOADS", {})
+
+
+def weight_file(tmp_path, query=LECTURE, seed=1):
+    model = init_recsys(RecsysModel(runs.recsys_config(parse_query(query))), "random", seed)
+    path = tmp_path / f"w{seed}.npz"
+    save_weights(model, path)
+    return path, model
+
+
+def test_an_upload_is_its_sessions_alone(tmp_path):
+    path, model = weight_file(tmp_path)
+    name = runs.load_upload(parse_query(LECTURE), str(path), "alice")
+    assert set(runs.uploads("alice")) == {name} and runs.uploads("bob") == {}
+    query = LECTURE.replace("random", f"upload:{name}")
+    s = parse_query(query, uploaded=runs.uploads("alice"))
+    served = runs.build_model(s)
+    assert all(torch.equal(a, b) for a, b in zip(served.state_dict().values(), model.state_dict().values()))
+    with pytest.raises(ValidationError, match=f"weights: got 'upload:{name}'; allowed: random"):
+        parse_query(query, uploaded=runs.uploads("bob"))
+
+
+def test_one_sessions_uploads_never_evict_anothers(tmp_path):
+    alice = runs.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=1)[0]), "alice")
+    bob = [runs.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=s)[0]), "bob") for s in (2, 3, 4, 5)]
+    assert set(runs.uploads("alice")) == {alice}
+    assert list(runs.uploads("bob")) == bob[-runs.UPLOADS_PER_SESSION:]      # bob's own oldest went
+
+
+def test_a_full_store_refuses_by_name_and_keeps_what_it_holds(tmp_path, monkeypatch):
+    path = weight_file(tmp_path, seed=1)[0]
+    name = runs.load_upload(parse_query(LECTURE), str(path), "alice")
+    held = runs._UPLOADS["alice"][name].nbytes
+    monkeypatch.setattr(runs, "MAX_UPLOAD_STORE_BYTES", held + held // 2)
+    with pytest.raises(ValidationError, match=r"weights file: got '[\d,]+ bytes of weights'; allowed: room in "
+                                              r"the server's upload store"):
+        runs.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=2)[0]), "bob")
+    assert set(runs.uploads("alice")) == {name} and runs.uploads("bob") == {}
+    # at its own limit a session's new upload takes the place of its oldest, also in a full store
+    monkeypatch.setattr(runs, "UPLOADS_PER_SESSION", 1)
+    newer = runs.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=3)[0]), "alice")
+    assert set(runs.uploads("alice")) == {newer} != {name}
+
+
+def test_uploads_expire_and_closing_the_page_forgets_them(tmp_path, monkeypatch):
+    path = weight_file(tmp_path)[0]
+    runs.load_upload(parse_query(LECTURE), str(path), "alice")
+    runs.load_upload(parse_query(LECTURE), str(path), "bob")
+    clock = [runs.time.monotonic()]
+    monkeypatch.setattr(runs.time, "monotonic", lambda: clock[0])
+    clock[0] += runs.UPLOAD_TTL_S / 2
+    assert runs.uploads("alice")                     # a use keeps it
+    clock[0] += runs.UPLOAD_TTL_S * 0.75
+    assert runs.uploads("alice") and runs.uploads("bob") == {}
+    runs.forget_uploads("alice")
+    assert runs._UPLOADS == {}
+
+
+def test_a_geometry_change_with_uploaded_weights_is_answered_by_name(tmp_path):
+    name = runs.load_upload(parse_query(LECTURE), str(weight_file(tmp_path)[0]), "alice")
+    query = LECTURE.replace("random", f"upload:{name}")
+    for change, message in (("num_layers=3", "are for num_layers=2 (here num_layers=3)"),
+                            ("emb_size=32&num_layers=1", "for emb_size=64, num_layers=2 (here emb_size=32, "
+                                                         "num_layers=1)"),
+                            ("widening_factor=2", "widening_factor=4 (here widening_factor=2.0)")):
+        with pytest.raises(ValidationError, match=f"weights: got 'upload:{name}'; allowed: these uploaded "
+                                                  f"weights .*{re.escape(message)}"):
+            parse_query(f"{query}&{change}", uploaded=runs.uploads("alice"))
+    # what does not shape the weights may change
+    parse_query(f"{query}&num_candidates=5&rope_mode=shared", uploaded=runs.uploads("alice"))
