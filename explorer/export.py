@@ -6,11 +6,15 @@ export is the same picture the page shows, in the lecture theme.
 """
 from __future__ import annotations
 
+import atexit
 import functools
 import io
+import itertools
 import json
 import os
+import shutil
 import tempfile
+import threading
 import warnings
 import zipfile
 from pathlib import Path
@@ -109,10 +113,35 @@ def check_format(fmt) -> None:
         raise ValidationError("format", fmt, ", ".join(FORMATS))
 
 
+# Exports without an out_dir go to one folder per export under one root per process; making a new
+# one removes all but the newest KEEP_EXPORTS. The app returns each file to Gradio, which copies it
+# into its own cache (emptied by delete_cache) before the next export starts — exports run one at a
+# time — so a few folders are always enough, and the disk holds a few exports, not every one.
+KEEP_EXPORTS = 4
+_export_lock = threading.Lock()
+_export_count = itertools.count()
+
+
+def export_root() -> Path:
+    return Path(tempfile.gettempdir()) / f"explorer-exports-{os.getpid()}"
+
+
+def new_export_folder() -> Path:
+    root = export_root()
+    with _export_lock:
+        if not root.is_dir():
+            root.mkdir()
+            atexit.register(shutil.rmtree, root, True)
+        older = sorted(root.iterdir())              # named by a counter: oldest first
+        for folder in older[:max(0, len(older) - KEEP_EXPORTS + 1)]:
+            shutil.rmtree(folder, ignore_errors=True)
+        return Path(tempfile.mkdtemp(dir=root, prefix=f"{next(_export_count):012d}-"))
+
+
 def export_figure(s: Settings, name: str, fmt: str, out_dir: str | None = None) -> str:
     check_format(fmt)                   # before the figure's forward runs
     fig = figure(s, name)
-    out = Path(out_dir or tempfile.mkdtemp(prefix="explorer-"))
+    out = Path(out_dir) if out_dir else new_export_folder()
     path = out / f"{name}.{fmt}"
     path.write_bytes(figure_bytes(fig, fmt))
     return str(path)
@@ -130,7 +159,7 @@ def lecture_pack(s: Settings, out_dir: str | None = None) -> str:
             captions.append(f"- **{name}**: {caption}")
         z.writestr("config.json", json.dumps({"settings": s.to_dict(), "query": to_query(s)}, indent=2))
         z.writestr("captions.md", "\n".join(captions) + "\n")
-    out = Path(out_dir or tempfile.mkdtemp(prefix="explorer-"))
+    out = Path(out_dir) if out_dir else new_export_folder()
     path = out / "lecture-pack.zip"
     path.write_bytes(buf.getvalue())
     return str(path)

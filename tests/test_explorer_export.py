@@ -1,6 +1,7 @@
 """Exports are real images of the figure: PNG at 3x scale with the figure's size, SVG with its title;
 the lecture pack holds every figure, the configuration and captions."""
 import json
+import os
 import struct
 import zipfile
 
@@ -61,3 +62,12 @@ def test_export_without_a_browser_says_what_to_install(monkeypatch):
     monkeypatch.setattr(export, "_browser_found", lambda: False)
     with pytest.raises(ValueError, match=r"^export: .*chromium"):
         export.figure_bytes(go.Figure(), "png")
+
+
+def test_exports_without_a_folder_keep_only_the_newest_few(s, tmp_path, monkeypatch):
+    """Every export used to leave a mkdtemp folder behind; now the disk holds KEEP_EXPORTS of them."""
+    monkeypatch.setattr(export.tempfile, "tempdir", str(tmp_path))
+    paths = [export.export_figure(s, "mask", "svg") for _ in range(export.KEEP_EXPORTS + 3)]
+    left = [p for p in paths if os.path.exists(p)]
+    assert left == paths[-export.KEEP_EXPORTS:]
+    assert len(list(tmp_path.rglob("*.svg"))) == export.KEEP_EXPORTS
