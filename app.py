@@ -11,12 +11,15 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import threading
 from dataclasses import fields
+from urllib.parse import urlencode
 
 import gradio as gr
 import torch
 from gradio.data_classes import FileData
+from gradio_client.utils import is_file_obj_with_meta
 from pydantic import model_validator
 
 from explorer import export, runs, timing, views
@@ -45,6 +48,25 @@ TABS = ("mask", "attention", "isolation", "invariance", "variants", "timing", "e
 FORWARD = dict(concurrency_id="forward", concurrency_limit=4)
 
 
+MAX_MESSAGE_CHARS = 2000
+
+
+def as_text(message: str) -> str:
+    """A message for a toast, shown as the text it is. Gradio renders gr.Error / gr.Warning messages as
+    (sanitised) HTML, and messages echo what a visitor sent — a shared link's `?seed=<a href=...>`
+    would become a link in someone else's toast, `<img src=...>` a request to an outside host. With
+    < and > as entities no element can start; & stays, so API clients read `a&b` unchanged."""
+    if len(message) > MAX_MESSAGE_CHARS:
+        message = message[:MAX_MESSAGE_CHARS - 3] + "..."
+    return message.replace("<", "&lt;").replace(">", "&gt;")
+
+
+def as_markdown_text(text: str) -> str:
+    """`text` (e.g. an uploaded file's name) inside a gr.Markdown value, shown literally: Markdown's
+    punctuation backslash-escaped, so no link, image or code span can be made of it."""
+    return as_text(re.sub(r"([\\`*_{}\[\]()#+\-.!|~])", r"\\\1", text))
+
+
 def guarded(fn):
     """No traceback reaches the page: validation problems become gr.Error with the field named,
     CUDA out-of-memory frees the caches, anything else is logged here and answered in one line."""
@@ -55,7 +77,7 @@ def guarded(fn):
         except gr.Error:
             raise
         except ValueError as e:        # ValidationError and the models' own ValueErrors name the field
-            raise gr.Error(str(e), print_exception=False) from None
+            raise gr.Error(as_text(str(e)), print_exception=False) from None
         except torch.OutOfMemoryError:
             runs.clear_caches()
             raise gr.Error("out of GPU memory for this configuration; caches were freed — try a shorter "
@@ -67,8 +89,14 @@ def guarded(fn):
     return wrapper
 
 
-def settings_of(query: str) -> Settings:
-    s = parse_query(query, uploaded=frozenset(runs.uploaded_names()))
+def session_of(request) -> str:
+    """The visitor: Gradio's session hash (one per page load; gradio_client keeps one per Client)."""
+    return getattr(request, "session_hash", None) or "api"
+
+
+def settings_of(query: str, request=None) -> Settings:
+    """The validated settings of a query string, for the visitor who sent it (their own uploads)."""
+    s = parse_query(query, uploaded=runs.uploads(session_of(request)))
     check_backend(s)
     return s
 
@@ -76,31 +104,31 @@ def settings_of(query: str) -> Settings:
 # --- endpoints: each takes the configuration as a URL query string -----------------------
 
 @guarded
-def mask_endpoint(query: str):
-    return views.mask_view(settings_of(query))
+def mask_endpoint(query: str, request: gr.Request = None):
+    return views.mask_view(settings_of(query, request))
 
 
 @guarded
-def attention_endpoint(query: str):
-    return views.attention_view(settings_of(query))
-
-
-@guarded
-@gpu
-def isolation_endpoint(query: str):
-    return views.isolation_view(settings_of(query))
+def attention_endpoint(query: str, request: gr.Request = None):
+    return views.attention_view(settings_of(query, request))
 
 
 @guarded
 @gpu
-def invariance_endpoint(query: str):
-    s = settings_of(query)
+def isolation_endpoint(query: str, request: gr.Request = None):
+    return views.isolation_view(settings_of(query, request))
+
+
+@guarded
+@gpu
+def invariance_endpoint(query: str, request: gr.Request = None):
+    s = settings_of(query, request)
     return (*views.invariance_view(s), *views.rope_view(s))
 
 
 @guarded
-def variants_endpoint(query: str):
-    s = settings_of(query)
+def variants_endpoint(query: str, request: gr.Request = None):
+    s = settings_of(query, request)
     return (*views.variant_view(s), *views.bug_zoo_view(s))
 
 
@@ -108,7 +136,7 @@ def variants_endpoint(query: str):
 @gpu
 def timing_endpoint(query: str, lengths: str, backends: list, request: gr.Request = None,
                     progress=gr.Progress()):
-    s = settings_of(query)
+    s = settings_of(query, request)
     if not isinstance(backends, list) or not all(isinstance(b, str) and b in BACKENDS for b in backends):
         raise ValidationError("backends", backends, "a list of backend names: " + ", ".join(BACKENDS))
     # Stop cancels the event on the page; the worker thread sees this flag between points
@@ -128,32 +156,34 @@ def timing_endpoint(query: str, lengths: str, backends: list, request: gr.Reques
 STOP_FLAGS: dict[str, threading.Event] = {}
 
 
-def session_of(request) -> str:
-    return getattr(request, "session_hash", None) or "api"
-
-
 def stop_timing(request: gr.Request = None):
     STOP_FLAGS.setdefault(session_of(request), threading.Event()).set()
 
 
 @guarded
-def export_endpoint(query: str, figure: str, fmt: str):
-    return export.export_figure(settings_of(query), figure, fmt)
+def export_endpoint(query: str, figure: str, fmt: str, request: gr.Request = None):
+    return export.export_figure(settings_of(query, request), figure, fmt)
 
 
 @guarded
-def lecture_pack_endpoint(query: str):
-    return export.lecture_pack(settings_of(query))
+def lecture_pack_endpoint(query: str, request: gr.Request = None):
+    return export.lecture_pack(settings_of(query, request))
 
 
 @guarded
-def upload_endpoint(query: str, path: str):
-    s = settings_of(query)
+def upload_endpoint(query: str, path: str, request: gr.Request = None):
+    s = settings_of(query, request)
     if not path:
         raise ValidationError("weights file", path, "a .npz or .safetensors file")
-    name = runs.load_upload(s, path)
-    s = parse_settings({**s.to_dict(), "weights": f"upload:{name}"}, uploaded=frozenset(runs.uploaded_names()))
-    return to_query(s), f"Loaded `{os.path.basename(path)}`: every shape matches; the views now use it."
+    name = runs.load_upload(s, path, session_of(request))
+    s = parse_settings({**s.to_dict(), "weights": f"upload:{name}"}, uploaded=runs.uploads(session_of(request)))
+    return to_query(s), (f"Loaded {as_markdown_text(os.path.basename(path))}: every shape matches; "
+                         "the views now use it (for this visitor only).")
+
+
+def forget_uploads(request: gr.Request = None):
+    """The page was closed: its uploads go now rather than after runs.UPLOAD_TTL_S."""
+    runs.forget_uploads(session_of(request))
 
 
 # --- controls <-> query string --------------------------------------------------------------
@@ -162,9 +192,9 @@ CONTROL_FIELDS = [f.name for f in fields(Settings)]
 
 
 @guarded
-def settings_endpoint(*values):
+def settings_endpoint(request: gr.Request, *values):
     """Every control's value, in Settings field order -> the validated query string."""
-    s = parse_settings(dict(zip(CONTROL_FIELDS, values)), uploaded=frozenset(runs.uploaded_names()))
+    s = parse_settings(dict(zip(CONTROL_FIELDS, values)), uploaded=runs.uploads(session_of(request)))
     check_backend(s)
     return to_query(s)
 
@@ -183,22 +213,22 @@ def preset_endpoint(preset: str):
 def load_endpoint(request: gr.Request):
     """Read the page's URL query string (a shared link) into the controls."""
     params = dict(request.query_params) if request is not None else {}
-    query = "&".join(f"{k}={v}" for k, v in params.items() if k in CONTROL_FIELDS)
+    query = urlencode({k: v for k, v in params.items() if k in CONTROL_FIELDS})
     try:
-        s = settings_of(query or "preset=lecture")
+        s = settings_of(query or "preset=lecture", request)
     except ValueError as e:
-        gr.Warning(f"link ignored: {e}")
-        s = settings_of("preset=lecture")
+        gr.Warning(as_text(f"link ignored: {e}"))
+        s = settings_of("preset=lecture", request)
     return to_query(s)
 
 
 @guarded
-def query_to_controls(query: str):
+def query_to_controls(query: str, request: gr.Request = None):
     """Set every control from the query string; the head and weights lists follow the settings."""
-    s = settings_of(query)
+    s = settings_of(query, request)
     values = control_values(s)
     values[CONTROL_FIELDS.index("head")] = gr.update(choices=head_choices(s), value=s.head)
-    values[CONTROL_FIELDS.index("weights")] = gr.update(choices=weight_choices(), value=s.weights)
+    values[CONTROL_FIELDS.index("weights")] = gr.update(choices=weight_choices(request), value=s.weights)
     return values
 
 
@@ -207,9 +237,10 @@ def head_choices(s: Settings):
                                         for h in range(s.num_q_heads)]
 
 
-def weight_choices():
+def weight_choices(request=None):
+    """The weight sources, with this visitor's own uploads (never anyone else's)."""
     names = [("trained demo", "demo"), ("random (seed)", "random"), ("grok.py zeros", "zeros")]
-    return names + [(f"uploaded {n}", f"upload:{n}") for n in runs.uploaded_names()]
+    return names + [(f"uploaded {n}", f"upload:{n}") for n in runs.uploads(session_of(request))]
 
 
 def backend_choices():
@@ -225,32 +256,32 @@ def default_timing_backends():
 
 
 @guarded
-def control_change(*args):
+def control_change(request: gr.Request, *args):
     """What one control change does on the page, in one round trip: validate every control, write
     the query string, keep the head list in step with the geometry, redraw the visible tab."""
     *values, tab = args
-    query = settings_endpoint(*values)
-    s = settings_of(query)
-    return [query, gr.update(choices=head_choices(s), value=s.head)] + render_tab(query, tab)
+    query = settings_endpoint(request, *values)
+    s = settings_of(query, request)
+    return [query, gr.update(choices=head_choices(s), value=s.head)] + render_tab(query, tab, request)
 
 
 @guarded
-def render_tab(query: str, tab: str):
+def render_tab(query: str, tab: str, request: gr.Request = None):
     """Redraw only the visible tab (the others redraw when they are opened)."""
     if not isinstance(tab, str) or tab not in TABS:
         raise ValidationError("tab", tab, ", ".join(TABS))
-    settings_of(query)                  # every tab checks the query, also those drawn on demand
+    settings_of(query, request)         # every tab checks the query, also those drawn on demand
     out = {t: None for t in TABS}
     if tab == "mask":
-        out["mask"] = mask_endpoint(query)
+        out["mask"] = mask_endpoint(query, request)
     elif tab == "attention":
-        out["attention"] = attention_endpoint(query)
+        out["attention"] = attention_endpoint(query, request)
     elif tab == "isolation":
-        out["isolation"] = isolation_endpoint(query)
+        out["isolation"] = isolation_endpoint(query, request)
     elif tab == "invariance":
-        out["invariance"] = invariance_endpoint(query)
+        out["invariance"] = invariance_endpoint(query, request)
     elif tab == "variants":
-        out["variants"] = variants_endpoint(query)
+        out["variants"] = variants_endpoint(query, request)
     flat = []
     for t, n in (("mask", 2), ("attention", 3), ("isolation", 3), ("invariance", 5), ("variants", 5)):
         flat += list(out[t]) if out[t] is not None else [gr.skip()] * n
@@ -280,11 +311,13 @@ Number, Dropdown, Radio, CheckboxGroup = map(unchecked_kind, (gr.Number, gr.Drop
 
 class UploadedFile(FileData):
     """FileData that lets a value which is no uploaded file through as an empty path: pydantic would
-    wrap any error raised here (gr.Error is a ValueError) into Gradio's generic message."""
+    wrap any error raised here (gr.Error is a ValueError) into Gradio's generic message. A dict
+    without Gradio's `meta` marker is no uploaded file either (Gradio would refuse it in words that
+    reach an API client as a blank error)."""
     @model_validator(mode="before")
     @classmethod
     def anything_else_as_empty_path(cls, value):
-        if isinstance(value, (dict, FileData)):
+        if isinstance(value, FileData) or is_file_obj_with_meta(value):
             return value
         return {"path": "", "orig_name": str(value)[:200], "meta": {"_type": "gradio.FileData"}}
 
@@ -298,9 +331,9 @@ def weights_file(**kw) -> gr.File:
 
     def uploaded_only(payload):
         if isinstance(payload, FileData) and not payload.path:
-            raise gr.Error(str(ValidationError("weights file", payload.orig_name, "a .npz or .safetensors file "
-                                               "uploaded through the page or gradio_client.handle_file")),
-                           print_exception=False)
+            raise gr.Error(as_text(str(ValidationError(
+                "weights file", payload.orig_name, "a .npz or .safetensors file uploaded through the page or "
+                "gradio_client.handle_file"))), print_exception=False)
         return preprocess(payload)
     upload.preprocess = uploaded_only
     return upload
@@ -313,9 +346,14 @@ def number(label, **kw):
     return Number(label=label, precision=kw.pop("precision", 0), **kw)
 
 
+# Gradio keeps every upload and every returned file (exports) in its cache: every 15 minutes, files
+# older than an hour are removed (a download link lives that long).
+DELETE_CACHE = (900, 3600)
+
+
 def build_app() -> gr.Blocks:
     d = parse_settings({})
-    with gr.Blocks(title="Attention explorer for recommendation transformers") as demo:
+    with gr.Blocks(title="Attention explorer for recommendation transformers", delete_cache=DELETE_CACHE) as demo:
         gr.Markdown("# Attention explorer for recommendation transformers\n"
                     "A faithful PyTorch port of X's phoenix ranker (`grok.py`): masks, heatmaps from the model's "
                     "own forward, candidate isolation, batch invariance, RoPE and live kernel timings.")
@@ -462,6 +500,7 @@ def build_app() -> gr.Blocks:
                    js="() => { navigator.clipboard && navigator.clipboard.writeText(window.location.href); }")
         redraw(demo.load(load_endpoint, None, query, api_name="load")
                .success(query_to_controls, query, controls, api_name="sync_load", show_progress="hidden"), "load")
+        demo.unload(forget_uploads)
 
         # the API: one endpoint per view, configuration as a query string
         for name, fn, outs in (
@@ -493,6 +532,9 @@ def warm_up() -> None:
             log.exception("warm-up of %s failed", query)
 
 
+# show_error=True: our own functions answer every problem as a gr.Error already (`guarded`), so what
+# this adds is Gradio's own refusal of a malformed call — "An event handler (mask_endpoint) didn't
+# receive enough input values (needed: 1, got: 0)" — which show_error=False blanks to {"error": null}.
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
     warm = threading.Timer(3.0, warm_up)
@@ -500,4 +542,4 @@ if __name__ == "__main__":
     warm.start()
     build_app().launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                        server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
-                       show_error=False, max_file_size="200mb")
+                       show_error=True, max_file_size="200mb")

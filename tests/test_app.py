@@ -2,6 +2,8 @@
 input comes back as an error naming the field, and the server keeps serving afterwards."""
 import base64
 import json
+import urllib.request
+from urllib.parse import parse_qs
 
 import numpy as np
 import pytest
@@ -20,9 +22,14 @@ LECTURE = "preset=lecture&weights=random"
 
 
 @pytest.fixture(scope="module")
-def client():
+def server():
     with running_app() as url:
-        yield Client(url, verbose=False)
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return Client(server, verbose=False)
 
 
 def plot_data(plot) -> list[dict]:
@@ -107,11 +114,12 @@ def test_export_endpoint_png(client):
     assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-def make_weights(tmp_path, emb_size=64):
+def make_weights(tmp_path, emb_size=64, seed=123):
     from models.recsys import RecsysModel, get_preset, init_recsys
     from models.weights import save_weights
     cfg = get_preset("lecture").recsys_config(get_preset("lecture").transformer.replace(emb_size=emb_size))
-    model = init_recsys(RecsysModel(cfg), "random", 123)
+    model = init_recsys(RecsysModel(cfg), "random", seed)
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / f"w{emb_size}.safetensors"
     save_weights(model, path)
     return path, model
@@ -132,6 +140,63 @@ def test_upload_good_file_then_bad_file_keeps_weights(client, tmp_path):
     torch.save({"x": torch.zeros(1)}, pickle)
     with pytest.raises(AppError, match=r"never pickle|\.npz"):   # gradio or our own check refuses it
         client.predict(q, handle_file(str(pickle)), api_name="/upload_weights")
+
+
+def test_uploads_belong_to_the_visitor_who_made_them(server, client, tmp_path):
+    """Another visitor can neither list nor use them, and their uploads evict none of them."""
+    good, _ = make_weights(tmp_path)
+    q, _ = client.predict(LECTURE, handle_file(str(good)), api_name="/upload_weights")
+    name = parse_qs(q)["weights"][0]
+    mine = client.predict(q + "&head=0", api_name="/attention")[0]
+    other = Client(server, verbose=False)
+    with pytest.raises(AppError, match=f"weights: got '{name}'; allowed: random, zeros, demo"):
+        other.predict(q, api_name="/attention")
+    for seed in range(4):
+        other_file, _ = make_weights(tmp_path / f"other{seed}", seed=seed)
+        other.predict(LECTURE, handle_file(str(other_file)), api_name="/upload_weights")
+    assert client.predict(q + "&head=0", api_name="/attention")[0] == mine
+
+
+def test_a_geometry_change_with_uploaded_weights_names_their_geometry(client, tmp_path):
+    good, _ = make_weights(tmp_path)
+    q, _ = client.predict(LECTURE, handle_file(str(good)), api_name="/upload_weights")
+    for api in ("/attention", "/isolation"):
+        with pytest.raises(AppError, match=r"weights: got 'upload:\w+'; allowed: these uploaded weights are for "
+                                           r"num_layers=2 \(here num_layers=3\)"):
+            client.predict(q + "&num_layers=3", api_name=api)
+
+
+def test_an_uploads_file_name_is_shown_as_text(client, tmp_path):
+    """The file name is the uploader's text inside the Markdown message: no link can be made of it."""
+    hostile = tmp_path / "[Sign in again](https-evil.example)_x_.safetensors"
+    make_weights(tmp_path)[0].rename(hostile)
+    _, msg = client.predict(LECTURE, handle_file(str(hostile)), api_name="/upload_weights")
+    assert "](" not in msg and "Loaded \\[Sign in again\\]\\(https\\-evil\\.example\\)\\_x\\_" in msg, msg
+
+
+def call_raw(server, api, payload) -> dict:
+    """POST /gradio_api/call/<api> as any HTTP client can, then read the event stream's last message."""
+    req = urllib.request.Request(f"{server}gradio_api/call/{api}", data=json.dumps(payload).encode(),
+                                 headers={"Content-Type": "application/json"})
+    event_id = json.loads(urllib.request.urlopen(req, timeout=30).read())["event_id"]
+    stream = urllib.request.urlopen(f"{server}gradio_api/call/{api}/{event_id}", timeout=120).read().decode()
+    event, data = [line.split(": ", 1)[1] for line in stream.strip().splitlines()[-2:]]
+    return {"event": event, **json.loads(data)} if event == "error" else {"event": event}
+
+
+def test_too_few_arguments_are_answered_in_words_on_every_endpoint(server, client):
+    endpoints = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
+    for api, e in endpoints.items():
+        if e["parameters"]:
+            answer = call_raw(server, api.lstrip("/"), {"data": []})
+            assert answer["event"] == "error" and answer["error"], (api, answer)
+            assert f"needed: {len(e['parameters'])}, got: 0" in answer["error"], (api, answer)
+
+
+def test_a_file_without_gradios_marker_is_named(server):
+    for value in ({"path": "/etc/passwd"}, {"path": "x.npz", "orig_name": "x.npz"}, {"url": "http://x"}):
+        answer = call_raw(server, "upload_weights", {"data": ["preset=lecture", value]})
+        assert answer["error"].startswith("weights file: got "), answer
 
 
 @pytest.mark.parametrize("api,args,field", [
@@ -204,3 +269,20 @@ def test_every_event_that_runs_the_model_shares_one_concurrency_limit():
         (app.FORWARD["concurrency_id"], app.FORWARD["concurrency_limit"])}
     others = {fns[n].concurrency_id for n in fns if n not in forward}
     assert app.FORWARD["concurrency_id"] not in others
+
+
+def test_the_weights_list_shows_only_this_visitors_uploads(tmp_path, monkeypatch):
+    """In-process, with two visitors' requests: the dropdown each is sent lists their own uploads only."""
+    from types import SimpleNamespace
+    import app
+    from explorer import runs
+    monkeypatch.setattr(runs, "_UPLOADS", {})
+    alice, bob = SimpleNamespace(session_hash="alice"), SimpleNamespace(session_hash="bob")
+    q, _ = app.upload_endpoint(LECTURE, str(make_weights(tmp_path)[0]), alice)
+    name = parse_qs(q)["weights"][0]
+
+    def choices(request, query):
+        return [value for _, value in app.query_to_controls(query, request)[app.CONTROL_FIELDS.index("weights")]
+                ["choices"]]
+    assert name in choices(alice, q)
+    assert choices(bob, LECTURE) == ["demo", "random", "zeros"]

@@ -1,6 +1,7 @@
 """A real browser: Debian chromium through playwright opens the page, changes a control, and the
 attention heatmap redraws with different data; the URL follows the control; a screenshot is saved."""
 import shutil
+from urllib.parse import urlparse
 
 import pytest
 
@@ -58,3 +59,39 @@ def test_bad_value_shows_a_message_and_no_traceback(page):
     toast.wait_for(timeout=20_000)
     text = toast.text_content()
     assert "num_q_heads" in text and "Traceback" not in text
+
+
+HOSTILE_LINKS = {"?seed=<a href=//evil.example/login>Sign in again</a>": "<a href=//evil.example/login>Sign in again</a>",
+                 "?seed=<img src=//host.example/p.png>": "<img src=//host.example/p.png>"}
+# any element that points outside, wherever it is on the page
+OUTSIDE_ELEMENTS = """() => [...document.querySelectorAll('[href], [src], [srcset], [action], [data]')]
+    .map(e => e.outerHTML.slice(0, 200)).filter(h => /evil\\.example|host\\.example/.test(h))"""
+
+
+@pytest.mark.parametrize("link", HOSTILE_LINKS)
+def test_a_hostile_link_shows_as_text_and_makes_no_element(page, link):
+    """A shared link's value is echoed in the visitor's "link ignored" toast: as the text it is, with
+    no link to click and no image fetched from an outside host."""
+    outside = []
+
+    def only_local(route):
+        if urlparse(route.request.url).hostname in ("127.0.0.1", "localhost"):
+            route.continue_()
+        else:
+            outside.append(route.request.url)
+            route.abort()
+    context = page.context.browser.new_context(viewport={"width": 1400, "height": 1000})
+    tab = context.new_page()
+    try:
+        tab.route("**/*", only_local)
+        tab.goto(page.url.split("?")[0] + link)
+        toast = tab.locator("[data-testid='toast-body']").first
+        toast.wait_for(timeout=30_000)
+        text = toast.text_content()
+        assert "link ignored: seed: got" in text and HOSTILE_LINKS[link] in text, text
+        assert toast.locator("a, img").count() == 0
+        wait_for_plot(tab, "mask-plot")                      # the page serves the default view
+        assert tab.evaluate(OUTSIDE_ELEMENTS) == []
+        assert not [u for u in outside if "evil.example" in u or "host.example" in u], outside
+    finally:
+        context.close()
