@@ -324,7 +324,7 @@ def test_app_opens_a_jax_export(tmp_path):
                       for module, inner in params.items() for name, value in inner.items()})
     s = Settings(preset="lecture")
     assert s.transformer_config().ffn_hidden == LECTURE.ffn_hidden
-    name = runs.load_upload(s, str(path))
+    name = runs.load_upload(s, str(path), session="a visitor")
     served = runs.build_model(dataclasses.replace(s, weights=f"upload:{name}"))
     got = haiku_params(served, hash_tables=False)
     assert params.keys() == got.keys()
@@ -334,7 +334,7 @@ def test_app_opens_a_jax_export(tmp_path):
     assert torch.equal(served.post_embeddings.weight.cpu(), seeded.post_embeddings.weight)
     # a file for another geometry is refused, naming what differs
     with pytest.raises(Exception, match="(?s)weights file.*proj_mat_1 has shape"):
-        runs.load_upload(dataclasses.replace(s, emb_size=128, key_size=32), str(path))
+        runs.load_upload(dataclasses.replace(s, emb_size=128, key_size=32), str(path), "a visitor")
 
 
 # --- values: checked in the model's dtype, bounded, real floating point only ----------------
