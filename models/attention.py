@@ -363,13 +363,14 @@ def _fa4_block_q(device) -> int:
     return 256 if torch.cuda.get_device_capability(device)[0] >= 10 else 128
 
 
-def fa4_mask_mod_body(prefix_len: int, prefix_causal: bool, padded: bool, *, lift, key_valid):
-    """The mask as FA4 evaluates it on partial tiles, written once for both the CuTe kernel and the
-    CPU stand-in: `lift` makes an index-typed constant, `key_valid(valid, batch, n_idx)` reads the
-    padding passed as aux_tensors[0] ([B, T] int32, 1 = valid). The Python `if`s run while the
-    kernel is traced, so each layout compiles to straight-line code."""
+def fa4_mask_mod_body(prefix_causal: bool, padded: bool, *, prefix_len, key_valid):
+    """The mask as FA4 evaluates it on partial tiles, written once for both the CuTe kernel and the CPU
+    stand-in. Runtime data arrives in aux_tensors: [0] = P as a one-element int32 tensor (so one
+    compiled kernel serves every layout), [1] = key padding [B, T] int32 (1 = valid) when padded.
+    `prefix_len(aux)` and `key_valid(aux, batch, n_idx)` read them as index-typed values. The Python
+    `if`s run while the kernel is traced: each (prefix_causal, padded) compiles to straight-line code."""
     def prefix_and_self(batch, head, m_idx, n_idx, seqlen_info, aux_tensors):
-        return (n_idx < lift(prefix_len)) | (n_idx == m_idx)
+        return (n_idx < prefix_len(aux_tensors)) | (n_idx == m_idx)
 
     def causal_prefix(batch, head, m_idx, n_idx, seqlen_info, aux_tensors):
         return prefix_and_self(batch, head, m_idx, n_idx, seqlen_info, aux_tensors) & (n_idx <= m_idx)
@@ -380,23 +381,24 @@ def fa4_mask_mod_body(prefix_len: int, prefix_causal: bool, padded: bool, *, lif
 
     def with_padding(batch, head, m_idx, n_idx, seqlen_info, aux_tensors):
         return (structure(batch, head, m_idx, n_idx, seqlen_info, aux_tensors)
-                & key_valid(aux_tensors[0], batch, n_idx))
+                & key_valid(aux_tensors, batch, n_idx))
     return with_padding
 
 
-@functools.lru_cache(maxsize=64)
-def _fa4_mask_mod(prefix_len: int, prefix_causal: bool, padded: bool):
-    """The CuTe version (compiled by FA4 on first use, cached by it per function)."""
+@functools.lru_cache(maxsize=None)
+def _fa4_mask_mod(prefix_causal: bool, padded: bool):
+    """The CuTe version (compiled by FA4 on first use and cached by it), reading aux tensors element by
+    element as FA4's own document mask does."""
     import cutlass
     import cutlass.cute as cute
     from flash_attn.cute import utils
 
-    def lift(x):
-        return utils.scalar_to_ssa(x, cutlass.Int32)
+    def prefix_len(aux):
+        return utils.scalar_to_ssa(aux[0][0], cutlass.Int32)
 
-    def key_valid(valid, batch, n_idx):     # per element, as FA4's own document mask reads aux tensors
-        return utils.scalar_to_ssa(valid[batch[0], n_idx[0]], cutlass.Int32) == lift(1)
-    return cute.jit(fa4_mask_mod_body(prefix_len, prefix_causal, padded, lift=lift, key_valid=key_valid))
+    def key_valid(aux, batch, n_idx):
+        return utils.scalar_to_ssa(aux[1][batch[0], n_idx[0]], cutlass.Int32) == utils.scalar_to_ssa(1, cutlass.Int32)
+    return cute.jit(fa4_mask_mod_body(prefix_causal, padded, prefix_len=prefix_len, key_valid=key_valid))
 
 
 def _fa4_func():
@@ -426,13 +428,15 @@ def fa4_attention(q, k, v, mask: AttentionMask, *, multiplier: float, cap: float
         return BlockSparse(mask_block_cnt=part_cnt, mask_block_idx=part_idx, full_block_cnt=full_cnt,
                            full_block_idx=full_idx, block_size=(block_q, FA4_BLOCK_KV))
     blocks = mask.cached(("fa4-blocks", block_q, str(q.device)), sparse)
-    aux = None
-    if mask.padded:
-        aux = [mask.cached(("fa4-valid", str(q.device)), lambda: mask.valid_on(q.device).to(torch.int32))]
+
+    def aux_tensors():
+        P = torch.full((1,), mask.prefix_len, dtype=torch.int32, device=q.device)
+        return [P] + ([mask.valid_on(q.device).to(torch.int32)] if mask.padded else [])
     out, _ = flash_attn_func(q, k, v, softmax_scale=float(multiplier), causal=False,
                              softcap=float(cap) if cap_active(cap, cap_method) else 0.0, pack_gqa=False,
-                             mask_mod=_fa4_mask_mod(mask.prefix_len, mask.prefix_causal, mask.padded),
-                             aux_tensors=aux, block_sparse_tensors=blocks)
+                             mask_mod=_fa4_mask_mod(mask.prefix_causal, mask.padded),
+                             aux_tensors=mask.cached(("fa4-aux", str(q.device)), aux_tensors),
+                             block_sparse_tensors=blocks)
     return AttentionOutput(out)
 
 
