@@ -91,3 +91,93 @@ def test_isolation_probe_keeps_every_tensor_on_the_model_device():
     frames = [str(entry.path) for entry in raised.traceback]
     ours = [f for f in frames if "/models/" in f]
     assert ours[-1].endswith("probes.py"), ours          # raised by the probe's float(), not inside a forward
+
+
+# --- on a GPU (marked gpu, skipped without CUDA): the same properties on the real device --------------
+
+GPU_PRESETS = ["lecture", "phoenix-nano", "phoenix-prod"]
+MODEL_TOL = 3e-2     # bf16 through every layer of the trunk, against naive in bf16 on the same inputs
+COMPILED = {"flex", "fa4"}
+
+
+def cuda_trunk_inputs(preset: str, B: int = 2, **changes):
+    p = get_preset(preset)
+    model = init_params(Transformer(p.transformer.replace(**changes)), "random", seed=1)
+    model = model.to("cuda", torch.bfloat16).eval()
+    T, off = p.layout.seq_len, p.layout.candidate_start_offset
+    emb = torch.randn(B, T, p.transformer.emb_size, generator=torch.Generator().manual_seed(3))
+    valid = torch.ones(B, T, dtype=torch.bool)
+    valid[0, off - 2:off] = False                       # history padding
+    valid[1, T - 1] = False                             # candidate padding
+    return model, emb.to("cuda", torch.bfloat16), valid.cuda(), off
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("preset", GPU_PRESETS)
+@pytest.mark.parametrize("cap_method", ["tanh", "none"])
+@pytest.mark.parametrize("prefix", ["causal", "bidirectional"])
+def test_cuda_trunk_every_backend_matches_naive(preset, cap_method, prefix):
+    model, emb, valid, off = cuda_trunk_inputs(preset, cap_method=cap_method, prefix=prefix)
+    c = model.config
+    ran = []
+    with torch.no_grad():
+        ref = model(emb, valid, off).embeddings.float()
+        for backend in A.BACKENDS:
+            if backend in COMPILED and (preset, cap_method, prefix) != ("phoenix-nano", "tanh", "bidirectional"):
+                continue                                  # a compile per layout: one case each
+            if backend == "naive" or A.unavailable_reason(
+                    backend, device="cuda", dtype="bfloat16", cap=c.logit_cap, cap_method=c.cap_method,
+                    mask_kind=model.attention_mask(valid, off).kind, padding=True, head_dim=c.key_size):
+                continue
+            out = model(emb, valid, off, backend=backend).embeddings.float()
+            err = float((out - ref)[valid].abs().max() / ref[valid].abs().max())
+            assert err <= MODEL_TOL, (backend, err)
+            ran.append(backend)
+    assert "structured" in ran
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("backend", ["naive", "structured", "sdpa", "flash_attn"])
+def test_cuda_forward_makes_no_host_sync(backend):
+    """torch.cuda.set_sync_debug_mode('error') raises on any synchronising call (.item(), bool(), nonzero())."""
+    model, emb, valid, off = cuda_trunk_inputs("phoenix-nano", cap_method="none" if backend == "sdpa" else "tanh")
+    if A.unavailable_reason(backend, device="cuda", dtype="bfloat16", cap=model.config.logit_cap,
+                            cap_method=model.config.cap_method, padding=True, head_dim=model.config.key_size):
+        pytest.skip(f"{backend} unavailable here")
+    with torch.no_grad():
+        model(emb, valid, off, backend=backend)          # warm-up: kernels load, caches fill
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            model(emb, valid, off, backend=backend)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_masks_are_built_on_the_device():
+    mask = AttentionMask("recsys", 1088, 1024, padded_valid(2, 1088, 1024).cuda())
+    assert mask.dense("cuda").is_cuda and mask.tiles(128, 128, "cuda").classes.is_cuda
+    cpu = AttentionMask("recsys", 1088, 1024, padded_valid(2, 1088, 1024))
+    assert torch.equal(mask.dense("cuda").cpu(), cpu.dense())
+    assert torch.equal(mask.tiles(128, 128, "cuda").classes.cpu(), cpu.tiles(128, 128).classes)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("preset", GPU_PRESETS)
+def test_cuda_explorer_views(preset):
+    """Every view function on the GPU (the views keep each tensor on the explorer's device)."""
+    pytest.importorskip("plotly")
+    from explorer import views
+    from explorer.settings import parse_query
+    s = parse_query(f"preset={preset}")
+    names = ["mask_view", "isolation_view"] + (["attention_view", "invariance_view", "rope_view"]
+                                               if preset != "phoenix-prod" else [])
+    for name in names:
+        out = getattr(views, name)(s)
+        assert out and all(o is not None for o in out), name
+    assert views.isolation_probe(s).isolated
