@@ -46,6 +46,9 @@ TABS = ("mask", "attention", "isolation", "invariance", "variants", "timing", "e
 # one group: at most this many forwards at once across all of them, whichever event asked. Exports
 # (one kaleido browser), uploads and timing sweeps have their own limit of 1 on top.
 FORWARD = dict(concurrency_id="forward", concurrency_limit=4)
+# The mask view runs no model (a few ms): its own lane, so a lecture's /mask never queues behind
+# four probe passes on phoenix-nano.
+LIGHT = dict(concurrency_id="light", concurrency_limit=4)
 
 
 MAX_MESSAGE_CHARS = 2000
@@ -509,7 +512,7 @@ def build_app() -> gr.Blocks:
                 ("isolation", isolation_endpoint, [iso_fig, iso_bars, iso_text]),
                 ("invariance", invariance_endpoint, [inv_fig, inv_text, rope_angle, rope_qk, rope_text]),
                 ("variants", variants_endpoint, [var_fig, var_loss, var_text, bug_fig, bug_text])):
-            hidden_q.submit(fn, hidden_q, outs, api_name=name, **FORWARD)
+            hidden_q.submit(fn, hidden_q, outs, api_name=name, **(LIGHT if name == "mask" else FORWARD))
         run_ev = run_btn.click(timing_endpoint, [query, lengths, backend_pick],
                                [time_fig, mem_fig, speed_fig, err_fig, time_text], api_name="timing",
                                concurrency_limit=1, concurrency_id="timing")
@@ -537,6 +540,7 @@ def warm_up() -> None:
 # receive enough input values (needed: 1, got: 0)" — which show_error=False blanks to {"error": null}.
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
+    runs.configure_threads()            # once, before any worker thread runs a forward
     warm = threading.Timer(3.0, warm_up)
     warm.daemon = True
     warm.start()

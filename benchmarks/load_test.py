@@ -2,6 +2,7 @@
 
     python benchmarks/load_test.py                    # 24 sessions, 45 s, launches app.py itself
     python benchmarks/load_test.py --url http://127.0.0.1:7860/ --sessions 30 --duration 60
+    python -m benchmarks.load_test --abuse            # the hostile-visitor mix below, 55 s
 
 Each session is its own ``gradio_client.Client`` and sends one request at a time, like a visitor
 clicking through the tabs with changing settings: the mask, the heatmaps, the candidate-isolation
@@ -10,6 +11,15 @@ end to end (queue wait included); any exception counts as a failure. The results
 machine, the commit and the parameters next to per-view p50 / p95 / max latency and failures:
 
     benchmarks/results/load-<date>.json
+
+``--abuse`` runs what a hostile visitor of a public Space would (issue 14) instead: /timing submitted
+and cancelled at once in a loop (cancel storms), /isolation and /attention at the recorded-attention
+cap (56 query heads, T 1087), the Variants tab / bug zoo on phoenix-nano, weight uploads from several
+sessions — while light clients keep asking for the lecture /mask. It samples the server's resident
+memory throughout and records peak RSS, RSS after the load and the lecture /mask p95 next to failures
+(a refusal that names its field is an answer, not a failure) in
+``benchmarks/results/load-abuse-<date>.json``. Targets: 0 failures, peak RSS < 6 GB, /mask p95 < 1 s,
+RSS back near its start.
 """
 from __future__ import annotations
 
@@ -25,6 +35,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -158,6 +169,189 @@ def run(url: str, sessions: int, duration_s: float, seed: int) -> dict:
                 sessions_still_running=sum(t.is_alive() for t in threads))
 
 
+# --- the abuse mix (issue 14) ------------------------------------------------------------------
+
+CAP_SIZED = "preset=phoenix-nano&num_q_heads=56&num_kv_heads=8&num_layers=1"
+TIMING_STORM = ("preset=lecture&weights=random&num_q_heads=16&num_kv_heads=16&key_size=128", "512, 1024",
+                ["naive", "structured"])
+# kind -> (clients, what each does in a loop)
+ABUSE = {
+    "lecture /mask": 2,                  # the light request whose latency must stay low throughout
+    "timing cancel storm": 3,
+    "cap-sized isolation / attention": 3,
+    "variants on phoenix-nano": 2,
+    "uploads": 2,
+}
+TARGETS = dict(failures=0, peak_rss_gb=6.0, mask_p95_s=1.0, rss_after_over_start=1.5)
+
+
+def server_pid(url: str) -> Optional[int]:
+    """The app.py process serving `url` (running_app starts it with GRADIO_SERVER_PORT in its environment)."""
+    port = url.rstrip("/").rsplit(":", 1)[-1]
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if b"app.py" in (proc / "cmdline").read_bytes() and \
+                    f"GRADIO_SERVER_PORT={port}".encode() in (proc / "environ").read_bytes().split(b"\0"):
+                return int(proc.name)
+    return None
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _weights_file(tmp: Path, seed: int) -> Path:
+    """A valid upload for the lecture geometry (random weights of another seed)."""
+    from explorer.settings import parse_query
+    from models.recsys import RecsysModel, init_recsys
+    from models.weights import save_weights
+    s = parse_query("preset=lecture&weights=random")
+    path = tmp / f"upload-{seed}.safetensors"
+    save_weights(init_recsys(RecsysModel(s.recsys_config()), "random", seed), path)
+    return path
+
+
+def abuse_client(kind: str, url: str, index: int, start: threading.Barrier, stop_at: list, records: list,
+                 lock: threading.Lock, tmp: Path) -> None:
+    from gradio_client import Client, handle_file
+    client = Client(url, verbose=False)
+    rng = random.Random(index)
+    upload = _weights_file(tmp, index) if kind == "uploads" else None
+    start.wait()
+    while time.monotonic() < stop_at[0]:
+        t0 = time.perf_counter()
+        error = refused = None
+        what = kind
+        try:
+            if kind == "lecture /mask":
+                client.predict(f"preset=lecture&seed={rng.randint(0, 3)}", api_name="/mask")
+            elif kind == "timing cancel storm":
+                job = client.submit(*TIMING_STORM, api_name="/timing")
+                time.sleep(rng.uniform(0.05, 0.5))
+                job.cancel()
+            elif kind == "cap-sized isolation / attention":
+                what = rng.choice(["/isolation", "/attention"])
+                client.predict(CAP_SIZED + f"&seed={rng.randint(0, 1)}", api_name=what)
+            elif kind == "variants on phoenix-nano":
+                client.predict(f"preset=phoenix-nano&bug={rng.choice(['none', 'unmasked-decoder', 'exact-gelu'])}",
+                               api_name="/variants")
+            else:
+                query, _ = client.predict("preset=lecture&weights=random", handle_file(str(upload)),
+                                          api_name="/upload_weights")
+                client.predict(query, api_name="/attention")
+        except Exception as e:                      # noqa: BLE001 — every failure counts, whatever its type
+            text = str(e)
+            if ": got " in text and "; allowed: " in text and "internal error" not in text:
+                refused = text[:200]                # a refusal that names its field: an answer
+            else:
+                error = f"{type(e).__name__}: {text[:300]}"
+        with lock:
+            records.append(dict(kind=kind, what=what, latency_s=time.perf_counter() - t0, error=error,
+                                refused=refused, t=time.monotonic()))
+
+
+def run_abuse(url: str, duration_s: float) -> dict:
+    import tempfile
+    from gradio_client import Client
+    pid = server_pid(url)
+    if pid is None:
+        raise RuntimeError(f"no app.py process found serving {url} (--abuse reads the server's memory from /proc)")
+    warm = Client(url, verbose=False)
+    warm.predict("preset=lecture", api_name="/mask")
+    time.sleep(2.0)
+    rss_start = rss_bytes(pid)
+    samples, sampling = [], threading.Event()
+
+    def sample():
+        while not sampling.is_set():
+            with contextlib.suppress(OSError):
+                samples.append((time.monotonic(), rss_bytes(pid)))
+            time.sleep(0.2)
+    sampler = threading.Thread(target=sample, daemon=True)
+    records, lock = [], threading.Lock()
+    clients = [(kind, i) for kind, n in ABUSE.items() for i in range(n)]
+    start = threading.Barrier(len(clients) + 1)
+    stop_at = [float("inf")]
+    with tempfile.TemporaryDirectory(prefix="load-abuse-") as tmp:
+        threads = [threading.Thread(target=abuse_client, args=(kind, url, i, start, stop_at, records, lock, Path(tmp)),
+                                    daemon=True) for i, (kind, _) in enumerate(clients)]
+        for t in threads:
+            t.start()
+        start.wait()
+        sampler.start()
+        t0 = time.monotonic()
+        stop_at[0] = t0 + duration_s
+        for t in threads:
+            t.join(timeout=duration_s + 180)
+        load_end = time.monotonic()
+        time.sleep(15.0)                                 # the queue drains, cancelled work stops
+        sampling.set()
+        sampler.join()
+    rss_after = rss_bytes(pid)
+    during = [r for _, r in samples]
+    kinds = {}
+    for kind in ABUSE:
+        rs = [r for r in records if r["kind"] == kind]
+        lat = sorted(r["latency_s"] for r in rs)
+        kinds[kind] = dict(clients=ABUSE[kind], requests=len(rs), failures=sum(bool(r["error"]) for r in rs),
+                           refused_by_name=sum(bool(r["refused"]) for r in rs),
+                           p50_s=round(percentile(lat, 50), 3), p95_s=round(percentile(lat, 95), 3),
+                           max_s=round(lat[-1], 3) if lat else None)
+    mask = kinds["lecture /mask"]
+    result = dict(
+        wall_s=round(load_end - t0, 2), sessions_still_running=sum(t.is_alive() for t in threads),
+        kinds=kinds, total=dict(requests=len(records), failures=sum(bool(r["error"]) for r in records),
+                                refused_by_name=sum(bool(r["refused"]) for r in records)),
+        memory=dict(rss_start_gb=round(rss_start / 1e9, 3), peak_rss_gb=round(max(during, default=0) / 1e9, 3),
+                    rss_after_gb=round(rss_after / 1e9, 3), after_s=15.0,
+                    timeline_gb=[(round(t - t0, 1), round(r / 1e9, 3)) for t, r in samples[::5]]),
+        lecture_mask_p95_s=mask["p95_s"],
+        errors=sorted({r["error"] for r in records if r["error"]})[:20],
+        refusals=sorted({r["refused"] for r in records if r["refused"]})[:10])
+    m = result["memory"]
+    result["targets"] = dict(TARGETS, met=dict(
+        failures=result["total"]["failures"] <= TARGETS["failures"],
+        peak_rss_gb=m["peak_rss_gb"] < TARGETS["peak_rss_gb"],
+        mask_p95_s=mask["p95_s"] < TARGETS["mask_p95_s"],
+        rss_after_over_start=m["rss_after_gb"] <= TARGETS["rss_after_over_start"] * m["rss_start_gb"]))
+    return result
+
+
+def main_abuse(a) -> dict:
+    from explorer.settings import DEFAULT_MEMORY_CEILING, MEMORY_CEILING_ENV
+    when = dt.datetime.now(dt.timezone.utc)
+    info = dict(kind="abuse", date=when.isoformat(timespec="seconds"), git_commit=git_commit(), device=machine(),
+                parameters=dict(duration_s=a.duration, clients=ABUSE, cap_sized=CAP_SIZED,
+                                timing_storm=dict(query=TIMING_STORM[0], lengths=TIMING_STORM[1],
+                                                  backends=TIMING_STORM[2], cancel_after_s="0.05-0.5"),
+                                memory_ceiling_bytes=int(os.environ.get(MEMORY_CEILING_ENV, DEFAULT_MEMORY_CEILING)),
+                                latency="end to end per request, queue wait included",
+                                rss="server process VmRSS sampled every 0.2 s; 'after' 15 s after the load stops",
+                                conditions=a.conditions))
+    if a.url:
+        result = run_abuse(a.url, a.duration)
+    else:
+        with running_app() as url:
+            result = run_abuse(url, a.duration)
+    report = {**info, **result}
+    report["device"]["load_average_after"] = os.getloadavg()[0]
+    out = a.out or ROOT / "benchmarks" / "results" / f"load-abuse-{when.date().isoformat()}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"{'kind':<34}{'requests':>9}{'failed':>8}{'refused':>8}{'p50 s':>9}{'p95 s':>9}")
+    for kind, r in report["kinds"].items():
+        print(f"{kind:<34}{r['requests']:>9}{r['failures']:>8}{r['refused_by_name']:>8}{r['p50_s']:>9.3f}{r['p95_s']:>9.3f}")
+    m = report["memory"]
+    print(f"RSS start {m['rss_start_gb']} GB, peak {m['peak_rss_gb']} GB, after {m['rss_after_gb']} GB; "
+          f"targets met: {report['targets']['met']} -> {out}")
+    return report
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", help="a running app; default: launch app.py on a free localhost port")
@@ -165,11 +359,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--duration", type=float, default=45.0, help="seconds of load (at most 60)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--abuse", action="store_true", help="the hostile-visitor mix instead (issue 14)")
+    ap.add_argument("--conditions", default="", help="--abuse: a note on the machine's state, kept in the file")
     a = ap.parse_args(argv)
     if not 1 <= a.sessions <= 200:
         ap.error(f"--sessions: got {a.sessions}; allowed: 1..200")
     if not 0 < a.duration <= 60:
         ap.error(f"--duration: got {a.duration}; allowed: (0, 60] seconds")
+    if a.abuse:
+        return main_abuse(a)
     when = dt.datetime.now(dt.timezone.utc)
     info = dict(date=when.isoformat(timespec="seconds"), git_commit=git_commit(), device=machine(),
                 parameters=dict(sessions=a.sessions, duration_s=a.duration, seed=a.seed,

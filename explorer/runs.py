@@ -3,42 +3,203 @@
 ``build_model(s)`` depends on the model options only (view options are reset first), and the weights
 underneath on the geometry and weight source only; ``forward(s)`` runs the ranking model once with
 ``record=True`` and every view reads the same traces. Both are memoised on the frozen Settings.
+
+Memory is bounded in bytes, not entries: every cache here (and the probe caches in explorer.views)
+is a ``ByteCache``; their entries and the requests running (``bounded``: a view's estimated peak
+from explorer.settings.view_cost, reserved before it starts) share one ceiling,
+explorer.settings.memory_ceiling() (env EXPLORER_MEMORY_BYTES). Least recently used entries go first;
+a request that does not fit waits until running ones finish. Each cache entry is computed once
+under its own lock, so different settings run concurrently and equal ones wait for the first.
 """
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import functools
 import hashlib
+import os
 import threading
 import time
+from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
+import numpy as np
 import torch
+from torch import nn
 
 from models import demo
-from models.recsys import RecsysBatch, RecsysConfig, RecsysModel, RecsysOutput, get_preset, init_recsys, synthetic_batch
+from models.recsys import RecsysBatch, RecsysModel, RecsysOutput, init_recsys, synthetic_batch
 
-from .settings import WEIGHT_GEOMETRY, Settings, ValidationError, device
+from .settings import WEIGHT_GEOMETRY, Settings, ValidationError, check_budget, device, memory_ceiling
+
+
+# --- threads: decided once, at start-up ------------------------------------------------------
+
+THREADS_ENV = "EXPLORER_THREADS"
+
+
+def configure_threads() -> int:
+    """torch's intra-op threads for the whole process, set once before the server starts (app.py):
+    up to four requests run at once, and on a busy 2-core machine a second OpenMP thread per request
+    makes forwards wait at barriers (measured: a phoenix-nano probe pass 8 s with 2 threads, 0.36 s
+    with 1, other engineers' jobs running). Default 1; EXPLORER_THREADS overrides."""
+    raw = os.environ.get(THREADS_ENV, "1")
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= (os.cpu_count() or 1):
+        raise ValidationError(THREADS_ENV, raw, f"an integer in [1, {os.cpu_count()}]")
+    torch.set_num_threads(n)
+    return n
+
+
+# --- memory: caches and running requests under one ceiling in bytes ---------------------------
+
+def nbytes(value) -> int:
+    """Bytes held by a cached value: tensors, arrays, modules, and containers / dataclasses of them."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, np.ndarray):
+        return value.nbytes
+    if isinstance(value, nn.Module):
+        return sum(nbytes(t) for t in (*value.parameters(), *value.buffers()))
+    if isinstance(value, dict):
+        return sum(nbytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(nbytes(v) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return sum(nbytes(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return 0
+
+
+class Memory:
+    """The one account of what the explorer holds: cache entries (least recently used first) and
+    reservations of running requests."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.entries: OrderedDict = OrderedDict()       # (cache, key) -> bytes, oldest first
+        self.cached = 0
+        self.reserved = 0
+        self.caches: list["ByteCache"] = []
+        self._held = threading.local()                  # this thread's reservation, for nested views
+
+    def add(self, cache, key, size: int) -> None:
+        with self.cond:
+            self.entries[(cache, key)] = size
+            self.cached += size
+            self._evict(memory_ceiling() - self.reserved)
+
+    def touch(self, cache, key) -> None:
+        with self.cond:
+            if (cache, key) in self.entries:
+                self.entries.move_to_end((cache, key))
+
+    def drop(self, cache, key) -> None:
+        with self.cond:
+            self.cached -= self.entries.pop((cache, key), 0)
+
+    def _evict(self, allowed: int) -> None:
+        while self.cached > max(0, allowed) and self.entries:
+            (cache, key), size = self.entries.popitem(last=False)
+            self.cached -= size
+            cache.entries.pop(key, None)
+
+    @contextmanager
+    def reserve(self, size: int):
+        """Hold `size` bytes for a request; wait while they do not fit beside the running ones
+        (caches are evicted to make room; one request always runs)."""
+        if getattr(self._held, "depth", 0):             # a view inside another view: already admitted
+            yield
+            return
+        with self.cond:
+            while self.reserved and self.reserved + size > memory_ceiling():
+                self.cond.wait()
+            self.reserved += size
+            self._evict(memory_ceiling() - self.reserved)
+        self._held.depth = 1
+        try:
+            yield
+        finally:
+            self._held.depth = 0
+            with self.cond:
+                self.reserved -= size
+                self.cond.notify_all()
+
+    def clear(self) -> None:
+        with self.cond:
+            for cache in self.caches:
+                cache.entries.clear()
+            self.entries.clear()
+            self.cached = 0
+
+
+MEMORY = Memory()
+
+
+class ByteCache:
+    """Memoise `fn` on its (hashable) arguments, sized in bytes in MEMORY. Each key is computed once
+    under its own lock: concurrent calls with other keys run in parallel."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self.entries: dict = {}
+        self.key_locks: dict = {}
+        functools.update_wrapper(self, fn)
+        MEMORY.caches.append(self)
+
+    def __call__(self, *args):
+        with MEMORY.cond:
+            if args in self.entries:
+                MEMORY.entries.move_to_end((self, args))
+                return self.entries[args]
+            lock = self.key_locks.setdefault(args, threading.Lock())
+        with lock:
+            with MEMORY.cond:
+                if args in self.entries:
+                    return self.entries[args]
+            try:
+                value = self.fn(*args)
+            finally:
+                with MEMORY.cond:
+                    self.key_locks.pop(args, None)
+            with MEMORY.cond:
+                self.entries[args] = value
+                MEMORY.add(self, args, nbytes(value))
+            return value
+
+    def cache_clear(self) -> None:
+        with MEMORY.cond:
+            for key in list(self.entries):
+                MEMORY.drop(self, key)
+            self.entries.clear()
+
+
+def bounded(view: str):
+    """A view function that states its cost first: refused by name past the device's budget
+    (explorer.settings.check_budget), else run once its estimated memory fits under the ceiling."""
+    def decorate(fn):
+        @functools.wraps(fn)
+        def run(s: Settings, *args, **kwargs):
+            cost = check_budget(s, view)
+            with MEMORY.reserve(cost.peak_bytes):
+                return fn(s, *args, **kwargs)
+        return run
+    return decorate
 
 MAX_UPLOAD_BYTES = 200 * 2**20      # one file; phoenix-nano in fp32 is ~45 MB
 
 
-def recsys_config(s: Settings) -> RecsysConfig:
-    """The ranking model's config: the demo world's vocabulary for demo weights, else the preset's."""
-    if s.weights == "demo":
-        return replace(demo.demo_config(), transformer=s.transformer_config())
-    return get_preset(s.preset).recsys_config(s.transformer_config(), num_user_tokens=s.num_user)
-
-
-@functools.lru_cache(maxsize=8)
+@ByteCache
 def _weights(geometry: tuple) -> dict[str, torch.Tensor]:
     """State dict for a geometry and a weight source; shared by every attention option."""
     s = Settings(**dict(geometry))
     if s.weights == "demo":             # explorer.settings refused "demo" already if the file is missing
         return dict(demo.load_demo_model().state_dict())
-    model = RecsysModel(recsys_config(s))
+    model = RecsysModel(s.recsys_config())
     if s.weights in ("random", "zeros"):
         init_recsys(model, s.weights, s.seed)
         return dict(model.state_dict())
@@ -121,7 +282,7 @@ def load_upload(s: Settings, path: str, session: str) -> str:
     if size > MAX_UPLOAD_BYTES:
         raise ValidationError("weights file", f"{size:,} bytes", f"at most {MAX_UPLOAD_BYTES:,} bytes")
     # seeded first: a file exported from the original has no hash tables, and the model keeps these
-    model = init_recsys(RecsysModel(recsys_config(replace(s, weights="random"))), "random", s.seed)
+    model = init_recsys(RecsysModel(replace(s, weights="random").recsys_config()), "random", s.seed)
     try:
         load_weights(model, path, max_bytes=MAX_UPLOAD_BYTES)
     except ValueError as e:
@@ -159,10 +320,10 @@ def build_model(s: Settings) -> RecsysModel:
 _GEOMETRY = (*WEIGHT_GEOMETRY, "weights", "seed")
 
 
-@functools.lru_cache(maxsize=8)
+@ByteCache
 def _build_model(s: Settings) -> RecsysModel:
     state = _weights(tuple((k, getattr(s, k)) for k in _GEOMETRY))
-    model = RecsysModel(recsys_config(s))
+    model = RecsysModel(s.recsys_config())
     model.load_state_dict(state)
     return model.eval().to(device())
 
@@ -177,41 +338,28 @@ def model_settings(s: Settings) -> Settings:
                    variant=d.variant, bug=d.bug)
 
 
-@functools.lru_cache(maxsize=8)
-def _batch_for(s: Settings) -> RecsysBatch:
+def make_batch(s: Settings, seed: int) -> RecsysBatch:
+    """Inputs for these settings drawn with `seed`: the demo world's for demo weights, else random
+    hashes in the model's vocabulary. Uncached; views use batch_for."""
     if s.weights == "demo":
-        return demo.demo_batch(s.layout, s.seed, s.batch_size)
-    return synthetic_batch(build_model(s).config, s.layout, s.seed, s.batch_size)
+        return demo.demo_batch(s.layout, seed, s.batch_size)
+    return synthetic_batch(build_model(s).config, s.layout, seed, s.batch_size)
+
+
+@ByteCache
+def _batch_for(s: Settings) -> RecsysBatch:
+    return make_batch(s, s.seed)
 
 
 def batch_for(s: Settings) -> RecsysBatch:
     return _batch_for(model_settings(s))
 
 
-DEFAULT_THREADS = torch.get_num_threads()
-SMALL_WORK = 1 << 16      # seq_len * emb_size below which one CPU thread is fastest
-
-
-@contextlib.contextmanager
-def cpu_threads(s: Settings):
-    """One intra-op thread for lecture-sized work: on a busy 2-core machine a second thread makes a
-    3 ms forward wait ~300 ms at OpenMP barriers. Large models keep every thread."""
-    small = s.seq_len * s.emb_size <= SMALL_WORK
-    torch.set_num_threads(1 if small else DEFAULT_THREADS)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(DEFAULT_THREADS)
-
-
-_lock = threading.Lock()
-
-
-@functools.lru_cache(maxsize=8)
+@ByteCache
 def _forward(s: Settings) -> RecsysOutput:
     model = build_model(s)
     batch = _to_device(batch_for(s))
-    with torch.no_grad(), _lock, cpu_threads(s):
+    with torch.no_grad():
         return model(batch, record=True, backend="naive")
 
 
@@ -224,7 +372,7 @@ def score(s: Settings, batch: Optional[RecsysBatch] = None, embeddings=None, *, 
           record: bool = False, backend: str = "naive") -> RecsysOutput:
     """An uncached run for probes: a changed batch or perturbed embeddings."""
     model = build_model(s)
-    with torch.no_grad(), cpu_threads(s):
+    with torch.no_grad():
         if embeddings is not None:      # [B', T, D]: every row shares the layout's padding
             out = forward(s)
             valid = out.valid[:1].expand(embeddings.shape[0], -1)
@@ -240,12 +388,8 @@ def _to_device(batch: RecsysBatch) -> RecsysBatch:
     return RecsysBatch(*(getattr(batch, f).to(dev) for f in batch.__dataclass_fields__))
 
 
-EXTRA_CACHES: list = []     # probe caches elsewhere register here so an OOM frees them too
-
-
 def clear_caches() -> None:
-    """After CUDA out-of-memory: drop every cached model and forward, then free the allocator."""
-    for f in (_weights, _build_model, _batch_for, _forward, *EXTRA_CACHES):
-        f.cache_clear()
+    """After CUDA out-of-memory: drop every cached model, forward and probe result, then free the allocator."""
+    MEMORY.clear()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

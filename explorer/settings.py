@@ -10,6 +10,7 @@ it into ``gr.Error``. ``to_query`` writes only what differs from the preset, and
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Mapping, Optional
 from urllib.parse import parse_qsl, urlencode
@@ -21,8 +22,10 @@ from models.bugzoo import bug_names
 from models.demo import DEMO_WEIGHTS, demo_config
 from models.grok import ROPE_MODES, TransformerConfig
 from models.masks import MASK_KINDS, PREFIX_MODES, model_mask_kind
-from models.recsys import PRESETS, SequenceLayout, get_preset
+from models.probes import PROBES
+from models.recsys import PRESETS, RecsysConfig, SequenceLayout, get_preset
 from models.variants import VARIANTS
+from models.weights import recsys_spec
 
 WEIGHT_SOURCES = ("random", "zeros", "demo", "upload")
 # the fields that decide the weights' shapes: uploaded weights are held to the values they were loaded at
@@ -46,6 +49,16 @@ GPU_MAX_TRACE_BYTES = 8 * 2**30
 MAX_BATCH = 8                       # rows of inputs per forward; the views show one of them
 MAX_SWEEP_SECONDS_CPU = 30.0
 MAX_SWEEP_SECONDS_GPU = 120.0
+# What one request may cost, estimated from the settings before it runs (explorer.settings.view_cost):
+# floating-point work of every forward it runs (probe passes included) — a 2-core CPU Space does
+# ~20-40 GFLOP/s per thread, so 600 GFLOP is well under a minute — and the memory it holds while it runs.
+CPU_MAX_REQUEST_FLOPS = 600e9
+GPU_MAX_REQUEST_FLOPS = 200e12
+# Everything the explorer keeps (cached models, recorded forwards, probe results) plus what running
+# requests hold stays under this many bytes (explorer.runs admits requests and evicts caches against
+# it). 4 GiB leaves a free 16 GB Space (and the process's own ~1 GB) plenty of headroom.
+MEMORY_CEILING_ENV = "EXPLORER_MEMORY_BYTES"
+DEFAULT_MEMORY_CEILING = 4 * 2**30
 
 
 class ValidationError(ValueError):
@@ -77,6 +90,27 @@ def max_trace_bytes() -> int:
 
 def sweep_budget_s() -> float:
     return MAX_SWEEP_SECONDS_GPU if device() == "cuda" else MAX_SWEEP_SECONDS_CPU
+
+
+def memory_ceiling() -> int:
+    """Bytes the explorer's caches and running requests may hold together (env EXPLORER_MEMORY_BYTES)."""
+    raw = os.environ.get(MEMORY_CEILING_ENV, "")
+    try:
+        value = int(float(raw)) if raw.strip() else DEFAULT_MEMORY_CEILING
+    except ValueError:
+        raise ValidationError(MEMORY_CEILING_ENV, raw, "a number of bytes, e.g. 4e9") from None
+    if value < 2**28:
+        raise ValidationError(MEMORY_CEILING_ENV, raw, "at least 268435456 (256 MiB)")
+    return value
+
+
+def max_request_bytes() -> int:
+    """One request may hold at most half the ceiling, so two of the largest can run side by side."""
+    return memory_ceiling() // 2
+
+
+def max_request_flops() -> float:
+    return GPU_MAX_REQUEST_FLOPS if device() == "cuda" else CPU_MAX_REQUEST_FLOPS
 
 
 @dataclass(frozen=True)
@@ -151,6 +185,12 @@ class Settings:
             logit_cap=self.logit_cap, cap_method=self.cap_method, rope_base=self.rope_base,
             rope_mode=self.rope_mode, rope_offset=self.rope_offset, prefix=self.prefix)
         return cfg.replace(**changes) if changes else cfg
+
+    def recsys_config(self) -> RecsysConfig:
+        """The ranking model's config: the demo world's vocabulary for demo weights, else the preset's."""
+        if self.weights == "demo":
+            return replace(demo_config(), transformer=self.transformer_config())
+        return get_preset(self.preset).recsys_config(self.transformer_config(), num_user_tokens=self.num_user)
 
     @property
     def query_position(self) -> int:
@@ -257,12 +297,9 @@ def _check_upload_geometry(v: dict, weights: str, geometry: Mapping[str, Any]) -
 
 
 def estimate_params(s: Settings) -> int:
-    """Trunk + embedding tables + projections, enough to refuse a model too big for the device."""
-    D, K = s.emb_size, s.key_size
-    cfg_ffn = TransformerConfig(D, K, s.num_q_heads, s.num_kv_heads, 1, s.widening_factor).ffn_hidden
-    attn = D * K * (2 * s.num_q_heads + 2 * s.num_kv_heads)
-    trunk = s.num_layers * (attn + 3 * D * cfg_ffn + 4 * D)
-    return trunk + 3 * 1024 * D + 12 * D * D
+    """The ranking model's parameter count, from its own shapes (models.weights.recsys_spec): the
+    embedding tables, the user / history / candidate projections (num_user included) and the trunk."""
+    return sum(math.prod(shape) for _, shape, _ in recsys_spec(s.recsys_config()).values())
 
 
 def parse_settings(raw: Mapping[str, Any] | None = None, *,
@@ -365,9 +402,127 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *,
     return s
 
 
-def trace_bytes(s: Settings) -> int:
+def trace_bytes(s: Settings, rows: Optional[int] = None) -> int:
     """Memory of one recorded forward's attention: probabilities and logits, fp32 [B, Hq, T, T] per layer."""
-    return 2 * 4 * s.batch_size * s.num_layers * s.num_q_heads * s.seq_len ** 2
+    return 2 * 4 * (s.batch_size if rows is None else rows) * s.num_layers * s.num_q_heads * s.seq_len ** 2
+
+
+# --- what a request costs, estimated before it starts ------------------------------------------
+
+@dataclass(frozen=True)
+class Cost:
+    """Work and memory of one view's request, from the settings alone."""
+    forwards: int = 0          # passes through the trunk, each counted once per batch row
+    flops: float = 0.0         # their floating-point work: matmuls on every token + attention's T^2
+    peak_bytes: int = 0        # what it holds while it runs: recorded traces, probe passes, model copies
+
+    def __add__(self, other: "Cost") -> "Cost":
+        return Cost(self.forwards + other.forwards, self.flops + other.flops,
+                    max(self.peak_bytes, other.peak_bytes))
+
+    def holding(self, extra_bytes: int) -> "Cost":
+        return replace(self, peak_bytes=self.peak_bytes + extra_bytes)
+
+
+def forward_cost(s: Settings, rows: int = 1, seq_len: Optional[int] = None, record: bool = False) -> Cost:
+    """One trunk pass over `rows` sequences of `seq_len` (default the layout's) tokens: 2 x trunk
+    parameters per token, plus q.k and p.v (4 x T^2 x key_size per query head) per layer. Memory: one
+    layer's [rows, Hq, T, T] logits, capped logits and probabilities while it runs, the residual
+    stream, and with `record` every layer's traces."""
+    T = s.seq_len if seq_len is None else seq_len
+    trunk = estimate_params(s) - sum(math.prod(shape) for name, (_, shape, _) in recsys_spec(s.recsys_config()).items()
+                                     if name.startswith("recsys_model/"))
+    flops = rows * (2 * T * trunk + s.num_layers * 4 * s.num_q_heads * T * T * s.key_size)
+    ffn = s.transformer_config().ffn_hidden
+    held = 3 * 4 * rows * s.num_q_heads * T * T + 4 * 4 * rows * T * max(s.emb_size, ffn)
+    return Cost(rows, float(flops), held + (recorded_bytes(s, rows, T) if record else 0))
+
+
+def recorded_bytes(s: Settings, rows: int, seq_len: Optional[int] = None) -> int:
+    """What a recorded forward keeps after it ran: every layer's probabilities and logits
+    [rows, Hq, T, T] and its two residual streams [rows, T, D], fp32."""
+    T = s.seq_len if seq_len is None else seq_len
+    return 2 * 4 * rows * s.num_layers * T * (s.num_q_heads * T + s.emb_size)
+
+
+def model_bytes(s: Settings) -> int:
+    return 4 * estimate_params(s)
+
+
+# The bug zoo (views.bug_zoo_view) probes six models on a capped layout of at most this many positions;
+# causality perturbs each of at most 16 of them (models.probes.PROBES["causality"].max_positions).
+BUG_ZOO_MAX_POSITIONS = 128
+
+
+def _bug_zoo_cost(s: Settings) -> Cost:
+    models = 1 + len(bug_names("grok"))
+    T = min(s.seq_len, BUG_ZOO_MAX_POSITIONS)
+    Tc = min(T, PROBES["causality"].max_positions)
+    per_model = (forward_cost(s, 2, T)                       # isolation: before and after
+                 + forward_cost(s, 2, T)                     # parity: the model and the correct trunk
+                 + forward_cost(s, 2 * max(1, min(Tc - 1, 16)), Tc))   # causality: perturbed + unperturbed rows
+    total = Cost(per_model.forwards * models, per_model.flops * models, per_model.peak_bytes)
+    layer0 = forward_cost(s, 1, record=True)                  # the chosen bug's recorded trace, full length
+    return (total + layer0).holding(2 * model_bytes(s))       # a bugged copy beside the model
+
+
+def _view_costs(s: Settings) -> dict:
+    B = s.batch_size
+    recorded = forward_cost(s, B, record=True)                # runs.forward: the one recorded forward
+    kept = recorded_bytes(s, B)                               # ... which stays while the others run
+    return {
+        "mask": Cost(peak_bytes=2 * 9 * s.seq_len ** 2),   # two [T, T] masks, bool and float
+        "attention": recorded,
+        # the recorded forward, the perturbed batch recorded, and both rows again under a causal mask
+        "isolation": recorded + forward_cost(s, B, record=True).holding(kept)
+        + forward_cost(s, 2, record=True).holding(kept)
+        + (forward_cost(s, B) if s.perturbation == "replace" else Cost()),
+        # three RoPE modes x (before, after), unrecorded
+        "invariance": Cost(6 * B, 6 * forward_cost(s, B).flops, forward_cost(s, B).peak_bytes),
+        "variants": recorded + _bug_zoo_cost(s).holding(kept),
+    }
+
+
+VIEWS = ("mask", "attention", "isolation", "invariance", "variants")
+
+
+def view_cost(s: Settings, view: str) -> Cost:
+    """What the `view` request costs with these settings (plus the model it needs)."""
+    costs = _view_costs(s)
+    if view not in costs:
+        raise ValidationError("view", view, ", ".join(costs))
+    cost = costs[view]
+    return cost if view == "mask" else cost.holding(model_bytes(s))
+
+
+# the fields a visitor can turn down to make a request cheaper, in the order they are suggested
+_COST_FIELDS = ("batch_size", "num_history", "num_candidates", "num_layers", "num_q_heads", "emb_size")
+
+
+def check_budget(s: Settings, view: str) -> Cost:
+    """Refuse, by name, a request whose estimated work or memory exceeds this device's budget.
+    The field named is the one whose halving saves the most. -> the cost, when it fits."""
+    cost = view_cost(s, view)
+    flops, held = max_request_flops(), max_request_bytes()
+    if cost.flops <= flops and cost.peak_bytes <= held:
+        return cost
+    over = max(cost.flops / flops, cost.peak_bytes / held)
+
+    def after_halving(name):
+        lo = 1 if name != "num_history" else 0
+        half = max(lo, getattr(s, name) // 2)
+        if name == "num_q_heads":
+            half = max(s.num_kv_heads, half - half % s.num_kv_heads)
+        t = replace(s, **{name: half}, **({"candidate_padding": 0} if name == "num_candidates" else {}),
+                    **({"history_padding": 0} if name == "num_history" else {}), row=0)
+        c = view_cost(t, view)
+        return max(c.flops / flops, c.peak_bytes / held)
+    field = min((f for f in _COST_FIELDS if getattr(s, f) > 1), key=after_halving, default="num_history")
+    raise ValidationError(field, getattr(s, field),
+                          f"a smaller value: the {view} view would run {cost.forwards} trunk passes "
+                          f"({cost.flops / 1e9:,.0f} GFLOP) holding {cost.peak_bytes / 2**20:,.0f} MiB, "
+                          f"{over:.1f}x this {device().upper()}'s budget per request of {flops / 1e9:,.0f} GFLOP "
+                          f"and {held / 2**20:,.0f} MiB")
 
 
 def check_backend(s: Settings, *, need_weights: bool = False) -> None:

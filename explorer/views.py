@@ -5,7 +5,6 @@ call them without a browser, app.py only wires them to controls.
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -13,14 +12,16 @@ import numpy as np
 import plotly.graph_objects as go
 import torch
 
+from models.bugzoo import BUGS, bug_report, with_bug
 from models.masks import AttentionMask
+from models.probes import PROBES, capped_layout
 from models.recsys import RecsysBatch
 from models.grok import RotaryEmbedding
 
 from . import runs
 from .figures import (DIVERGING, MASK_SCALE, SEQUENTIAL, Panel, bar_figure, grouped_bar_figure,
                       heatmap_figure, line_figure)
-from .settings import Settings
+from .settings import BUG_ZOO_MAX_POSITIONS, Settings
 
 # FlashAttention-3-style ranker kernels tile queries by 64 and keys by 128 (FACTS.md §3)
 BLOCK_Q, BLOCK_KV = 64, 128
@@ -62,6 +63,7 @@ def _panel(s: Settings, z: np.ndarray, title: str) -> Panel:
 
 # --- 1. mask -------------------------------------------------------------------------------
 
+@runs.bounded("mask")
 def mask_view(s: Settings) -> tuple[go.Figure, str]:
     kinds = [s.mask_kind, s.compare]
     masks = [layout_mask(s, k) for k in kinds]
@@ -91,6 +93,7 @@ def attention_values(s: Settings, layer: int) -> np.ndarray:
     return np.where(mask_dense(s, s.mask_kind)[None], logits, np.nan)   # masked: a gap
 
 
+@runs.bounded("attention")
 def attention_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
     G = s.num_q_heads // s.num_kv_heads
     value_name = {"probabilities": "weight", "capped logits": "logit", "masked logits": "logit"}[s.values]
@@ -183,7 +186,7 @@ def isolation_probe(s: Settings, mask_kind: str | None = None) -> ProbeResult:
     return _isolation_probe(runs.model_settings(s), probe, kind)
 
 
-@functools.lru_cache(maxsize=16)
+@runs.ByteCache
 def _isolation_probe(s: Settings, probe: tuple, kind: str) -> ProbeResult:
     s = replace(s, row=probe[0], candidate=probe[1], perturbation=probe[2], delta=probe[3], replace_with=probe[4])
     r = slice(s.row, s.row + 1)          # the shown batch row, kept as a batch of one
@@ -224,6 +227,7 @@ def verdict(r: ProbeResult) -> str:
     return f"{r.mask_kind}: largest change on any other candidate: {r.largest_other:.6g} ({r.worst}) — {state}"
 
 
+@runs.bounded("isolation")
 def isolation_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
     ours, causal = isolation_probe(s), isolation_probe(s, "causal")
     labels, seg = s.layout.token_labels(), s.layout.segments()
@@ -255,7 +259,7 @@ def isolation_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
 
 def changed_batch(s: Settings, batch: RecsysBatch) -> tuple[RecsysBatch, list[tuple[int, int]]]:
     """Apply the operation to the real candidates -> (new batch, [(old index, new index)] kept)."""
-    B, C = batch.candidate_post_hashes.shape[:2]
+    C = batch.candidate_post_hashes.shape[1]
     real = C - s.candidate_padding
     pads = list(range(real, C))
     if s.operation == "permute":
@@ -264,20 +268,18 @@ def changed_batch(s: Settings, batch: RecsysBatch) -> tuple[RecsysBatch, list[tu
         order = [c for c in range(real) if c != s.candidate] + pads
     else:
         order = list(range(C))
-    new = batch.select_candidates(torch.tensor(order))
+    new = batch.select_candidates(torch.tensor(order, dtype=torch.long))    # [] stays a long index
     pairs = sorted((old, new_i) for new_i, old in enumerate(order) if old < real)
     if s.operation == "add":
-        # one new candidate per row before the padded slots, hashes drawn from another seed
-        g = torch.Generator().manual_seed(s.seed + 1000)
+        # one new candidate per row before the padded slots: the first candidate of a batch drawn the
+        # same way from another seed, so its hashes are in this model's vocabulary (the demo world's too)
+        extra = runs.make_batch(s, s.seed + 1000)
 
-        def insert(t, row):
+        def insert(field):
+            t, row = getattr(new, field), getattr(extra, field)[:, :1]
             return torch.cat([t[:, :real], row, t[:, real:]], dim=1)
-        new = replace(new,
-                      candidate_post_hashes=insert(new.candidate_post_hashes,
-                                                   torch.randint(1, 1024, (B, 1, new.candidate_post_hashes.shape[2]), generator=g)),
-                      candidate_author_hashes=insert(new.candidate_author_hashes,
-                                                     torch.randint(1, 1024, (B, 1, new.candidate_author_hashes.shape[2]), generator=g)),
-                      candidate_product_surface=insert(new.candidate_product_surface, torch.zeros(B, 1, dtype=torch.long)))
+        new = replace(new, **{f: insert(f) for f in ("candidate_post_hashes", "candidate_author_hashes",
+                                                      "candidate_product_surface")})
         pairs = [(c, c) for c in range(real)]
     return new, pairs
 
@@ -287,16 +289,21 @@ def invariance(s: Settings) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int
     return _invariance(runs.model_settings(s), s.operation, s.candidate, s.row)
 
 
-@functools.lru_cache(maxsize=16)
+@runs.ByteCache
 def _invariance(s: Settings, operation: str, candidate: int, row: int):
     s = replace(s, operation=operation, candidate=candidate, row=row)
     batch = runs.batch_for(s)
     new, pairs = changed_batch(s, batch)
-    before = runs.forward(s).logits[row].float().cpu().numpy()
+    # unrecorded: the other RoPE modes need no traces (a recorded forward per mode would hold 3x the memory)
+    before = runs.score(s, batch).logits[row].float().cpu().numpy()
+    if not pairs:                # dropped the only real candidate: nothing left to score or compare
+        empty = before[:0]
+        return empty, empty, pairs
     after = runs.score(s, new).logits[row].float().cpu().numpy()
     return before[[o for o, _ in pairs]], after[[n for _, n in pairs]], pairs
 
 
+@runs.bounded("invariance")
 def invariance_view(s: Settings) -> tuple[go.Figure, str]:
     labels = s.layout.token_labels()[s.candidate_start_offset:]
     per_mode = {}
@@ -304,6 +311,10 @@ def invariance_view(s: Settings) -> tuple[go.Figure, str]:
         b, a, pairs = invariance(replace(s, rope_mode=mode))
         per_mode[mode] = np.abs(a - b).max(-1)
     b, a, pairs = invariance(s)      # pairs are in candidate order (old index ascending)
+    if not pairs:
+        return (grouped_bar_figure([], {}, title="Nothing to compare", value_name="max |Δ logit|"),
+                f"Dropping {labels[s.candidate]}, the only real candidate, leaves no candidate whose score "
+                "could move: add candidates, or choose permute or add.")
     cats = [labels[o] for o, _ in pairs]
     fig = grouped_bar_figure(cats, {f"RoPE {m}": v for m, v in per_mode.items()},
                              title=f"Batch invariance: |score change| per candidate after '{s.operation}' "
@@ -362,7 +373,6 @@ def rope_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
     return fig_angle, fig_qk, text
 
 
-runs.EXTRA_CACHES += [_isolation_probe, _invariance]
 
 
 # --- 7. variants and the bug zoo ------------------------------------------------------------------
@@ -379,13 +389,13 @@ class VariantRun:
     trained: bool = False
 
 
-@functools.lru_cache(maxsize=32)          # 10 variants x a few examples; each run is a few kB
+@runs.ByteCache                            # 10 variants x a few examples; each run is a few kB
 def _variant_run(name: str, seed: int) -> VariantRun:
     """The variant trained on associative recall over held-out example `seed`; without the weights
     file, seeded random weights on random embeddings."""
     from models.recall import load_trained_variant, recall_example
     from models.variants import VariantConfig, build_variant, variant_inputs
-    with torch.no_grad(), runs.cpu_threads(replace(Settings(), num_history=0, num_candidates=4, emb_size=64)):
+    with torch.no_grad():
         model = load_trained_variant(name)
         if model is not None:
             tokens, target, _ = recall_example(seed, model.task)
@@ -519,38 +529,47 @@ def variant_loss_figure(report: dict | None, selected: str = "") -> go.Figure:
     return fig
 
 
+@runs.bounded("variants")
 def bug_zoo_view(s: Settings) -> tuple[go.Figure, str]:
     """The seed notebooks' bugs planted in the current trunk, each probe's verdict, and the chosen
     bug's layer-0 attention through the heatmap builder."""
-    from models.bugzoo import BUGS, with_bug
     model = runs.build_model(s).transformer
     base, r = runs.forward(s), slice(s.row, s.row + 1)
     emb, valid, off = base.embeddings[r], base.valid[r], base.candidate_start_offset
-    with runs.cpu_threads(s), torch.no_grad():
+    with torch.no_grad():
         rows = _bug_report(runs.model_settings(s), s.row)
-        buggy = with_bug(model, s.bug)
-        try:
-            trace = buggy(emb, valid, off, record=True).layers[0]
-            probs = trace.probs[0, 0].float().cpu().numpy()
-            fig = heatmap_figure([_panel(s, probs, "")], title=f"Layer 0, head 0 with bug '{s.bug}'",
-                                 value_name="weight", zmin=0, max_cells=SINGLE_MAX_CELLS)
-        except Exception as e:      # some bugs replace the attention with a kernel that has no weights
-            fig = heatmap_figure([_panel(s, np.full((s.seq_len, s.seq_len), np.nan), "")],
-                                 title=f"'{s.bug}' returns no attention weights ({type(e).__name__})")
-    probes = [k for k in rows[0] if k not in ("bug", "notebook", "caught_by", "flagged")]
+        trace = with_bug(model, s.bug)(emb, valid, off, record=True).layers[0]
+    probs = trace.probs[0, 0].float().cpu().numpy()
+    fig = heatmap_figure([_panel(s, probs, "")], title=f"Layer 0, head 0 with bug '{s.bug}'",
+                         value_name="weight", zmin=0, max_cells=SINGLE_MAX_CELLS)
+    probes = list(PROBES)
     lines = ["| bug | notebook | " + " | ".join(probes) + " | flagged |", "|---|---|" + "---|" * (len(probes) + 1)]
     for r in rows:
         lines.append(f"| {'**' + r['bug'] + '**' if r['bug'] == s.bug else r['bug']} | {r['notebook']} | "
                      + " | ".join(f"{r[p]:.3g}" for p in probes) + f" | {', '.join(r['flagged']) or '—'} |")
     symptom = BUGS[s.bug].symptom if s.bug in BUGS else "the faithful port: every probe passes"
-    return fig, f"**{s.bug}**: {symptom}.\n\n" + "\n".join(lines)
+    return fig, f"**{s.bug}**: {symptom}.\n\n" + "\n".join(lines) + _capped_note(s, rows[0]["probe_positions"])
 
 
-@functools.lru_cache(maxsize=4)
+def _capped_note(s: Settings, positions: dict) -> str:
+    """Say which probes looked at a shorter layout than the one shown, and why."""
+    capped = {p: n for p, n in positions.items() if n < s.seq_len}
+    if not capped:
+        return ""
+    by_length: dict[int, list] = {}
+    for p, n in capped.items():
+        by_length.setdefault(n, []).append(p)
+    parts = [f"{' and '.join(ps)} on {n}" for n, ps in sorted(by_length.items(), reverse=True)]
+    return (f"\n\nBounded work: each probe runs six models (the faithful trunk and five bugs), and the causality "
+            f"probe perturbs every position in turn, so on this {s.seq_len}-position sequence they run on a "
+            f"capped layout — the first prefix positions and the first candidates, same weights: "
+            + ", ".join(parts) + " positions. Isolation, causality and parity are properties of the wiring, "
+            "not of the length; the heatmap above is the full sequence.")
+
+
+@runs.ByteCache
 def _bug_report(s: Settings, row: int):
-    from models.bugzoo import bug_report
     base, r = runs.forward(s), slice(row, row + 1)
-    return bug_report(runs.build_model(s).transformer, base.embeddings[r], base.valid[r], base.candidate_start_offset)
+    capped = capped_layout(base.embeddings[r], base.valid[r], base.candidate_start_offset, BUG_ZOO_MAX_POSITIONS)
+    return bug_report(runs.build_model(s).transformer, *capped)
 
-
-runs.EXTRA_CACHES += [_variant_run, _bug_report]

@@ -23,6 +23,7 @@ from torch import nn
 from .attention import AttentionOutput, apply_cap
 from .grok import DecoderLayer, DenseBlock, LayerTrace, MultiHeadAttention, RotaryEmbedding
 from .masks import AttentionMask
+from .probes import PROBES, run_probe
 
 
 def _each(model: nn.Module, cls: type, patch: Callable[[nn.Module], None]) -> None:
@@ -240,12 +241,16 @@ def with_bug(model: nn.Module, bug: Optional[str]) -> nn.Module:
 
 def bug_report(model: nn.Module, embeddings, mask, candidate_start_offset=None) -> list[dict]:
     """Every probe on the correct trunk and on each bug: one row per model, probe values and
-    whether each is flagged — the table a lecturer shows (and the README's)."""
-    from .probes import PROBES, run_probe
+    whether each is flagged — the table a lecturer shows (and the README's). Probes with a position
+    cap (causality) look at a capped layout of long inputs; ``probe_positions`` says how long."""
     rows = []
     for bug in ("none", *bug_names(model_family(model))):
-        results = [run_probe(p, with_bug(model, bug), embeddings, mask, candidate_start_offset) for p in PROBES]
+        buggy = with_bug(model, bug)                          # one copy per bug, shared by every probe
+        # the reference for parity is `model` itself, the correct trunk: built once, not per bug
+        results = [run_probe(p, buggy, embeddings, mask, candidate_start_offset,
+                             **({"reference": model} if p == "parity" else {})) for p in PROBES]
         rows.append({"bug": bug, "notebook": BUGS[bug].notebook if bug in BUGS else "",
                      "caught_by": BUGS[bug].probe if bug in BUGS else "",
-                     **{r.probe: r.value for r in results}, "flagged": [r.probe for r in results if r.flagged]})
+                     **{r.probe: r.value for r in results}, "flagged": [r.probe for r in results if r.flagged],
+                     "probe_positions": {r.probe: r.positions for r in results}})
     return rows

@@ -8,6 +8,7 @@ tolerance. 0 means the property holds exactly.
 
     isolation_probe(model, x, mask, off, candidate=0)  perturb one candidate: max change on the others
     causality_probe(model, x, mask, off)               perturb each position: max change on earlier ones
+                                                       (T-1 perturbed rows, batched; long inputs: capped_layout)
     parity_probe(model, x, mask, off)                  max relative error vs the correct trunk
 
 Only valid (unpadded) positions are compared: outputs at padded slots mean nothing.
@@ -55,23 +56,59 @@ def isolation_probe(model, embeddings, mask, candidate_start_offset: int, *, can
     return float(change.masked_fill(~others, 0).amax())          # the one host read: the answer
 
 
+CAUSALITY_CHUNK = 16      # perturbed copies per batched forward
+
+
+def capped_layout(embeddings, mask, candidate_start_offset: Optional[int], max_positions: int):
+    """The same input cut to at most `max_positions` positions, keeping its structure: the first
+    prefix positions (user, then history) and the first candidates — a quarter of the cap, at least
+    one — so the recsys mask still has both parts. -> (embeddings, mask, offset). A trunk's
+    causality is a property of its wiring, not of the length, so a short layout asks the same question."""
+    T = embeddings.shape[1]
+    if T <= max_positions:
+        return embeddings, mask, candidate_start_offset
+    if candidate_start_offset is None:
+        return embeddings[:, :max_positions], mask[:, :max_positions], None
+    candidates = min(T - candidate_start_offset, max(1, max_positions // 4))
+    prefix = min(candidate_start_offset, max_positions - candidates)
+    keep = torch.cat([torch.arange(prefix), candidate_start_offset + torch.arange(candidates)])
+    return embeddings[:, keep], mask[:, keep], prefix
+
+
 @torch.no_grad()
 def causality_probe(model, embeddings, mask, candidate_start_offset: Optional[int] = None, *,
-                    scale: float = 1.0, seed: int = 0) -> float:
+                    scale: float = 1.0, seed: int = 0, chunk: int = CAUSALITY_CHUNK) -> float:
     """Does any position depend on a later one? For each position p, perturb its input and take
     the max |change| at valid positions before p; return the largest. 0 = causal. (grok.py's
-    recsys mask is causal; production phoenix's bidirectional prefix is not, by design.)"""
+    recsys mask is causal; production phoenix's bidirectional prefix is not, by design.)
+
+    The T-1 perturbed copies run `chunk` at a time as one batch, and the unperturbed input runs as
+    a batch of the same shape: every row then goes through the same kernels in the same reduction
+    order, so a causal model gives exactly 0, not fp32 rounding. Still T-1 rows of work: callers
+    with long inputs pass a ``capped_layout``."""
     B, T, D = embeddings.shape
-    before = _trunk_out(model, embeddings, mask, candidate_start_offset)
+    positions = list(range(1, T))
+    if not positions:
+        return 0.0
+    k = min(chunk, len(positions))
+    x_rep, mask_rep = embeddings.repeat(k, 1, 1), mask.repeat(k, 1)                 # [k*B, T, D], row r*B+b
+    before = _trunk_out(model, x_rep, mask_rep, candidate_start_offset)
+    valid = mask.bool()
     worst = 0.0
-    for p in range(1, T):
-        target = torch.zeros(B, T, dtype=torch.bool, device=embeddings.device)
-        target[:, p] = True
-        after = _trunk_out(model, _perturbation(embeddings, target, scale, seed + p), mask, candidate_start_offset)
-        earlier = mask.bool()[:, :p]
-        change = (after - before)[:, :p].abs().amax(-1)                          # [B, p]
-        if earlier.any():
-            worst = max(worst, float(change[earlier].max()))
+    for start in range(0, len(positions), k):
+        ps = positions[start:start + k]
+        x = x_rep.clone()
+        for r, p in enumerate(ps):
+            target = torch.zeros(B, T, dtype=torch.bool, device=embeddings.device)
+            target[:, p] = True
+            x[r * B:(r + 1) * B] = _perturbation(embeddings, target, scale, seed + p)
+        after = _trunk_out(model, x, mask_rep, candidate_start_offset)
+        for r, p in enumerate(ps):
+            rows = slice(r * B, (r + 1) * B)
+            earlier = valid[:, :p]
+            if earlier.any():
+                change = (after[rows] - before[rows])[:, :p].abs().amax(-1)            # [B, p]
+                worst = max(worst, float(change[earlier].max()))
     return worst
 
 
@@ -105,11 +142,12 @@ class Probe:
     fn: Callable[..., float]
     tolerance: float
     question: str
+    max_positions: Optional[int] = None    # longer inputs are cut to a capped_layout first (work ~ T rows)
 
 
 PROBES: dict[str, Probe] = {
     "isolation": Probe(isolation_probe, 1e-6, "does changing one candidate change another's output?"),
-    "causality": Probe(causality_probe, 1e-6, "does any position depend on a later one?"),
+    "causality": Probe(causality_probe, 1e-6, "does any position depend on a later one?", max_positions=16),
     # room for fp32 rounding when the reference runs other kernels (the port vs NumPy: ~1e-6)
     "parity": Probe(parity_probe, 2e-5, "does it compute grok.py's numbers (the correct trunk, same weights)?"),
 }
@@ -121,6 +159,7 @@ class ProbeResult:
     value: float
     tolerance: float
     flagged: bool          # value > tolerance: the property is broken
+    positions: int = 0     # the input length it looked at (shorter than the input's when capped)
 
     def __str__(self):
         return f"{self.probe}: {self.value:.3g} ({'FLAGGED' if self.flagged else 'ok'}, tolerance {self.tolerance:g})"
@@ -130,6 +169,9 @@ def run_probe(name: str, model, embeddings, mask, candidate_start_offset=None, *
     if name not in PROBES:
         raise ValueError(f"probe: got {name!r}; allowed: {', '.join(PROBES)}")
     p = PROBES[name]
+    if p.max_positions is not None:
+        embeddings, mask, candidate_start_offset = capped_layout(embeddings, mask, candidate_start_offset,
+                                                                 p.max_positions)
     value = p.fn(model, embeddings, mask, candidate_start_offset, **kwargs)
-    return ProbeResult(name, value, p.tolerance, value > p.tolerance)
+    return ProbeResult(name, value, p.tolerance, value > p.tolerance, embeddings.shape[1])
 

@@ -81,6 +81,13 @@ def test_invariance_endpoint(client):
     assert "q·k depends only on the distance" in rope_text
 
 
+@pytest.mark.parametrize("query", ["preset=lecture&operation=add",                    # issue 11.1
+                                   "preset=lecture&num_candidates=1&operation=drop"])  # issue 14.8
+def test_invariance_repros_answer_without_an_internal_error(client, query):
+    _, text, _, _, _ = client.predict(query, api_name="/invariance")
+    assert "Largest score change" in text or "leaves no candidate" in text
+
+
 def test_variants_endpoint(client):
     var_fig, loss_fig, var_text, bug_fig, bug_text = client.predict(LECTURE + "&variant=mla&bug=exact-gelu",
                                                                     api_name="/variants")
@@ -260,11 +267,14 @@ def test_fuzzed_timing_and_export_arguments(client):
 
 def test_every_event_that_runs_the_model_shares_one_concurrency_limit():
     """Control changes, tab redraws and the view endpoints queue together: their forwards are capped
-    as one group, not each event on its own default limit."""
+    as one group, not each event on its own default limit. The mask endpoint runs no model: it has its
+    own lane, so it never waits behind four probe passes."""
     import app
     fns = {fn.api_name: fn for fn in app.build_app().fns.values() if fn.api_name}
+    assert (fns["mask"].concurrency_id, fns["mask"].concurrency_limit) == (
+        app.LIGHT["concurrency_id"], app.LIGHT["concurrency_limit"])
     forward = {n for n in fns if n == "control_change" or n.startswith("render_")} | {
-        "mask", "attention", "isolation", "invariance", "variants"}
+        "attention", "isolation", "invariance", "variants"}
     assert {(fns[n].concurrency_id, fns[n].concurrency_limit) for n in forward} == {
         (app.FORWARD["concurrency_id"], app.FORWARD["concurrency_limit"])}
     others = {fns[n].concurrency_id for n in fns if n not in forward}

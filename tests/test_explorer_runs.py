@@ -20,7 +20,7 @@ def empty_store(monkeypatch):
 
 
 def weight_file(tmp_path, query=LECTURE, seed=1):
-    model = init_recsys(RecsysModel(runs.recsys_config(parse_query(query))), "random", seed)
+    model = init_recsys(RecsysModel(parse_query(query).recsys_config()), "random", seed)
     path = tmp_path / f"w{seed}.npz"
     save_weights(model, path)
     return path, model

@@ -1,0 +1,242 @@
+"""Every request bounded before it starts: work and memory estimated from the settings and refused by
+name past the device's budget; caches sized in bytes under one ceiling; probes whose work grows with T
+run on a capped layout; no process-wide state changed inside a request."""
+import threading
+import time
+from dataclasses import replace
+
+import pytest
+import torch
+
+from explorer import runs, settings, views
+from explorer.settings import ValidationError, check_budget, estimate_params, parse_query, view_cost
+from models.bugzoo import with_bug
+from models.grok import Transformer
+from models.probes import _perturbation, capped_layout, causality_probe, run_probe
+from models.recsys import RecsysModel
+
+# --- the parameter estimate is the model's own count ------------------------------------------
+
+@pytest.mark.parametrize("query", ["preset=lecture", "preset=lecture&weights=random&num_user=8",
+                                   "preset=lecture-003&num_user=4&emb_size=96",
+                                   "preset=lecture&weights=random&widening_factor=1.5&num_q_heads=6&num_kv_heads=3"])
+def test_estimate_params_is_the_built_models_parameter_count(query):
+    s = parse_query(query)
+    assert estimate_params(s) == sum(p.numel() for p in RecsysModel(s.recsys_config()).parameters())
+
+
+def test_a_model_over_the_cap_only_through_num_user_is_refused_by_name():
+    """Issue 14.3: emb 1024 with 8 user tokens is ~55M parameters; the old estimate said 39M (it
+    ignored num_user's projection) and let it through the 40M CPU cap."""
+    with pytest.raises(ValidationError, match=r"emb_size: got 1024; allowed: a model of at most 40M .* about 55M"):
+        parse_query("preset=phoenix-nano&num_user=8&emb_size=1024&num_history=100")
+
+
+# --- every view states its cost and is refused past the budget, before any forward -----------
+
+def test_view_costs_grow_with_the_work_they_do():
+    s = parse_query("preset=lecture&weights=random&num_history=60")
+    longer = replace(s, num_history=120)
+    for view in settings.VIEWS[1:]:
+        a, b = view_cost(s, view), view_cost(longer, view)
+        assert 0 < a.flops < b.flops and 0 < a.peak_bytes < b.peak_bytes, view
+    assert view_cost(s, "isolation").forwards > view_cost(s, "attention").forwards
+    with pytest.raises(ValidationError, match="view: got 'nope'"):
+        view_cost(s, "nope")
+
+
+@pytest.mark.parametrize("view, fn", [("attention", views.attention_view), ("isolation", views.isolation_view),
+                                      ("invariance", views.invariance_view), ("variants", views.bug_zoo_view)])
+def test_a_request_past_the_budget_is_refused_by_name_before_it_runs(monkeypatch, view, fn):
+    monkeypatch.setattr(settings, "CPU_MAX_REQUEST_FLOPS", 1e6)
+    s = parse_query("preset=lecture&weights=random&seed=77&num_history=40")
+    runs.clear_caches()
+    with pytest.raises(ValidationError, match=rf"^(batch_size|num_history|num_candidates|num_layers|num_q_heads|"
+                                              rf"emb_size): got \d+; allowed: a smaller value: the {view} view would run"):
+        fn(s)
+    assert runs.MEMORY.cached == 0 and not any(c.entries for c in runs.MEMORY.caches)   # nothing ran
+
+
+def test_cap_sized_isolation_is_refused_by_its_memory_and_the_attention_view_is_not():
+    """Issue 14.3's repro: 56 query heads at T 1087 records ~505 MiB per forward; the isolation probe
+    holds several of them at once."""
+    s = parse_query("preset=phoenix-nano&num_q_heads=56&num_kv_heads=8&num_layers=1")
+    assert check_budget(s, "attention").peak_bytes < settings.max_request_bytes()
+    with pytest.raises(ValidationError, match=r"MiB, \d\.\dx this CPU's budget"):
+        check_budget(s, "isolation")
+
+
+def test_the_bug_zoo_budget_holds_at_phoenix_nano():
+    assert check_budget(parse_query("preset=phoenix-nano"), "variants").flops < settings.CPU_MAX_REQUEST_FLOPS
+
+
+# --- the causality probe: batched, exact, and capped ---------------------------------------------
+
+def one_at_a_time(model, x, mask, off):
+    """The probe as first written: one forward per perturbed position (the reference)."""
+    before = model(x, mask, off).embeddings
+    worst = 0.0
+    for p in range(1, x.shape[1]):
+        target = torch.zeros(mask.shape, dtype=torch.bool)
+        target[:, p] = True
+        after = model(_perturbation(x, target, 1.0, p), mask, off).embeddings
+        earlier = mask[:, :p]
+        if earlier.any():
+            worst = max(worst, float((after - before)[:, :p].abs().amax(-1)[earlier].max()))
+    return worst
+
+
+def lecture_trunk_inputs(T=11, offset=7):
+    model = Transformer(parse_query("preset=lecture").transformer_config())
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    x = torch.randn(2, T, model.config.emb_size, generator=g)
+    mask = torch.ones(2, T, dtype=torch.bool)
+    mask[1, 3] = False
+    return model, x, mask, offset
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 16])
+def test_batched_causality_probe_agrees_with_one_forward_per_position(chunk):
+    model, x, mask, off = lecture_trunk_inputs()
+    assert causality_probe(model, x, mask, off, chunk=chunk) == 0.0           # exact, not fp32 rounding
+    buggy = with_bug(model, "unmasked-decoder")
+    with torch.no_grad():
+        expected = one_at_a_time(buggy, x, mask, off)
+    assert expected > 1e-3
+    assert causality_probe(buggy, x, mask, off, chunk=chunk) == pytest.approx(expected, rel=1e-4)
+
+
+def test_capped_layout_keeps_prefix_and_candidates():
+    x = torch.arange(20.0)[None, :, None].expand(1, 20, 4)
+    mask = torch.ones(1, 20, dtype=torch.bool)
+    cx, cmask, off = capped_layout(x, mask, 14, 8)
+    assert cx[0, :, 0].tolist() == [0, 1, 2, 3, 4, 5, 14, 15] and off == 6 and cmask.shape == (1, 8)
+    assert capped_layout(x, mask, None, 8)[0].shape[1] == 8
+    assert capped_layout(x, mask, 14, 64)[0] is x                             # short inputs untouched
+
+
+def test_run_probe_says_how_many_positions_the_capped_probe_saw():
+    model, x, mask, off = lecture_trunk_inputs(T=40, offset=30)
+    r = run_probe("causality", with_bug(model, "unmasked-decoder"), x, mask, off)
+    assert r.flagged and r.positions == 16
+    assert run_probe("isolation", model, x, mask, off).positions == 40
+
+
+def test_bug_zoo_work_is_bounded_whatever_the_length(monkeypatch):
+    """Issue 14.2: the bug zoo ran T-1 full forwards per model (6 models). Count every token row the
+    trunk processes: at T 304 it must stay within a few full forwards' worth."""
+    seen = []
+    forward = Transformer.forward
+
+    def counting(self, embeddings, *a, **k):
+        seen.append(embeddings.shape[0] * embeddings.shape[1])
+        return forward(self, embeddings, *a, **k)
+    s = parse_query("preset=lecture&weights=random&num_history=300&seed=5")
+    runs.forward(s)
+    monkeypatch.setattr(Transformer, "forward", counting)
+    fig, text = views.bug_zoo_view(s)
+    assert sum(seen) <= 25 * s.seq_len, (sum(seen), len(seen))           # was ~1800 x T
+    assert "capped layout" in text and "causality on 16" in text and "isolation and parity on 128" in text
+
+
+# --- invariance: the operations that crashed -------------------------------------------------------
+
+def test_add_draws_the_new_candidate_from_the_models_vocabulary():
+    """Issue 11.1: 'add' on the demo weights indexed past the demo world's vocabulary."""
+    s = parse_query("preset=lecture&operation=add&rope_mode=none")
+    new, pairs = views.changed_batch(s, runs.batch_for(s))
+    vocab = runs.build_model(s).config.hash_vocab_size
+    assert int(new.candidate_post_hashes.max()) < vocab and int(new.candidate_author_hashes.max()) < vocab
+    before, after, _ = views.invariance(s)
+    assert abs(after - before).max() < views.FP32_TOLERANCE                  # no RoPE: adding moves nothing
+
+
+def test_dropping_the_only_candidate_says_so():
+    """Issue 14.8: an empty order list became a float index tensor."""
+    fig, text = views.invariance_view(parse_query("preset=lecture&num_candidates=1&operation=drop"))
+    assert "leaves no candidate" in text
+
+
+# --- caches in bytes under one ceiling, one lock per entry, threads set once ------------------------
+
+def test_caches_evict_by_bytes_under_the_ceiling(monkeypatch):
+    monkeypatch.setattr(runs, "memory_ceiling", lambda: 10_000)
+    runs.clear_caches()
+    cache = runs.ByteCache(lambda i: torch.zeros(1000))                        # 4000 bytes each
+    for i in range(5):
+        cache(i)
+    assert runs.MEMORY.cached <= 10_000 and sorted(cache.entries) == [(3,), (4,)]
+    cache(3)                                                                   # used: now the newest
+    cache(5)
+    assert sorted(cache.entries) == [(3,), (5,)]
+    runs.MEMORY.caches.remove(cache)
+    runs.clear_caches()
+
+
+def test_running_requests_share_the_ceiling_with_the_caches(monkeypatch):
+    monkeypatch.setattr(runs, "memory_ceiling", lambda: 10_000)
+    order = []
+
+    def request(name, size, hold):
+        with runs.MEMORY.reserve(size):
+            order.append(f"{name} start")
+            time.sleep(hold)
+            order.append(f"{name} end")
+    a = threading.Thread(target=request, args=("a", 7000, 0.3))
+    a.start()
+    time.sleep(0.05)
+    request("b", 7000, 0)                                                      # waits for a to finish
+    a.join()
+    assert order == ["a start", "a end", "b start", "b end"]
+
+
+def test_one_lock_per_cache_entry(monkeypatch):
+    calls = []
+
+    def slow(key):
+        calls.append(key)
+        time.sleep(0.4)
+        return torch.zeros(1)
+    cache = runs.ByteCache(slow)
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=cache, args=(k,)) for k in ("a", "b", "a")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert time.perf_counter() - t0 < 0.75                                     # a and b ran side by side
+    assert sorted(calls) == ["a", "b"]                                         # the second a waited for the first
+    runs.MEMORY.caches.remove(cache)
+
+
+def test_views_never_change_the_process_thread_count(monkeypatch):
+    """Issue 13: cpu_threads called torch.set_num_threads from concurrent workers."""
+    def forbidden(n):
+        raise AssertionError("torch.set_num_threads inside a request")
+    runs.clear_caches()
+    monkeypatch.setattr(torch, "set_num_threads", forbidden)
+    s = parse_query("preset=lecture&seed=9")
+    views.attention_view(s), views.isolation_view(s), views.invariance_view(s), views.bug_zoo_view(s)
+
+
+def test_threads_are_configured_once_from_the_environment(monkeypatch):
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv(runs.THREADS_ENV, "1")
+        assert runs.configure_threads() == 1 and torch.get_num_threads() == 1
+        monkeypatch.setenv(runs.THREADS_ENV, "many")
+        with pytest.raises(ValidationError, match="EXPLORER_THREADS: got 'many'; allowed: an integer in"):
+            runs.configure_threads()
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_memory_ceiling_from_the_environment(monkeypatch):
+    monkeypatch.setenv(settings.MEMORY_CEILING_ENV, "6e9")
+    assert settings.memory_ceiling() == 6_000_000_000 and settings.max_request_bytes() == 3_000_000_000
+    monkeypatch.setenv(settings.MEMORY_CEILING_ENV, "lots")
+    with pytest.raises(ValidationError, match="EXPLORER_MEMORY_BYTES: got 'lots'"):
+        settings.memory_ceiling()
