@@ -6,7 +6,8 @@
 Blocks (between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``):
 - ``perf-table``: attention benchmarks, benchmarks/results/<device>-<date>.json (benchmarks/attention.py)
 - ``app-latency``: benchmarks/results/app-latency-*.json (benchmarks/app_latency.py)
-- ``load-test``: benchmarks/results/load-*.json (benchmarks/load_test.py)
+- ``load-test``: benchmarks/results/load-<date>.json (benchmarks/load_test.py)
+- ``load-abuse``: benchmarks/results/load-abuse-<date>.json (python -m benchmarks.load_test --abuse)
 - ``demo``: benchmarks/results/demo-training.json (python -m models.train_demo)
 - ``variants``: the variants registry + benchmarks/results/variants-training.json (python -m models.train_variants)
 - ``bugzoo``: the bug registry, every probe run now on the shipped demo weights
@@ -130,7 +131,7 @@ def app_latency_block(results_dir: Path = RESULTS) -> str:
 
 
 def load_test_block(results_dir: Path = RESULTS) -> str:
-    found = _newest("load-*.json", results_dir)
+    found = _newest("load-2*.json", results_dir)          # load-<date>.json; the abuse mix has its own block
     if not found:
         return "No load-test results are committed yet (`python benchmarks/load_test.py`)."
     name, d = found
@@ -142,6 +143,33 @@ def load_test_block(results_dir: Path = RESULTS) -> str:
              "| view | requests | failed | p50 | p95 |", "|---|---|---|---|---|"]
     for view, r in d["views"].items():
         lines.append(f"| {view} | {r['requests']} | {r['failures']} | {r['p50_s']:.2f} s | {r['p95_s']:.2f} s |")
+    return "\n".join(lines)
+
+
+def load_abuse_block(results_dir: Path = RESULTS) -> str:
+    found = _newest("load-abuse-*.json", results_dir)
+    if not found:
+        return "No abuse-mix results are committed yet (`python -m benchmarks.load_test --abuse`)."
+    name, d = found
+    dev, p, m, t = d["device"], d["parameters"], d["memory"], d["targets"]
+    met = lambda key: "met" if t["met"][key] else "**not met**"          # noqa: E731
+    clients = sum(p["clients"].values())
+    lines = [f"{clients} hostile `gradio_client` sessions for {p['duration_s']:g} s on {dev['cores']} CPU cores "
+             f"({dev['cpu']}), {d['date'][:10]}, commit `{d['git_commit'][:7]}` (`benchmarks/results/{name}`)"
+             + (f"; conditions: {p['conditions']}" if p.get("conditions") else "") + ".", "",
+             "| what | target | measured | |", "|---|---|---|---|",
+             f"| failures (a refusal naming its field is an answer) | {t['failures']} | "
+             f"{d['total']['failures']} of {d['total']['requests']} ({d['total']['refused_by_name']} refused by name) "
+             f"| {met('failures')} |",
+             f"| peak server RSS | < {t['peak_rss_gb']:g} GB | {m['peak_rss_gb']:.2f} GB | {met('peak_rss_gb')} |",
+             f"| lecture `/mask` p95 throughout | < {t['mask_p95_s']:g} s | {d['lecture_mask_p95_s']:.2f} s | "
+             f"{met('mask_p95_s')} |",
+             f"| RSS {m['after_s']:g} s after the load | <= {t['rss_after_over_start']:g} x start "
+             f"({m['rss_start_gb']:.2f} GB) | {m['rss_after_gb']:.2f} GB | {met('rss_after_over_start')} |", "",
+             "| client kind | clients | requests | failed | refused by name | p50 | p95 |", "|---|---|---|---|---|---|---|"]
+    for kind, r in d["kinds"].items():
+        lines.append(f"| {kind} | {r['clients']} | {r['requests']} | {r['failures']} | {r['refused_by_name']} | "
+                     f"{r['p50_s']:.2f} s | {r['p95_s']:.2f} s |")
     return "\n".join(lines)
 
 
@@ -207,6 +235,7 @@ BLOCKS = {
     "perf-table": lambda: markdown(load_results()),
     "app-latency": app_latency_block,
     "load-test": load_test_block,
+    "load-abuse": load_abuse_block,
     "demo": demo_block,
     "variants": variants_block,
     "bugzoo": bugzoo_block,

@@ -71,3 +71,20 @@ def test_load_test_block_reports_failures_from_the_file(tmp_path):
     (tmp_path / "load-2026-11-21.json").write_text(json.dumps(data))
     md = readme_tables.load_test_block(tmp_path)
     assert "**10 requests, 1 failed**" in md and "| mask | 10 | 1 | 0.20 s | 0.90 s |" in md
+
+
+def test_load_abuse_block_says_which_targets_were_missed(tmp_path):
+    kinds = {k: dict(clients=1, requests=10, failures=0, refused_by_name=0, p50_s=0.1, p95_s=0.2, max_s=0.3)
+             for k in ("lecture /mask", "uploads")}
+    data = dict(date="2026-11-21T00:00:00+00:00", git_commit="abcdef1234", device=dict(cores=2, cpu="X"),
+                parameters=dict(duration_s=55, clients={"lecture /mask": 1, "uploads": 1}, conditions="busy"),
+                kinds=kinds, total=dict(requests=20, failures=0, refused_by_name=3),
+                memory=dict(rss_start_gb=1.0, peak_rss_gb=7.5, rss_after_gb=1.2, after_s=15.0),
+                lecture_mask_p95_s=0.2,
+                targets=dict(failures=0, peak_rss_gb=6.0, mask_p95_s=1.0, rss_after_over_start=1.5,
+                             met=dict(failures=True, peak_rss_gb=False, mask_p95_s=True, rss_after_over_start=True)))
+    (tmp_path / "load-abuse-2026-11-21.json").write_text(json.dumps(data))
+    md = readme_tables.load_abuse_block(tmp_path)
+    assert "| peak server RSS | < 6 GB | 7.50 GB | **not met** |" in md
+    assert "0 of 20 (3 refused by name)" in md and "conditions: busy" in md
+    assert "load-abuse" not in readme_tables.load_test_block(tmp_path)    # the plain load test ignores it
