@@ -473,11 +473,10 @@ def test_safetensors_header_limits_are_checked_before_reading(tmp_path):
 def test_the_magnitude_bound_keeps_the_worst_case_forward_finite(query):
     """Every parameter at +MAX_ABS_WEIGHT (all products aligned), no logit cap, the largest multiplier:
     the scores are finite, so weights that pass the check cannot overflow the forward."""
-    from explorer.runs import recsys_config
     from explorer.settings import parse_query
     from models.weights import MAX_ABS_WEIGHT
     s = parse_query(query)
-    model = RecsysModel(recsys_config(s))
+    model = RecsysModel(s.recsys_config())
     params = {m: {n: np.full_like(a, MAX_ABS_WEIGHT) for n, a in inner.items()}
               for m, inner in haiku_params(model).items()}
     load_haiku_params(model, params)
