@@ -287,7 +287,9 @@ def _import_failure(module: str, load: Callable[[], object], package: str) -> Op
     return None
 
 
+@functools.lru_cache(maxsize=None)
 def flash_attn_missing() -> Optional[str]:
+    """Checked once per process (attend() asks on every call)."""
     # flash-attn-4 installs flash_attn/cute without flash_attn/__init__: FA2 is then still missing
     return _import_failure("flash_attn.flash_attn_interface", _flash_attn_funcs, "flash-attn")
 
@@ -408,8 +410,13 @@ def _fa4_func():
     return flash_attn_func, BlockSparseTensorsTorch
 
 
+@functools.lru_cache(maxsize=None)
+def _fa4_import_failure() -> Optional[str]:
+    return _import_failure("flash_attn.cute", _fa4_func, "flash-attn-4")
+
+
 def fa4_missing() -> Optional[str]:
-    why = _import_failure("flash_attn.cute", _fa4_func, "flash-attn-4")
+    why = _fa4_import_failure()
     if why is None and torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability()
         if major not in (9, 10, 11):
@@ -518,7 +525,8 @@ def capability_table() -> list[dict]:
             b = backend.on(device)
             rows.append(dict(backend=name, device=device, dtypes=list(b.dtypes), mask_kinds=list(b.mask_kinds),
                              padding=b.padding, cap_methods=list(b.cap_methods), gqa=b.gqa,
-                             max_head_dim=b.max_head_dim, returns_weights=b.returns_weights,
+                             max_head_dim=b.max_head_dim, head_dim_multiple=b.head_dim_multiple,
+                             returns_weights=b.returns_weights,
                              empty_rows=b.empty_rows, description=b.description,
                              unavailable=(_needs_cuda_build() if device == "cuda" else None) or b.available()))
     return rows

@@ -122,10 +122,19 @@ def dense(mask_mod: MaskMod, q_len: int, kv_len: Optional[int] = None, batch: in
     return out.expand(batch, 1, q_len, kv_len).bool()
 
 
+SHARED_DENSE_MAX = 1 << 24      # T^2 up to this (T <= 4096, 16 MiB of bool) is kept across masks
+
+
 @functools.lru_cache(maxsize=16)
+def _shared_structure_dense(kind: str, seq_len: int, offset: Optional[int], device: str) -> torch.Tensor:
+    return dense(MASK_KINDS[kind].predicate(offset), seq_len, device=device)
+
+
 def _structure_dense(kind: str, seq_len: int, offset: Optional[int], device: str) -> torch.Tensor:
-    """[1, 1, T, T] bool for one layout on one device, built once (masks for T in the tens of
-    thousands are not cached here: tile maps evaluate the predicate in row chunks instead)."""
+    """[1, 1, T, T] bool for one layout on one device: shared by every mask of that layout up to
+    SHARED_DENSE_MAX; a longer one (a GiB at T = 32768) lives only as long as the mask that built it."""
+    if seq_len * seq_len <= SHARED_DENSE_MAX:
+        return _shared_structure_dense(kind, seq_len, offset, device)
     return dense(MASK_KINDS[kind].predicate(offset), seq_len, device=device)
 
 

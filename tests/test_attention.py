@@ -385,7 +385,7 @@ def test_flash_attn_refusals_on_cuda(monkeypatch):
 
 
 def test_fa4_refuses_other_gpus(monkeypatch):
-    monkeypatch.setattr(A, "_import_failure", lambda *a: None)
+    monkeypatch.setattr(A, "_fa4_import_failure", lambda: None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
     assert A.fa4_missing() == "fa4 runs on Hopper (SM90) and Blackwell (SM100/SM110) GPUs; this one is SM80"

@@ -168,3 +168,12 @@ def test_derived_forms_are_built_once_per_device():
 def test_bad_tile_sizes():
     with pytest.raises(ValueError, match=r"block_q: got 0; allowed: a positive integer"):
         AttentionMask("causal", T).tiles(0, 4)
+
+
+def test_long_dense_masks_are_not_kept_beyond_their_mask(monkeypatch):
+    import models.masks as M
+    monkeypatch.setattr(M, "SHARED_DENSE_MAX", 8 * 8)
+    short, long_ = AttentionMask("causal", 8), AttentionMask("causal", 9)
+    assert short.dense() is AttentionMask("causal", 8).dense()          # shared per layout
+    assert long_.dense() is long_.dense()                               # kept on its own mask only
+    assert long_.dense() is not AttentionMask("causal", 9).dense()
