@@ -2,7 +2,7 @@
 # The GPU half of issue 9, verified in two device calls on an H100 / H200 (image: torch 2.11 + CUDA 13,
 # Triton, no network, no plotly / gradio). What the next session with a GPU runs, in this order:
 #
-#   0. Here, on a machine with PyPI, from the repo root (about 110 MB, ignored by git, never committed):
+#   0. Here, on a machine with PyPI, from the repo root (about 110 MB in .whl/, git-ignored, never committed):
 #        bash benchmarks/gpu_session.sh fetch
 #      It downloads, as CPython 3.12 manylinux wheels, flash-attn-4==4.0.0b36 (FlashAttention-4, CuTe DSL;
 #      the version whose interface models/attention.py was written against), nvidia-cutlass-dsl==4.8.1 with
@@ -32,8 +32,7 @@ park=/tmp/gpu-session          # survives between the two calls on a warm machin
 site=/tmp/site                 # carried wheels are installed here
 
 fetch() {
-    local exclude; exclude="$(git rev-parse --git-common-dir)/info/exclude"
-    grep -qx '/.whl/' "$exclude" 2>/dev/null || echo '/.whl/' >> "$exclude"
+    git check-ignore -q .whl/x || { echo ".whl/ must be git-ignored (it is in .gitignore)"; return 1; }
     rm -rf .whl && mkdir -p .whl/all .whl/part1 .whl/part2
     local plat="--python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
                 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64
