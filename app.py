@@ -8,12 +8,14 @@ Every view is also an API endpoint taking the URL query string of a configuratio
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import logging
 import os
 import re
 import threading
-from dataclasses import fields
+from dataclasses import fields, replace
 from urllib.parse import urlencode
 
 import gradio as gr
@@ -24,7 +26,8 @@ from pydantic import model_validator
 
 from explorer import export, runs, timing, views
 from explorer.settings import (COLOR_SCALES, INVARIANCE_OPS, MAX_BATCH, PERTURBATIONS, VALUE_KINDS, Settings,
-                               ValidationError, check_backend, device, parse_query, parse_settings, to_query)
+                               ValidationError, check_backend, device, parse_query, parse_settings, sweep_budget_s,
+                               to_query)
 from models.attention import BACKENDS, CAP_METHODS
 from models.grok import ROPE_MODES
 from models.masks import MASK_KINDS, PREFIX_MODES
@@ -136,31 +139,161 @@ def variants_endpoint(query: str, request: gr.Request = None):
 
 
 @guarded
-@gpu
-def timing_endpoint(query: str, lengths: str, backends: list, request: gr.Request = None,
-                    progress=gr.Progress()):
+def timing_request(query: str, lengths: str, backends, geometry: str, dtype: str, request=None):
+    """Every timing control checked before anything runs -> (settings, timing.Request)."""
     s = settings_of(query, request)
-    if not isinstance(backends, list) or not all(isinstance(b, str) and b in BACKENDS for b in backends):
-        raise ValidationError("backends", backends, "a list of backend names: " + ", ".join(BACKENDS))
-    # Stop cancels the event on the page; the worker thread sees this flag between points
-    if len(STOP_FLAGS) > 10_000:        # one small Event per session; forget old ones
-        STOP_FLAGS.clear()
-    stop = STOP_FLAGS.setdefault(session_of(request), threading.Event())
-    stop.clear()
-    sw = timing.sweep(s, timing.parse_lengths(lengths), backends or ["naive"],
-                      progress=lambda f, what: progress(f, desc=what), should_stop=stop.is_set)
-    note = [f"Measured now on **{sw.device}**."] + ([sw.stopped] if sw.stopped else [])
-    note += [f"{b}: not run ({why})" for b, why in sw.skipped.items()]
-    if device() == "cpu":
-        note.append(timing.recorded_summary())
-    return (*timing.sweep_figures(sw), "\n\n".join(note))
+    return s, timing.check_request(s, geometry, dtype, lengths, backends)
 
 
-STOP_FLAGS: dict[str, threading.Event] = {}
+@guarded
+def timing_recorded_curves(req: timing.Request):
+    return timing.recorded_records(req.geometry)
+
+
+@guarded
+def timing_step(steps):
+    """The next state of a live sweep (run in a worker thread), or None when it is done."""
+    with TIMING_RUNS.measuring():
+        return next(steps, None)
+
+
+def timing_outputs(sw: timing.Sweep, req: timing.Request, recorded) -> tuple:
+    note = [f"Measured now on **{sw.device}** ({req.geometry_name}: B={req.geometry.B}, "
+            f"{req.geometry.Hq}/{req.geometry.Hkv} heads, head dim {req.geometry.head_dim}, "
+            f"{req.geometry.dtype}, {req.geometry.masks[0]} mask, cap {req.geometry.cap_methods[0]}); "
+            "5 interleaved repeats per point."]
+    note += [sw.stopped] if sw.stopped else []
+    note += [timing.throughput_note(sw)] if sw.points else []
+    note += [f"{b}: {why}" for b, why in sw.skipped.items()]
+    note.append(timing.recorded_summary())
+    return (*timing.sweep_figures(sw, recorded, batch=req.geometry.B), "\n\n".join(note))
+
+
+class TimingRuns:
+    """The live runs by session. Each run has its own stop flag (benchmarks.attention.Run): Stop
+    cancels the session's runs, and a later Run makes a new flag, so it can never un-stop an old one."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.by_session: dict[str, set] = {}
+        self.threads = 0
+
+    def start(self, session: str) -> timing.Run:
+        run = timing.Run(sweep_budget_s())
+        with self.lock:
+            self.by_session.setdefault(session, set()).add(run)
+            log.info("timing sweep started; %d running", self.running())
+        return run
+
+    def end(self, session: str, run: timing.Run) -> None:
+        with self.lock:
+            runs_here = self.by_session.get(session, set())
+            runs_here.discard(run)
+            if not runs_here:
+                self.by_session.pop(session, None)
+            log.info("timing sweep ended (%s); %d running", run.stopped() or "done", self.running())
+
+    def running(self) -> int:
+        return sum(len(runs_here) for runs_here in self.by_session.values())
+
+    @contextlib.contextmanager
+    def measuring(self):
+        """Around each step of a sweep in its worker thread: counts the threads measuring right now
+        (the log line is what the cancel-storm test reads)."""
+        with self.lock:
+            self.threads += 1
+            log.info("timing sweep measuring; %d threads measuring", self.threads)
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.threads -= 1
+
+    def cancel(self, session: str) -> None:
+        with self.lock:
+            for run in self.by_session.get(session, ()):
+                run.cancel()
+
+
+TIMING_RUNS = TimingRuns()
+
+
+async def timing_endpoint(query: str, lengths: str, backends: list, geometry: str = None, dtype: str = None,
+                          request: gr.Request = None):
+    """Run a live sweep, streaming the figures after each length. The sweep runs in a worker thread;
+    if this event is cancelled (Stop, or a client that cancels its job) the run's flag is set and the
+    event waits for the thread to stop (within one timed block) before its queue slot is freed, so
+    "one sweep at a time" holds however many runs are started and cancelled."""
+    s, req = timing_request(query, lengths, backends, geometry or timing.geometries()[0],
+                            dtype or timing.dtypes()[0], request)
+    session = session_of(request)
+    run = TIMING_RUNS.start(session)
+    steps = timing.sweep(s, req, run)
+    loop = asyncio.get_running_loop()
+    try:
+        recorded = await loop.run_in_executor(None, timing_recorded_curves, req)
+        while True:
+            step = loop.run_in_executor(None, timing_step, steps)
+            try:
+                sw = await asyncio.shield(step)
+            except asyncio.CancelledError:
+                run.cancel()
+                while not step.done():          # hold the slot until the thread has stopped
+                    try:
+                        await asyncio.shield(step)
+                    except asyncio.CancelledError:
+                        continue
+                    except Exception:           # noqa: BLE001 — already cancelled; its error is moot
+                        break
+                raise
+            if sw is None:
+                return
+            yield timing_outputs(sw, req, recorded)
+    finally:
+        TIMING_RUNS.end(session, run)
+        steps.close()
 
 
 def stop_timing(request: gr.Request = None):
-    STOP_FLAGS.setdefault(session_of(request), threading.Event()).set()
+    TIMING_RUNS.cancel(session_of(request))
+
+
+@guarded
+def timing_options(query: str, geometry: str, dtype: str, chosen, request: gr.Request = None):
+    """The backends this device runs for the geometry and dtype (only those can be ticked) and a
+    line naming the others and why."""
+    s = settings_of(query, request)
+    why = timing.backend_options(s, geometry, dtype)
+    usable = [b for b, reason in why.items() if reason is None]
+    keep = [b for b in (chosen or []) if b in usable] or default_timing_backends(usable)
+    others = "; ".join(f"`{b}`: {reason.removeprefix(b + ': ')}" for b, reason in why.items() if reason)
+    return gr.update(choices=usable, value=keep), f"Not available here: {others}" if others else ""
+
+
+def timing_lengths(geometry: str):
+    return gr.update(value=timing.default_lengths(timing.check_choice("timing geometry", geometry,
+                                                                      timing.geometries())))
+
+
+def timing_check(query: str, lengths: str, backends, geometry: str, dtype: str, request: gr.Request = None):
+    """Checked as the controls change, before Run: the message sits under the controls and Run is
+    disabled while something is wrong."""
+    try:
+        timing_request(query, lengths, backends, geometry, dtype, request)
+    except gr.Error as e:
+        return f"**Cannot run:** {as_markdown_text(e.message)}", gr.update(interactive=False)
+    return "", gr.update(interactive=True)
+
+
+@guarded
+def timing_recorded(query: str, geometry: str, dtype: str, current, request: gr.Request = None):
+    """Before a live run: the committed curves for this geometry (a drawn live run is kept)."""
+    if current is not None:
+        return [gr.skip()] * 5
+    s = settings_of(query, request)
+    g = timing.geometry(s, geometry, dtype)
+    return (*timing.timing_view(s, geometry, dtype), timing.recorded_summary()
+            + f"\n\nPress **Run** to measure {geometry} (B={g.B}) in {dtype} now.")
 
 
 @guarded
@@ -247,15 +380,19 @@ def weight_choices(request=None):
 
 
 def backend_choices():
-    why = timing.usable_backends(parse_settings({}))
-    return [(name if not reason else f"{name} — unavailable: {reason.removeprefix(name + ': ')}", name)
-            for name, reason in why.items()]
+    d, out = parse_settings({}), []
+    for name in BACKENDS:
+        try:
+            check_backend(replace(d, backend=name))
+            out.append((name, name))
+        except ValidationError as e:
+            out.append((f"{name} — unavailable: {e.allowed}", name))
+    return out
 
 
-def default_timing_backends():
+def default_timing_backends(usable) -> list:
     """What runs here quickly: FlexAttention compiles per shape (~20 s on CPU), so it is opt-in there."""
-    why = timing.usable_backends(parse_settings({}))
-    return [b for b, reason in why.items() if not reason and not (b == "flex" and device() == "cpu")]
+    return [b for b in usable if not (b == "flex" and device() == "cpu")]
 
 
 @guarded
@@ -446,13 +583,22 @@ def build_app() -> gr.Blocks:
                         bug_text = gr.Markdown()
                         bug_fig = gr.Plot(label="attention with the bug")
                     with gr.Tab("6 · Flash vs naive", id="timing") as t_time:
+                        geometry0, dtype0 = timing.geometries()[0], timing.dtypes()[0]
                         with gr.Row():
-                            lengths = gr.Textbox("64, 128, 256, 512", label="sequence lengths T", scale=3)
+                            geometry_pick = Radio(list(timing.geometries()), value=geometry0, scale=3,
+                                                  label="shapes (mask and logit cap: the sidebar's)")
+                            dtype_pick = Radio(list(timing.dtypes()), value=dtype0, label="dtype", scale=2)
+                        with gr.Row():
+                            lengths = gr.Textbox(timing.default_lengths(geometry0), label="sequence lengths T",
+                                                 scale=3)
                             run_btn = gr.Button("Run", variant="primary", scale=1)
                             stop_btn = gr.Button("Stop", scale=1)
-                        backend_pick = CheckboxGroup(backend_choices(), value=default_timing_backends(),
-                                                        label="backends (unavailable ones say why)")
-                        time_text = gr.Markdown(timing.recorded_summary() if device() == "cpu" else "")
+                        usable0, unavailable0 = timing_options(to_query(d), geometry0, dtype0, None)
+                        backend_pick = CheckboxGroup(usable0["choices"], value=usable0["value"],
+                                                     label="backends that run here")
+                        unavailable_text = gr.Markdown(unavailable0)
+                        timing_msg = gr.Markdown(elem_id="timing-check")
+                        time_text = gr.Markdown(timing.recorded_summary())
                         with gr.Row():
                             time_fig, mem_fig = gr.Plot(label="time", elem_id="time-plot"), gr.Plot(label="memory")
                         with gr.Row():
@@ -513,10 +659,24 @@ def build_app() -> gr.Blocks:
                 ("invariance", invariance_endpoint, [inv_fig, inv_text, rope_angle, rope_qk, rope_text]),
                 ("variants", variants_endpoint, [var_fig, var_loss, var_text, bug_fig, bug_text])):
             hidden_q.submit(fn, hidden_q, outs, api_name=name, **(LIGHT if name == "mask" else FORWARD))
-        run_ev = run_btn.click(timing_endpoint, [query, lengths, backend_pick],
-                               [time_fig, mem_fig, speed_fig, err_fig, time_text], api_name="timing",
-                               concurrency_limit=1, concurrency_id="timing")
+        timing_figs = [time_fig, mem_fig, speed_fig, err_fig, time_text]
+        run_ev = run_btn.click(timing_endpoint, [query, lengths, backend_pick, geometry_pick, dtype_pick],
+                               timing_figs, api_name="timing", concurrency_limit=1, concurrency_id="timing")
+        # Stop sets the run's own flag and cancels the event: the figures keep what was streamed so far
         stop_btn.click(stop_timing, None, None, cancels=[run_ev], api_name="stop_timing", queue=False)
+        # the timing controls are checked as they change (the message under them, Run disabled while
+        # something is wrong); these helpers stay callable but off the API page
+        timing_inputs = [query, lengths, backend_pick, geometry_pick, dtype_pick]
+        quiet = dict(api_visibility="undocumented", show_progress="hidden", queue=False)
+        check = dict(fn=timing_check, inputs=timing_inputs, outputs=[timing_msg, run_btn], **quiet)
+        gr.on([geometry_pick.input, dtype_pick.input, query.change], timing_options,
+              [query, geometry_pick, dtype_pick, backend_pick], [backend_pick, unavailable_text],
+              api_name="timing_options", **quiet).then(api_name="timing_check_after_options", **check)
+        geometry_pick.input(timing_lengths, geometry_pick, lengths, api_name="timing_lengths", **quiet) \
+            .then(api_name="timing_check_after_lengths", **check)
+        gr.on([lengths.input, backend_pick.input], api_name="timing_check", trigger_mode="always_last", **check)
+        t_time.select(timing_recorded, [query, geometry_pick, dtype_pick, time_fig], timing_figs,
+                      api_name="timing_recorded", **{**quiet, "queue": True})
         exp_btn.click(export_endpoint, [query, fig_name, fmt], exp_file, api_name="export_figure",
                       concurrency_limit=1, concurrency_id="export")
         pack_btn.click(lecture_pack_endpoint, query, exp_file, api_name="lecture_pack",

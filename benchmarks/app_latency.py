@@ -24,16 +24,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.attention import device_name, git_commit  # noqa: E402
+from benchmarks.runinfo import RESULTS_DIR, device_name, git_commit, percentile  # noqa: E402
 from scripts.serve import running_app  # noqa: E402
 
-RESULTS_DIR = ROOT / "benchmarks" / "results"
 TARGETS = dict(cold_start_s=10.0, control_change_p95_ms=150.0, nano_s=3.0)
-
-
-def percentile(values, q):
-    s = sorted(values)
-    return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
 
 
 def control_changes(n: int, seed: int = 0) -> list[tuple[str, str]]:

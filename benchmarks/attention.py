@@ -1,26 +1,30 @@
 """Attention benchmark: every available backend on grok.py's attention, swept over sequence length.
 
-    python -m benchmarks.attention --preset lecture|phoenix-prod|long [--device cpu|cuda] [--budget-s N]
+    python -m benchmarks.attention --preset lecture|phoenix-prod|phoenix-prod-b256|long [--device cpu|cuda]
+                                   [--budget-s N] [--repeats 5] [--note "shared 2-core machine"]
 
-Per point: median time after warm-up (CUDA events on GPU; on CPU, where every op is synchronous,
-perf_counter), peak memory above the inputs (torch.cuda.max_memory_allocated / sampled RSS on CPU),
-TFLOP/s counting only unmasked (useful) FLOPs, max |error| vs naive on the same inputs, and a status:
-ok / oom / skipped: why / error: what. The same run measures dense matmul throughput as the yardstick.
+The one measurement module: the benchmark CLI and the app's live timing tab both measure through
+``measure_shape`` (one shape, every backend) and ``sweep`` (a generator of records over a preset's grid).
+Per shape: the backends are warmed up (compilation and mask caches never timed), then timed
+interleaved (A B C, A B C, ...) for at least 5 repeats, each repeat a block of calls lasting ~10-20 ms
+(CUDA events on GPU; perf_counter on CPU, where every op is synchronous). Each record keeps repeats,
+median / min / max ms, peak memory above the inputs (torch.cuda.max_memory_allocated / sampled RSS on
+CPU), TFLOP/s counting only unmasked (useful) FLOPs, max |error| vs naive on the same inputs, and a
+status: ok / oom / skipped: why / error: what. The same run measures dense matmul throughput as the
+yardstick. A ``Run`` (its own stop flag and deadline) is checked before every timed block.
 Writes benchmarks/results/<device-slug>-<date>.json (+ .html and .png plots).
-
-Importable core for the app: ``measure_point(...) -> record`` and ``sweep(...)``, a generator of
-records that stops at its time budget or when ``should_stop()`` turns true (or the caller closes it).
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
 import datetime as dt
+import functools
 import json
+import math
 import os
 import re
 import statistics
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -32,7 +36,8 @@ import torch
 from models.attention import BACKENDS, attend, unavailable_reason
 from models.masks import AttentionMask
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+from .runinfo import RESULTS_DIR, device_name, git_commit
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # backends that hold [B, H, T, T] scores in memory (on CPU, a point that cannot fit is skipped, not tried:
 # running out of RAM kills the process rather than raising)
@@ -63,6 +68,9 @@ PRESETS: dict[str, Preset] = {
                            "1 user + 1023 history + 64 candidates",
                            B=32, Hq=20, Hkv=4, head_dim=128, dtype="bfloat16", seq_lens=(1088,),
                            num_candidates=64, masks=("recsys", "recsys-bidirectional")),
+    "phoenix-prod-b256": Preset("phoenix ranking prod at the production batch: B 256, otherwise as phoenix-prod",
+                                B=256, Hq=20, Hkv=4, head_dim=128, dtype="bfloat16", seq_lens=(1088,),
+                                num_candidates=64, masks=("recsys", "recsys-bidirectional")),
     "long": Preset("long histories: prod heads, 64 candidates, T = 512 ... 32768",
                    B=1, Hq=20, Hkv=4, head_dim=128, dtype="bfloat16",
                    seq_lens=(512, 1024, 2048, 4096, 8192, 16384, 32768), num_candidates=64),
@@ -74,6 +82,7 @@ PRESETS: dict[str, Preset] = {
 CPU_REDUCTIONS = {
     "lecture": dict(masks=("recsys",)),
     "phoenix-prod": dict(B=1, dtype="float32", masks=("recsys",)),
+    "phoenix-prod-b256": dict(B=2, dtype="float32", masks=("recsys",)),
     "long": dict(dtype="float32", seq_lens=(512, 1024, 2048, 4096)),   # naive stops at 2048 (scores limit)
 }
 
@@ -104,27 +113,54 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def time_median_ms(fn: Callable[[], object], device: str, min_time_s: float = 0.3, max_reps: int = 50,
-                   warmup: Optional[int] = None) -> float:
-    """Median of individually timed calls after `warmup` calls (compilation happens there)."""
-    for _ in range(warmup if warmup is not None else (2 if device == "cuda" else 1)):
+class Run:
+    """One run's stop conditions: a flag of its own (Stop sets it; the next run makes a new Run, so no
+    later run can clear it) and a deadline. Checked before every timed block, so a run ends within one
+    block (or one backend's warm-up) of either."""
+
+    def __init__(self, budget_s: Optional[float] = None):
+        self.flag = threading.Event()
+        self.deadline = None if budget_s is None else time.perf_counter() + budget_s
+
+    def cancel(self) -> None:
+        self.flag.set()
+
+    def stopped(self) -> Optional[str]:
+        """None while the run may go on, else why it ends: 'cancelled' or 'time budget spent'."""
+        if self.flag.is_set():
+            return "cancelled"
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            return "time budget spent"
+        return None
+
+
+def time_block_ms(fn: Callable[[], object], device: str, number: int = 1) -> float:
+    """Time per call of `number` back-to-back calls: CUDA events on GPU; perf_counter on CPU, where
+    every op is synchronous."""
+    if device == "cuda":
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for _ in range(number):
+            fn()
+        end.record()
+        end.synchronize()
+        return begin.elapsed_time(end) / number
+    t0 = time.perf_counter()
+    for _ in range(number):
         fn()
-    _sync(device)
-    times = []
-    start = time.perf_counter()
-    while len(times) < max_reps and (len(times) < 3 or time.perf_counter() - start < min_time_s):
-        if device == "cuda":
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(begin.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return (time.perf_counter() - t0) * 1e3 / number
+
+
+def calls_per_block(one_call_ms: float, min_block_ms: float) -> int:
+    """Calls per timed block so that a block lasts about min_block_ms: sub-millisecond calls are timed
+    in groups (a single one is mostly timer and scheduler noise), long ones one at a time."""
+    return max(1, min(1000, math.ceil(min_block_ms / max(one_call_ms, 1e-3))))
+
+
+def spread(times_ms: list[float]) -> dict:
+    """The record fields for a list of per-call times, one per repeat."""
+    return dict(repeats=len(times_ms), median_ms=statistics.median(times_ms), min_ms=min(times_ms),
+                max_ms=max(times_ms))
 
 
 def _rss_bytes() -> int:
@@ -192,17 +228,21 @@ def _ram_shortfall(backend, device, B, Hq, T) -> Optional[str]:
     return None
 
 
-def matmul_tflops(device: str, dtype: Optional[str] = None, n: Optional[int] = None) -> float:
-    """Dense matmul throughput, the yardstick: bf16 8192^3 on GPU, fp32 2048^3 on CPU."""
+def matmul_tflops(device: str, dtype: Optional[str] = None, n: Optional[int] = None, repeats: int = 5) -> float:
+    """Dense matmul throughput, the yardstick for TFLOP/s: bf16 8192^3 on GPU, fp32 2048^3 on CPU
+    (median of `repeats` after a warm-up call)."""
     dtype = dtype or ("bfloat16" if device == "cuda" else "float32")
     n = n or (8192 if device == "cuda" else 2048)
     a = torch.randn(n, n, device=device, dtype=DTYPES[dtype])
     b = torch.randn(n, n, device=device, dtype=DTYPES[dtype])
-    ms = time_median_ms(lambda: a @ b, device, min_time_s=0.5 if device == "cuda" else 1.0)
+    fn = lambda: a @ b  # noqa: E731
+    fn()
+    _sync(device)
+    ms = statistics.median(time_block_ms(fn, device, 3 if device == "cuda" else 1) for _ in range(repeats))
     return 2 * n ** 3 / (ms * 1e-3) / 1e12
 
 
-# --- one point ----------------------------------------------------------------------------
+# --- one shape, every backend interleaved ----------------------------------------------------
 
 def make_inputs(B, Hq, Hkv, head_dim, T, dtype, device, seed=0):
     """q [B, T, Hq, K], k/v [B, T, Hkv, K], unit normal (generated on CPU: same numbers on any device)."""
@@ -215,133 +255,138 @@ def _is_oom(e: BaseException) -> bool:
     return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
 
 
+def _failure(e: BaseException) -> str:
+    return "oom" if _is_oom(e) else f"error: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+
+
 def _free(device):
     if device == "cuda":
         torch.cuda.empty_cache()
 
 
-def measure_point(backend: str, *, mask: str = "recsys", B: int = 1, Hq: int = 4, Hkv: int = 2,
+def empty_record(backend: str, **point) -> dict:
+    """A record of the results file's schema with nothing measured yet."""
+    return dict(backend=backend, **point, repeats=0, median_ms=None, min_ms=None, max_ms=None,
+                peak_mem_bytes=None, tflops=None, max_abs_err=None, status="ok")
+
+
+def measure_shape(backends: list[str], *, mask: str = "recsys", B: int = 1, Hq: int = 4, Hkv: int = 2,
                   head_dim: int = 16, T: int = 64, num_candidates: int = 3, dtype: str = "float32",
                   device: str = "cpu", cap: float = 30.0, cap_method: str = "tanh", preset: str = "custom",
-                  reference: Optional[torch.Tensor] = None, inputs=None, min_time_s: float = 0.3,
-                  return_output: bool = False):
-    """Time one backend at one point -> a record dict (the results file's schema).
+                  repeats: int = 5, min_block_ms: Optional[float] = None, run: Optional[Run] = None,
+                  skip: Optional[dict] = None, seed: int = 0) -> list[dict]:
+    """Time every backend on the same inputs -> one record per backend, naive first (the reference).
 
-    reference: naive's output on the same inputs for max_abs_err (computed here when None and naive
-    can run). return_output=True returns (record, output) so a sweep can reuse naive's output."""
-    record = dict(preset=preset, backend=backend, mask=mask, dtype=dtype, B=B, Hq=Hq, Hkv=Hkv,
-                  head_dim=head_dim, T=T, num_candidates=num_candidates, cap_method=cap_method,
-                  median_ms=None, peak_mem_bytes=None, tflops=None, max_abs_err=None, status="ok")
-    done = (lambda r, out=None: (r, out)) if return_output else (lambda r, out=None: r)
-    offset = T - num_candidates
-    why = unavailable_reason(backend, device=device, dtype=dtype, cap=cap, cap_method=cap_method,
-                             mask_kind=mask, head_dim=head_dim) or _ram_shortfall(backend, device, B, Hq, T)
-    if why:
-        return done({**record, "status": f"skipped: {why}"})
-    out = None
+    Each backend is first warmed up (FlexAttention compiles, masks are built and cached: none of it
+    timed), its output compared with naive's (max_abs_err) and its peak memory measured in a call of
+    its own. Then `repeats` rounds time the backends interleaved (A B C, A B C, ...), so a slow spell of
+    a shared machine falls on all of them alike; each record keeps repeats, median, min and max ms.
+    `run` is checked before every warm-up and every timed block. `skip`: backend -> why not to run it.
+    A failure (out of memory, an error) is the record's status, never an exception."""
+    run = run or Run()
+    names = ["naive"] + [b for b in backends if b != "naive"]
+    point = dict(preset=preset, mask=mask, dtype=dtype, B=B, Hq=Hq, Hkv=Hkv, head_dim=head_dim, T=T,
+                 num_candidates=num_candidates, cap_method=cap_method)
+    records = {b: empty_record(b, **point) for b in names}
+    min_block_ms = min_block_ms if min_block_ms is not None else (10.0 if device == "cuda" else 20.0)
+    ready: dict[str, tuple[Callable[[], torch.Tensor], int]] = {}    # backend -> (call, calls per block)
+    times: dict[str, list[float]] = {}
     try:
-        q, k, v = inputs if inputs is not None else make_inputs(B, Hq, Hkv, head_dim, T, dtype, device)
-        attn_mask = AttentionMask(mask, T, offset)
-        kw = dict(multiplier=head_dim ** -0.5, cap=cap, cap_method=cap_method)
-
-        def call():
-            return attend(q, k, v, attn_mask, backend=backend, **kw).out
-
         with torch.no_grad():
-            ms = time_median_ms(call, device, min_time_s=min_time_s)
-            peak = peak_memory_bytes(call, device)
-            out = call()
-            if reference is None and backend != "naive" and not _ram_shortfall("naive", device, B, Hq, T):
-                reference = attend(q, k, v, attn_mask, backend="naive", **kw).out
-        ref = out if backend == "naive" else reference
-        record.update(median_ms=ms, peak_mem_bytes=int(peak),
-                      tflops=useful_flops(mask, B, Hq, head_dim, T, num_candidates) / (ms * 1e-3) / 1e12,
-                      max_abs_err=None if ref is None else float((out.float() - ref.float()).abs().max()))
-    except Exception as e:  # noqa: BLE001 — every failure becomes a recorded status, never a crash
-        out = None
-        record["status"] = "oom" if _is_oom(e) else f"error: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            inputs, attn_mask = None, AttentionMask(mask, T, T - num_candidates)
+            reference = None
+            for b in names:
+                why = (run.stopped() or (skip or {}).get(b)
+                       or unavailable_reason(b, device=device, dtype=dtype, cap=cap, cap_method=cap_method,
+                                             mask_kind=mask, head_dim=head_dim)
+                       or _ram_shortfall(b, device, B, Hq, T))
+                if why:
+                    records[b]["status"] = f"skipped: {why}"
+                    continue
+                try:
+                    if inputs is None:
+                        inputs = make_inputs(B, Hq, Hkv, head_dim, T, dtype, device, seed=seed)
+                    call = functools.partial(_call, b, *inputs, attn_mask, head_dim ** -0.5, cap, cap_method)
+                    out = call()                  # warm-up: compilation and mask caches happen here
+                    _sync(device)
+                    t0 = time.perf_counter()
+                    peak = peak_memory_bytes(call, device)
+                    one_call_ms = (time.perf_counter() - t0) * 1e3
+                except Exception as e:  # noqa: BLE001 — every failure becomes a recorded status
+                    records[b]["status"] = _failure(e)
+                    _free(device)
+                    continue
+                if b == "naive":
+                    reference = out
+                records[b].update(peak_mem_bytes=int(peak), max_abs_err=None if reference is None else
+                                  float((out.float() - reference.float()).abs().max()))
+                ready[b] = (call, calls_per_block(one_call_ms, min_block_ms))
+                del out
+            del reference
+            times.update({b: [] for b in ready})
+            for _ in range(repeats):
+                for b, (call, number) in list(ready.items()):
+                    if run.stopped():
+                        break
+                    try:
+                        times[b].append(time_block_ms(call, device, number))
+                    except Exception as e:  # noqa: BLE001
+                        records[b]["status"] = _failure(e)
+                        ready.pop(b)
+                        _free(device)
+                if run.stopped():
+                    break
     finally:
+        ready.clear()
         _free(device)
-    return done(record, out)
+    flops = useful_flops(mask, B, Hq, head_dim, T, num_candidates)
+    for b, ts in times.items():
+        r = records[b]
+        if ts and r["status"] == "ok":
+            r.update(spread(ts), tflops=flops / (statistics.median(ts) * 1e-3) / 1e12)
+        elif r["status"] == "ok":         # warmed up, then stopped before its first timed block
+            r.update(peak_mem_bytes=None, max_abs_err=None, status=f"skipped: {run.stopped() or 'not timed'}")
+    return [records[b] for b in names]
+
+
+def _call(backend, q, k, v, mask, multiplier, cap, cap_method) -> torch.Tensor:
+    return attend(q, k, v, mask, backend=backend, multiplier=multiplier, cap=cap, cap_method=cap_method).out
 
 
 # --- a sweep ------------------------------------------------------------------------------
 
 def sweep(preset: "str | Preset" = "lecture", device: str = "cpu", *, budget_s: Optional[float] = None,
-          backends: Optional[list[str]] = None, should_stop: Optional[Callable[[], bool]] = None,
-          seq_lens: Optional[list[int]] = None, min_time_s: float = 0.3) -> Iterator[dict]:
+          backends: Optional[list[str]] = None, run: Optional[Run] = None,
+          seq_lens: Optional[list[int]] = None, repeats: int = 5,
+          min_block_ms: Optional[float] = None) -> Iterator[dict]:
     """Yield one record per (T, mask, cap, backend), naive first at each shape (the error reference).
 
-    Past budget_s, or once should_stop() is true, the remaining points are yielded (cheaply) as
-    'skipped: time budget spent' / 'skipped: cancelled', so every result file lists the whole grid."""
+    Once the run stops (its budget spent, or cancelled), the remaining points are yielded (cheaply)
+    as 'skipped: time budget spent' / 'skipped: cancelled', so every result file lists the whole grid.
+    A backend out of memory at some T is skipped at every longer T; the others go on."""
     # a name from PRESETS (reduced on CPU), or the app's own Preset(...) geometry, run as given
     p, preset = (preset, "custom") if isinstance(preset, Preset) else (preset_for(preset, device), preset)
     names = [b for b in (backends or list(BACKENDS)) if b in BACKENDS]
-    names = ["naive"] + [b for b in names if b != "naive"]
-    start = time.perf_counter()
+    run = run or Run(budget_s)
     oom_at: dict[str, int] = {}
-
-    def stopped() -> Optional[str]:
-        if budget_s is not None and time.perf_counter() - start > budget_s:
-            return "time budget spent"
-        if should_stop is not None and should_stop():
-            return "cancelled"
-        return None
     for T in sorted(seq_lens or p.seq_lens):
         for mask in p.masks:
             for cap_method in p.cap_methods:
-                common = dict(mask=mask, B=p.B, Hq=p.Hq, Hkv=p.Hkv, head_dim=p.head_dim, T=T,
-                              num_candidates=p.num_candidates, dtype=p.dtype, device=device, cap=p.cap,
-                              cap_method=cap_method, preset=preset, min_time_s=min_time_s)
-                inputs = None if stopped() else make_inputs(p.B, p.Hq, p.Hkv, p.head_dim, T, p.dtype, device)
-                reference = None
-                for b in names:
-                    why = stopped()
-                    if why:
-                        yield _skipped(b, common, why)
-                        continue
-                    if b in oom_at:
-                        yield _skipped(b, common, f"ran out of memory at T = {oom_at[b]}")
-                        continue
-                    rec, out = measure_point(b, **common, inputs=inputs, reference=reference, return_output=True)
-                    if b == "naive":
-                        reference = out
-                    if rec["status"] == "oom":
-                        oom_at[b] = T
-                    yield rec
-                del inputs, reference
-                _free(device)
+                skip = {b: f"ran out of memory at T = {t}" for b, t in oom_at.items()}
+                for r in measure_shape(names, mask=mask, B=p.B, Hq=p.Hq, Hkv=p.Hkv, head_dim=p.head_dim, T=T,
+                                       num_candidates=p.num_candidates, dtype=p.dtype, device=device, cap=p.cap,
+                                       cap_method=cap_method, preset=preset, repeats=repeats,
+                                       min_block_ms=min_block_ms, run=run, skip=skip):
+                    if r["status"] == "oom":
+                        oom_at.setdefault(r["backend"], T)
+                    yield r
 
-
-def _skipped(backend, common, why) -> dict:
-    keys = ("preset", "mask", "dtype", "B", "Hq", "Hkv", "head_dim", "T", "num_candidates", "cap_method")
-    return dict(backend=backend, **{k: common[k] for k in keys}, median_ms=None, peak_mem_bytes=None,
-                tflops=None, max_abs_err=None, status=f"skipped: {why}")
 
 
 # --- the results file -------------------------------------------------------------------------
 
-def device_name(device: str) -> str:
-    if device == "cuda":
-        return torch.cuda.get_device_name(0)
-    model = "unknown CPU"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            model = line.split(":", 1)[1].strip()
-            break
-    return f"CPU {model} ({torch.get_num_threads()} threads)"
-
-
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:48]
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def load_results(results_dir: Path = RESULTS_DIR) -> list[tuple[str, dict]]:
@@ -374,10 +419,12 @@ def point_key(r: dict) -> tuple:
                                     "head_dim", "T", "num_candidates"))
 
 
-def write_results(records: list[dict], device: str, matmul: float, out_dir: Path = RESULTS_DIR) -> Path:
+def write_results(records: list[dict], device: str, matmul: float, out_dir: Path = RESULTS_DIR,
+                  conditions: Optional[dict] = None) -> Path:
     """Merge into today's file for this device, point by point: a new record replaces the old one at the
     same point unless it was merely not reached (time budget / cancel). So a later run of one backend
-    (say flash_attn once built) or of a few lengths adds to an earlier run."""
+    (say flash_attn once built) or of a few lengths adds to an earlier run. `conditions`: how the machine
+    was while measuring (load, other users), kept with the numbers."""
     date = dt.date.today().isoformat()
     path = results_path(device, date, out_dir)
     old = json.loads(path.read_text()).get("records", []) if path.exists() else []
@@ -388,7 +435,7 @@ def write_results(records: list[dict], device: str, matmul: float, out_dir: Path
     data = dict(device_name=device_name(device), torch=torch.__version__, cuda=torch.version.cuda,
                 commit=git_commit(), date=date, matmul_tflops=matmul,
                 matmul_dtype="bfloat16" if device == "cuda" else "float32",
-                records=list(merged.values()))
+                conditions=conditions or {}, records=list(merged.values()))
     out_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n")
     return path
@@ -417,14 +464,25 @@ def figure(data: dict):
         T = [r["T"] for r in rs]
         for col, y in ((1, [r["median_ms"] for r in rs]), (2, [r["peak_mem_bytes"] / 2**20 for r in rs])):
             fig.add_scatter(x=T, y=y, name=name, legendgroup=name, line=style, mode="lines+markers",
+                            error_y=min_max_bars(rs) if col == 1 else None,
                             showlegend=name not in shown, row=row, col=col)
             shown.add(name)
     fig.update_xaxes(type="log", title_text="sequence length T")
     fig.update_yaxes(type="log")
     fig.update_layout(title=f"Attention backends on {data['device_name']} — torch {data['torch']}, "
-                            f"{data['date']}, commit {data['commit']} (solid: tanh cap, dotted: no cap)",
+                            f"{data['date']}, commit {data['commit']} (solid: tanh cap, dotted: no cap; "
+                            "bars: min-max over the repeats)",
                       height=330 * len(presets) + 120, width=1300)
     return fig
+
+
+def min_max_bars(records: list[dict]) -> Optional[dict]:
+    """plotly error_y spanning each point's min..max ms around its median (None for files from before
+    min/max were kept)."""
+    if not all(r.get("min_ms") is not None and r.get("max_ms") is not None for r in records):
+        return None
+    return dict(type="data", symmetric=False, array=[r["max_ms"] - r["median_ms"] for r in records],
+                arrayminus=[r["median_ms"] - r["min_ms"] for r in records], thickness=1.2, width=3)
 
 
 def write_plots(path: Path, data: dict) -> list[Path]:
@@ -456,6 +514,8 @@ def main(argv=None):
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads)")
     ap.add_argument("--replot", type=Path, default=None, help="only redraw the plots of this results file")
+    ap.add_argument("--repeats", type=int, default=5, help="timed rounds per shape, backends interleaved (>= 5)")
+    ap.add_argument("--note", default="", help="what else ran on the machine (kept in the results file)")
     a = ap.parse_args(argv)
     if a.replot:
         for p in write_plots(a.replot, json.loads(a.replot.read_text())):
@@ -465,25 +525,32 @@ def main(argv=None):
         torch.set_num_threads(a.threads)
     if a.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device here")
+    if a.repeats < 5:
+        ap.error(f"--repeats: got {a.repeats}; allowed: 5 or more (min / median / max need several)")
     backends = a.backends.split(",") if a.backends else None
     seq_lens = [int(t) for t in a.seq_lens.split(",")] if a.seq_lens else None
     start = time.perf_counter()
+    load_before = os.getloadavg()[0]
     matmul = matmul_tflops(a.device)
     print(f"{device_name(a.device)}: dense matmul {matmul:.2f} TFLOP/s")
     records = []
     for preset in a.preset or ["lecture"]:
         left = None if a.budget_s is None else max(0.0, a.budget_s - (time.perf_counter() - start))
-        for r in sweep(preset, a.device, budget_s=left, backends=backends, seq_lens=seq_lens):
+        for r in sweep(preset, a.device, budget_s=left, backends=backends, seq_lens=seq_lens, repeats=a.repeats):
             records.append(r)
             if r["status"] == "ok":
                 print(f"{r['preset']:>12} {r['backend']:>14} {r['mask']:>20} cap {r['cap_method']:>4} "
-                      f"B {r['B']:>2} T {r['T']:>6}: {r['median_ms']:9.3f} ms  "
+                      f"B {r['B']:>2} T {r['T']:>6}: {r['median_ms']:9.3f} ms "
+                      f"[{r['min_ms']:.3f}-{r['max_ms']:.3f}] x{r['repeats']}  "
                       f"{r['peak_mem_bytes'] / 2**20:9.1f} MiB  {r['tflops']:7.3f} TFLOP/s  "
                       f"err {r['max_abs_err'] if r['max_abs_err'] is not None else float('nan'):.1e}", flush=True)
             elif r["status"] != "skipped: time budget spent":
                 print(f"{r['preset']:>12} {r['backend']:>14} {r['mask']:>20} cap {r['cap_method']:>4} "
                       f"T {r['T']:>6}: {r['status']}", flush=True)
-    path = write_results(records, a.device, matmul, a.out_dir)
+    conditions = dict(cores=os.cpu_count(), threads=torch.get_num_threads(), load_average_before=load_before,
+                      load_average_after=os.getloadavg()[0], wall_s=round(time.perf_counter() - start, 1),
+                      repeats=a.repeats, note=a.note)
+    path = write_results(records, a.device, matmul, a.out_dir, conditions)
     print(f"wrote {path}")
     if not a.no_plot:
         for p in write_plots(path, json.loads(path.read_text())):

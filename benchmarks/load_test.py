@@ -24,13 +24,11 @@ RSS back near its start.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import json
 import os
 import platform
 import random
-import subprocess
 import sys
 import threading
 import time
@@ -40,6 +38,7 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.runinfo import RESULTS_DIR, cpu_model, git_commit, percentile  # noqa: E402
 from scripts.serve import running_app  # noqa: E402  (the one localhost launcher)
 
 # view -> (api name, weight in the mix); the timing sweep is tiny: two short lengths, naive only
@@ -100,14 +99,6 @@ def session(url: str, index: int, start: threading.Barrier, stop_at: list, seed:
                                 query=args[0]))
 
 
-def percentile(sorted_values: list, p: float) -> float:
-    """Nearest-rank percentile of an ascending list."""
-    if not sorted_values:
-        return float("nan")
-    k = max(0, min(len(sorted_values) - 1, round(p / 100 * len(sorted_values) + 0.5) - 1))
-    return sorted_values[k]
-
-
 def summarise(records: list, wall_s: float) -> dict:
     views = {}
     for view in MIX:
@@ -124,24 +115,10 @@ def summarise(records: list, wall_s: float) -> dict:
 
 
 def machine() -> dict:
-    cpu = platform.processor() or "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
     import torch
-    return dict(cpu=cpu, cores=os.cpu_count(), gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available()
+    return dict(cpu=cpu_model(), cores=os.cpu_count(), gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available()
                 else None, python=platform.python_version(), torch=torch.__version__,
                 load_average_before=os.getloadavg()[0])
-
-
-def git_commit() -> str:
-    def git(*a):
-        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    commit = git("rev-parse", "HEAD") or "unknown"
-    dirty = git("status", "--porcelain", "--", "app.py", "explorer", "models")
-    return commit + ("+dirty" if dirty else "")
 
 
 def run(url: str, sessions: int, duration_s: float, seed: int) -> dict:
@@ -384,7 +361,7 @@ def main(argv=None) -> dict:
             result = run(url, a.sessions, a.duration, a.seed)
     report = {**info, **result}
     report["device"]["load_average_after"] = os.getloadavg()[0]
-    out = a.out or ROOT / "benchmarks" / "results" / f"load-{when.date().isoformat()}.json"
+    out = a.out or RESULTS_DIR / f"load-{when.date().isoformat()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"{'view':<16}{'requests':>9}{'failed':>8}{'p50 s':>9}{'p95 s':>9}{'max s':>9}")

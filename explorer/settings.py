@@ -59,6 +59,10 @@ GPU_MAX_REQUEST_FLOPS = 200e12
 # it). 4 GiB leaves a free 16 GB Space (and the process's own ~1 GB) plenty of headroom.
 MEMORY_CEILING_ENV = "EXPLORER_MEMORY_BYTES"
 DEFAULT_MEMORY_CEILING = 4 * 2**30
+# The timing tab's sequence lengths: memory-bound backends are refused per point by the benchmark's RAM
+# guard, and the sweep by its time budget; on a GPU flash goes on to 32k where naive runs out of memory.
+TIMING_MAX_LEN_CPU = 2048
+TIMING_MAX_LEN_GPU = 32768
 
 
 class ValidationError(ValueError):
@@ -86,6 +90,10 @@ def max_params() -> int:
 
 def max_trace_bytes() -> int:
     return GPU_MAX_TRACE_BYTES if device() == "cuda" else CPU_MAX_TRACE_BYTES
+
+
+def timing_max_len() -> int:
+    return TIMING_MAX_LEN_GPU if device() == "cuda" else TIMING_MAX_LEN_CPU
 
 
 def sweep_budget_s() -> float:

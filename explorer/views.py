@@ -5,6 +5,7 @@ call them without a browser, app.py only wires them to controls.
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, replace
 
@@ -12,6 +13,7 @@ import numpy as np
 import plotly.graph_objects as go
 import torch
 
+from benchmarks.runinfo import RESULTS_DIR
 from models.bugzoo import BUGS, bug_report, with_bug
 from models.masks import AttentionMask
 from models.probes import PROBES, capped_layout
@@ -416,9 +418,8 @@ def _variant_run(name: str, seed: int) -> VariantRun:
 
 def variant_training_report() -> dict | None:
     """benchmarks/results/variants-training.json (python -m models.train_variants), or None."""
-    import json
-    from models.train_variants import RESULTS
-    return json.loads(RESULTS.read_text()) if RESULTS.is_file() else None
+    path = RESULTS_DIR / "variants-training.json"
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def _distinct(labels) -> list[str]:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import subprocess
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,6 +18,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from benchmarks.runinfo import RESULTS_DIR, device_name, git_commit
 
 from .demo import DEMO_WEIGHTS, DEMO_WORLD, HELD_OUT_SEED, demo_config, evaluate, load_demo_model
 from .recsys import RecsysModel, SequenceLayout, init_recsys
@@ -29,7 +29,7 @@ TRAIN_LAYOUTS = tuple(SequenceLayout(1, s, c, hp, cp) for s, c, hp, cp in
 
 
 EVAL_LAYOUTS = (SequenceLayout(1, 5, 3), SequenceLayout(1, 8, 4))
-REPORT = Path(__file__).parent.parent / "benchmarks" / "results" / "demo-training.json"
+REPORT = RESULTS_DIR / "demo-training.json"
 
 
 def save_fp16(model: RecsysModel, path: Path) -> None:
@@ -41,17 +41,8 @@ def save_fp16(model: RecsysModel, path: Path) -> None:
 
 def run_info() -> dict:
     """Where and when a result was measured (for benchmarks/results/*.json)."""
-    def git(*args):
-        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=Path(__file__).parent,
-                              check=True).stdout.strip()
-    try:
-        # "+dirty": the code that produced the result differs from the commit in models/
-        commit = git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain", "--", ".") else "")
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
-    return {"device": f"cpu ({platform.processor() or platform.machine()}), {torch.get_num_threads()} thread(s)",
-            "torch": torch.__version__, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "commit": commit}
+    return {"device": device_name("cpu"), "torch": torch.__version__,
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": git_commit()}
 
 
 def train(steps: int = 700, batch: int = 128, lr: float = 3e-3, seed: int = 0, log_every: int = 100,

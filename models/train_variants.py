@@ -20,11 +20,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from benchmarks.runinfo import RESULTS_DIR
+
 from .recall import TRAINED_WEIGHTS, RecallModel, RecallTask, save_trained
 from .train_demo import run_info
 from .variants import VARIANTS, VariantConfig, parameter_count
 
-RESULTS = Path(__file__).parent.parent / "benchmarks" / "results" / "variants-training.json"
+RESULTS = RESULTS_DIR / "variants-training.json"
 
 
 def train_variant(name: str, steps: int = 400, batch: int = 64, lr: float = 3e-3, seed: int = 0,

@@ -109,11 +109,16 @@ def test_settings_and_preset_endpoints_write_the_query(client):
 
 def test_timing_endpoint_measures_and_labels_the_device(client):
     time_fig, mem_fig, speed_fig, err_fig, note = client.predict(
-        LECTURE, "16, 32", ["naive", "structured", "flash_attn"], api_name="/timing")
-    lines = {t["name"]: t for t in plot_data(time_fig)}
-    assert set(lines) == {"naive", "structured"} and list(array(lines["naive"]["x"])) == [16, 32]
+        LECTURE, "16, 32", ["naive", "structured"], api_name="/timing")
+    live = {t["name"].split(" · ")[0]: t for t in plot_data(time_fig) if "measured now" in t["name"]}
+    assert set(live) == {"naive", "structured"} and list(array(live["naive"]["x"])) == [16, 32]
     assert array(plot_data(err_fig)[1]["y"]).max() < 1e-4
-    assert "Measured now on" in note and "flash_attn: not run" in note
+    assert "Measured now on" in note and "5 interleaved repeats" in note
+
+
+def test_timing_refuses_a_backend_this_device_does_not_run_before_running(client):
+    with pytest.raises(AppError, match="backends: got 'flash_attn'; allowed: .*needs CUDA"):
+        client.predict(LECTURE, "16", ["naive", "flash_attn"], api_name="/timing")
 
 
 def test_export_endpoint_png(client):
@@ -296,3 +301,90 @@ def test_the_weights_list_shows_only_this_visitors_uploads(tmp_path, monkeypatch
                 ["choices"]]
     assert name in choices(alice, q)
     assert choices(bob, LECTURE) == ["demo", "random", "zeros"]
+
+
+# --- the timing sweep's lifetime: Stop, cancel and the one-at-a-time slot -------------------------
+
+def consume(gen, outs):
+    async def run():
+        async for out in gen:
+            outs.append(out)
+    return run()
+
+
+LONG_SWEEP = ("preset=lecture&weights=random&num_q_heads=16&num_kv_heads=16&key_size=64",
+              "256, 512, 768, 1024, 1536, 2048", ["naive", "structured"])
+
+
+def test_stop_then_run_again_stops_the_old_sweep_within_one_point():
+    """The defect: the next Run's stop.clear() reset the session's shared flag before the old thread saw
+    it, so the old sweep ran on beside the new one. Each run now has its own flag."""
+    import asyncio
+    import time
+    from types import SimpleNamespace
+
+    import app
+
+    async def main():
+        page = SimpleNamespace(session_hash="one-visitor")
+        old_outs, new_outs = [], []
+        old = asyncio.create_task(consume(app.timing_endpoint(*LONG_SWEEP, request=page), old_outs))
+        while not app.TIMING_RUNS.running():
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.5)                     # the old sweep is inside its first point
+        app.stop_timing(page)
+        stopped_at = time.perf_counter()
+        new = asyncio.create_task(consume(app.timing_endpoint(LECTURE, "16", ["naive"], request=page), new_outs))
+        await asyncio.wait_for(asyncio.gather(old, new), timeout=60)
+        return time.perf_counter() - stopped_at, old_outs, new_outs
+
+    took, old_outs, new_outs = asyncio.run(main())
+    assert took < 10, f"the old sweep ran {took:.1f} s past Stop"
+    assert "Stopped: cancelled" in old_outs[-1][-1]           # and it says so, keeping its partial figures
+    assert "Stopped" not in new_outs[-1][-1] and "T = 16" in new_outs[-1][-1]
+    assert app.TIMING_RUNS.running() == 0
+
+
+def test_a_cancelled_event_frees_its_slot_only_after_the_sweep_stopped():
+    """Cancelling the event (Stop's `cancels`, or a client cancelling its job) sets the run's flag and
+    waits for the worker thread: when the cancellation returns, no sweep is running."""
+    import asyncio
+    import time
+
+    import app
+
+    async def main():
+        task = asyncio.create_task(consume(app.timing_endpoint(*LONG_SWEEP), []))
+        while not app.TIMING_RUNS.running():
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.5)
+        t0 = time.perf_counter()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return time.perf_counter() - t0, app.TIMING_RUNS.running()
+
+    took, running = asyncio.run(main())
+    assert running == 0 and took < 10
+
+
+def test_a_cancel_storm_runs_one_sweep_at_a_time(tmp_path):
+    """Sixteen clients start a long sweep and cancel it at once: the server never runs two sweeps at
+    the same time, and answers the next one."""
+    import time
+    log = tmp_path / "app.log"
+    with running_app(log=log) as url:
+        clients = [Client(url, verbose=False) for _ in range(4)]
+        jobs = [c.submit(*LONG_SWEEP, api_name="/timing") for c in clients for _ in range(4)]
+        for job in jobs:        # a cancel only reaches the server once the job is in its queue
+            deadline = time.monotonic() + 30
+            while job.status().code.name in ("STARTING", "JOINING_QUEUE") and time.monotonic() < deadline:
+                time.sleep(0.02)
+        start = time.monotonic()
+        for job in jobs:
+            job.cancel()
+        time_fig, *_, note = clients[0].predict(LECTURE, "16", ["naive"], api_name="/timing")
+        assert "Measured now on" in note and time.monotonic() - start < 30
+    counts = [int(line.rsplit("; ", 1)[1].split()[0]) for line in log.read_text().splitlines()
+              if "threads measuring" in line]
+    assert counts and max(counts) == 1, counts

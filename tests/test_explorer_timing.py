@@ -1,40 +1,144 @@
-"""The live timing view: lengths are validated, a sweep stops on request or at its budget, error is
-measured against naive, and committed result files are labelled with their device."""
+"""The live timing tab: its controls are checked before Run, it measures through the benchmark's own
+module (interleaved repeats with their spread, error vs naive), stops within one block and keeps
+what it measured, offers what this device runs (bf16 and phoenix-prod on CUDA), and draws the
+committed curves beside the live points with their device and date."""
+import json
+
 import pytest
 
 from explorer import timing
 from explorer.settings import ValidationError, parse_query
 
 S = parse_query("preset=lecture&weights=random")
+NO_CAP = parse_query("preset=lecture&weights=random&cap_method=none")
+
+
+def request(lengths="16, 24", backends=("structured",), s=S, geometry=timing.SETTINGS_GEOMETRY, dtype="float32"):
+    return timing.check_request(s, geometry, dtype, lengths, list(backends))
 
 
 @pytest.mark.parametrize("text,match", [("", "between 1 and 12"), ("64, x", "whole numbers"),
-                                        ("1", r"\[2, 1087\]"), ("64," * 13, "between 1 and 12")])
+                                        ("1", r"\[4, 2048\]"), ("3", r"\[4, 2048\]"), ("4096", r"\[4, 2048\]"),
+                                        ("64," * 13, "between 1 and 12")])
 def test_bad_lengths_name_the_field(text, match):
     with pytest.raises(ValidationError, match="lengths: got .*" + match):
-        timing.parse_lengths(text)
+        timing.parse_lengths(text, num_candidates=3)
 
 
 def test_lengths_sorted_unique():
     assert timing.parse_lengths("64; 16, 64") == [16, 64]
 
 
-def test_sweep_measures_naive_and_structured_against_naive():
-    sw = timing.sweep(S, [16, 24], ["naive", "structured", "flash_attn"], min_time_s=0.01)
-    got = {(p.backend, p.seq_len) for p in sw.points}
+@pytest.mark.parametrize("field,args", [
+    ("backends", dict(backends=["flash_attn"])),           # needs CUDA: refused before Run, not after
+    ("backends", dict(backends=["sdpa"])),                 # no logit cap in SDPA, and the cap is on
+    ("backends", dict(backends=["bogus"])),
+    ("backends", dict(backends="naive")),
+    ("timing geometry", dict(geometry="phoenix-prod-b256")),     # a GPU geometry, on CPU
+    ("dtype", dict(dtype="float16")),
+    ("lengths", dict(lengths="99999")),
+])
+def test_every_timing_control_is_checked_before_run(field, args):
+    with pytest.raises(ValidationError, match=f"^{field}: got "):
+        request(**args)
+
+
+def test_only_backends_that_run_here_can_be_chosen():
+    why = timing.backend_options(NO_CAP, timing.SETTINGS_GEOMETRY, "float32")
+    assert why["naive"] is None and why["sdpa"] is None and "CUDA" in why["flash_attn"]
+    assert "cap" in timing.backend_options(S, timing.SETTINGS_GEOMETRY, "float32")["sdpa"]
+
+
+def test_cuda_offers_bf16_and_phoenix_prod_first_and_the_flash_backends(monkeypatch):
+    """The defect: the tab hard-coded float32, so on CUDA every flash kernel was refused for its dtype."""
+    import models.attention as attention
+    monkeypatch.setattr(timing, "device", lambda: "cuda")
+    monkeypatch.setattr(attention, "_needs_cuda_build", lambda: None)       # as on a CUDA build of torch
+    assert timing.dtypes()[0] == "bfloat16" and timing.geometries()[0] == "phoenix-prod"
+    assert timing.geometry(NO_CAP, "phoenix-prod", "bfloat16").B == 32
+    assert timing.geometry(NO_CAP, "phoenix-prod-b256", "bfloat16").B == 256
+    why = timing.backend_options(NO_CAP, "phoenix-prod", "bfloat16")
+    assert why["naive"] is None and why["sdpa-efficient"] is None and why["structured"] is None
+    assert "float32" not in str(why["flash_attn"]) and "bfloat16" not in str(why["flash_attn"])
+    assert timing.default_lengths("phoenix-prod") == "1088"
+
+
+def test_sweep_measures_against_naive_with_interleaved_repeats():
+    sw = timing.measure(S, request())
+    got = {(r["backend"], r["T"]) for r in sw.points}
     assert got == {("naive", 16), ("naive", 24), ("structured", 16), ("structured", 24)}
-    assert all(p.max_abs_error < 1e-5 for p in sw.points) and "flash_attn" in sw.skipped
-    assert all(p.ms > 0 for p in sw.points)
+    for r in sw.points:
+        assert r["repeats"] >= 5 and 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"]
+        assert r["max_abs_err"] < 1e-5
+    assert not sw.stopped
 
 
-def test_sweep_stops_when_asked_and_at_budget():
-    assert "cancelled" in timing.sweep(S, [16], ["naive"], should_stop=lambda: True).stopped
-    sw = timing.sweep(S, [16, 32], ["naive"], budget_s=1e-9)
-    assert "budget" in sw.stopped and not sw.points
+def test_a_cancelled_sweep_keeps_what_it_measured():
+    run = timing.Run()
+    states = []
+    for sw in timing.sweep(S, request("16, 24, 32, 48"), run):
+        states.append(len(sw.points))
+        run.cancel()                           # Stop pressed after the first length
+    assert states[-1] == 2 and sw.points[0]["T"] == 16
+    assert "cancelled" in sw.stopped and "T = 16" in sw.stopped
 
 
-def test_recorded_files_are_labelled_with_device_and_date():
-    for f in timing.recorded_results():
-        assert f["device"] and f["date"] and f["gpu"] == (not f["device"].upper().startswith("CPU"))
+def test_the_budget_ends_the_sweep_and_says_so():
+    sw = timing.measure(S, request("16, 24"), timing.Run(budget_s=0.0))
+    assert not sw.points and "time budget" in sw.stopped
+
+
+def record(backend, T, ms, status="ok", **kw):
+    spread = dict(min_ms=ms * 0.8, max_ms=ms * 1.5) if ms is not None else dict(min_ms=None, max_ms=None)
+    return dict(backend=backend, T=T, median_ms=ms, **spread, repeats=5,
+                peak_mem_bytes=2**20, max_abs_err=0.0, status=status, tflops=1.0, dtype="float32", **kw)
+
+
+def test_figures_show_spread_out_of_memory_and_recorded_curves_beside_live_points():
+    sw = timing.Sweep("CPU test", records=[record("naive", 64, 2.0), record("flex", 64, 1.0),
+                                           record("naive", 128, None, status="oom"),
+                                           record("flex", 128, 3.0)])
+    recorded = [("recorded on GPU X, 2026-01-01, B=8", [record("naive", 64, 0.5), record("flex", 64, 0.1)])]
+    time_fig, mem_fig, speed_fig, err_fig = timing.sweep_figures(sw, recorded)
+    names = [t.name for t in time_fig.data]
+    assert "naive · measured now on CPU test, B=1" in names
+    assert "flex · recorded on GPU X, 2026-01-01, B=8" in names
+    live = next(t for t in time_fig.data if t.name.startswith("flex · measured now"))
+    assert list(live.error_y.array) == pytest.approx([0.5, 1.5]) and list(live.error_y.arrayminus) == pytest.approx([0.2, 0.6])
+    dotted = [t for t in time_fig.data if "recorded on" in (t.name or "")]
+    assert dotted and all(t.line.dash == "dot" for t in dotted)
+    oom = next(t for t in time_fig.data if "out of memory" in t.name)
+    assert list(oom.x) == [128] and "naive: out of memory" in oom.text[0]
+    speed = {t.name: list(t.y) for t in speed_fig.data}
+    assert speed["flex · measured now on CPU test, B=1"] == [2.0]          # against naive of the same run
+    assert speed["flex · recorded on GPU X, 2026-01-01, B=8"] == [5.0]      # against the file's own naive
+
+
+def test_timing_log_axes_are_labelled_in_plain_numbers():
+    sw = timing.Sweep("cpu", records=[record("naive", T, ms) for T, ms in ((64, 0.4), (128, 3.0), (256, 40.0))])
+    time_fig = timing.sweep_figures(sw)[0]
+    assert list(time_fig.layout.xaxis.ticktext) == ["64", "128", "256"]
+    assert list(time_fig.layout.yaxis.ticktext)[0] in ("0.2", "0.5")
+
+
+def results_file(tmp_path, device_name, date, records):
+    path = tmp_path / f"{device_name.split()[0].lower()}-{date}.json"
+    path.write_text(json.dumps(dict(device_name=device_name, date=date, torch="2.13.0", cuda=None,
+                                    commit="abc", matmul_tflops=1.0, records=records)))
+
+
+def test_recorded_summary_names_each_committed_file_with_its_device_and_date(tmp_path, monkeypatch):
+    monkeypatch.setattr(timing, "RESULTS_DIR", tmp_path)
+    assert timing.recorded_summary().startswith("No recorded")
+    point = record("naive", 64, 1.0, Hq=4, Hkv=2, head_dim=16, mask="recsys", cap_method="tanh", B=8)
+    results_file(tmp_path, "CPU Example (1 threads)", "2026-01-02", [point])
     summary = timing.recorded_summary()
-    assert "not measured now" in summary or "No recorded" in summary
+    assert "CPU Example (1 threads)" in summary and "2026-01-02" in summary and "1 points" in summary
+    assert "None of the recorded files comes from a GPU" in summary
+    # and its curve is drawn for the same attention shape, labelled with device and date
+    g = timing.geometry(S, timing.SETTINGS_GEOMETRY, "float32")
+    (label, recs), = timing.recorded_records(g)
+    assert label == "recorded on CPU Example (1 threads), 2026-01-02, B=8" and recs == [point]
+    other = timing.geometry(parse_query("preset=lecture&weights=random&num_q_heads=8&num_kv_heads=2"),
+                            timing.SETTINGS_GEOMETRY, "float32")
+    assert timing.recorded_records(other) == []

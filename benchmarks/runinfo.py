@@ -1,0 +1,63 @@
+"""Where and when a result was measured — the one home of what every results file records.
+
+``RESULTS_DIR`` (benchmarks/results/, where every committed measurement lives), ``device_name``,
+``cpu_model``, ``git_commit`` (one "dirty" rule for every report) and ``percentile``. The attention
+benchmark, the app latency and load tests, the training reports and the app's "recorded" labels all
+import them from here.
+"""
+from __future__ import annotations
+
+import math
+import platform
+import subprocess
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = ROOT / "benchmarks" / "results"
+# a result is "+dirty" when the code that produced it differs from its commit here
+CODE_PATHS = ("app.py", "benchmarks", "explorer", "models", "scripts")
+
+
+def cpu_model() -> str:
+    """The processor's marketing name (/proc/cpuinfo), else what platform knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def device_name(device: str = "cpu") -> str:
+    """'NVIDIA H100 80GB HBM3' on CUDA; 'CPU <model> (<n> threads)' on CPU (the thread count matters
+    there). Results files and the app's labels both start CPU names with 'CPU'."""
+    if str(device).startswith("cuda"):
+        return torch.cuda.get_device_name(0)
+    return f"CPU {cpu_model()} ({torch.get_num_threads()} threads)"
+
+
+def git_commit() -> str:
+    """Short commit of the checkout, '+dirty' when tracked code under CODE_PATHS differs from it;
+    'unknown' outside a git checkout."""
+    def git(*args) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT, timeout=10,
+                              check=True).stdout.strip()
+    try:
+        commit = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (commit or "unknown") + ("+dirty" if dirty else "")
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile (p in [0, 100]) of the values, in any order; nan when there are none."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    rank = max(1, math.ceil(p / 100 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
