@@ -146,3 +146,21 @@ def test_sweep_takes_a_custom_geometry():
     assert [(r["preset"], r["backend"], r["status"]) for r in records] == [("custom", "naive", "ok"),
                                                                            ("custom", "structured", "ok")]
     assert records[1]["max_abs_err"] < 1e-5 and records[1]["Hq"] == 2
+
+
+def test_no_dense_mask_is_built_inside_the_timed_calls(monkeypatch):
+    """naive and sdpa read the mask's dense form: it is built in the warm-up, once per shape, and the
+    timed repeats only reuse it (else they would time mask building, not attention)."""
+    import models.masks as masks
+    masks._structure_dense.cache_clear()
+    built = []
+    real_dense = masks.dense
+    monkeypatch.setattr(masks, "dense", lambda *a, **k: built.append(1) or real_dense(*a, **k))
+    seen = recording_calls(monkeypatch)
+    at_call = []
+    real_call = bench._call
+    monkeypatch.setattr(bench, "_call", lambda *a: at_call.append(len(built)) or real_call(*a))
+    bench.measure_shape(["sdpa"], cap_method="none", **TINY)
+    assert built and seen
+    timed = at_call[4:]                      # after naive's and sdpa's warm-up + memory calls
+    assert len(timed) >= 10 and len(set(timed)) == 1
