@@ -153,7 +153,7 @@ def test_no_dense_mask_is_built_inside_the_timed_calls(monkeypatch):
     """naive and sdpa read the mask's dense form: it is built in the warm-up, once per shape, and the
     timed repeats only reuse it (else they would time mask building, not attention)."""
     import models.masks as masks
-    masks._structure_dense.cache_clear()
+    masks._shared_structure_dense.cache_clear()
     built = []
     real_dense = masks.dense
     monkeypatch.setattr(masks, "dense", lambda *a, **k: built.append(1) or real_dense(*a, **k))
