@@ -111,7 +111,8 @@ def settings_of(query: str, request=None) -> Settings:
 
 @guarded
 def mask_endpoint(query: str, request: gr.Request = None):
-    return views.mask_view(settings_of(query, request))
+    s = settings_of(query, request)
+    return (*views.mask_view(s), *views.kernel_view(s))
 
 
 @guarded
@@ -423,7 +424,7 @@ def render_tab(query: str, tab: str, request: gr.Request = None):
     elif tab == "variants":
         out["variants"] = variants_endpoint(query, request)
     flat = []
-    for t, n in (("mask", 2), ("attention", 3), ("isolation", 3), ("invariance", 5), ("variants", 5)):
+    for t, n in (("mask", 4), ("attention", 3), ("isolation", 3), ("invariance", 5), ("variants", 5)):
         flat += list(out[t]) if out[t] is not None else [gr.skip()] * n
     return flat
 
@@ -544,6 +545,8 @@ def build_app() -> gr.Blocks:
                         c["compare"] = Dropdown(list(MASK_KINDS), value=d.compare, label="compare with")
                         mask_fig = gr.Plot(label="mask", elem_id="mask-plot")
                         mask_text = gr.Markdown()
+                        kernel_fig = gr.Plot(label="production's kernels: tiles run and skipped", elem_id="kernel-plot")
+                        kernel_text = gr.Markdown()
                     with gr.Tab("2 · Attention", id="attention") as t_attn:
                         with gr.Row():
                             c["layer"] = number("layer", value=d.layer)
@@ -616,7 +619,7 @@ def build_app() -> gr.Blocks:
         controls = [c[f] for f in CONTROL_FIELDS]
         # never shown: triggers and outputs for the API-only endpoints below
         hidden_q, hidden_out = gr.Textbox(visible=False), gr.Textbox(visible=False)
-        view_outputs = [mask_fig, mask_text, attn_fig, row_fig, attn_text, iso_fig, iso_bars, iso_text,
+        view_outputs = [mask_fig, mask_text, kernel_fig, kernel_text, attn_fig, row_fig, attn_text, iso_fig, iso_bars, iso_text,
                         inv_fig, inv_text, rope_angle, rope_qk, rope_text, var_fig, var_loss, var_text, bug_fig,
                         bug_text]
         write_url = ("(q) => { const u = new URL(window.location); u.search = q; "
@@ -653,7 +656,7 @@ def build_app() -> gr.Blocks:
 
         # the API: one endpoint per view, configuration as a query string
         for name, fn, outs in (
-                ("mask", mask_endpoint, [mask_fig, mask_text]),
+                ("mask", mask_endpoint, [mask_fig, mask_text, kernel_fig, kernel_text]),
                 ("attention", attention_endpoint, [attn_fig, row_fig, attn_text]),
                 ("isolation", isolation_endpoint, [iso_fig, iso_bars, iso_text]),
                 ("invariance", invariance_endpoint, [inv_fig, inv_text, rope_angle, rope_qk, rope_text]),

@@ -31,6 +31,7 @@ FORMATS = ("png", "svg")
 # figure name -> (view function, index of the figure in what it returns)
 FIGURES = {
     "mask": (views.mask_view, 0),
+    "kernels": (views.kernel_view, 0),
     "attention": (views.attention_view, 0),
     "query_row": (views.attention_view, 1),
     "isolation": (views.isolation_view, 0),
@@ -48,6 +49,8 @@ def caption(s: Settings, name: str) -> str:
     return {
         "mask": f"Attention mask '{s.mask_kind}' beside '{s.compare}' (T = {s.seq_len}). "
                 "Blue: the query (row) may attend to the key (column).",
+        "kernels": f"The work production's attention kernels do over this layout (T = {s.seq_len}): tiles run in "
+                   "full, run with a mask, skipped, and pairs computed that the mask hides.",
         "attention": f"Attention {s.values} from the model's own forward ({s.weights} weights).",
         "query_row": "Where one query's attention goes, coloured by segment.",
         "isolation": "Change in the residual stream after perturbing one candidate, isolation mask vs causal mask.",

@@ -22,6 +22,9 @@ SEGMENT_COLORS = {"U": "#CC79A7", "H": "#0072B2", "C": "#D55E00", "P": "#BBBBBB"
 SEQUENTIAL = "Viridis"
 DIVERGING = "RdBu"
 MASK_SCALE = [[0.0, "#F2F2F2"], [0.5, "#F2F2F2"], [0.5, "#0072B2"], [1.0, "#0072B2"]]
+# a kernel's work over the grid, values 0..3: skipped, run with a mask, run in full, computed though masked
+TILE_SCALE = [[0.0, "#F2F2F2"], [1 / 6, "#F2F2F2"], [1 / 6, "#E69F00"], [0.5, "#E69F00"], [0.5, "#0072B2"],
+              [5 / 6, "#0072B2"], [5 / 6, "#D55E00"], [1.0, "#D55E00"]]
 
 FONT = dict(family="DejaVu Sans, Arial, sans-serif", size=14, color="#222222")
 LECTURE_FONT_SIZE = 20
@@ -139,7 +142,7 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
         shapes += _segment_lines(p, f"x{ax}", f"y{ax}", "#222222" if discrete else "#FFFFFF")
     if discrete:
         for value, name in discrete.items():
-            colour = MASK_SCALE[-1][1] if value else MASK_SCALE[0][1]
+            colour = _step_colour(colorscale, (value - lo) / ((hi - lo) or 1))
             data.append(dict(type="scatter", x=[None], y=[None], mode="markers", name=name, showlegend=True,
                              marker=dict(size=14, symbol="square", color=colour, line=dict(color="#888", width=1))))
         # above the panel titles (~24 px tall), beside the left-aligned figure title
@@ -150,6 +153,11 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
     layout.update(annotations=annotations, shapes=shapes, showlegend=bool(discrete), hovermode="closest",
                   **_theme_layout(title, height or max(420, min(1100, 330 * rows + 120))))
     return go.Figure(dict(data=data, layout=layout), _validate=False)
+
+
+def _step_colour(colorscale, frac: float) -> str:
+    """The colour a stepped scale ([[position, colour], ...]) gives a value at `frac` of its range."""
+    return [c for pos, c in colorscale if pos <= frac + 1e-9][-1]
 
 
 def _sparse_ticks(labels: list[str], segments: Optional[list[str]], cols: int) -> dict:

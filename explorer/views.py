@@ -15,18 +15,18 @@ import torch
 
 from benchmarks.runinfo import RESULTS_DIR
 from models.bugzoo import BUGS, bug_report, with_bug
-from models.masks import AttentionMask
+from models.masks import EMPTY, FULL, KERNEL_TILINGS, AttentionMask, kernel_work, ranker_bounds
 from models.probes import PROBES, capped_layout
 from models.recsys import RecsysBatch
 from models.grok import RotaryEmbedding
 
 from . import runs
-from .figures import (DIVERGING, MASK_SCALE, SEQUENTIAL, Panel, bar_figure, grouped_bar_figure,
+from .figures import (DIVERGING, MASK_SCALE, SEQUENTIAL, TILE_SCALE, Panel, bar_figure, grouped_bar_figure,
                       heatmap_figure, line_figure)
 from .settings import BUG_ZOO_MAX_POSITIONS, Settings
 
-# FlashAttention-3-style ranker kernels tile queries by 64 and keys by 128 (FACTS.md §3)
-BLOCK_Q, BLOCK_KV = 64, 128
+# the mask table's tile column: production's H100 serving tiles (64 query rows x 128 keys)
+BLOCK_Q, BLOCK_KV = KERNEL_TILINGS["h100-serve"].block_q, KERNEL_TILINGS["h100-serve"].block_kv
 GRID_MAX_CELLS = 128      # per axis, per panel, in the layer x head grid
 SINGLE_MAX_CELLS = 512
 
@@ -80,6 +80,66 @@ def mask_view(s: Settings) -> tuple[go.Figure, str]:
         rows.append(f"| {k} | {st['allowed']:,} | {st['total']:,} | {st['skip_elements']:.1%} | "
                     f"{st['skip_tiles']:.1%} of {st['tiles']} |")
     return fig, "\n".join(rows)
+
+
+# --- 1b. production's kernels: the work each one does over this layout ------------------------
+
+LEAKED = 3      # a pair a kernel computes although the mask hides it
+TILE_LEGEND = {0.0: "skipped / masked", 1.0: "run with a mask", 2.0: "run in full / allowed",
+               3.0: "computed, but masked"}
+
+
+def kernel_grid(mask: AttentionMask, kernel: str) -> tuple[np.ndarray, dict]:
+    """([T, T] what `kernel` does at each pair of batch row 0, its kernel_work counts). A pair shows its
+    tile's class (0 skipped, 1 run with a mask, 2 run in full), or 3 where the kernel computes a pair the
+    mask hides. Both from KERNEL_TILINGS, the definition the fa4 backend's block-sparse tensors read."""
+    k = KERNEL_TILINGS[kernel]
+    tiles = k.tiles(mask)
+    T = mask.seq_len
+    cls = tiles.classes[0].repeat_interleave(tiles.block_q, 0).repeat_interleave(tiles.block_kv, 1)[:T, :T]
+    leaked = k.computed(mask, tiles)[0] & ~mask.dense()[0, 0]
+    return torch.where(leaked, LEAKED, cls.long()).numpy().astype(np.float32), kernel_work(k, mask, 0, tiles)
+
+
+@runs.ByteCache
+def _kernel_grids(kind: str, layout) -> dict:
+    mask = AttentionMask(kind, layout.seq_len, layout.candidate_start_offset, layout.valid()[None])
+    return {name: kernel_grid(mask, name) for name in KERNEL_TILINGS}
+
+
+@runs.bounded("mask")
+def kernel_view(s: Settings) -> tuple[go.Figure, str]:
+    """The element mask beside the tiles production's kernels run over it, and the share of work each
+    skips."""
+    mask = layout_mask(s, s.mask_kind)
+    element = np.where(mask.dense()[0, 0].numpy(), float(FULL), float(EMPTY))
+    panels = [_panel(s, element, f"element mask: {s.mask_kind}")]
+    rows = ["| kernel | tile | tiles run | skipped | work skipped (tiles · elements) | pairs computed that the "
+            "mask hides |", "|---|---|---|---|---|---|"]
+    for name, (grid, w) in _kernel_grids(s.mask_kind, s.layout).items():
+        k = KERNEL_TILINGS[name]
+        panels.append(_panel(s, grid, k.title))
+        rows.append(f"| {name} | {k.block_q}×{k.block_kv} | {w['run']} of {w['tiles']} ({w['full']} full, "
+                    f"{w['partial']} masked) | {w['empty']} | {w['skip_tiles']:.1%} · {w['skip_elements']:.1%} | "
+                    f"{w['leaked']:,} |")
+    fig = heatmap_figure(panels, cols=2, title=f"Kernel work (T = {s.seq_len})",
+                         value_name="", colorscale=TILE_SCALE, zmin=0, zmax=LEAKED, discrete=TILE_LEGEND,
+                         max_cells=SINGLE_MAX_CELLS)
+    _, history_end, _, T = ranker_bounds(mask)
+    notes = [f"Bound (0, P+L, P+L, T) = (0, {history_end}, {history_end}, {T}). " + "; ".join(
+        f"**{name}** — {k.source}" for name, k in KERNEL_TILINGS.items()) + "."]
+    if mask.prefix_causal:
+        notes.append(f"This is grok.py's causal prefix (`{s.mask_kind}`). Production's kernels take only the "
+                     "bound and so compute the bidirectional prefix: drawn here are their tilings over grok.py's "
+                     "mask — what a block-sparse kernel with these tiles would skip for it.")
+    if history_end % 128 or (T - history_end) % 128:
+        notes.append(f"Production's FA4 kernel needs P+L and T−(P+L) to be multiples of 128 (here {history_end} "
+                     f"and {T - history_end}), and serves T padded to a multiple of 128; the serving kernel is "
+                     "exact only when P+L is (production's 1024 is).")
+    if s.history_padding or s.candidate_padding:
+        notes.append("Production's kernels mask no padded key (only the `fa4` backend here does): padded "
+                     "history slots are computed like any other.")
+    return fig, "\n".join(rows) + "\n\n" + "\n\n".join(notes)
 
 
 # --- 2. attention heatmaps ---------------------------------------------------------------------

@@ -39,7 +39,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from .masks import MASK_KINDS, AttentionMask
+from .masks import KERNEL_TILINGS, MASK_KINDS, AttentionMask
 
 MASK_VALUE = -1e30
 CAP_METHODS = ("tanh", "soft_sign", "none")
@@ -357,7 +357,7 @@ def flash_attn_attention(q, k, v, mask: AttentionMask, *, multiplier: float, cap
 # tiles run full, each candidate tile runs its prefix tiles plus its diagonal tile, and the
 # candidate x candidate block is never computed. pack_gqa stays off so tiles are token tiles.
 
-FA4_BLOCK_KV = 128
+FA4_BLOCK_KV = KERNEL_TILINGS["fa4"].block_kv    # the tiling the Mask view draws and counts
 
 
 def _fa4_block_q(device) -> int:
@@ -431,7 +431,8 @@ def fa4_attention(q, k, v, mask: AttentionMask, *, multiplier: float, cap: float
     block_q = _fa4_block_q(q.device)
 
     def sparse():
-        full_cnt, full_idx, part_cnt, part_idx = mask.tiles(block_q, FA4_BLOCK_KV, q.device).block_sparse()
+        full_cnt, full_idx, part_cnt, part_idx = KERNEL_TILINGS["fa4"].tiles(
+            mask, q.device, block_q=block_q, block_kv=FA4_BLOCK_KV).block_sparse()
         return BlockSparse(mask_block_cnt=part_cnt, mask_block_idx=part_idx, full_block_cnt=full_cnt,
                            full_block_idx=full_idx, block_size=(block_q, FA4_BLOCK_KV))
     blocks = mask.cached(("fa4-blocks", block_q, str(q.device)), sparse)

@@ -308,6 +308,91 @@ class AttentionMask:
                            lambda: tile_map(self.mask_mod(dev), self.seq_len, block_q, block_kv, batch, dev))
 
 
+# --- production's kernels: the tiles each one runs -----------------------------------------
+
+def ranker_bounds(mask: AttentionMask) -> tuple[int, int, int, int]:
+    """recsys_attention.py's ``bound = (0, P+L, P+L, T)``: (history start, history end, candidate start,
+    candidate end). Production's ranker kernels read nothing else: every query sees keys in
+    [0, P+L) and, past P+L, itself — ``recsys-bidirectional``'s predicate."""
+    off = mask.prefix_len
+    return 0, off, off, mask.seq_len
+
+
+@dataclass(frozen=True)
+class KernelTiling:
+    """How one production attention kernel cuts the T x T grid (PRODUCTION.md §6), and which tiles it
+    runs: full (no mask), partial (an element mask, or the diagonal) or skipped.
+
+    The tiles come from ``tile_map`` over the mask's own predicate — the same classification the
+    ``fa4`` backend turns into its block-sparse tensors — except where a kernel is known to ignore
+    the mask: ``history_unmasked`` (serving) runs every key block that starts before P+L with no mask
+    at all, and ``masks_padding`` False means padded keys are computed like any other."""
+    title: str                          # short: a panel title
+    source: str                         # where it lives and what it does
+    block_q: int
+    block_kv: int
+    history_unmasked: bool = False
+    masks_padding: bool = False
+
+    def kernel_mask(self, mask: AttentionMask) -> AttentionMask:
+        """The mask the kernel itself evaluates: the layout's, less the padding if it ignores padding."""
+        if self.masks_padding or mask.valid is None:
+            return mask
+        return AttentionMask(mask.kind, mask.seq_len, mask.candidate_start_offset)
+
+    def tiles(self, mask: AttentionMask, device=None, *, block_q: Optional[int] = None,
+              block_kv: Optional[int] = None) -> TileMap:
+        bq, bk = block_q or self.block_q, block_kv or self.block_kv
+        t = self.kernel_mask(mask).tiles(bq, bk, device)
+        if not (self.history_unmasked and mask.has_candidates):
+            return t
+        _, history_end, _, _ = ranker_bounds(mask)
+        history_cols = torch.arange(t.classes.shape[-1], device=t.classes.device) * bk < history_end   # [nk]
+        return TileMap(bq, bk, t.allowed, t.size, torch.where(history_cols, FULL, t.classes).to(torch.int8))
+
+    def computed(self, mask: AttentionMask, tiles: Optional[TileMap] = None) -> torch.Tensor:
+        """[B|1, T, T] bool: the pairs the kernel adds into a softmax — every pair of a full tile, the
+        pairs its own mask allows in a partial tile, nothing in a skipped one."""
+        t = tiles if tiles is not None else self.tiles(mask)
+        T = mask.seq_len
+        cls = t.classes.repeat_interleave(t.block_q, 1).repeat_interleave(t.block_kv, 2)[:, :T, :T]
+        own = self.kernel_mask(mask).dense(cls.device)[:, 0]
+        return (cls == FULL) | ((cls == PARTIAL) & own)
+
+
+def kernel_work(kernel: KernelTiling, mask: AttentionMask, row: int = 0, tiles: Optional[TileMap] = None) -> dict:
+    """What a kernel computes for one batch row of `mask`: tiles run / skipped, the share of the T x T
+    work it skips (in tiles and in elements), and ``leaked`` — pairs it computes that the mask hides
+    (unmasked history blocks past P+L, padded keys). `tiles`: kernel.tiles(mask), if already built."""
+    t = tiles if tiles is not None else kernel.tiles(mask)
+    r = min(row, t.classes.shape[0] - 1)
+    run = t.classes[r] != EMPTY
+    computed = kernel.computed(mask, t)
+    hidden = ~mask.dense(computed.device)[:, 0]
+    leaked = computed[min(row, computed.shape[0] - 1)] & hidden[min(row, hidden.shape[0] - 1)]
+    return dict(**t.counts(r), tiles=int(run.numel()), run=int(run.sum()),
+                skip_tiles=1 - int(run.sum()) / run.numel(),
+                skip_elements=1 - int(t.size[run].sum()) / mask.seq_len ** 2, leaked=int(leaked.sum()))
+
+
+KERNEL_TILINGS: dict[str, KernelTiling] = {
+    "h100-train": KernelTiling(
+        "H100 training · 64×64",
+        "recsys_attention.py PallasRankerAttention: bound (0, P+L, P+L, T), history blocks then the "
+        "candidate blocks over each program's own rows, element-masked", 64, 64),
+    "h100-serve": KernelTiling(
+        "H100 serving · 64×128",
+        "recsys_attention.py PallasRankerAttentionInference: history key blocks of 128 run UNMASKED, "
+        "candidate blocks diagonal-masked (exact only when P+L is a multiple of 128)", 64, 128,
+        history_unmasked=True),
+    "fa4": KernelTiling(
+        "FA4 block-sparse · 128×128",
+        "cutedsl/ranker_attention_fa4.py: history tiles full, each candidate tile's diagonal masked, "
+        "the rest skipped; the fa4 backend here also masks padded keys (partial tiles)", 128, 128,
+        masks_padding=True),
+}
+
+
 # --- grok.py's own function ------------------------------------------------------------
 
 def make_recsys_attn_mask(seq_len: int, candidate_start_offset: int, dtype=torch.float32) -> torch.Tensor:

@@ -53,10 +53,12 @@ def test_every_event_is_a_named_endpoint(client):
 
 
 def test_mask_endpoint_draws_the_layout(client):
-    fig, text = client.predict(LECTURE + "&num_history=3&num_candidates=2", api_name="/mask")
+    fig, text, kernels, kernel_text = client.predict(LECTURE + "&num_history=3&num_candidates=2", api_name="/mask")
     hm = [t for t in plot_data(fig) if t["type"] == "heatmap"]
     assert len(hm) == 2 and hm[0]["x"] == ["U", "H0", "H1", "H2", "C0", "C1"]
     assert "| recsys |" in text
+    assert len([t for t in plot_data(kernels) if t["type"] == "heatmap"]) == 4     # element mask + 3 kernels
+    assert "| fa4 | 128×128 |" in kernel_text
 
 
 def test_attention_endpoint_returns_the_models_probabilities(client):
@@ -224,7 +226,7 @@ def test_bad_input_is_a_clear_error_and_the_server_keeps_serving(client, api, ar
         client.predict(*args, api_name=api)
     assert str(e.value).startswith(f"{field}: got") or f"{field}:" in str(e.value), str(e.value)
     assert "Traceback" not in str(e.value)
-    fig, _ = client.predict(LECTURE, api_name="/mask")
+    fig = client.predict(LECTURE, api_name="/mask")[0]
     assert plot_data(fig)
 
 
@@ -233,7 +235,7 @@ def test_control_change_validates_and_redraws_only_the_visible_tab(client):
     from explorer.settings import Settings, parse_query
     s = parse_query(LECTURE + "&head=2&values=capped+logits")
     out = client.predict(*[getattr(s, f.name) for f in fields(Settings)], "attention", api_name="/control_change")
-    query, head, attn_fig = out[0], out[1], out[4]      # then mask fig + text, attention fig, ...
+    query, head, attn_fig = out[0], out[1], out[6]      # then mask fig + text, kernel fig + text, attention fig, ...
     assert parse_query(query) == s and head["value"] == 2 and len(head["choices"]) == 5
     assert "capped logits: layer 0, query head 2" in json.loads(attn_fig["plot"])["layout"]["title"]["text"]
     bad = [getattr(s, f.name) for f in fields(Settings)]

@@ -271,6 +271,10 @@ def test_fa4_skips_the_candidate_block(fa4_stand_in, monkeypatch):
     A.fa4_attention(q, k, v, AttentionMask("recsys-bidirectional", 24, 16), multiplier=1.0, cap=30.0,
                     cap_method="tanh")
     bs = seen["block_sparse_tensors"]
+    from models.masks import KERNEL_TILINGS          # the tiling the Mask view draws and counts
+    want = KERNEL_TILINGS["fa4"].tiles(AttentionMask("recsys-bidirectional", 24, 16), block_q=4, block_kv=4).block_sparse()
+    for got, w in zip((bs.full_block_cnt, bs.full_block_idx, bs.mask_block_cnt, bs.mask_block_idx), want):
+        assert torch.equal(got, w)
     for i in (4, 5):                               # the two candidate query tiles (rows 16..23)
         assert bs.full_block_idx[0, 0, i, :int(bs.full_block_cnt[0, 0, i])].tolist() == [0, 1, 2, 3]
         assert bs.mask_block_idx[0, 0, i, :int(bs.mask_block_cnt[0, 0, i])].tolist() == [i]

@@ -277,3 +277,24 @@ def test_long_axes_tick_segment_starts_and_never_crowd():
         assert ticks["ticktext"][0] == "U" and "C0" in ticks["ticktext"]
         assert 2 <= len(positions) <= 11
         assert min(b - a for a, b in zip(positions, positions[1:])) >= 50
+
+
+def test_kernel_view_draws_and_counts_the_registry_tiles():
+    """Each kernel panel is its KERNEL_TILINGS tile map at element resolution (3 where it computes a
+    pair the mask hides), and the table's counts are kernel_work's for the same mask."""
+    from models.masks import KERNEL_TILINGS, kernel_work
+    s = parse_query(LECTURE + "&num_history=140&num_candidates=6&prefix=bidirectional&history_padding=2")
+    fig, text = views.kernel_view(s)
+    element, *kernels = heatmaps(fig)
+    mask = views.layout_mask(s, s.mask_kind)
+    np.testing.assert_array_equal(np.asarray(element.z) == 2, mask.dense()[0, 0].numpy())
+    for (name, k), hm in zip(KERNEL_TILINGS.items(), kernels):
+        z = np.asarray(hm.z)
+        t = k.tiles(mask)
+        tile_of = t.classes[0].numpy()[np.arange(s.seq_len)[:, None] // k.block_q, np.arange(s.seq_len)[None] // k.block_kv]
+        hidden_but_computed = k.computed(mask)[0].numpy() & ~mask.dense()[0, 0].numpy()
+        np.testing.assert_array_equal(z, np.where(hidden_but_computed, 3, tile_of))
+        w = kernel_work(k, mask)
+        assert f"| {name} | {k.block_q}×{k.block_kv} | {w['run']} of {w['tiles']} " in text
+        assert f"| {w['leaked']:,} |" in text
+    assert "mask no padded key" in text and "multiples of 128" in text

@@ -177,3 +177,51 @@ def test_long_dense_masks_are_not_kept_beyond_their_mask(monkeypatch):
     assert short.dense() is AttentionMask("causal", 8).dense()          # shared per layout
     assert long_.dense() is long_.dense()                               # kept on its own mask only
     assert long_.dense() is not AttentionMask("causal", 9).dense()
+
+
+# --- production's kernels (KERNEL_TILINGS): the work each runs -----------------------------
+
+def test_production_layout_kernel_counts():
+    """T = 1152, P + L = 2 + 1022 = 1024 (PRODUCTION.md §6): FA4 runs 73 of its 81 128x128 tiles (72 history
+    tiles full, the candidate diagonal masked, the candidate column of the history rows skipped); the
+    H100 kernels run every history block and the candidate blocks over their own rows; P + L is a
+    multiple of 128, so nothing runs that the mask hides."""
+    from models.masks import KERNEL_TILINGS, kernel_work, ranker_bounds
+    m = AttentionMask("recsys-bidirectional", 1152, 1024)
+    assert ranker_bounds(m) == (0, 1024, 1024, 1152)
+    fa4 = kernel_work(KERNEL_TILINGS["fa4"], m)
+    assert (fa4["run"], fa4["tiles"], fa4["full"], fa4["partial"], fa4["empty"], fa4["leaked"]) == (73, 81, 72, 1, 8, 0)
+    assert fa4["skip_tiles"] == pytest.approx(8 / 81)
+    train = kernel_work(KERNEL_TILINGS["h100-train"], m)       # 18 x 18 tiles of 64: 16 history columns + 2 diagonals
+    assert (train["run"], train["tiles"], train["leaked"]) == (18 * 16 + 2, 18 * 18, 0)
+    serve = kernel_work(KERNEL_TILINGS["h100-serve"], m)       # 18 x 9 tiles of 64 x 128
+    assert (serve["run"], serve["tiles"], serve["leaked"]) == (18 * 8 + 2, 18 * 9, 0)
+
+
+@pytest.mark.parametrize("off,Tl", [(1024, 1152), (130, 140), (7, 200), (128, 129)])
+def test_serving_tiles_compute_what_the_serving_kernel_adds(off, Tl):
+    """The serving tiling's computed pairs equal the element-wise account of that kernel written
+    independently for the bug zoo (history blocks of 128 unmasked, then each candidate's diagonal)."""
+    from models.bugzoo import serving_kernel_counts
+    from models.masks import KERNEL_TILINGS, kernel_work
+    m = AttentionMask("recsys-bidirectional", Tl, off)
+    computed = KERNEL_TILINGS["h100-serve"].computed(m)[0]
+    assert torch.equal(computed, serving_kernel_counts(Tl, off, 128) > 0)
+    leaked = kernel_work(KERNEL_TILINGS["h100-serve"], m)["leaked"]
+    assert leaked == int((computed & ~m.dense()[0, 0]).sum())
+    assert (leaked == 0) == (off % 128 == 0)          # exact only when P + L is a multiple of 128
+
+
+def test_element_masked_kernels_compute_the_mask_and_ignore_padding():
+    """The training kernel and FA4 compute exactly the mask's pairs; production's training kernel masks
+    no padded key (each padded history slot leaks into every row), the fa4 backend here does."""
+    from models.masks import KERNEL_TILINGS, kernel_work
+    Tl, off = 300, 236
+    valid = torch.ones(1, Tl, dtype=torch.bool)
+    valid[0, 200:205] = False
+    plain, padded = AttentionMask("recsys-bidirectional", Tl, off), AttentionMask("recsys-bidirectional", Tl, off, valid)
+    for name in ("h100-train", "fa4"):
+        assert torch.equal(KERNEL_TILINGS[name].computed(plain)[0], plain.dense()[0, 0])
+    assert kernel_work(KERNEL_TILINGS["h100-train"], padded)["leaked"] == 5 * Tl
+    assert kernel_work(KERNEL_TILINGS["fa4"], padded)["leaked"] == 0
+    assert torch.equal(KERNEL_TILINGS["fa4"].tiles(padded).classes, padded.tiles(128, 128).classes)
