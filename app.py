@@ -25,9 +25,9 @@ from gradio_client.utils import is_file_obj_with_meta
 from pydantic import model_validator
 
 from explorer import export, runs, timing, views
-from explorer.settings import (COLOR_SCALES, INVARIANCE_OPS, MAX_BATCH, PERTURBATIONS, VALUE_KINDS, Settings,
-                               ValidationError, check_backend, device, parse_query, parse_settings, sweep_budget_s,
-                               to_query)
+from explorer.settings import (COLOR_SCALES, FAMILIES, INVARIANCE_OPS, MAX_BATCH, PERTURBATIONS, VALUE_KINDS,
+                               XREX_ROPE, Settings, ValidationError, check_backend, device, parse_query,
+                               parse_settings, sweep_budget_s, to_query, with_family)
 from models.attention import BACKENDS, CAP_METHODS
 from models.grok import ROPE_MODES
 from models.masks import MASK_KINDS, PREFIX_MODES
@@ -341,6 +341,12 @@ def control_values(s: Settings) -> list:
 
 
 @guarded
+def family_endpoint(query: str, family: str, request: gr.Request = None):
+    """The model family switches what it fixes (explorer.settings.with_family) and keeps the rest."""
+    return to_query(with_family(settings_of(query, request), family))
+
+
+@guarded
 def preset_endpoint(preset: str):
     """A preset resets every model and layout control to its values."""
     return to_query(parse_settings({"preset": preset}))
@@ -506,6 +512,8 @@ def build_app() -> gr.Blocks:
         with gr.Row():
             with gr.Column(scale=1, min_width=300):
                 c["preset"] = Dropdown(list(PRESETS), value=d.preset, label="preset")
+                c["family"] = Radio([(label, name) for name, label in FAMILIES.items()], value=d.family,
+                                    label="model family")
                 c["weights"] = Dropdown(weight_choices(), value=d.weights, label="weights")
                 c["seed"] = number("seed (weights and inputs)", value=d.seed)
                 upload = weights_file(label="upload weights (.npz / .safetensors, haiku names)",
@@ -528,7 +536,8 @@ def build_app() -> gr.Blocks:
                     c["num_kv_heads"] = number("KV heads", value=d.num_kv_heads)
                     c["num_layers"] = number("layers", value=d.num_layers)
                     c["widening_factor"] = number("widening factor", value=d.widening_factor, precision=None)
-                    c["multiplier"] = number("attention multiplier", value=d.multiplier, precision=None)
+                    c["multiplier"] = number("attention multiplier (grok.py; production: √128 / key size)",
+                                             value=d.multiplier, precision=None)
                     c["cap_method"] = Radio(list(CAP_METHODS), value=d.cap_method, label="logit cap")
                     c["logit_cap"] = number("cap value", value=d.logit_cap, precision=None)
                     c["prefix"] = Radio(list(PREFIX_MODES), value=d.prefix,
@@ -536,7 +545,7 @@ def build_app() -> gr.Blocks:
                 with gr.Accordion("RoPE and backend", open=False):
                     c["rope_base"] = number("RoPE base", value=d.rope_base, precision=None)
                     c["rope_offset"] = number("RoPE offset", value=d.rope_offset)
-                    c["rope_mode"] = Radio(list(ROPE_MODES), value=d.rope_mode, label="candidate positions")
+                    c["rope_mode"] = Radio([*ROPE_MODES, XREX_ROPE], value=d.rope_mode, label="candidate positions")
                     c["backend"] = Dropdown(backend_choices(), value=d.backend, label="attention backend "
                                                "(probes and scores; heatmaps always use naive)")
             with gr.Column(scale=4):
@@ -578,8 +587,8 @@ def build_app() -> gr.Blocks:
                         with gr.Row():
                             c["variant"] = Dropdown(list(VARIANTS), value=d.variant,
                                                        label="attention variant (course notebooks)")
-                            c["bug"] = Dropdown(["none", *bug_names("grok")], value=d.bug,
-                                                   label="plant a seed-notebook bug in the trunk")
+                            c["bug"] = Dropdown(["none", *bug_names("grok"), *bug_names("xrex")], value=d.bug,
+                                                   label="plant a bug: a seed notebook's (grok.py) or a serving-kernel quirk (production)")
                         var_text = gr.Markdown()
                         var_fig = gr.Plot(label="variant attention", elem_id="variants-plot")
                         var_loss = gr.Plot(label="training loss of every variant", elem_id="variants-loss-plot")
@@ -631,7 +640,7 @@ def build_app() -> gr.Blocks:
                           show_progress="minimal", **FORWARD))
 
         # any control -> validated query string + the visible tab redrawn, in one round trip
-        gr.on([c[f].input for f in CONTROL_FIELDS if f != "preset"], control_change, controls + [tab_state],
+        gr.on([c[f].input for f in CONTROL_FIELDS if f not in ("preset", "family")], control_change, controls + [tab_state],
               [query, c["head"]] + view_outputs, api_name="control_change", trigger_mode="always_last",
               show_progress="minimal", **FORWARD) \
             .then(None, [query], None, js=write_url, api_name="write_url_after_change")
@@ -639,6 +648,9 @@ def build_app() -> gr.Blocks:
         ev = c["preset"].input(preset_endpoint, c["preset"], query, api_name="preset")
         redraw(ev.success(query_to_controls, query, controls, api_name="sync_preset",
                           show_progress="hidden"), "preset")
+        ev = c["family"].input(family_endpoint, [query, c["family"]], query, api_name="family")
+        redraw(ev.success(query_to_controls, query, controls, api_name="sync_family",
+                          show_progress="hidden"), "family")
         ev = upload.upload(upload_endpoint, [query, upload], [query, upload_msg],
                            api_name="upload_weights", concurrency_limit=1, concurrency_id="heavy")
         redraw(ev.success(query_to_controls, query, controls, api_name="sync_upload",

@@ -30,7 +30,9 @@ import torch
 from torch import nn
 
 from models import demo
+from models.grok import init_params
 from models.recsys import RecsysBatch, RecsysModel, RecsysOutput, init_recsys, synthetic_batch
+from models.xrex import XrexRecsys
 
 from .settings import WEIGHT_GEOMETRY, Settings, ValidationError, check_budget, device, memory_ceiling
 
@@ -197,6 +199,8 @@ MAX_UPLOAD_BYTES = 200 * 2**20      # one file; phoenix-nano in fp32 is ~45 MB
 def _weights(geometry: tuple) -> dict[str, torch.Tensor]:
     """State dict for a geometry and a weight source; shared by every attention option."""
     s = Settings(**dict(geometry))
+    if s.family == "xrex":              # explorer.settings allows random or zeros weights only
+        return dict(init_params(XrexRecsys(s.xrex_config()), s.weights, s.seed).state_dict())
     if s.weights == "demo":             # explorer.settings refused "demo" already if the file is missing
         return dict(demo.load_demo_model().state_dict())
     model = RecsysModel(s.recsys_config())
@@ -275,6 +279,10 @@ def load_upload(s: Settings, path: str, session: str) -> str:
     store without room."""
     from models.weights import EXTENSIONS, load_weights
     filename = Path(path).name
+    if s.family == "xrex":
+        raise ValidationError("weights file", filename, "weights for the grok.py family (switch the family: "
+                              "uploading production weights is not wired in the app yet; in Python, "
+                              "models.xrex.load_xrex_params loads production's names)")
     ext = Path(path).suffix.lower()
     if ext not in EXTENSIONS:
         raise ValidationError("weights file", filename, "a .npz or .safetensors file (never pickle)")
@@ -312,7 +320,13 @@ def load_upload(s: Settings, path: str, session: str) -> str:
     return name
 
 
-def build_model(s: Settings) -> RecsysModel:
+def action_names(s: Settings) -> tuple[str, ...]:
+    """What each logit of the settings' ranker predicts (19 for grok.py's, 64 for production's)."""
+    model = build_model(s)
+    return model.action_names if isinstance(model, XrexRecsys) else model.config.action_names
+
+
+def build_model(s: Settings) -> RecsysModel | XrexRecsys:
     """The ranking model for these settings, in eval mode, on the explorer's device."""
     return _build_model(model_settings(s))
 
@@ -323,7 +337,7 @@ _GEOMETRY = (*WEIGHT_GEOMETRY, "weights", "seed")
 @ByteCache
 def _build_model(s: Settings) -> RecsysModel:
     state = _weights(tuple((k, getattr(s, k)) for k in _GEOMETRY))
-    model = RecsysModel(s.recsys_config())
+    model = XrexRecsys(s.xrex_config()) if s.family == "xrex" else RecsysModel(s.recsys_config())
     model.load_state_dict(state)
     return model.eval().to(device())
 
@@ -343,7 +357,7 @@ def make_batch(s: Settings, seed: int) -> RecsysBatch:
     hashes in the model's vocabulary. Uncached; views use batch_for."""
     if s.weights == "demo":
         return demo.demo_batch(s.layout, seed, s.batch_size)
-    return synthetic_batch(build_model(s).config, s.layout, seed, s.batch_size)
+    return synthetic_batch(s.recsys_config(), s.layout, seed, s.batch_size)
 
 
 @ByteCache

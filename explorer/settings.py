@@ -29,8 +29,15 @@ from models.weights import recsys_spec
 
 WEIGHT_SOURCES = ("random", "zeros", "demo", "upload")
 # the fields that decide the weights' shapes: uploaded weights are held to the values they were loaded at
-WEIGHT_GEOMETRY = ("preset", "num_user", "emb_size", "key_size", "num_q_heads", "num_kv_heads", "num_layers",
+WEIGHT_GEOMETRY = ("preset", "family", "num_user", "emb_size", "key_size", "num_q_heads", "num_kv_heads", "num_layers",
                    "widening_factor")
+# the model family every view runs: grok.py's port (models/grok.py, models/recsys.py) or production's
+# 2026 trunk (models/xrex.py) behind a production-shaped input (models.xrex.XrexRecsys)
+FAMILIES = {"grok": "grok.py (2025 open source)", "xrex": "production (2026)"}
+XREX_ROPE = "right-anchored"        # production's positions; grok.py's rope modes do not apply to it
+# what the production family fixes, applied over the preset's values (a link or a family switch)
+FAMILY_DEFAULTS = {"grok": {}, "xrex": dict(prefix="bidirectional", rope_mode=XREX_ROPE, cap_method="none",
+                                            weights="random", rope_offset=0)}
 VALUE_KINDS = ("probabilities", "capped logits", "masked logits")
 COLOR_SCALES = ("linear", "log")
 PERTURBATIONS = ("scale", "noise", "replace")
@@ -124,6 +131,7 @@ def max_request_flops() -> float:
 @dataclass(frozen=True)
 class Settings:
     preset: str = "lecture"
+    family: str = "grok"             # FAMILIES: grok.py's trunk or production's (2026)
     # sequence layout
     num_user: int = 1
     num_history: int = 5
@@ -185,17 +193,31 @@ class Settings:
     def candidate_start_offset(self) -> int:
         return self.num_user + self.num_history
 
+    def xrex_config(self):
+        """Production's trunk at this geometry (family xrex): P = num_user, L = num_history, qk_norm on,
+        attention scale sqrt(128)/key_size (the multiplier control is grok.py's)."""
+        from models.xrex import XrexConfig
+        return XrexConfig(emb_size=self.emb_size, num_layers=self.num_layers, num_q_heads=self.num_q_heads,
+                          num_kv_heads=self.num_kv_heads, key_size=self.key_size,
+                          widening_factor=self.widening_factor, num_user_prefix_tokens=self.num_user,
+                          history_seq_len=self.num_history, attn_logit_cap=self.logit_cap,
+                          attn_logit_cap_method=self.cap_method, rope_base_exponent=int(self.rope_base))
+
     def transformer_config(self, **changes) -> TransformerConfig:
         cfg = TransformerConfig(
             emb_size=self.emb_size, key_size=self.key_size, num_q_heads=self.num_q_heads,
             num_kv_heads=self.num_kv_heads, num_layers=self.num_layers,
             widening_factor=self.widening_factor, attn_output_multiplier=self.multiplier,
             logit_cap=self.logit_cap, cap_method=self.cap_method, rope_base=self.rope_base,
-            rope_mode=self.rope_mode, rope_offset=self.rope_offset, prefix=self.prefix)
+            rope_mode=changes.pop("rope_mode", self.rope_mode), rope_offset=self.rope_offset, prefix=self.prefix)
         return cfg.replace(**changes) if changes else cfg
 
     def recsys_config(self) -> RecsysConfig:
-        """The ranking model's config: the demo world's vocabulary for demo weights, else the preset's."""
+        """The ranking model's config: the demo world's vocabulary for demo weights, else the preset's.
+        For the production family only the batch's vocabularies and shapes are read from it."""
+        if self.family == "xrex":
+            return get_preset(self.preset).recsys_config(self.transformer_config(rope_mode="sequential"),
+                                                         num_user_tokens=self.num_user)
         if self.weights == "demo":
             return replace(demo_config(), transformer=self.transformer_config())
         return get_preset(self.preset).recsys_config(self.transformer_config(), num_user_tokens=self.num_user)
@@ -323,9 +345,11 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *,
     if unknown:
         raise ValidationError("settings", unknown[0], "one of " + ", ".join(_FIELDS))
     preset = _choice("preset", raw.get("preset", Settings.preset), tuple(PRESETS))
-    merged = {**asdict(Settings()), **preset_defaults(preset), **{k: v for k, v in raw.items() if v is not None}}
+    family = _choice("family", raw.get("family", Settings.family), tuple(FAMILIES))
+    merged = {**asdict(Settings()), **preset_defaults(preset), **FAMILY_DEFAULTS[family],
+              **{k: v for k, v in raw.items() if v is not None}}
     T_cap = max_seq_len()
-    v: dict[str, Any] = {"preset": preset}
+    v: dict[str, Any] = {"preset": preset, "family": family}
 
     v["num_user"] = _int("num_user", merged["num_user"], 1, 8)
     v["num_history"] = _int("num_history", merged["num_history"], 0, T_cap)
@@ -358,6 +382,9 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *,
     v["cap_method"] = _choice("cap_method", merged["cap_method"], CAP_METHODS)
     v["logit_cap"] = _float("logit_cap", merged["logit_cap"], 0, 1000, why="0 turns the cap off")
     v["prefix"] = _choice("prefix", merged["prefix"], PREFIX_MODES)
+    if family == "xrex" and v["prefix"] != "bidirectional":
+        raise ValidationError("prefix", v["prefix"], "bidirectional with the production (2026) family: its "
+                              "prefix attends both ways")
 
     weights = merged["weights"]
     if isinstance(weights, str) and weights.startswith("upload:") and weights[7:] in uploaded:
@@ -368,12 +395,26 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *,
     else:
         v["weights"] = _choice("weights", weights, tuple(w for w in WEIGHT_SOURCES if w != "upload"))
     v["seed"] = _int("seed", merged["seed"], 0, 2**31 - 1)
+    if family == "xrex" and v["weights"] not in ("random", "zeros"):
+        raise ValidationError("weights", v["weights"], "random or zeros with the production (2026) family (no "
+                              "trained production demo yet, and uploads load grok.py's names; in Python, "
+                              "models.xrex.load_xrex_params loads production's)")
     if v["weights"] == "demo":
         _check_demo_geometry(v)
 
     v["rope_base"] = _float("rope_base", merged["rope_base"], 1, 1e9, lo_open=True)
     v["rope_offset"] = _int("rope_offset", merged["rope_offset"], 0, 1_000_000)
-    v["rope_mode"] = _choice("rope_mode", merged["rope_mode"], ROPE_MODES)
+    if family == "xrex":
+        if merged["rope_mode"] != XREX_ROPE:
+            raise ValidationError("rope_mode", merged["rope_mode"], f"{XREX_ROPE} with the production (2026) family "
+                                  "(history ends at P+L-1, every candidate at P+L)")
+        v["rope_mode"] = XREX_ROPE
+        if v["rope_base"] != int(v["rope_base"]) or v["rope_offset"]:
+            field = "rope_offset" if v["rope_offset"] else "rope_base"
+            raise ValidationError(field, v[field], "an integer RoPE base and offset 0 with the production (2026) "
+                                  "family (its positions are right-anchored, base an integer exponent)")
+    else:
+        v["rope_mode"] = _choice("rope_mode", merged["rope_mode"], ROPE_MODES)
     v["backend"] = _choice("backend", merged["backend"], tuple(BACKENDS))
 
     v["layer"] = _int("layer", merged["layer"], 0, v["num_layers"] - 1)
@@ -390,7 +431,7 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *,
     v["operation"] = _choice("operation", merged["operation"], INVARIANCE_OPS)
     v["compare"] = _choice("compare", merged["compare"], tuple(MASK_KINDS))
     v["variant"] = _choice("variant", merged["variant"], tuple(VARIANTS))
-    v["bug"] = _choice("bug", merged["bug"], ("none", *bug_names("grok")))
+    v["bug"] = _choice("bug", merged["bug"], ("none", *bug_names(family)))
 
     s = Settings(**v)
     n = estimate_params(s)
@@ -547,7 +588,7 @@ def check_backend(s: Settings, *, need_weights: bool = False) -> None:
 
 def to_query(s: Settings) -> str:
     """Only what differs from the preset, so links stay short; the preset always comes first."""
-    base = {**asdict(Settings()), **preset_defaults(s.preset)}
+    base = {**asdict(Settings()), **preset_defaults(s.preset), **FAMILY_DEFAULTS[s.family]}
     diff = {k: val for k, val in asdict(s).items() if k != "preset" and val != base[k]}
     return urlencode({"preset": s.preset, **{k: _fmt(val) for k, val in diff.items()}})
 
@@ -563,3 +604,12 @@ def parse_query(query: str, *, uploaded: Optional[Mapping[str, Mapping[str, Any]
         raise ValidationError("query string", query, "at most 4000 characters")
     pairs = parse_qsl(query.lstrip("?"), keep_blank_values=True)
     return parse_settings(dict(pairs), uploaded=uploaded)
+
+
+def with_family(s: Settings, family: str) -> Settings:
+    """The settings moved to another model family: what the family fixes (production: bidirectional prefix,
+    right-anchored RoPE, no cap, random weights; grok.py: the preset's values back), no planted bug."""
+    family = _choice("family", family, tuple(FAMILIES))
+    fixed = FAMILY_DEFAULTS[family] or {k: preset_defaults(s.preset)[k] for k in FAMILY_DEFAULTS["xrex"]}
+    return parse_settings({**asdict(s), "family": family, "bug": "none", **fixed})
+

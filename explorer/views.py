@@ -308,7 +308,7 @@ def isolation_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
     bars = grouped_bar_figure(cand_labels, {f"{ours.mask_kind} mask": ours.logit_change,
                                             "causal mask": causal.logit_change},
                               title=f"|change| in each candidate's logits (max over "
-                                    f"{runs.build_model(s).config.num_actions} actions)",
+                                    f"{len(runs.action_names(s))} actions)",
                               value_name="max |Δ logit|")
     text = "\n\n".join(["**" + verdict(ours) + "**", verdict(causal),
                         "Exact numbers per candidate (isolation mask | causal mask): "
@@ -369,7 +369,8 @@ def _invariance(s: Settings, operation: str, candidate: int, row: int):
 def invariance_view(s: Settings) -> tuple[go.Figure, str]:
     labels = s.layout.token_labels()[s.candidate_start_offset:]
     per_mode = {}
-    for mode in ("sequential", "shared", "none"):
+    modes = (s.rope_mode,) if s.family == "xrex" else ("sequential", "shared", "none")   # production: one
+    for mode in modes:
         b, a, pairs = invariance(replace(s, rope_mode=mode))
         per_mode[mode] = np.abs(a - b).max(-1)
     b, a, pairs = invariance(s)      # pairs are in candidate order (old index ascending)
@@ -381,7 +382,7 @@ def invariance_view(s: Settings) -> tuple[go.Figure, str]:
     fig = grouped_bar_figure(cats, {f"RoPE {m}": v for m, v in per_mode.items()},
                              title=f"Batch invariance: |score change| per candidate after '{s.operation}' "
                                    f"(max over actions){row_note(s)}", value_name="max |Δ logit|")
-    head = ("| candidate | " + " | ".join(runs.build_model(s).config.action_names[:4])
+    head = ("| candidate | " + " | ".join(runs.action_names(s)[:4])
             + " (before → after) | max abs diff |")
     rows = [head, "|---|" + "---|" * 5]
     for (o, n), bb, aa in list(zip(pairs, b, a))[:16]:
@@ -389,8 +390,10 @@ def invariance_view(s: Settings) -> tuple[go.Figure, str]:
                     + f" | {np.abs(aa - bb).max():.3g} |")
     largest = {m: float(v.max()) if v.size else 0.0 for m, v in per_mode.items()}
     summary = (f"Largest score change under '{s.operation}' — " + ", ".join(
-        f"{m}: {v:.3g}" + (" (fp32 rounding: invariant)" if v < FP32_TOLERANCE else " (moves)")
-        for m, v in largest.items()) + f"; current mode: **{s.rope_mode}**.\n\n" + WHY_ROPE + "\n\n" + "\n".join(rows))
+        f"{m}: {v:.3g}" + (" (bit for bit: invariant)" if v == 0 else " (fp32 rounding: invariant)"
+                           if v < FP32_TOLERANCE else " (moves)")
+        for m, v in largest.items()) + f"; current mode: **{s.rope_mode}**.\n\n"
+        + (WHY_RIGHT_ANCHORED if s.family == "xrex" else WHY_ROPE) + "\n\n" + "\n".join(rows))
     return fig, summary
 
 
@@ -406,13 +409,32 @@ WHY_ROPE = ("**Why.** The mask already stops candidates from seeing each other, 
             "Production phoenix serves with this property.")
 
 
+WHY_RIGHT_ANCHORED = (
+    "**Why production is invariant by construction.** Production's positions are right-anchored "
+    "(models.xrex.right_anchored_positions): prefix token i sits at i, the history ends at P+L-1 whatever its "
+    "length, and *every* candidate sits at P+L. A candidate's query and key are therefore rotated by the same "
+    "angle in every slot and every batch; with the mask hiding other candidates, nothing a candidate computes "
+    "depends on where it sits or on who else is in the batch — a permutation gives the same scores bit for "
+    "bit. (Adding or dropping candidates changes T, and with it the order of fp32 sums: at most rounding.)")
+
+
+def rope_positions(s: Settings) -> np.ndarray:
+    """[T] the RoPE position of each token of the shown layout: grok.py's 0..T-1 (+ offset, candidates
+    shared or unrotated by rope_mode), or production's right-anchored positions."""
+    if s.family == "xrex":
+        from models.xrex import right_anchored_positions
+        return right_anchored_positions(s.layout.valid()[None], s.num_user, s.num_history)[0].long().numpy()
+    return np.arange(s.seq_len) + s.rope_offset
+
+
 def rope_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
     K, T = s.key_size, s.seq_len
     rot = RotaryEmbedding(K, s.rope_base)
     inv = rot.inv_freq().double().numpy()                               # [K/2]
-    positions = np.arange(T) + s.rope_offset
+    positions = rope_positions(s)
     angle = np.mod(positions[None, :] * inv[:, None], 2 * math.pi)     # [K/2, T]
-    pos_labels = [str(p) for p in positions]
+    pos_labels = ([f"{tok} @{p}" for tok, p in zip(s.layout.token_labels(), positions)] if s.family == "xrex"
+                  else [str(p) for p in positions])
     pair_labels = [f"pair {j}" for j in range(K // 2)]
     fig_angle = heatmap_figure([Panel(angle, pair_labels, pos_labels, "")], title=f"RoPE rotation angle "
                                f"(mod 2π) per dimension pair vs position (base {s.rope_base:g}, offset {s.rope_offset})",
@@ -432,6 +454,13 @@ def rope_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
             f"{qk[min(T - 1, 10)]:.6g} from the formula). Low pairs turn fast (pair 0: one turn every "
             f"{2 * math.pi / inv[0]:.1f} positions), high pairs slowly (pair {K // 2 - 1}: every "
             f"{2 * math.pi / inv[-1]:.3g}).")
+    if s.family == "xrex":
+        P_L, labels = s.candidate_start_offset, s.layout.token_labels()
+        shown = ", ".join(f"{t} @{p}" for t, p in list(zip(labels, positions))[:P_L + 2])
+        text = (f"**Production: right-anchored positions** ({shown}{', …' if T > P_L + 2 else ''}). The last real "
+                f"history event sits at P+L-1 = {P_L - 1} however long the history is, padded slots at 0, and every "
+                f"candidate at P+L = {P_L}: a candidate is rotated the same in any slot, so its score cannot depend on "
+                "its slot or its neighbours — the Invariance view above measures it.\n\n" + text)
     return fig_angle, fig_qk, text
 
 
@@ -608,7 +637,9 @@ def bug_zoo_view(s: Settings) -> tuple[go.Figure, str]:
     for r in rows:
         lines.append(f"| {'**' + r['bug'] + '**' if r['bug'] == s.bug else r['bug']} | {r['notebook']} | "
                      + " | ".join(f"{r[p]:.3g}" for p in probes) + f" | {', '.join(r['flagged']) or '—'} |")
-    symptom = BUGS[s.bug].symptom if s.bug in BUGS else "the faithful port: every probe passes"
+    symptom = BUGS[s.bug].symptom if s.bug in BUGS else "the faithful port: every probe passes" + (
+        " but causality, which flags the bidirectional prefix by design" if s.mask_kind == "recsys-bidirectional"
+        else "")
     return fig, f"**{s.bug}**: {symptom}.\n\n" + "\n".join(lines) + _capped_note(s, rows[0]["probe_positions"])
 
 
@@ -632,5 +663,8 @@ def _capped_note(s: Settings, positions: dict) -> str:
 def _bug_report(s: Settings, row: int):
     base, r = runs.forward(s), slice(row, row + 1)
     capped = capped_layout(base.embeddings[r], base.valid[r], base.candidate_start_offset, BUG_ZOO_MAX_POSITIONS)
-    return bug_report(runs.build_model(s).transformer, *capped)
+    trunk = runs.build_model(s).transformer
+    if s.family == "xrex":          # production's trunk takes its layout from its config
+        trunk = trunk.at_offset(capped[2])
+    return bug_report(trunk, *capped)
 

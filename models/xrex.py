@@ -295,14 +295,15 @@ class XrexRanker(nn.Module):
         self.unembeddings = nn.Parameter(torch.zeros(c.emb_size, c.output_vocab_size))
         self.continuous_unembeddings = nn.Parameter(torch.zeros(c.emb_size, c.num_continuous_actions))
 
-    def attention_mask(self, padding_mask: torch.Tensor) -> AttentionMask:
+    def attention_mask(self, padding_mask: torch.Tensor, mask_kind: Optional[str] = None) -> AttentionMask:
         """Key j is visible to query i when j is a valid prefix / history token, or j == i (a padded
-        key is never visible, so nothing in padding reaches a valid output)."""
-        return AttentionMask("recsys-bidirectional", padding_mask.shape[1], self.config.candidate_start_offset,
-                             padding_mask)
+        key is never visible, so nothing in padding reaches a valid output). `mask_kind`: another
+        models.masks kind instead, for probes that compare production's mask with one that leaks."""
+        return AttentionMask(mask_kind or "recsys-bidirectional", padding_mask.shape[1],
+                             self.config.candidate_start_offset, padding_mask)
 
     def forward(self, embeddings: torch.Tensor, padding_mask: torch.Tensor, *, numerics: str = "fp32",
-                backend: str = "naive", record: bool = False) -> XrexOutput:
+                backend: str = "naive", record: bool = False, mask_kind: Optional[str] = None) -> XrexOutput:
         """embeddings float [B, T, D] (the trunk's input), padding_mask bool [B, T] (True = valid), T >= P + L."""
         c = self.config
         if numerics not in NUMERICS:
@@ -321,7 +322,7 @@ class XrexRanker(nn.Module):
         padding_mask = padding_mask.bool().to(embeddings.device)
         dtype = torch.bfloat16 if numerics == "bf16" else torch.float32
         positions = right_anchored_positions(padding_mask, c.num_user_prefix_tokens, c.history_seq_len)
-        h, traces = self.transformer(embeddings.to(dtype), self.attention_mask(padding_mask), positions,
+        h, traces = self.transformer(embeddings.to(dtype), self.attention_mask(padding_mask, mask_kind), positions,
                                      backend, record)                                # [B, T, D]
         candidates = self.final_layer_norm(h)[:, c.candidate_start_offset:]           # [B, C, D]
         logits = (candidates @ self.unembeddings.to(dtype)) * c.output_scale           # [B, C, V]
@@ -339,13 +340,118 @@ class XrexTrunk(nn.Module):
         self.ranker = XrexRanker(config)
 
     def forward(self, embeddings, mask, candidate_start_offset: Optional[int] = None, *, backend: str = "naive",
-                record: bool = False, numerics: str = "fp32") -> TransformerOutput:
+                record: bool = False, numerics: str = "fp32", mask_kind: Optional[str] = None) -> TransformerOutput:
         P_L = self.config.candidate_start_offset
         if candidate_start_offset not in (None, P_L):
             raise ValueError(f"candidate_start_offset: got {candidate_start_offset}; allowed: {P_L} "
                              f"(num_user_prefix_tokens + history_seq_len)")
-        out = self.ranker(embeddings, mask, numerics=numerics, backend=backend, record=record)
+        out = self.ranker(embeddings, mask, numerics=numerics, backend=backend, record=record, mask_kind=mask_kind)
         return TransformerOutput(out.trunk, out.layers)
+
+    def at_offset(self, candidate_start_offset: int) -> "XrexTrunk":
+        """This trunk's weights (copied) for a layout whose candidates start elsewhere: the history
+        length L changes, nothing the weights hold does (probes run on capped layouts)."""
+        P = self.config.num_user_prefix_tokens
+        if candidate_start_offset == self.config.candidate_start_offset:
+            return self
+        if candidate_start_offset < P:
+            raise ValueError(f"candidate_start_offset: got {candidate_start_offset}; allowed: >= {P} "
+                             f"(num_user_prefix_tokens)")
+        trunk = XrexTrunk(self.config.replace(history_seq_len=candidate_start_offset - P))
+        trunk.load_state_dict(self.state_dict())
+        return trunk.to(next(self.parameters()).device).train(self.training)
+
+
+# --- a production-shaped ranker around the trunk: hashes in, 64 action logits out ---------------------
+
+# production's heads are recsys.proto ActionName i (PRODUCTION.md §3); the ones it names, the rest by index
+ACTION_NAMES = tuple({1: "FAV", 4: "REPLY", 5: "QUOTE", 6: "RETWEET", 16: "REPORT", 21: "FOLLOW", 29: "CLICK",
+                      36: "BOOKMARK", 37: "SHARE", 39: "OPEN_LINK", 59: "POST_UNEXPLORED"}.get(i, f"action_{i}")
+                     for i in range(64))
+
+
+class ProjectThenSum(nn.Module):
+    """A simplified ``recsys_feature_prep`` "project-then-sum": every hash looks its row up in one shared
+    table [V, W], each hash slot has its own [W, D] projection, a token is the sum of its projections
+    (history adds its actions @ [A, D] and a product-surface row), times sqrt(D). Production's other
+    features (post age, time zone, hour, SIDs, dwell, the user-features token's country, language,
+    location ...) are left out: the prefix tokens here are P sums of the user's hash projections."""
+
+    def __init__(self, config: XrexConfig, *, hash_vocab_size: int = 1024, table_width: int = 128,
+                 num_hashes: int = 2, num_history_actions: int = 19, num_product_surfaces: int = 16):
+        super().__init__()
+        c, D, W = config, config.emb_size, table_width
+        self.config = c
+        self.table = nn.Embedding(hash_vocab_size, W)
+        self.user_proj = nn.ModuleList(Linear(W, D) for _ in range(c.num_user_prefix_tokens * num_hashes))
+        self.post_proj = nn.ModuleList(Linear(W, D) for _ in range(2 * num_hashes))     # history, candidate
+        self.author_proj = nn.ModuleList(Linear(W, D) for _ in range(2 * num_hashes))
+        self.hist_action_emb = nn.Parameter(torch.zeros(num_history_actions, D))
+        self.product_surface_emb = nn.Embedding(num_product_surfaces, D)
+
+    def _sum(self, hashes, projections):
+        """hashes [B, N, H] -> [B, N, D]: slot h's table row through its own projection, summed."""
+        return sum(proj(self.table(hashes[..., h])) for h, proj in enumerate(projections))
+
+    def forward(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """A models.recsys.RecsysBatch -> (trunk input [B, P + L + C, D], valid [B, T] bool)."""
+        c, H = self.config, len(self.post_proj) // 2
+        P = c.num_user_prefix_tokens
+        B = batch.user_hashes.shape[0]
+        user = batch.user_hashes[:, None, :H]                                               # [B, 1, H]
+        prefix = torch.cat([self._sum(user, self.user_proj[p * H:(p + 1) * H]) for p in range(P)], 1)  # [B, P, D]
+        history = (self._sum(batch.history_post_hashes, self.post_proj[:H])
+                   + self._sum(batch.history_author_hashes, self.author_proj[:H])
+                   + batch.history_actions.float() @ self.hist_action_emb
+                   + self.product_surface_emb(batch.history_product_surface))                # [B, L, D]
+        candidates = (self._sum(batch.candidate_post_hashes, self.post_proj[H:])
+                      + self._sum(batch.candidate_author_hashes, self.author_proj[H:])
+                      + self.product_surface_emb(batch.candidate_product_surface))           # [B, C, D]
+        emb = torch.cat([prefix, history, candidates], 1) * math.sqrt(c.emb_size)
+        valid = torch.cat([(batch.user_hashes[:, :1] != 0).expand(B, P), batch.history_post_hashes[..., 0] != 0,
+                           batch.candidate_post_hashes[..., 0] != 0], 1)
+        return emb, valid
+
+
+class XrexRecsys(nn.Module):
+    """ProjectThenSum -> XrexRanker: a production-shaped ranker on the explorer's batches, with the
+    interface of models.recsys.RecsysModel (forward(batch), score_embeddings, .transformer) so the
+    same probes and views run on both families."""
+
+    def __init__(self, config: XrexConfig, **input_options):
+        super().__init__()
+        self.xrex = config
+        self.inputs = ProjectThenSum(config, **input_options)
+        self.trunk = XrexTrunk(config)
+
+    @property
+    def ranker(self) -> XrexRanker:
+        return self.trunk.ranker
+
+    @property
+    def transformer(self) -> XrexTrunk:
+        """The trunk as models.probes and models.bugzoo take it."""
+        return self.trunk
+
+    @property
+    def num_actions(self) -> int:
+        return self.xrex.output_vocab_size
+
+    @property
+    def action_names(self) -> tuple[str, ...]:
+        V = self.xrex.output_vocab_size
+        return ACTION_NAMES[:V] + tuple(f"action_{i}" for i in range(len(ACTION_NAMES), V))
+
+    def score_embeddings(self, embeddings, valid, candidate_start_offset=None, *, record: bool = False,
+                         backend: str = "naive", mask_kind: Optional[str] = None, numerics: str = "fp32"):
+        from .recsys import RecsysOutput
+        out = self.ranker(embeddings, valid, record=record, backend=backend, mask_kind=mask_kind, numerics=numerics)
+        return RecsysOutput(out.logits, TransformerOutput(out.trunk, out.layers), embeddings, valid,
+                            self.xrex.candidate_start_offset)
+
+    def forward(self, batch, **kwargs):
+        emb, valid = self.inputs(batch)
+        return self.score_embeddings(emb, valid, **kwargs)
 
 
 # --- parameters: the original's init tree ------------------------------------------------------

@@ -20,7 +20,7 @@ from explorer.settings import Settings  # noqa: E402  (the app's own field order
 CONTROL_FIELDS = [f.name for f in fields(Settings)]
 VIEWS = ("/mask", "/attention", "/isolation", "/invariance", "/variants")
 # endpoints fuzzed argument by argument below; the rest take a query string (+ the visible tab) or nothing
-BY_ARGUMENT = ("/settings", "/control_change", "/timing", "/export_figure", "/upload_weights", "/preset")
+BY_ARGUMENT = ("/settings", "/control_change", "/timing", "/export_figure", "/upload_weights", "/preset", "/family")
 # "field: got value; allowed: what" — the validation layer's one message shape
 CLEAR = re.compile(r"^(?P<field>[A-Za-z_][\w ]{0,40}): got .+; allowed: .+", re.S)
 TRACEBACK = ("Traceback (most recent call last)", 'File "', ", line ")
@@ -250,6 +250,12 @@ def test_every_named_endpoint_is_covered(endpoints):
 @pytest.mark.parametrize("preset", ["nope", 5, None])
 def test_preset_endpoint_names_the_field(client, preset):
     assert_names_field(refused(client, "/preset", preset), "preset")
+
+
+@pytest.mark.parametrize("query,family,field", [("preset=lecture", "nope", "family"), ("preset=lecture", None, "family"),
+                                                 ("num_candidates=nan", "xrex", "num_candidates")])
+def test_family_endpoint_names_the_field(client, query, family, field):
+    assert_names_field(refused(client, "/family", query, family), field)
 
 
 # --- and afterwards the server still answers ------------------------------------------------------

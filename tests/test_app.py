@@ -390,3 +390,19 @@ def test_a_cancel_storm_runs_one_sweep_at_a_time(tmp_path):
     counts = [int(line.rsplit("; ", 1)[1].split()[0]) for line in log.read_text().splitlines()
               if "threads measuring" in line]
     assert counts and max(counts) == 1, counts
+
+
+def test_every_view_runs_the_production_family(client):
+    """The family control's endpoint moves the link to production; every view then answers on it."""
+    query = client.predict(LECTURE + "&history_padding=1", "xrex", api_name="/family")
+    assert "family=xrex" in query and "prefix" not in query          # what the family fixes stays implied
+    _, _, _, kernel_text = client.predict(query, api_name="/mask")
+    assert "| fa4 |" in kernel_text
+    attn = client.predict(query + "&head=0", api_name="/attention")
+    z = array(plot_data(attn[0])[0]["z"])
+    assert z[0, 1:5].min() > 0                                      # the user token sees later history
+    assert "recsys-bidirectional" in client.predict(query, api_name="/isolation")[2]
+    inv = client.predict(query, api_name="/invariance")
+    assert "right-anchored: 0 (bit for bit" in inv[1] and "right-anchored positions" in inv[4]
+    assert "serving-padding" in client.predict(query + "&bug=serving-padding", api_name="/variants")[4]
+    assert client.predict(query, "grok", api_name="/family") == "preset=lecture&history_padding=1"   # preset weights back

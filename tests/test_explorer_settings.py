@@ -107,3 +107,40 @@ def test_a_batch_too_big_to_record_names_the_batch_size():
     with pytest.raises(ValidationError, match=r"^batch_size: got 8; allowed: .*fewer rows"):
         parse_query("preset=phoenix-nano&batch_size=8")
     assert parse_query("preset=phoenix-nano&batch_size=2").batch_size == 2
+
+
+# --- the model family --------------------------------------------------------------------
+
+XREX_BAD = [
+    ("family", "gpt", "grok, xrex"),
+    ("prefix", "causal", "bidirectional with the production (2026) family"),
+    ("rope_mode", "shared", "right-anchored with the production (2026) family"),
+    ("weights", "zeros-ish", "random"),
+    ("weights", "demo", "random or zeros with the production (2026) family"),
+    ("bug", "exact-gelu", "serving-padding"),          # grok.py's notebook bugs are not production's
+    ("rope_offset", "3", "offset 0 with the production (2026) family"),
+    ("rope_base", "10000.5", "an integer RoPE base"),
+]
+
+
+@pytest.mark.parametrize("field,value,allowed", XREX_BAD)
+def test_production_family_refuses_what_it_does_not_have(field, value, allowed):
+    with pytest.raises(ValidationError) as e:
+        parse_query(f"preset=lecture&family=xrex&{field}={value}")
+    assert e.value.field == field and str(e.value).startswith(f"{field}: got") and allowed in str(e.value)
+
+
+def test_production_family_in_the_link_and_its_fixed_values():
+    from explorer.settings import with_family
+    s = parse_query("preset=lecture&family=xrex&history_padding=1")
+    assert (s.family, s.prefix, s.rope_mode, s.weights, s.mask_kind) == (
+        "xrex", "bidirectional", "right-anchored", "random", "recsys-bidirectional")
+    assert to_query(s) == "preset=lecture&family=xrex&history_padding=1"     # what the family fixes is implied
+    assert parse_query(to_query(s)) == s
+    assert parse_query("preset=lecture&family=xrex&bug=serving-padding").bug == "serving-padding"
+    back = with_family(s, "grok")
+    assert back == parse_query("preset=lecture&history_padding=1") and with_family(back, "xrex") == s
+    with pytest.raises(ValidationError, match="family: got 'nope'"):
+        with_family(s, "nope")
+    c = s.xrex_config()
+    assert (c.num_user_prefix_tokens, c.history_seq_len, c.emb_size, c.qk_norm) == (s.num_user, s.num_history, 64, True)

@@ -298,3 +298,55 @@ def test_kernel_view_draws_and_counts_the_registry_tiles():
         assert f"| {name} | {k.block_q}×{k.block_kv} | {w['run']} of {w['tiles']} " in text
         assert f"| {w['leaked']:,} |" in text
     assert "mask no padded key" in text and "multiples of 128" in text
+
+
+# --- the production (2026) family: every view runs on models.xrex ---------------------------
+
+XREX = "preset=lecture&family=xrex&history_padding=1&num_candidates=4"
+
+
+def test_production_heatmaps_are_the_xrex_rankers_own_record():
+    """The heatmap is layer 1's probabilities recorded by XrexRanker through models.attention.attend, on
+    the trunk input the explorer built; the prefix attends both ways."""
+    s = parse_query(XREX + "&head=2&layer=1")
+    out = runs.forward(s)
+    model = runs.build_model(s)
+    with torch.no_grad():
+        direct = model.ranker(out.embeddings, out.valid, record=True).layers[1].probs[0, 2]
+    (hm,) = heatmaps(views.attention_view(s)[0])
+    np.testing.assert_array_equal(np.asarray(hm.z, dtype=np.float32), direct.numpy())
+    P_L = s.candidate_start_offset
+    assert (np.asarray(hm.z)[0, 1:P_L - 1] > 0).all()          # the user token sees the later history
+    mask_panel = heatmaps(views.mask_view(s)[0])[0]
+    assert np.asarray(mask_panel.z)[0, 1:P_L - 1].all()      # and the mask view says so
+
+
+def test_production_isolation_invariance_and_positions():
+    s = parse_query(XREX + "&perturbation=noise&delta=3")
+    assert views.isolation_probe(s).isolated and not views.isolation_probe(s, "causal").isolated
+    for op in ("permute", "drop", "add"):
+        b, a, _ = views.invariance(parse_query(XREX + f"&operation={op}&candidate=1"))
+        if op == "permute":
+            assert np.array_equal(a, b)                      # right-anchored RoPE: bit for bit
+        assert np.abs(a - b).max() < views.FP32_TOLERANCE
+    fig, text = views.invariance_view(s)
+    assert [t.name for t in fig.data] == ["RoPE right-anchored"] and "by construction" in text
+    positions = views.rope_positions(s)
+    P, L = s.num_user, s.num_history
+    assert positions[P + L - 2] == P + L - 1 and positions[P + L - 1] == 0     # last real event; padded slot
+    assert (positions[P + L:] == P + L).all()                                   # every candidate at P + L
+    _, _, rope_text = views.rope_view(s)
+    assert "right-anchored" in rope_text
+
+
+def test_production_bug_zoo_runs_its_own_quirks():
+    from models.bugzoo import BUGS, bug_names
+    s = parse_query(XREX + "&bug=serving-block-rounding")
+    fig, text = views.bug_zoo_view(s)
+    rows = views._bug_report(runs.model_settings(s), 0)
+    assert [r["bug"] for r in rows] == ["none", *bug_names("xrex")]
+    for r in rows[1:]:
+        assert BUGS[r["bug"]].probe in r["flagged"], r        # history padding and P+L = 6: both caught
+    assert "isolation" not in rows[0]["flagged"] and "parity" not in rows[0]["flagged"]
+    assert "causality, which flags the bidirectional prefix by design" in views.bug_zoo_view(
+        parse_query(XREX))[1]
