@@ -62,7 +62,8 @@ def caption(s: Settings, name: str) -> str:
                    "associative recall; ticks are the tokens of one held-out example.",
         "variant_loss": "Training loss of every attention variant on associative recall; the legend gives "
                         "each one's held-out accuracy.",
-        "bug_zoo": f"Layer-0 attention of the trunk with the seed-notebook bug '{s.bug}'.",
+        "bug_zoo": f"Layer-0 attention of the {'production' if s.family == 'xrex' else 'grok.py'} trunk with the "
+                   f"bug '{s.bug}' planted.",
     }[name]
 
 
