@@ -209,15 +209,16 @@ class Settings:
             num_kv_heads=self.num_kv_heads, num_layers=self.num_layers,
             widening_factor=self.widening_factor, attn_output_multiplier=self.multiplier,
             logit_cap=self.logit_cap, cap_method=self.cap_method, rope_base=self.rope_base,
-            rope_mode=changes.pop("rope_mode", self.rope_mode), rope_offset=self.rope_offset, prefix=self.prefix)
+            # production's right-anchored positions have no grok.py mode: its grok config serves shapes and costs
+            rope_mode=changes.pop("rope_mode", self.rope_mode if self.rope_mode in ROPE_MODES else "sequential"),
+            rope_offset=self.rope_offset, prefix=self.prefix)
         return cfg.replace(**changes) if changes else cfg
 
     def recsys_config(self) -> RecsysConfig:
         """The ranking model's config: the demo world's vocabulary for demo weights, else the preset's.
         For the production family only the batch's vocabularies and shapes are read from it."""
         if self.family == "xrex":
-            return get_preset(self.preset).recsys_config(self.transformer_config(rope_mode="sequential"),
-                                                         num_user_tokens=self.num_user)
+            return get_preset(self.preset).recsys_config(self.transformer_config(), num_user_tokens=self.num_user)
         if self.weights == "demo":
             return replace(demo_config(), transformer=self.transformer_config())
         return get_preset(self.preset).recsys_config(self.transformer_config(), num_user_tokens=self.num_user)

@@ -663,8 +663,5 @@ def _capped_note(s: Settings, positions: dict) -> str:
 def _bug_report(s: Settings, row: int):
     base, r = runs.forward(s), slice(row, row + 1)
     capped = capped_layout(base.embeddings[r], base.valid[r], base.candidate_start_offset, BUG_ZOO_MAX_POSITIONS)
-    trunk = runs.build_model(s).transformer
-    if s.family == "xrex":          # production's trunk takes its layout from its config
-        trunk = trunk.at_offset(capped[2])
-    return bug_report(trunk, *capped)
+    return bug_report(runs.build_model(s).transformer, *capped)
 

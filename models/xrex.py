@@ -295,17 +295,20 @@ class XrexRanker(nn.Module):
         self.unembeddings = nn.Parameter(torch.zeros(c.emb_size, c.output_vocab_size))
         self.continuous_unembeddings = nn.Parameter(torch.zeros(c.emb_size, c.num_continuous_actions))
 
-    def attention_mask(self, padding_mask: torch.Tensor, mask_kind: Optional[str] = None) -> AttentionMask:
+    def attention_mask(self, padding_mask: torch.Tensor, mask_kind: Optional[str] = None,
+                       candidate_start_offset: Optional[int] = None) -> AttentionMask:
         """Key j is visible to query i when j is a valid prefix / history token, or j == i (a padded
         key is never visible, so nothing in padding reaches a valid output). `mask_kind`: another
         models.masks kind instead, for probes that compare production's mask with one that leaks."""
         return AttentionMask(mask_kind or "recsys-bidirectional", padding_mask.shape[1],
-                             self.config.candidate_start_offset, padding_mask)
+                             self.config.candidate_start_offset if candidate_start_offset is None
+                             else candidate_start_offset, padding_mask)
 
     def forward(self, embeddings: torch.Tensor, padding_mask: torch.Tensor, *, numerics: str = "fp32",
-                backend: str = "naive", record: bool = False, mask_kind: Optional[str] = None) -> XrexOutput:
+                backend: str = "naive", record: bool = False, mask_kind: Optional[str] = None,
+                history_seq_len: Optional[int] = None) -> XrexOutput:
         """embeddings float [B, T, D] (the trunk's input), padding_mask bool [B, T] (True = valid), T >= P + L."""
-        c = self.config
+        c = self.config if history_seq_len is None else self.config.replace(history_seq_len=history_seq_len)
         if numerics not in NUMERICS:
             raise ValueError(f"numerics: got {numerics!r}; allowed: {', '.join(NUMERICS)}")
         if not isinstance(embeddings, torch.Tensor) or embeddings.dim() != 3 or embeddings.shape[-1] != c.emb_size:
@@ -322,8 +325,8 @@ class XrexRanker(nn.Module):
         padding_mask = padding_mask.bool().to(embeddings.device)
         dtype = torch.bfloat16 if numerics == "bf16" else torch.float32
         positions = right_anchored_positions(padding_mask, c.num_user_prefix_tokens, c.history_seq_len)
-        h, traces = self.transformer(embeddings.to(dtype), self.attention_mask(padding_mask, mask_kind), positions,
-                                     backend, record)                                # [B, T, D]
+        mask = self.attention_mask(padding_mask, mask_kind, c.candidate_start_offset)
+        h, traces = self.transformer(embeddings.to(dtype), mask, positions, backend, record)   # [B, T, D]
         candidates = self.final_layer_norm(h)[:, c.candidate_start_offset:]           # [B, C, D]
         logits = (candidates @ self.unembeddings.to(dtype)) * c.output_scale           # [B, C, V]
         return XrexOutput(h.float(), logits.float(), traces)
@@ -331,8 +334,9 @@ class XrexRanker(nn.Module):
 
 class XrexTrunk(nn.Module):
     """The ranker as a trunk, ``(embeddings, mask, candidate_start_offset) -> TransformerOutput`` like
-    grok.py's ``Transformer``: the interface models.probes and models.bugzoo take. The offset must be
-    the config's P + L (production's layout fixes it)."""
+    grok.py's ``Transformer``: the interface models.probes and models.bugzoo take. The offset defaults to
+    the config's P + L; another one keeps P and takes the history as what lies between (probes run on
+    capped layouts)."""
 
     def __init__(self, config: XrexConfig):
         super().__init__()
@@ -341,25 +345,16 @@ class XrexTrunk(nn.Module):
 
     def forward(self, embeddings, mask, candidate_start_offset: Optional[int] = None, *, backend: str = "naive",
                 record: bool = False, numerics: str = "fp32", mask_kind: Optional[str] = None) -> TransformerOutput:
-        P_L = self.config.candidate_start_offset
-        if candidate_start_offset not in (None, P_L):
-            raise ValueError(f"candidate_start_offset: got {candidate_start_offset}; allowed: {P_L} "
-                             f"(num_user_prefix_tokens + history_seq_len)")
-        out = self.ranker(embeddings, mask, numerics=numerics, backend=backend, record=record, mask_kind=mask_kind)
-        return TransformerOutput(out.trunk, out.layers)
-
-    def at_offset(self, candidate_start_offset: int) -> "XrexTrunk":
-        """This trunk's weights (copied) for a layout whose candidates start elsewhere: the history
-        length L changes, nothing the weights hold does (probes run on capped layouts)."""
         P = self.config.num_user_prefix_tokens
-        if candidate_start_offset == self.config.candidate_start_offset:
-            return self
-        if candidate_start_offset < P:
-            raise ValueError(f"candidate_start_offset: got {candidate_start_offset}; allowed: >= {P} "
-                             f"(num_user_prefix_tokens)")
-        trunk = XrexTrunk(self.config.replace(history_seq_len=candidate_start_offset - P))
-        trunk.load_state_dict(self.state_dict())
-        return trunk.to(next(self.parameters()).device).train(self.training)
+        if candidate_start_offset is not None and (isinstance(candidate_start_offset, bool)
+                                                   or not isinstance(candidate_start_offset, int)
+                                                   or candidate_start_offset < P):
+            raise ValueError(f"candidate_start_offset: got {candidate_start_offset!r}; allowed: an integer >= {P} "
+                             f"(num_user_prefix_tokens; the history is what lies between)")
+        L = None if candidate_start_offset is None else candidate_start_offset - P
+        out = self.ranker(embeddings, mask, numerics=numerics, backend=backend, record=record, mask_kind=mask_kind,
+                          history_seq_len=L)
+        return TransformerOutput(out.trunk, out.layers)
 
 
 # --- a production-shaped ranker around the trunk: hashes in, 64 action logits out ---------------------

@@ -350,3 +350,14 @@ def test_production_bug_zoo_runs_its_own_quirks():
     assert "isolation" not in rows[0]["flagged"] and "parity" not in rows[0]["flagged"]
     assert "causality, which flags the bidirectional prefix by design" in views.bug_zoo_view(
         parse_query(XREX))[1]
+
+
+def test_production_bug_zoo_on_a_capped_layout():
+    """Long layouts run the probes on a capped one; production's trunk keeps its P and takes the
+    shorter history, and its quirks are still caught."""
+    from models.bugzoo import BUGS
+    s = parse_query("preset=lecture&family=xrex&num_history=40&history_padding=3")
+    rows = views._bug_report(runs.model_settings(s), 0)
+    assert rows[0]["probe_positions"]["causality"] < s.seq_len
+    for r in rows[1:]:
+        assert BUGS[r["bug"]].probe in r["flagged"], r
