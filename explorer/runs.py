@@ -199,7 +199,9 @@ MAX_UPLOAD_BYTES = 200 * 2**20      # one file; phoenix-nano in fp32 is ~45 MB
 def _weights(geometry: tuple) -> dict[str, torch.Tensor]:
     """State dict for a geometry and a weight source; shared by every attention option."""
     s = Settings(**dict(geometry))
-    if s.family == "xrex":              # explorer.settings allows random or zeros weights only
+    if s.family == "xrex":              # explorer.settings allows random, zeros or demo weights only
+        if s.weights == "demo":
+            return dict(demo.load_xrex_demo_model().state_dict())
         return dict(init_params(XrexRecsys(s.xrex_config()), s.weights, s.seed).state_dict())
     if s.weights == "demo":             # explorer.settings refused "demo" already if the file is missing
         return dict(demo.load_demo_model().state_dict())
@@ -337,7 +339,10 @@ _GEOMETRY = (*WEIGHT_GEOMETRY, "weights", "seed")
 @ByteCache
 def _build_model(s: Settings) -> RecsysModel:
     state = _weights(tuple((k, getattr(s, k)) for k in _GEOMETRY))
-    model = XrexRecsys(s.xrex_config()) if s.family == "xrex" else RecsysModel(s.recsys_config())
+    if s.family == "xrex":
+        model = demo.xrex_demo_model(s.xrex_config()) if s.weights == "demo" else XrexRecsys(s.xrex_config())
+    else:
+        model = RecsysModel(s.recsys_config())
     model.load_state_dict(state)
     return model.eval().to(device())
 

@@ -19,7 +19,7 @@ import torch
 
 from models.attention import BACKENDS, CAP_METHODS, unavailable_reason
 from models.bugzoo import bug_names
-from models.demo import DEMO_WEIGHTS, demo_config
+from models.demo import DEMO_WEIGHTS, XREX_DEMO_WEIGHTS, demo_config
 from models.grok import ROPE_MODES, TransformerConfig
 from models.masks import MASK_KINDS, PREFIX_MODES, model_mask_kind
 from models.probes import PROBES
@@ -396,10 +396,13 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *,
     else:
         v["weights"] = _choice("weights", weights, tuple(w for w in WEIGHT_SOURCES if w != "upload"))
     v["seed"] = _int("seed", merged["seed"], 0, 2**31 - 1)
-    if family == "xrex" and v["weights"] not in ("random", "zeros"):
-        raise ValidationError("weights", v["weights"], "random or zeros with the production (2026) family (no "
-                              "trained production demo yet, and uploads load grok.py's names; in Python, "
-                              "models.xrex.load_xrex_params loads production's)")
+    if family == "xrex" and v["weights"] not in ("random", "zeros", "demo"):
+        raise ValidationError("weights", v["weights"], "random, zeros or demo with the production (2026) family "
+                              "(uploads load grok.py's names; in Python, models.xrex.load_xrex_params loads "
+                              "production's)")
+    if family == "xrex" and v["weights"] == "demo" and not XREX_DEMO_WEIGHTS.exists():
+        raise ValidationError("weights", "demo", "random or zeros with the production (2026) family (this build "
+                              "has no trained production demo: python -m models.train_demo --family xrex)")
     if v["weights"] == "demo":
         _check_demo_geometry(v)
 

@@ -25,6 +25,43 @@ def demo_config() -> RecsysConfig:
     return DEMO_WORLD.recsys_config(get_preset(DEMO_PRESET).transformer)
 
 
+# --- the production-shaped demo ranker (models.xrex.XrexRecsys) on the same world ------------------
+
+XREX_DEMO_WEIGHTS = Path(__file__).parent / "demo" / "xrex-lecture.safetensors"
+# the world's actions that production's heads name (PRODUCTION.md §3: head i = recsys.proto ActionName i);
+# the demo ranker is trained on these heads only
+XREX_HEADS = {"favorite_score": 1, "reply_score": 4, "repost_score": 6, "click_score": 29, "share_score": 37}
+
+
+def xrex_demo_config():
+    """Production's trunk at the lecture geometry, one prefix token (the world has one user token)."""
+    from .xrex import XrexConfig
+    t = get_preset(DEMO_PRESET).transformer
+    return XrexConfig(emb_size=t.emb_size, num_layers=t.num_layers, num_q_heads=t.num_q_heads,
+                      num_kv_heads=t.num_kv_heads, key_size=t.key_size, widening_factor=t.widening_factor,
+                      num_user_prefix_tokens=1, history_seq_len=5)
+
+
+# the world's vocabularies, for models.xrex.ProjectThenSum
+XREX_DEMO_INPUTS = dict(hash_vocab_size=DEMO_WORLD.hash_vocab_size, num_history_actions=len(WORLD_ACTIONS),
+                        num_product_surfaces=DEMO_WORLD.num_product_surfaces)
+
+
+def xrex_demo_model(config=None):
+    """An untrained XrexRecsys sized for the world's vocabularies (`config`: another XrexConfig of the
+    demo geometry, e.g. with a logit cap)."""
+    from .xrex import XrexRecsys
+    return XrexRecsys(config or xrex_demo_config(), **XREX_DEMO_INPUTS)
+
+
+def load_xrex_demo_model(path: Path | str = XREX_DEMO_WEIGHTS, config=None):
+    """The trained production-shaped demo ranker in eval mode (fp32)."""
+    from safetensors.torch import load_file
+    model = xrex_demo_model(config)
+    model.load_state_dict({k: v.float() for k, v in load_file(str(path)).items()})
+    return model.float().eval()
+
+
 def load_demo_model(path: Path | str = DEMO_WEIGHTS) -> RecsysModel:
     """The trained lecture ranker in eval mode (fp32)."""
     from .weights import load_weights
@@ -43,9 +80,10 @@ def demo_example(layout: SequenceLayout, seed: int = 0, batch: int = 1) -> tuple
     return DEMO_WORLD.sample(layout, batch, HELD_OUT_SEED + int(seed))
 
 
-def engagement_scores(logits: torch.Tensor) -> torch.Tensor:
-    """[B, C, A] logits -> [B, C]: the logit of the action that marks engagement."""
-    return logits[..., WORLD_ACTIONS.index(ENGAGED_ACTION)]
+def engagement_scores(logits: torch.Tensor, head: int = WORLD_ACTIONS.index(ENGAGED_ACTION)) -> torch.Tensor:
+    """[B, C, A] logits -> [B, C]: the logit of the action that marks engagement (`head`: its index;
+    production's ranker predicts it on its FAV head, XREX_HEADS)."""
+    return logits[..., head]
 
 
 def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
@@ -90,7 +128,8 @@ def evaluate(model: RecsysModel, layout: SequenceLayout = SequenceLayout(1, 5, 3
     inputs, labels = demo_example(layout, seed, batch)
     out = model(inputs, record=True)
     valid = labels.candidate_topics >= 0
-    report = {"auc": auc(engagement_scores(out.logits)[valid], labels.engaged[valid]),
+    head = WORLD_ACTIONS.index(ENGAGED_ACTION) if isinstance(model, RecsysModel) else XREX_HEADS[ENGAGED_ACTION]
+    report = {"auc": auc(engagement_scores(out.logits, head)[valid], labels.engaged[valid]),
               "layout": layout.__dict__, "users": batch}
     report.update(topic_attention_mass([t.probs for t in out.trunk.layers], labels, layout))
     return report

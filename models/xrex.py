@@ -440,13 +440,16 @@ class XrexRecsys(nn.Module):
     def score_embeddings(self, embeddings, valid, candidate_start_offset=None, *, record: bool = False,
                          backend: str = "naive", mask_kind: Optional[str] = None, numerics: str = "fp32"):
         from .recsys import RecsysOutput
-        out = self.ranker(embeddings, valid, record=record, backend=backend, mask_kind=mask_kind, numerics=numerics)
-        return RecsysOutput(out.logits, TransformerOutput(out.trunk, out.layers), embeddings, valid,
-                            self.xrex.candidate_start_offset)
+        off = self.xrex.candidate_start_offset if candidate_start_offset is None else candidate_start_offset
+        out = self.ranker(embeddings, valid, record=record, backend=backend, mask_kind=mask_kind, numerics=numerics,
+                          history_seq_len=off - self.xrex.num_user_prefix_tokens)
+        return RecsysOutput(out.logits, TransformerOutput(out.trunk, out.layers), embeddings, valid, off)
 
     def forward(self, batch, **kwargs):
+        """The batch's own layout: P from the config, L = the batch's history length."""
         emb, valid = self.inputs(batch)
-        return self.score_embeddings(emb, valid, **kwargs)
+        P = self.xrex.num_user_prefix_tokens
+        return self.score_embeddings(emb, valid, P + batch.history_post_hashes.shape[1], **kwargs)
 
 
 # --- parameters: the original's init tree ------------------------------------------------------

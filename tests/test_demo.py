@@ -91,3 +91,36 @@ def test_training_loop_learns_and_is_deterministic():
         torch.set_num_threads(threads)
     assert curve == again
     assert curve[-1]["loss"] < curve[0]["loss"]
+
+
+# --- the production-shaped demo ranker (models.xrex.XrexRecsys) ------------------------------
+
+def test_production_demo_ranks_by_topic_and_ships_small():
+    """The shipped production-shaped ranker (python -m models.train_demo --family xrex) scores held-out
+    users by topic, its candidates look more at same-topic history, and the app runs it."""
+    from models.demo import XREX_DEMO_WEIGHTS, load_xrex_demo_model
+    assert XREX_DEMO_WEIGHTS.stat().st_size < 1_000_000
+    model = load_xrex_demo_model()
+    for layout in (SequenceLayout(1, 5, 3), SequenceLayout(1, 8, 4)):
+        r = evaluate(model, layout, batch=256)
+        assert r["auc"] > 0.85 and r["same_topic_mass"] > r["other_topic_mass"], r
+    from explorer import runs
+    from explorer.settings import parse_query
+    s = parse_query("preset=lecture&family=xrex&weights=demo&history_padding=1")
+    with torch.no_grad():
+        direct = model(demo_batch(s.layout, s.seed)).logits
+    torch.testing.assert_close(runs.forward(s).logits, direct, rtol=0, atol=0)
+
+
+def test_production_demo_training_learns_the_trained_heads():
+    """A short run on production's trunk moves the heads it trains (XREX_HEADS) and only those."""
+    from models.demo import XREX_HEADS, xrex_demo_model
+    from models.grok import init_params
+    start = init_params(xrex_demo_model(), "random", 0).ranker.unembeddings.detach().clone()
+    model, curve = train(steps=3, batch=8, log_every=1, verbose=False, family="xrex")
+    assert len(curve) == 3 and all(torch.isfinite(torch.tensor(c["loss"])) for c in curve)
+    moved = (model.ranker.unembeddings.detach() != start).any(0)                       # [64] per head
+    assert moved.nonzero().flatten().tolist() == sorted(XREX_HEADS.values())
+    with pytest.raises(ValueError, match="family: got 'gpt'"):
+        train(steps=1, family="gpt")
+    assert set(XREX_HEADS) <= set(WORLD_ACTIONS)

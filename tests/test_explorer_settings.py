@@ -116,7 +116,6 @@ XREX_BAD = [
     ("prefix", "causal", "bidirectional with the production (2026) family"),
     ("rope_mode", "shared", "right-anchored with the production (2026) family"),
     ("weights", "zeros-ish", "random"),
-    ("weights", "demo", "random or zeros with the production (2026) family"),
     ("bug", "exact-gelu", "serving-padding"),          # grok.py's notebook bugs are not production's
     ("rope_offset", "3", "offset 0 with the production (2026) family"),
     ("rope_base", "10000.5", "an integer RoPE base"),
