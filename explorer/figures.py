@@ -138,7 +138,8 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
                                     **_sparse_ticks(p.row_labels, p.row_segments, cols))
         if p.title:
             annotations.append(dict(text=p.title, x=sum(xdom[c]) / 2, y=ydom[r][1], xref="paper", yref="paper",
-                                    xanchor="center", yanchor="bottom", showarrow=False, font=dict(size=15)))
+                                    xanchor="center", yanchor="bottom", showarrow=False,
+                                    font=dict(size=15 if cols <= 8 else 10)))    # narrow panels: small titles
         shapes += _segment_lines(p, f"x{ax}", f"y{ax}", "#222222" if discrete else "#FFFFFF")
     if discrete:
         for value, name in discrete.items():
@@ -196,16 +197,20 @@ def _grid_domains(panels, rows: int, cols: int):
     spacer = [all(panels[r * cols + c] is None for r in range(rows) if r * cols + c < len(panels))
               for c in range(cols)]
     widths = [0.15 if s else 1.0 for s in spacer]
-    hgap = 0.04 if cols > 1 else 0.0
+    # gaps shrink with the count so they never take more than a quarter of the width (a fifth of the
+    # height): fixed gaps would push the domains of a 60-panel grid below zero
+    hgap = min(0.04, 0.92 * 0.25 / (cols - 1)) if cols > 1 else 0.0
     avail = 0.92 - hgap * (cols - 1)          # the right 8% holds the colour bar
     xdom, x = [], 0.0
     for w in widths:
         span = avail * w / sum(widths)
         xdom.append([x, x + span])
         x += span + hgap
-    vgap = 0.16 if rows > 1 else 0.0
+    vgap = min(0.16, 0.2 / (rows - 1)) if rows > 1 else 0.0
     h = (1.0 - vgap * (rows - 1)) / rows
-    ydom = [[1.0 - (r + 1) * h - r * vgap, 1.0 - r * (h + vgap)] for r in range(rows)]
+    # clipped: rounding left the bottom row at -5e-17 for three rows, which plotly refuses
+    ydom = [[max(0.0, 1.0 - (r + 1) * h - r * vgap), 1.0 - r * (h + vgap)] for r in range(rows)]
+    xdom = [[x0, min(0.92, x1)] for x0, x1 in xdom]
     return xdom, ydom
 
 

@@ -28,6 +28,7 @@ from .settings import BUG_ZOO_MAX_POSITIONS, Settings
 # the mask table's tile column: production's H100 serving tiles (64 query rows x 128 keys)
 BLOCK_Q, BLOCK_KV = KERNEL_TILINGS["h100-serve"].block_q, KERNEL_TILINGS["h100-serve"].block_kv
 GRID_MAX_CELLS = 128      # per axis, per panel, in the layer x head grid
+GRID_MAX_COLS = 16        # panel columns (query heads and KV-group spacers) in the layer x head grid
 SINGLE_MAX_CELLS = 512
 
 
@@ -155,6 +156,17 @@ def attention_values(s: Settings, layer: int) -> np.ndarray:
     return np.where(mask_dense(s, s.mask_kind)[None], logits, np.nan)   # masked: a gap
 
 
+def grid_heads(num_q_heads: int, num_kv_heads: int) -> list[int]:
+    """The query heads the every-head grid draws: whole KV groups (with a spacer column between them)
+    while they fit GRID_MAX_COLS columns, else the first GRID_MAX_COLS heads of KV head 0. Past that
+    count a panel is too narrow to read."""
+    G = num_q_heads // num_kv_heads
+    if G > GRID_MAX_COLS:
+        return list(range(GRID_MAX_COLS))
+    groups = max(1, min(num_kv_heads, (GRID_MAX_COLS + 1) // (G + 1)))
+    return list(range(groups * G))
+
+
 @runs.bounded("attention")
 def attention_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
     G = s.num_q_heads // s.num_kv_heads
@@ -163,20 +175,22 @@ def attention_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
     scale = SEQUENTIAL if s.values == "probabilities" else DIVERGING
     if s.head < 0:
         # every layer and head; query heads ordered by KV head with a spacer column between groups
+        heads = grid_heads(s.num_q_heads, s.num_kv_heads)
         panels, groups = [], []
         for layer in range(s.num_layers):
             vals = attention_values(s, layer)
-            for kv in range(s.num_kv_heads):
-                if kv:
+            for i, h in enumerate(heads):
+                if i and h % G == 0:
                     panels.append(None)
                     groups.append("") if layer == 0 else None
-                for g in range(G):
-                    h = kv * G + g
-                    panels.append(_panel(s, vals[h], f"L{layer} · q head {h}"))
-                    groups.append(f"KV head {kv}") if layer == 0 else None
-        cols = s.num_q_heads + s.num_kv_heads - 1
-        fig = heatmap_figure(panels, cols=cols, title=f"Attention {s.values}: every layer and head "
-                             f"({s.num_q_heads} query heads share {s.num_kv_heads} KV heads){row_note(s)}",
+                panels.append(_panel(s, vals[h], f"L{layer} · q head {h}"))
+                groups.append(f"KV head {h // G}") if layer == 0 else None
+        cols = len(panels) // s.num_layers
+        shown = (f"every layer and head ({s.num_q_heads} query heads share {s.num_kv_heads} KV heads)"
+                 if len(heads) == s.num_q_heads else
+                 f"every layer, query heads 0-{heads[-1]} of {s.num_q_heads} ({s.num_q_heads} query heads "
+                 f"share {s.num_kv_heads} KV heads; pick a head to see any other)")
+        fig = heatmap_figure(panels, cols=cols, title=f"Attention {s.values}: {shown}{row_note(s)}",
                              value_name=value_name, log=log, colorscale=scale, max_cells=GRID_MAX_CELLS,
                              column_groups=groups,
                              zmin=0 if s.values == "probabilities" and not log else None)

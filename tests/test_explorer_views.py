@@ -361,3 +361,38 @@ def test_production_bug_zoo_on_a_capped_layout():
     assert rows[0]["probe_positions"]["causality"] < s.seq_len
     for r in rows[1:]:
         assert BUGS[r["bug"]].probe in r["flagged"], r
+
+
+@pytest.mark.parametrize("n", range(1, 65))
+def test_grid_domains_stay_inside_the_figure_for_1_to_64_panels(n):
+    """Fixed gaps pushed a 63-column grid's domains below zero (plotly refused the figure)."""
+    z = np.ones((2, 2))
+    for cols, panels in ((n, [Panel(z, ["a", "b"], ["a", "b"], f"p{i}") for i in range(n)]),
+                         (max(1, n // 4), [None if i % 5 == 4 else Panel(z, ["a", "b"], ["a", "b"])
+                                           for i in range(n)])):
+        if all(p is None for p in panels):
+            continue
+        fig = heatmap_figure(panels, title="t", cols=cols)
+        for axis in ("xaxis", "yaxis"):
+            doms = sorted({tuple(v["domain"]) for k, v in fig.to_dict()["layout"].items()
+                           if k.startswith(axis)})
+            for lo, hi in doms:
+                assert 0 <= lo < hi <= 1
+            for (_, hi), (lo, _) in zip(doms, doms[1:]):
+                assert hi <= lo + 1e-12                      # no overlap
+            # the gaps take at most a quarter of the span: every panel keeps a readable share
+            assert sum(hi - lo for lo, hi in doms) >= 0.6 * (doms[-1][1] - doms[0][0]) or len(doms) == 1
+
+
+def test_every_head_grid_caps_its_columns_and_says_which_heads_it_shows():
+    s = parse_query("preset=phoenix-nano&num_q_heads=56&num_kv_heads=8&num_layers=1")
+    fig, _, _ = views.attention_view(s)        # raised a plotly domain error before the fix
+    hms = heatmaps(fig)
+    assert len(hms) == 14                      # two KV groups of 7 and a spacer: 15 <= GRID_MAX_COLS columns
+    assert "query heads 0-13 of 56" in fig.layout.title.text
+    for q, kv in ((4, 2), (56, 8), (64, 64), (64, 1), (16, 4), (32, 2)):
+        heads = views.grid_heads(q, kv)
+        G = q // kv
+        cols = len(heads) + sum(1 for i, h in enumerate(heads) if i and h % G == 0)
+        assert cols <= views.GRID_MAX_COLS and heads == list(range(len(heads)))
+        assert len(heads) == q or cols + min(G, views.GRID_MAX_COLS) + 1 > views.GRID_MAX_COLS
