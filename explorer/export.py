@@ -21,7 +21,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from . import views
+from . import timing, views
 from .figures import lecture_theme
 from .settings import Settings, ValidationError, to_query
 
@@ -42,6 +42,9 @@ FIGURES = {
     "variant": (views.variant_view, 0),
     "variant_loss": (views.variant_view, 1),
     "bug_zoo": (views.bug_zoo_view, 0),
+    "timing": (timing.recorded_view, 0),
+    "timing_memory": (timing.recorded_view, 1),
+    "timing_speedup": (timing.recorded_view, 2),
 }
 
 
@@ -64,7 +67,10 @@ def caption(s: Settings, name: str) -> str:
                         "each one's held-out accuracy.",
         "bug_zoo": f"Layer-0 attention of the {'production' if s.family == 'xrex' else 'grok.py'} trunk with the "
                    f"bug '{s.bug}' planted.",
-    }[name]
+        "timing": "Time per attention call, median with min-max bars over the repeats. ",
+        "timing_memory": "Peak memory of one attention call above its inputs. ",
+        "timing_speedup": "Speed-up of each backend over naive attention at the same T in the same run. ",
+    }[name] + (timing.recorded_view(s)[3] if name.startswith("timing") else "")
 
 
 def figure(s: Settings, name: str) -> go.Figure:

@@ -287,6 +287,26 @@ def recorded_summary() -> str:
             "`python -m benchmarks.attention`):\n" + "\n".join(lines))
 
 
+def recorded_view(s: Settings) -> tuple[go.Figure, go.Figure, go.Figure, str]:
+    """For exports (the Export tab, the lecture pack), which never run a sweep: the committed curves of
+    the first geometry and dtype this device offers that has any, as (time, memory, speed-up, what
+    they show). The error figure is left out: it holds live points only."""
+    choices = [(g, dt) for g in geometries() for dt in dtypes()]
+    found = next(((g, dt, geometry(s, g, dt)) for g, dt in choices if recorded_records(geometry(s, g, dt))), None)
+    name, dt, g = found or (*choices[0], geometry(s, *choices[0]))
+    recorded = recorded_records(g)
+    time_fig, mem_fig, speed_fig, _ = sweep_figures(Sweep(device_name(device())), recorded, batch=g.B)
+    shapes = (f"the '{name}' geometry ({g.Hq} query heads sharing {g.Hkv} KV heads, head dim {g.head_dim}, "
+              f"mask '{g.masks[0]}', cap '{g.cap_methods[0]}', {dt})")
+    if not recorded:
+        return time_fig, mem_fig, speed_fig, (f"No committed benchmark file matches {shapes} or any other "
+                                              "geometry offered here, so the figure is empty; nothing was "
+                                              "measured for this export.")
+    return time_fig, mem_fig, speed_fig, (f"Committed benchmark curves (not measured for this export) for "
+                                          f"{shapes}: {'; '.join(label for label, _ in recorded)}. "
+                                          "One curve per backend over sequence length T.")
+
+
 def timing_view(s: Settings, geometry_name: Optional[str] = None, dtype: Optional[str] = None):
     """The tab's figures before any live run (and in exports): the committed curves for this geometry."""
     name, dt = geometry_name or geometries()[0], dtype or dtypes()[0]

@@ -142,3 +142,37 @@ def test_recorded_summary_names_each_committed_file_with_its_device_and_date(tmp
     other = timing.geometry(parse_query("preset=lecture&weights=random&num_q_heads=8&num_kv_heads=2"),
                             timing.SETTINGS_GEOMETRY, "float32")
     assert timing.recorded_records(other) == []
+
+
+def test_exports_draw_the_committed_curves_and_never_measure(monkeypatch):
+    """Issue 11 item 9: the timing charts are in the Export tab's list and the lecture pack, drawn from
+    the committed benchmark files (no sweep runs) with a caption saying so."""
+    from benchmarks.attention import load_results
+    from benchmarks.runinfo import RESULTS_DIR
+    from explorer import export
+
+    def no_sweep(*a, **k):
+        raise AssertionError("an export ran a timing sweep")
+    monkeypatch.setattr(timing, "sweep", no_sweep)
+    monkeypatch.setattr(timing, "measure", no_sweep)
+    for name in ("timing", "timing_memory", "timing_speedup"):
+        assert name in export.FIGURES
+    figs = {n: v for n, v in export.all_figures(S).items() if n.startswith("timing")}
+    fig, caption = figs["timing"]
+    # every curve is a committed file's points for this geometry: medians equal the file's, per backend
+    committed = {(r["backend"], r["T"]): r["median_ms"] for _, d in load_results(RESULTS_DIR) for r in d["records"]
+                 if r["status"] == "ok" and (r["Hq"], r["Hkv"], r["head_dim"], r["mask"], r.get("cap_method"),
+                                             r["dtype"]) == (4, 2, 16, "recsys", "tanh", "float32")}
+    assert committed, "the lecture geometry has committed CPU curves"
+    drawn = {(t.name.split(" · ")[0], T): y for t in fig.data for T, y in zip(t.x, t.y)}
+    assert drawn and all(committed[k] == v for k, v in drawn.items())
+    assert all("recorded on" in t.name for t in fig.data)
+    assert "not measured for this export" in caption and "recorded on CPU" in caption
+    assert "Peak memory" in figs["timing_memory"][1] and "over naive" in figs["timing_speedup"][1]
+
+
+def test_export_caption_says_when_no_committed_curve_matches(monkeypatch):
+    from explorer import export
+    monkeypatch.setattr(timing, "recorded_records", lambda g: [])
+    cap = export.caption(S, "timing")
+    assert "No committed benchmark file matches" in cap and "nothing was measured" in cap
