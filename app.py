@@ -15,7 +15,7 @@ import logging
 import os
 import re
 import threading
-from dataclasses import fields, replace
+from dataclasses import fields
 from urllib.parse import urlencode
 
 import gradio as gr
@@ -26,9 +26,9 @@ from pydantic import model_validator
 
 from explorer import export, runs, timing, views
 from explorer.settings import (COLOR_SCALES, FAMILIES, INVARIANCE_OPS, MAX_BATCH, PERTURBATIONS, VALUE_KINDS,
-                               XREX_ROPE, Settings, ValidationError, check_backend, device, parse_query,
-                               parse_settings, sweep_budget_s, to_query, with_family)
-from models.attention import BACKENDS, CAP_METHODS
+                               XREX_ROPE, Settings, ValidationError, device, parse_query, parse_settings,
+                               retired_note, sweep_budget_s, to_query, with_family)
+from models.attention import CAP_METHODS
 from models.grok import ROPE_MODES
 from models.masks import MASK_KINDS, PREFIX_MODES
 from models.bugzoo import bug_names
@@ -102,9 +102,7 @@ def session_of(request) -> str:
 
 def settings_of(query: str, request=None) -> Settings:
     """The validated settings of a query string, for the visitor who sent it (their own uploads)."""
-    s = parse_query(query, uploaded=runs.uploads(session_of(request)))
-    check_backend(s)
-    return s
+    return parse_query(query, uploaded=runs.uploads(session_of(request)))
 
 
 # --- endpoints: each takes the configuration as a URL query string -----------------------
@@ -331,9 +329,7 @@ CONTROL_FIELDS = [f.name for f in fields(Settings)]
 @guarded
 def settings_endpoint(request: gr.Request, *values):
     """Every control's value, in Settings field order -> the validated query string."""
-    s = parse_settings(dict(zip(CONTROL_FIELDS, values)), uploaded=runs.uploads(session_of(request)))
-    check_backend(s)
-    return to_query(s)
+    return to_query(parse_settings(dict(zip(CONTROL_FIELDS, values)), uploaded=runs.uploads(session_of(request))))
 
 
 def control_values(s: Settings) -> list:
@@ -356,6 +352,8 @@ def preset_endpoint(preset: str):
 def load_endpoint(request: gr.Request):
     """Read the page's URL query string (a shared link) into the controls."""
     params = dict(request.query_params) if request is not None else {}
+    if retired_note(params):
+        gr.Info(as_text(f"link: {retired_note(params)}"))
     query = urlencode({k: v for k, v in params.items() if k in CONTROL_FIELDS})
     try:
         s = settings_of(query or "preset=lecture", request)
@@ -384,17 +382,6 @@ def weight_choices(request=None):
     """The weight sources, with this visitor's own uploads (never anyone else's)."""
     names = [("trained demo", "demo"), ("random (seed)", "random"), ("grok.py zeros", "zeros")]
     return names + [(f"uploaded {n}", f"upload:{n}") for n in runs.uploads(session_of(request))]
-
-
-def backend_choices():
-    d, out = parse_settings({}), []
-    for name in BACKENDS:
-        try:
-            check_backend(replace(d, backend=name))
-            out.append((name, name))
-        except ValidationError as e:
-            out.append((f"{name} — unavailable: {e.allowed}", name))
-    return out
 
 
 def default_timing_backends(usable) -> list:
@@ -542,12 +529,10 @@ def build_app() -> gr.Blocks:
                     c["logit_cap"] = number("cap value", value=d.logit_cap, precision=None)
                     c["prefix"] = Radio(list(PREFIX_MODES), value=d.prefix,
                                            label="prefix (causal: grok.py; bidirectional: production)")
-                with gr.Accordion("RoPE and backend", open=False):
+                with gr.Accordion("RoPE", open=False):
                     c["rope_base"] = number("RoPE base", value=d.rope_base, precision=None)
                     c["rope_offset"] = number("RoPE offset", value=d.rope_offset)
                     c["rope_mode"] = Radio([*ROPE_MODES, XREX_ROPE], value=d.rope_mode, label="candidate positions")
-                    c["backend"] = Dropdown(backend_choices(), value=d.backend, label="attention backend "
-                                               "(probes and scores; heatmaps always use naive)")
             with gr.Column(scale=4):
                 with gr.Tabs():
                     with gr.Tab("1 · Mask", id="mask") as t_mask:

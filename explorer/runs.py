@@ -353,7 +353,7 @@ def model_settings(s: Settings) -> Settings:
     d = Settings()
     return replace(s, row=d.row, layer=d.layer, head=d.head, values=d.values, color=d.color, query=d.query,
                    candidate=d.candidate, perturbation=d.perturbation, delta=d.delta,
-                   replace_with=d.replace_with, operation=d.operation, compare=d.compare, backend=d.backend,
+                   replace_with=d.replace_with, operation=d.operation, compare=d.compare,
                    variant=d.variant, bug=d.bug)
 
 
@@ -388,16 +388,17 @@ def forward(s: Settings) -> RecsysOutput:
 
 
 def score(s: Settings, batch: Optional[RecsysBatch] = None, embeddings=None, *, mask_kind=None,
-          record: bool = False, backend: str = "naive") -> RecsysOutput:
-    """An uncached run for probes: a changed batch or perturbed embeddings."""
+          record: bool = False) -> RecsysOutput:
+    """An uncached run for probes: a changed batch or perturbed embeddings, in naive attention (the
+    attention weights the views draw and the exact reference every backend is tested against)."""
     model = build_model(s)
     with torch.no_grad():
         if embeddings is not None:      # [B', T, D]: every row shares the layout's padding
             out = forward(s)
             valid = out.valid[:1].expand(embeddings.shape[0], -1)
             return model.score_embeddings(embeddings, valid, out.candidate_start_offset,
-                                          record=record, mask_kind=mask_kind, backend=backend)
-        return model(_to_device(batch), record=record, mask_kind=mask_kind, backend=backend)
+                                          record=record, mask_kind=mask_kind, backend="naive")
+        return model(_to_device(batch), record=record, mask_kind=mask_kind, backend="naive")
 
 
 def _to_device(batch: RecsysBatch) -> RecsysBatch:

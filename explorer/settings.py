@@ -17,7 +17,7 @@ from urllib.parse import parse_qsl, urlencode
 
 import torch
 
-from models.attention import BACKENDS, CAP_METHODS, unavailable_reason
+from models.attention import CAP_METHODS
 from models.bugzoo import bug_names
 from models.demo import DEMO_WEIGHTS, XREX_DEMO_WEIGHTS, demo_config
 from models.grok import ROPE_MODES, TransformerConfig
@@ -158,7 +158,6 @@ class Settings:
     rope_base: float = 10000.0
     rope_offset: int = 0
     rope_mode: str = "sequential"
-    backend: str = "naive"
     # view options (part of the URL so a link reproduces the picture)
     layer: int = 0
     head: int = -1                   # -1: every head of the layer as a grid
@@ -232,6 +231,16 @@ class Settings:
 
 
 _FIELDS = {f.name: f for f in fields(Settings)}
+# fields old links may still carry: dropped on parsing (links open), and named in a note on page load
+RETIRED_FIELDS = {
+    "backend": "the views' attention-backend control was removed (it changed nothing: every view and probe "
+               "runs naive attention, whose weights the heatmaps read); the Timing tab times every backend",
+}
+
+
+def retired_note(keys) -> str:
+    """What an old link's retired fields were, and why they are ignored ('' when it has none)."""
+    return "; ".join(f"{k}: ignored ({RETIRED_FIELDS[k]})" for k in sorted(set(keys) & RETIRED_FIELDS.keys()))
 
 
 def preset_defaults(name: str) -> dict:
@@ -341,7 +350,7 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *,
     were checked against ("upload:<name>" is then valid with those values).
     """
     uploaded = uploaded or {}
-    raw = dict(raw or {})
+    raw = {k: v for k, v in dict(raw or {}).items() if k not in RETIRED_FIELDS}
     unknown = sorted(k for k in raw if k not in _FIELDS)
     if unknown:
         raise ValidationError("settings", unknown[0], "one of " + ", ".join(_FIELDS))
@@ -419,7 +428,6 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *,
                                   "family (its positions are right-anchored, base an integer exponent)")
     else:
         v["rope_mode"] = _choice("rope_mode", merged["rope_mode"], ROPE_MODES)
-    v["backend"] = _choice("backend", merged["backend"], tuple(BACKENDS))
 
     v["layer"] = _int("layer", merged["layer"], 0, v["num_layers"] - 1)
     v["head"] = _int("head", merged["head"], -1, v["num_q_heads"] - 1, why="-1 shows every head")
@@ -576,16 +584,6 @@ def check_budget(s: Settings, view: str) -> Cost:
                           f"({cost.flops / 1e9:,.0f} GFLOP) holding {cost.peak_bytes / 2**20:,.0f} MiB, "
                           f"{over:.1f}x this {device().upper()}'s budget per request of {flops / 1e9:,.0f} GFLOP "
                           f"and {held / 2**20:,.0f} MiB")
-
-
-def check_backend(s: Settings, *, need_weights: bool = False) -> None:
-    """The chosen backend must run these settings exactly on this device (the capability table)."""
-    why = unavailable_reason(s.backend, device=device(), cap=s.logit_cap, cap_method=s.cap_method,
-                             mask_kind=s.mask_kind,
-                             padding=bool(s.history_padding or s.candidate_padding), head_dim=s.key_size,
-                             need_weights=need_weights)
-    if why:
-        raise ValidationError("backend", s.backend, f"a backend that runs here ({why})")
 
 
 # --- URL query string --------------------------------------------------------------------

@@ -406,3 +406,17 @@ def test_every_view_runs_the_production_family(client):
     assert "right-anchored: 0 (bit for bit" in inv[1] and "right-anchored positions" in inv[4]
     assert "serving-padding" in client.predict(query + "&bug=serving-padding", api_name="/variants")[4]
     assert client.predict(query, "grok", api_name="/family") == "preset=lecture&history_padding=1"   # preset weights back
+
+
+def test_an_old_link_with_a_backend_opens_with_a_note(monkeypatch):
+    """In-process page load of a link made before the backend control was removed."""
+    from types import SimpleNamespace
+    import app
+    notes = []
+    monkeypatch.setattr(app.gr, "Info", notes.append)
+    req = SimpleNamespace(session_hash="old-link", query_params={"preset": "lecture", "backend": "flash_attn",
+                                                                 "head": "1"})
+    q = app.load_endpoint(req)
+    assert "head=1" in q and "backend" not in q
+    assert len(notes) == 1 and "backend: ignored" in notes[0]
+    assert app.load_endpoint(SimpleNamespace(session_hash="new", query_params={"head": "1"})) and len(notes) == 1

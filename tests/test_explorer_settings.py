@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
 from explorer.settings import (CPU_MAX_SEQ_LEN, Settings, ValidationError, parse_query, parse_settings,
-                               preset_defaults, to_query)
+                               preset_defaults, retired_note, to_query)
 
 BAD = [
     ("num_q_heads", "3", "multiple of num_kv_heads"),
@@ -143,3 +143,15 @@ def test_production_family_in_the_link_and_its_fixed_values():
         with_family(s, "nope")
     c = s.xrex_config()
     assert (c.num_user_prefix_tokens, c.history_seq_len, c.emb_size, c.qk_norm) == (s.num_user, s.num_history, 64, True)
+
+
+def test_old_links_with_the_retired_backend_field_open():
+    """Issue 9 item 4: the views' backend control changed nothing and was removed; a link that still
+    carries `backend=` opens (the field is dropped) instead of being refused as an unknown field."""
+    assert "backend" not in Settings.__dataclass_fields__
+    for value in ("flash_attn", "sdpa", "nonsense"):
+        s = parse_query(f"preset=lecture&backend={value}&head=1")
+        assert s == parse_query("preset=lecture&head=1") and "backend" not in to_query(s)
+    assert "backend: ignored" in retired_note(["backend", "head"]) and retired_note(["head", "seed"]) == ""
+    with pytest.raises(ValidationError, match="settings: got 'backends'"):
+        parse_query("preset=lecture&backends=naive")          # only retired names are dropped
