@@ -26,7 +26,7 @@ from pydantic import model_validator
 
 from explorer import export, runs, timing, views
 from explorer.settings import (COLOR_SCALES, FAMILIES, INVARIANCE_OPS, MAX_BATCH, PERTURBATIONS, VALUE_KINDS,
-                               XREX_ROPE, Settings, ValidationError, device, parse_query, parse_settings,
+                               XREX_ROPE, ZOOMS, Settings, ValidationError, device, parse_query, parse_settings,
                                retired_note, sweep_budget_s, to_query, with_family)
 from models.attention import CAP_METHODS
 from models.grok import ROPE_MODES
@@ -507,6 +507,7 @@ def build_app() -> gr.Blocks:
                                  file_types=[".npz", ".safetensors"], type="filepath", height=120)
                 upload_msg = gr.Markdown()
                 copy = gr.Button("Copy link", size="sm")
+                c["zoom"] = Radio(list(ZOOMS), value=d.zoom, label="heatmap zoom (full resolution)")
                 with gr.Accordion("sequence layout", open=True):
                     c["num_user"] = number("user tokens", value=d.num_user)
                     c["num_history"] = number("history length", value=d.num_history)

@@ -63,46 +63,54 @@ def boundaries(segments: Sequence[str]) -> list[int]:
     return [i for i in range(1, len(block)) if block[i] != block[i - 1]]
 
 
+def segment_bins(segments: Optional[Sequence[str]], n: int, f: int) -> list[tuple[int, int]]:
+    """[start, stop) bins of at most `f` positions that never straddle a change of segment (user /
+    history / candidates / padding): each run of equal letters is cut on its own."""
+    runs, start = [], 0
+    for i in range(1, n + 1):
+        if i == n or (segments is not None and segments[i] != segments[start]):
+            runs.append((start, i))
+            start = i
+    return [(a, min(a + f, b)) for a, b in runs for a in range(a, b, f)]
+
+
 def pool(panel: Panel, max_cells: int) -> Panel:
-    """Max over square blocks so a T x T panel fits in max_cells per axis (labels name the range)."""
+    """Max over blocks so a T x T panel fits in about max_cells per axis. Blocks are cut inside each
+    segment, so no block mixes history with candidates or real slots with padding; labels name the range."""
     rows, cols = panel.z.shape
     f = max(1, math.ceil(max(rows, cols) / max_cells))
     if f == 1:
         return panel
-    pr, pc = math.ceil(rows / f), math.ceil(cols / f)
-    z = np.full((pr * f, pc * f), np.nan)
-    z[:rows, :cols] = panel.z
-    with np.errstate(all="ignore"):
-        import warnings
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            pooled = np.nanmax(z.reshape(pr, f, pc, f), axis=(1, 3))
+    row_bins, col_bins = segment_bins(panel.row_segments, rows, f), segment_bins(panel.col_segments, cols, f)
+    # fmax ignores NaN (masked cells) unless a whole block is NaN
+    pooled = np.fmax.reduceat(np.fmax.reduceat(panel.z, [a for a, _ in row_bins], axis=0),
+                              [a for a, _ in col_bins], axis=1)
 
-    def span(labels, n):
-        return [labels[i * f] if i * f == min(len(labels), (i + 1) * f) - 1
-                else f"{labels[i * f]}–{labels[min(len(labels), (i + 1) * f) - 1]}" for i in range(n)]
+    def span(labels, bins):
+        return [labels[a] if b - a == 1 else f"{labels[a]}–{labels[b - 1]}" for a, b in bins]
 
-    def segs(segments, n):
-        return None if segments is None else [segments[i * f] for i in range(n)]
+    def segs(segments, bins):
+        return None if segments is None else [segments[a] for a, _ in bins]
 
-    return Panel(pooled, span(panel.row_labels, pr), span(panel.col_labels, pc), panel.title,
-                 segs(panel.row_segments, pr), segs(panel.col_segments, pc), f, panel.extra)
+    return Panel(pooled, span(panel.row_labels, row_bins), span(panel.col_labels, col_bins), panel.title,
+                 segs(panel.row_segments, row_bins), segs(panel.col_segments, col_bins), f, panel.extra)
 
 
 def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1, value_name: str = "value",
                    colorscale=SEQUENTIAL, zmin: Optional[float] = None, zmax: Optional[float] = None,
-                   log: bool = False, max_cells: int = 512, colorbar_title: str = "",
+                   color: str = "linear", max_cells: int = 512, colorbar_title: str = "",
                    discrete: Optional[dict] = None, column_groups: Optional[list[str]] = None,
                    height: Optional[int] = None, row_title: str = "query", col_title: str = "key") -> go.Figure:
     """The one heatmap builder. `panels` fill a grid row by row (None leaves a narrow spacer column);
-    `discrete` maps values to legend names (masks); `log` colours by log10 and hovers the raw value;
+    `discrete` maps values to legend names (masks); `color` is one of COLOR_SCALES (log and
+    quantile hover the raw value, and the colour bar says which scale it is);
     `column_groups` writes a group name over each run of equal names (GQA: the KV head).
 
     The figure is assembled as plain dicts and wrapped without plotly's per-property validation:
     on a 2-core machine that is the difference between ~20 ms and ~200 ms per redraw."""
     rows = math.ceil(len(panels) / cols)
     shown = [pool(p, max_cells) if p is not None else None for p in panels]
-    lo, hi = _colour_range(shown, log, zmin, zmax)
+    scale = ColourScale.fit(shown, color, zmin, zmax)
     xdom, ydom = _grid_domains(panels, rows, cols)
     data, annotations, shapes, layout = [], [], [], {}
     k = 0
@@ -117,16 +125,19 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
         repeat = row_start.setdefault(r, p.row_labels) == p.row_labels and c > 0
         ax = "" if k == 1 else str(k)
         raw = p.z
-        z = np.log10(np.clip(raw, 10 ** lo, None)) if log else raw
-        shown_value = "%{customdata:.6g}" if log else "%{z:.6g}"
+        z = scale.transform(raw)
+        shown_value = "%{customdata:.6g}" if z is not raw else "%{z:.6g}"
         if discrete:
             shown_value = "%{z} (" + ", ".join(f"{v:g} = {n}" for v, n in discrete.items()) + ")"
-        hover = (f"{row_title} %{{y}}<br>{col_title} %{{x}}<br>{value_name} {shown_value}"
+        text = _segment_text(p)
+        hover = (f"{row_title} %{{y}}<br>{col_title} %{{x}}" + ("<br>%{text}" if text is not None else "")
+                 + f"<br>{value_name} {shown_value}"
                  + ("<br>(max over the block)" if p.pooled > 1 else "") + "<extra></extra>")
-        data.append(dict(type="heatmap", z=z, x=p.col_labels, y=p.row_labels, customdata=raw if log else None,
-                         colorscale=colorscale, zmin=lo, zmax=hi, hovertemplate=hover, hoverongaps=False,
-                         showscale=k == 1 and not discrete, xaxis=f"x{ax}", yaxis=f"y{ax}",
-                         colorbar=_colorbar(colorbar_title or value_name, log, lo, hi)))
+        data.append(dict(type="heatmap", z=z, x=p.col_labels, y=p.row_labels,
+                         customdata=raw if z is not raw else None, text=text,
+                         colorscale=colorscale, zmin=scale.lo, zmax=scale.hi, hovertemplate=hover,
+                         hoverongaps=False, showscale=k == 1 and not discrete, xaxis=f"x{ax}", yaxis=f"y{ax}",
+                         colorbar=scale.colorbar(colorbar_title or value_name)))
         layout[f"xaxis{ax}"] = dict(domain=xdom[c], anchor=f"y{ax}", type="category", tickangle=-60,
                                     tickfont=dict(size=11), showgrid=False,
                                     title=dict(text=col_title) if r == rows - 1 else None,
@@ -151,6 +162,8 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
         layout["legend"] = dict(orientation="h", y=1.0 + 30 / plot_px, yanchor="bottom", x=1, xanchor="right")
     if column_groups:
         _group_labels(annotations, shapes, column_groups, xdom)
+    if scale.note() and not discrete:
+        title += f"<br><sup>{scale.note()}</sup>"
     layout.update(annotations=annotations, shapes=shapes, showlegend=bool(discrete), hovermode="closest",
                   **_theme_layout(title, height or max(420, min(1100, 330 * rows + 120))))
     return go.Figure(dict(data=data, layout=layout), _validate=False)
@@ -162,11 +175,13 @@ def _step_colour(colorscale, frac: float) -> str:
 
 
 def _sparse_ticks(labels: list[str], segments: Optional[list[str]], cols: int) -> dict:
-    """Long axes (or many panels side by side): tick where each segment starts (U, H0, C0, ...) and
-    every `step` positions inside long segments, never two ticks close enough to print over each other."""
+    """Short axes (up to 24 tokens, or 48 in one panel): every token, even in a grid of many panels
+    (plotly's automatic ticks would skip some). Long axes: tick where each segment starts (U, H0, C0,
+    ...) and every `step` positions inside long segments, never two ticks close enough to print over
+    each other."""
     n = len(labels)
-    if n * cols <= 48:
-        return {}
+    if n <= max(24, 48 // cols):
+        return dict(tickmode="array", tickvals=list(labels), ticktext=[t.split("–")[0] for t in labels])
     target = max(2, 10 // cols)                                  # ticks per axis that stay legible
     step = next(m * 10 ** e for e in range(7) for m in (1, 2, 5) if m * 10 ** e * target >= n)
     chosen: list[int] = []
@@ -178,18 +193,101 @@ def _sparse_ticks(labels: list[str], segments: Optional[list[str]], cols: int) -
                 ticktext=[labels[i].split("–")[0] for i in chosen])
 
 
-def _colour_range(shown, log, zmin, zmax) -> tuple[float, float]:
-    finite = [p.z[np.isfinite(p.z)].ravel() for p in shown if p is not None]
-    finite = np.concatenate(finite) if finite else np.zeros(0)
-    if not finite.size:
-        finite = np.zeros(1)
-    if log:
-        positive = finite[finite > 0]
-        floor = max(float(positive.min()) if positive.size else 1e-12, 1e-12)
-        return math.log10(floor), math.log10(max(float(finite.max()), floor * 10))
-    lo = float(zmin) if zmin is not None else float(finite.min())
-    hi = float(zmax) if zmax is not None else float(finite.max())
-    return lo, (hi if hi > lo else lo + 1.0)
+SEGMENT_NAMES = {"U": "user", "H": "history", "C": "candidate", "P": "padding"}
+
+
+def _segment_text(p: Panel) -> Optional[list[list[str]]]:
+    """Per cell: the segments of its query and key ("history → candidate"), for the hover. Large
+    panels go without (a string per cell would weigh megabytes); their labels carry U / H / C / pad."""
+    if not p.col_segments or len(p.row_labels) * len(p.col_labels) > 20_000:
+        return None
+    cols = [SEGMENT_NAMES.get(c, c) for c in p.col_segments]
+    rows = [SEGMENT_NAMES.get(r, r) for r in p.row_segments] if p.row_segments else [""] * len(p.row_labels)
+    return [[f"{r} → {c}" if r else c for c in cols] for r in rows]
+
+
+@dataclass
+class ColourScale:
+    """How values become colours, and a colour bar that says so.
+
+    linear: as is. log: log10 of positive values; with negative values a symmetric log,
+    sign(x) · log10(1 + |x| / c), linear within ±c, so a negative logit keeps its side of a diverging
+    scale. quantile: the value's rank among the finite values (0..1), so a few large weights cannot
+    leave every other cell at the bottom colour; the bar's ticks give the values at those quantiles."""
+    kind: str
+    lo: float
+    hi: float
+    threshold: float = 0.0                       # symmetric log: linear within ±threshold
+    sorted_values: Optional[np.ndarray] = None   # quantile: every finite value, sorted
+
+    @classmethod
+    def fit(cls, shown, kind: str, zmin=None, zmax=None) -> "ColourScale":
+        finite = [p.z[np.isfinite(p.z)].ravel() for p in shown if p is not None]
+        finite = np.concatenate(finite).astype(np.float64) if finite else np.zeros(0)
+        if not finite.size:
+            finite = np.zeros(1)
+        if kind == "quantile":
+            return cls(kind, 0.0, 1.0, sorted_values=np.sort(finite))
+        if kind == "log" and finite.min() < 0:
+            big = float(np.abs(finite).max()) or 1.0
+            nonzero = np.abs(finite[finite != 0])
+            c = max(float(np.quantile(nonzero, 0.05)) if nonzero.size else big, big * 1e-6)
+            top = math.log10(1 + big / c)
+            return cls("symlog", -top, top, threshold=c)
+        if kind == "log":
+            positive = finite[finite > 0]
+            floor = max(float(positive.min()) if positive.size else 1e-12, 1e-12)
+            return cls(kind, math.log10(floor), math.log10(max(float(finite.max()), floor * 10)))
+        lo = float(zmin) if zmin is not None else float(finite.min())
+        hi = float(zmax) if zmax is not None else float(finite.max())
+        return cls("linear", lo, hi if hi > lo else lo + 1.0)
+
+    def transform(self, raw: np.ndarray) -> np.ndarray:
+        """Values -> colour coordinates; `raw` itself when linear (NaN stays NaN: a gap)."""
+        if self.kind == "linear":
+            return raw
+        with np.errstate(invalid="ignore"):
+            if self.kind == "log":
+                return np.log10(np.clip(raw, 10 ** self.lo, None))
+            if self.kind == "symlog":
+                return np.sign(raw) * np.log10(1 + np.abs(raw) / self.threshold)
+            v = self.sorted_values         # the share of cells below: the smallest value (0) stays at the bottom
+            rank = np.searchsorted(v, raw, "left") / max(len(v) - 1, 1)
+            return np.where(np.isfinite(raw), rank, np.nan).clip(0, 1)
+
+    def colorbar(self, title: str) -> dict:
+        bar = dict(title=dict(text=title, side="right"), thickness=16)
+        if self.kind == "log":
+            ticks = list(range(math.floor(self.lo), math.ceil(self.hi) + 1))
+            bar.update(tickvals=ticks, ticktext=[f"1e{t}" for t in ticks])
+            bar["title"]["text"] = f"{title} (log)"
+        elif self.kind == "symlog":
+            c, top = self.threshold, 10 ** self.hi
+            mags = [10.0 ** e for e in range(math.ceil(math.log10(c)), math.floor(math.log10(top * (1 - 1e-9))) + 1)]
+            mags = mags[-4:]                        # the largest decades stay legible
+            values = [-m for m in reversed(mags)] + [0.0] + mags
+            bar.update(tickvals=[float(np.sign(v) * math.log10(1 + abs(v) / c)) for v in values],
+                       ticktext=[f"{v:g}" for v in values])
+            bar["title"]["text"] = f"{title} (symmetric log)"
+        elif self.kind == "quantile":
+            values = sorted({float(f"{np.quantile(self.sorted_values, q):.3g}")
+                             for q in (0, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)})
+            ticks: list[tuple[float, float]] = []            # (position, value), never printed over each other
+            for v in [values[0], values[-1], *values[1:-1]]:
+                pos = float(self.transform(np.array([v]))[0])
+                if all(abs(pos - p) >= 0.07 for p, _ in ticks):
+                    ticks.append((pos, v))
+            bar.update(tickvals=[p for p, _ in ticks], ticktext=[f"{v:.3g}" for _, v in ticks])
+            bar["title"]["text"] = f"{title} (quantile)"
+        return bar
+
+    def note(self) -> str:
+        """One line under the figure title saying how to read the colours."""
+        return {"log": "colour: log10 of the value",
+                "symlog": f"colour: symmetric log, sign(x)·log10(1 + |x|/{self.threshold:.2g}) — negative values "
+                          f"keep their side, linear within ±{self.threshold:.2g}",
+                "quantile": "colour: quantile — the share of cells with a smaller value (shows structure when "
+                            "a few cells hold most weight); the bar's ticks give the values"}.get(self.kind, "")
 
 
 def _grid_domains(panels, rows: int, cols: int):
@@ -218,14 +316,6 @@ def _theme_layout(title: str, height: int) -> dict:
     return dict(title=dict(text=title, x=0.01, xanchor="left", font=dict(size=FONT["size"] + 4)), font=FONT,
                 height=height, paper_bgcolor="white", plot_bgcolor="white", colorway=OKABE_ITO,
                 margin=dict(l=70, r=30, t=110, b=70))
-
-
-def _colorbar(title: str, log: bool, lo: float, hi: float) -> dict:
-    bar = dict(title=dict(text=title, side="right"), thickness=16)
-    if log:
-        ticks = list(range(math.floor(lo), math.ceil(hi) + 1))
-        bar.update(tickvals=ticks, ticktext=[f"1e{t}" for t in ticks])
-    return bar
 
 
 def _segment_lines(p: Panel, xref: str, yref: str, colour: str) -> list[dict]:

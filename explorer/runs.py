@@ -351,7 +351,7 @@ def model_settings(s: Settings) -> Settings:
     """The settings with the view options reset: two settings that differ only in what is shown
     share one model and one forward."""
     d = Settings()
-    return replace(s, row=d.row, layer=d.layer, head=d.head, values=d.values, color=d.color, query=d.query,
+    return replace(s, row=d.row, layer=d.layer, head=d.head, values=d.values, color=d.color, query=d.query, zoom=d.zoom,
                    candidate=d.candidate, perturbation=d.perturbation, delta=d.delta,
                    replace_with=d.replace_with, operation=d.operation, compare=d.compare,
                    variant=d.variant, bug=d.bug)

@@ -39,7 +39,9 @@ XREX_ROPE = "right-anchored"        # production's positions; grok.py's rope mod
 FAMILY_DEFAULTS = {"grok": {}, "xrex": dict(prefix="bidirectional", rope_mode=XREX_ROPE, cap_method="none",
                                             weights="random", rope_offset=0)}
 VALUE_KINDS = ("probabilities", "capped logits", "masked logits")
-COLOR_SCALES = ("linear", "log")
+COLOR_SCALES = ("linear", "log", "quantile")
+# heatmap regions drawn at full resolution (explorer.views.zoom_region)
+ZOOMS = ("all", "candidates", "history tail", "query row")
 PERTURBATIONS = ("scale", "noise", "replace")
 INVARIANCE_OPS = ("permute", "drop", "add")
 
@@ -164,6 +166,7 @@ class Settings:
     values: str = "probabilities"
     color: str = "linear"
     query: int = -1                  # -1: the first candidate
+    zoom: str = "all"                # ZOOMS: the whole sequence, or one region at full resolution
     candidate: int = 0
     perturbation: str = "scale"
     delta: float = 2.0
@@ -434,6 +437,7 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *,
     v["values"] = _choice("values", merged["values"], VALUE_KINDS)
     v["color"] = _choice("color", merged["color"], COLOR_SCALES)
     v["query"] = _int("query", merged["query"], -1, T - 1, why="a position in the sequence; -1: first candidate")
+    v["zoom"] = _choice("zoom", merged["zoom"], ZOOMS)
     C = v["num_candidates"]
     v["candidate"] = _int("candidate", merged["candidate"], 0, C - v["candidate_padding"] - 1,
                           why="a real (not padded) candidate")

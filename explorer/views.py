@@ -58,10 +58,42 @@ def row_note(s: Settings) -> str:
     return f" · batch row {s.row} of {s.batch_size}" if s.batch_size > 1 else ""
 
 
+HISTORY_TAIL = 32          # history positions shown before the candidates by zoom=history tail
+
+
+def zoom_region(s: Settings) -> tuple[list[int], list[int]]:
+    """(query rows, key columns) of the heatmaps for `s.zoom`: everything, the candidate block
+    against itself, the last history positions and the candidates, or one query's row."""
+    T, off = s.seq_len, s.candidate_start_offset
+    if s.zoom == "candidates":
+        rows = list(range(off, T))
+        return rows, rows
+    if s.zoom == "history tail":
+        rows = list(range(max(s.num_user, off - HISTORY_TAIL), T))
+        return rows, rows
+    if s.zoom == "query row":
+        return [s.query_position], list(range(T))
+    return list(range(T)), list(range(T))
+
+
+def cells(s: Settings, full: int) -> int:
+    """max_cells per axis: zoomed regions are drawn at full resolution."""
+    return full if s.zoom == "all" else max(full, s.seq_len)
+
+
 def _panel(s: Settings, z: np.ndarray, title: str) -> Panel:
     seg, labels = s.layout.segments(), s.layout.token_labels()
+    rows, cols = zoom_region(s)
     # float32: the model's own precision, and half the bytes on the wire
-    return Panel(np.asarray(z, dtype=np.float32), labels, labels, title, seg, seg)
+    z = np.asarray(z, dtype=np.float32)
+    if len(rows) < len(labels) or len(cols) < len(labels):
+        z = z[np.ix_(rows, cols)]
+    return Panel(z, [labels[i] for i in rows], [labels[i] for i in cols], title,
+                 [seg[i] for i in rows], [seg[i] for i in cols])
+
+
+def zoom_note(s: Settings) -> str:
+    return "" if s.zoom == "all" else f" · zoom: {s.zoom}, full resolution"
 
 
 # --- 1. mask -------------------------------------------------------------------------------
@@ -71,9 +103,9 @@ def mask_view(s: Settings) -> tuple[go.Figure, str]:
     kinds = [s.mask_kind, s.compare]
     masks = [layout_mask(s, k) for k in kinds]
     panels = [_panel(s, m.dense()[0, 0].numpy().astype(float), k) for k, m in zip(kinds, masks)]
-    fig = heatmap_figure(panels, cols=2, title=f"Who may attend to whom (T = {s.seq_len})",
+    fig = heatmap_figure(panels, cols=2, title=f"Who may attend to whom (T = {s.seq_len}){zoom_note(s)}",
                          value_name="", colorscale=MASK_SCALE, zmin=0, zmax=1,
-                         discrete={1.0: "may attend", 0.0: "masked"}, max_cells=SINGLE_MAX_CELLS)
+                         discrete={1.0: "may attend", 0.0: "masked"}, max_cells=cells(s, SINGLE_MAX_CELLS))
     rows = ["| mask | allowed pairs | of T² | skipped by an element-wise kernel | "
             f"skipped {BLOCK_Q}×{BLOCK_KV} tiles |", "|---|---|---|---|---|"]
     for k, m in zip(kinds, masks):
@@ -171,7 +203,6 @@ def grid_heads(num_q_heads: int, num_kv_heads: int) -> list[int]:
 def attention_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
     G = s.num_q_heads // s.num_kv_heads
     value_name = {"probabilities": "weight", "capped logits": "logit", "masked logits": "logit"}[s.values]
-    log = s.color == "log"
     scale = SEQUENTIAL if s.values == "probabilities" else DIVERGING
     if s.head < 0:
         # every layer and head; query heads ordered by KV head with a spacer column between groups
@@ -190,18 +221,18 @@ def attention_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
                  if len(heads) == s.num_q_heads else
                  f"every layer, query heads 0-{heads[-1]} of {s.num_q_heads} ({s.num_q_heads} query heads "
                  f"share {s.num_kv_heads} KV heads; pick a head to see any other)")
-        fig = heatmap_figure(panels, cols=cols, title=f"Attention {s.values}: {shown}{row_note(s)}",
-                             value_name=value_name, log=log, colorscale=scale, max_cells=GRID_MAX_CELLS,
-                             column_groups=groups,
-                             zmin=0 if s.values == "probabilities" and not log else None)
+        fig = heatmap_figure(panels, cols=cols, title=f"Attention {s.values}: {shown}{row_note(s)}{zoom_note(s)}",
+                             value_name=value_name, color=s.color, colorscale=scale,
+                             max_cells=cells(s, GRID_MAX_CELLS), column_groups=groups,
+                             zmin=0 if s.values == "probabilities" else None)
         bar_head = 0
     else:
         vals = attention_values(s, s.layer)
         kv = s.head // G
         fig = heatmap_figure([_panel(s, vals[s.head], "")], title=f"Attention {s.values}: layer {s.layer}, "
-                             f"query head {s.head} (KV head {kv}){row_note(s)}", value_name=value_name, log=log,
-                             colorscale=scale, max_cells=SINGLE_MAX_CELLS,
-                             zmin=0 if s.values == "probabilities" and not log else None)
+                             f"query head {s.head} (KV head {kv}){row_note(s)}{zoom_note(s)}",
+                             value_name=value_name, color=s.color, colorscale=scale,
+                             max_cells=cells(s, SINGLE_MAX_CELLS), zmin=0 if s.values == "probabilities" else None)
         bar_head = s.head
     bars, text = query_row_view(s, s.layer, bar_head)
     return fig, bars, text

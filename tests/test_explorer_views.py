@@ -135,7 +135,7 @@ def test_forward_is_cached_across_view_options():
 
 def test_heatmap_builder_log_scale_hovers_raw_values():
     z = np.array([[1e-6, 1e-2], [0.5, 1.0]])
-    fig = heatmap_figure([Panel(z, ["a", "b"], ["a", "b"])], title="t", log=True)
+    fig = heatmap_figure([Panel(z, ["a", "b"], ["a", "b"])], title="t", color="log")
     hm = heatmaps(fig)[0]
     np.testing.assert_array_equal(np.asarray(hm.customdata), z)
     np.testing.assert_allclose(np.asarray(hm.z), np.log10(z))

@@ -1,0 +1,100 @@
+"""Heatmaps readable at any size: colour scales that keep the sign and show structure, pooling that
+never mixes segments, zoomed regions at full resolution, every token ticked on short axes."""
+import numpy as np
+import pytest
+
+from explorer import runs, views
+from explorer.figures import Panel, heatmap_figure, pool, segment_bins
+from explorer.settings import parse_query
+
+NANO = "preset=phoenix-nano"          # T = 1 + 1022 + 64 = 1087: pooled on screen
+SEGMENT_OF = {"U": "U", "H": "H", "C": "C", "p": "P"}      # a label's first letter ("pad·H3" -> P)
+
+
+def heatmaps(fig):
+    return [t for t in fig.data if t.type == "heatmap"]
+
+
+def segment(label: str) -> str:
+    return SEGMENT_OF[label[0]]
+
+
+def test_log_colour_keeps_the_sign_of_logits():
+    s = parse_query("preset=lecture&head=2&values=capped+logits&color=log")
+    fig, _, _ = views.attention_view(s)
+    (hm,) = heatmaps(fig)
+    raw, z = np.asarray(hm.customdata, dtype=float), np.asarray(hm.z, dtype=float)
+    np.testing.assert_array_equal(raw, runs.forward(s).trunk.layers[0].logits[0, 2].numpy())
+    assert (raw < 0).any() and (raw > 0).any()
+    np.testing.assert_array_equal(np.sign(z), np.sign(raw))          # negative logits stay negative
+    order = np.argsort(raw.ravel())
+    assert np.all(np.diff(z.ravel()[order]) >= 0)                      # and the order is kept
+    assert hm.zmin == -hm.zmax                                         # 0 sits at the scale's centre
+    assert "symmetric log" in hm.colorbar.title.text and "symmetric log" in fig.layout.title.text
+
+
+def test_quantile_colour_spreads_a_skewed_map_and_says_so():
+    rng = np.random.default_rng(0)
+    z = rng.random((40, 40)) ** 8                      # most cells near 0, a few near 1
+    fig = heatmap_figure([Panel(z, [f"t{i}" for i in range(40)], [f"t{i}" for i in range(40)])],
+                         title="t", color="quantile")
+    (hm,) = heatmaps(fig)
+    shown = np.asarray(hm.z, dtype=float)
+    assert np.median(z) < 0.01 and 0.45 < np.median(shown) < 0.55      # linear would be at the bottom
+    np.testing.assert_array_equal(np.asarray(hm.customdata), z)        # hover: the raw value
+    assert "quantile" in hm.colorbar.title.text
+    assert f"{np.quantile(z, 0.5):.3g}" in list(hm.colorbar.ticktext) and "quantile" in fig.layout.title.text
+
+
+def test_pooled_bins_never_straddle_a_segment_boundary():
+    s = parse_query(NANO + "&history_padding=6&candidate_padding=4")
+    fig, _ = views.mask_view(s)
+    hm = heatmaps(fig)[0]
+    labels = list(hm.x)
+    assert len(labels) < s.seq_len                      # pooled
+    for label in labels:
+        first, _, last = label.partition("–")
+        assert segment(first) == segment(last or first), label
+    # the boundary is named by the bin that starts it
+    assert "C0" in [t for t in fig.layout.xaxis.ticktext]
+    starts = [label.partition("–")[0] for label in labels]
+    assert "C0" in starts and "pad·H1016" in starts and "pad·C60" in starts
+
+
+def test_segment_bins_cut_each_run_on_its_own():
+    assert segment_bins(list("UHHHHHCC"), 8, 3) == [(0, 1), (1, 4), (4, 6), (6, 8)]
+    p = pool(Panel(np.arange(64.0).reshape(8, 8), list("abcdefgh"), list("abcdefgh"), "",
+                   list("UHHHHHCC"), list("UHHHHHCC")), 3)
+    assert p.col_labels == ["a", "b–d", "e–f", "g–h"] and p.z[1, 1] == 8 * 3 + 3
+
+
+@pytest.mark.parametrize("zoom, rows, cols", [("candidates", (1023, 1087), (1023, 1087)),
+                                              ("history tail", (1023 - 32, 1087), (1023 - 32, 1087)),
+                                              ("query row", (1023, 1024), (0, 1087))])
+def test_zoom_shows_a_region_at_full_resolution(zoom, rows, cols):
+    s = parse_query(NANO + "&zoom=" + zoom.replace(" ", "+"))
+    fig, _ = views.mask_view(s)
+    hm = heatmaps(fig)[0]
+    full = views.mask_dense(s, s.mask_kind)
+    np.testing.assert_array_equal(np.asarray(hm.z, dtype=float), full[rows[0]:rows[1], cols[0]:cols[1]])
+    labels = s.layout.token_labels()
+    assert list(hm.y) == labels[rows[0]:rows[1]] and list(hm.x) == labels[cols[0]:cols[1]]
+    assert "zoom: " + zoom in fig.layout.title.text
+
+
+def test_short_axes_tick_every_token_even_in_a_grid():
+    s = parse_query("preset=lecture&weights=random&num_history=14")          # T = 18
+    assert s.seq_len == 18
+    fig, _, _ = views.attention_view(s)                                        # 5 panel columns
+    for axis in ("xaxis", "xaxis3", "yaxis"):
+        assert list(fig.layout[axis].tickvals) == s.layout.token_labels()
+
+
+def test_hover_names_query_key_segment_and_value():
+    s = parse_query("preset=lecture&head=0")
+    fig, _, _ = views.attention_view(s)
+    (hm,) = heatmaps(fig)
+    assert "query %{y}" in hm.hovertemplate and "key %{x}" in hm.hovertemplate
+    assert "%{text}" in hm.hovertemplate and "weight" in hm.hovertemplate
+    off = s.candidate_start_offset
+    assert hm.text[off][1] == "candidate → history" and hm.text[0][0] == "user → user"
