@@ -26,8 +26,8 @@ from pydantic import model_validator
 
 from explorer import export, runs, timing, views
 from explorer.settings import (COLOR_SCALES, FAMILIES, INVARIANCE_OPS, MAX_BATCH, PERTURBATIONS, VALUE_KINDS,
-                               XREX_ROPE, ZOOMS, Settings, ValidationError, device, parse_query, parse_settings,
-                               retired_note, sweep_budget_s, to_query, with_family)
+                               XREX_ROPE, ZOOMS, Settings, ValidationError, check_model_fits, device, parse_query,
+                               parse_settings, retired_note, sweep_budget_s, to_query, with_family)
 from models.attention import CAP_METHODS
 from models.grok import ROPE_MODES
 from models.masks import MASK_KINDS, PREFIX_MODES
@@ -45,6 +45,9 @@ except ImportError:
         return fn
 
 TABS = ("mask", "attention", "isolation", "invariance", "variants", "timing", "export")
+# what each tab's redraw fills: (number of outputs, index of its text), in view_outputs' order
+TAB_OUTPUTS = {"mask": (4, 1), "attention": (3, 2), "isolation": (3, 2), "invariance": (5, 1), "variants": (5, 2)}
+VIEW_OUTPUTS = sum(n for n, _ in TAB_OUTPUTS.values())
 # Every event that runs the ranking model (control changes, tab redraws, the view endpoints) queues in
 # one group: at most this many forwards at once across all of them, whichever event asked. Exports
 # (one kaleido browser), uploads and timing sweeps have their own limit of 1 on top.
@@ -100,16 +103,26 @@ def session_of(request) -> str:
     return getattr(request, "session_hash", None) or "api"
 
 
-def settings_of(query: str, request=None) -> Settings:
-    """The validated settings of a query string, for the visitor who sent it (their own uploads)."""
-    return parse_query(query, uploaded=runs.uploads(session_of(request)))
+def settings_of(query: str, request=None, need_model: bool = True) -> Settings:
+    """The validated settings of a query string, for the visitor who sent it (their own uploads).
+    `need_model=False`: the layout and view options only (the mask view builds no model)."""
+    return parse_query(query, uploaded=runs.uploads(session_of(request)), need_model=need_model)
+
+
+def model_limit(s: Settings) -> str:
+    """'' when the model of `s` runs on this device, else why not (the field named), in one line."""
+    try:
+        check_model_fits(s)
+    except ValidationError as e:
+        return str(e)
+    return ""
 
 
 # --- endpoints: each takes the configuration as a URL query string -----------------------
 
 @guarded
 def mask_endpoint(query: str, request: gr.Request = None):
-    s = settings_of(query, request)
+    s = settings_of(query, request, need_model=False)
     return (*views.mask_view(s), *views.kernel_view(s))
 
 
@@ -332,6 +345,26 @@ def settings_endpoint(request: gr.Request, *values):
     return to_query(parse_settings(dict(zip(CONTROL_FIELDS, values)), uploaded=runs.uploads(session_of(request))))
 
 
+def settings_keeping_last_valid(values: list, last: Settings, request=None) -> tuple[Settings, dict[str, str]]:
+    """The page's control values -> (settings to draw, {field: message} for each invalid control).
+    An invalid control keeps its last valid value in the drawn settings, so every other control keeps
+    working while it is marked; the model's device limits are named but do not stop the mask view."""
+    raw, problems = dict(zip(CONTROL_FIELDS, values)), {}
+    uploaded = runs.uploads(session_of(request))
+    while True:
+        try:
+            s = parse_settings(raw, uploaded=uploaded, need_model=False)
+            break
+        except ValidationError as e:
+            if e.field not in raw or e.field in problems:     # the last valid value fails too: draw `last`
+                problems.setdefault(e.field if e.field in raw else "preset", str(e))
+                s = last
+                break
+            problems[e.field] = str(e)
+            raw[e.field] = getattr(last, e.field)
+    return s, problems
+
+
 def control_values(s: Settings) -> list:
     return [getattr(s, f) for f in CONTROL_FIELDS]
 
@@ -344,29 +377,41 @@ def family_endpoint(query: str, family: str, request: gr.Request = None):
 
 @guarded
 def preset_endpoint(preset: str):
-    """A preset resets every model and layout control to its values."""
-    return to_query(parse_settings({"preset": preset}))
+    """A preset resets every model and layout control to its values. Every preset is offered on every
+    device: the mask view draws it, and model views say when its model does not fit here."""
+    return to_query(parse_settings({"preset": preset}, need_model=False))
+
+
+def preset_choices():
+    """Presets whose model does not fit this device say so in the list, before anyone picks them."""
+    choices = []
+    for name in PRESETS:
+        limit = model_limit(parse_settings({"preset": name}, need_model=False))
+        choices.append((f"{name} — mask view only on {device().upper()} (model too large)" if limit else name, name))
+    return choices
 
 
 @guarded
 def load_endpoint(request: gr.Request):
-    """Read the page's URL query string (a shared link) into the controls."""
+    """Read the page's URL (a shared link) into the controls and open the tab it names."""
     params = dict(request.query_params) if request is not None else {}
     if retired_note(params):
         gr.Info(as_text(f"link: {retired_note(params)}"))
     query = urlencode({k: v for k, v in params.items() if k in CONTROL_FIELDS})
+    tab = params.get("tab", "mask")
+    tab = tab if tab in TABS else "mask"
     try:
-        s = settings_of(query or "preset=lecture", request)
+        s = settings_of(query or "preset=lecture", request, need_model=False)
     except ValueError as e:
         gr.Warning(as_text(f"link ignored: {e}"))
         s = settings_of("preset=lecture", request)
-    return to_query(s)
+    return to_query(s), tab, gr.Tabs(selected=tab)
 
 
 @guarded
 def query_to_controls(query: str, request: gr.Request = None):
     """Set every control from the query string; the head and weights lists follow the settings."""
-    s = settings_of(query, request)
+    s = settings_of(query, request, need_model=False)
     values = control_values(s)
     values[CONTROL_FIELDS.index("head")] = gr.update(choices=head_choices(s), value=s.head)
     values[CONTROL_FIELDS.index("weights")] = gr.update(choices=weight_choices(request), value=s.weights)
@@ -400,12 +445,46 @@ def control_change(request: gr.Request, *args):
 
 
 @guarded
+def control_change_on_page(request: gr.Request, *args):
+    """The page's control change: like control_change, but an invalid value is marked at its control
+    (its message under it) instead of refusing the whole change; the last valid view stays drawn and
+    every other control keeps working. Model views name the device limit instead of failing."""
+    *values, tab, last_query, marked = args
+    last = settings_of(last_query, request, need_model=False)
+    s, problems = settings_keeping_last_valid(values, last, request)
+    query = to_query(s)
+    limit = model_limit(s)
+    marks = {f: gr.update(info="⚠ " + msg, elem_classes=["invalid"]) for f, msg in problems.items()}
+    for f in set(marked or []) - set(problems):
+        marks[f] = gr.update(info=None, elem_classes=[])
+    updates = [marks.get(f, gr.skip()) for f in CONTROL_FIELDS]
+    head = CONTROL_FIELDS.index("head")
+    updates[head] = gr.update(choices=head_choices(s), value=s.head, **({"info": None, "elem_classes": []}
+                                                                       if "head" in (marked or []) else {}))
+    if "head" in problems:
+        updates[head] = gr.update(choices=head_choices(s), info="⚠ " + problems["head"], elem_classes=["invalid"])
+    views_out = render_tab(query, tab, request) if query != last_query else [gr.skip()] * VIEW_OUTPUTS
+    return [query, sorted(problems), limit_note(limit)] + updates + views_out
+
+
+def limit_note(limit: str) -> str:
+    return (f"⚠ **This model does not fit on {device().upper()}** — {limit}. The Mask tab still draws the layout; "
+            "the model views wait for smaller settings." if limit else "")
+
+
+@guarded
 def render_tab(query: str, tab: str, request: gr.Request = None):
     """Redraw only the visible tab (the others redraw when they are opened)."""
     if not isinstance(tab, str) or tab not in TABS:
         raise ValidationError("tab", tab, ", ".join(TABS))
-    settings_of(query, request)         # every tab checks the query, also those drawn on demand
+    s = settings_of(query, request, need_model=False)   # every tab checks the query, also those drawn on demand
+    limit = model_limit(s)
     out = {t: None for t in TABS}
+    if limit and tab in TAB_OUTPUTS and tab != "mask":
+        n, text = TAB_OUTPUTS[tab]
+        out[tab] = [None] * n
+        out[tab][text] = limit_note(limit)
+        tab = "none"
     if tab == "mask":
         out["mask"] = mask_endpoint(query, request)
     elif tab == "attention":
@@ -417,9 +496,10 @@ def render_tab(query: str, tab: str, request: gr.Request = None):
     elif tab == "variants":
         out["variants"] = variants_endpoint(query, request)
     flat = []
-    for t, n in (("mask", 4), ("attention", 3), ("isolation", 3), ("invariance", 5), ("variants", 5)):
+    for t, (n, _) in TAB_OUTPUTS.items():
         flat += list(out[t]) if out[t] is not None else [gr.skip()] * n
     return flat
+
 
 
 # --- components that leave every check to explorer.settings -----------------------------------
@@ -475,6 +555,54 @@ def weights_file(**kw) -> gr.File:
 
 # --- layout -----------------------------------------------------------------------------------
 
+# The address bar follows the controls and the open tab, so a copied link reopens the same view.
+# Plotly writes colour-bar gradients and clip paths as url('<page address>#id') when the page has a
+# <base> element (Gradio's has), and keeps that address for later redraws: once the address changes
+# they point into another document and draw nothing (a blank colour bar). Both are moved to the new
+# address here.
+WRITE_URL = """(q, tab) => {
+    const before = window.location.href.split('#')[0];
+    const u = new URL(window.location);
+    u.search = q + (tab && tab !== 'mask' ? '&tab=' + encodeURIComponent(tab) : '');
+    window.history.replaceState(null, '', u);
+    const now = u.href.split('#')[0];
+    if (now !== before) {
+        document.querySelectorAll('.js-plotly-plot').forEach((gd) => {
+            if (gd._context && gd._context._baseUrl) gd._context._baseUrl = now;
+            gd.querySelectorAll('[style*="url("], [clip-path], [fill^="url("]').forEach((el) => {
+                for (const prop of ['fill', 'stroke', 'clip-path']) {
+                    const v = el.style.getPropertyValue(prop);
+                    if (v && v.includes(before)) el.style.setProperty(prop, v.split(before).join(now));
+                    const a = el.getAttribute(prop);
+                    if (a && a.includes(before)) el.setAttribute(prop, a.split(before).join(now));
+                }
+            });
+        });
+    }
+    return [q, tab];
+}"""
+
+CSS = """.invalid { outline: 2px solid #D55E00; outline-offset: 2px; border-radius: 6px; }
+.invalid .info, .invalid [data-testid="block-info"] + div, .invalid span.info { color: #B34700 !important; }
+#limit-note:empty { display: none; }"""
+
+# what to look for, one line per tab
+LOOK_FOR = {
+    "mask": "Look for: the candidate block's diagonal (each candidate sees the user, the history and only "
+            "itself) against the causal mask, where later candidates also see earlier ones.",
+    "attention": "Look for: candidate rows attend to history and to themselves only; heads sharing a KV head "
+                 "(grouped query attention) often look alike; switch colour to quantile or log on random weights.",
+    "anatomy": "Look for: how one query row is built — q·k per key, scaled, capped, masked to −∞, normalised by the "
+               "softmax, and the weights mixing the values into the output.",
+    "isolation": "Look for: under the recsys mask, perturbing candidate j changes only its own column; under the "
+                 "causal mask the change leaks into every later candidate.",
+    "invariance": "Look for: with sequential RoPE positions, reordering candidates moves their scores; with shared "
+                  "or no positions they stay put (batch invariance).",
+    "variants": "Look for: in the trained model's last row, the weight on the queried key/value pair (outlined).",
+    "timing": "Look for: where the structured kernel overtakes naive attention as T grows, and the memory it saves.",
+    "export": "Look for: figures redrawn in the lecture theme at 16:9, with captions describing each one.",
+}
+
 def number(label, **kw):
     """An integer box unless precision=None; the value is checked by explorer.settings either way."""
     return Number(label=label, precision=kw.pop("precision", 0), **kw)
@@ -495,10 +623,12 @@ def build_app() -> gr.Blocks:
                            interactive=False, elem_id="query")
         # the visible tab; a hidden Textbox, not gr.State, so API calls can name the tab to redraw
         tab_state = gr.Textbox("mask", visible=False)
+        marked = gr.State([])           # the controls marked invalid, to clear when they are fixed
+        limit_md = gr.Markdown(elem_id="limit-note")
         c: dict[str, gr.components.Component] = {}
         with gr.Row():
             with gr.Column(scale=1, min_width=300):
-                c["preset"] = Dropdown(list(PRESETS), value=d.preset, label="preset")
+                c["preset"] = Dropdown(preset_choices(), value=d.preset, label="preset")
                 c["family"] = Radio([(label, name) for name, label in FAMILIES.items()], value=d.family,
                                     label="model family")
                 c["weights"] = Dropdown(weight_choices(), value=d.weights, label="weights")
@@ -535,14 +665,16 @@ def build_app() -> gr.Blocks:
                     c["rope_offset"] = number("RoPE offset", value=d.rope_offset)
                     c["rope_mode"] = Radio([*ROPE_MODES, XREX_ROPE], value=d.rope_mode, label="candidate positions")
             with gr.Column(scale=4):
-                with gr.Tabs():
+                with gr.Tabs() as tabs:
                     with gr.Tab("1 · Mask", id="mask") as t_mask:
+                        gr.Markdown(LOOK_FOR["mask"])
                         c["compare"] = Dropdown(list(MASK_KINDS), value=d.compare, label="compare with")
                         mask_fig = gr.Plot(label="mask", elem_id="mask-plot")
                         mask_text = gr.Markdown()
                         kernel_fig = gr.Plot(label="production's kernels: tiles run and skipped", elem_id="kernel-plot")
                         kernel_text = gr.Markdown()
                     with gr.Tab("2 · Attention", id="attention") as t_attn:
+                        gr.Markdown(LOOK_FOR["attention"])
                         with gr.Row():
                             c["layer"] = number("layer", value=d.layer)
                             c["head"] = Dropdown(head_choices(d), value=d.head, label="head")
@@ -553,6 +685,7 @@ def build_app() -> gr.Blocks:
                         row_fig = gr.Plot(label="query row")
                         attn_text = gr.Markdown()
                     with gr.Tab("3 · Isolation", id="isolation") as t_iso:
+                        gr.Markdown(LOOK_FOR["isolation"])
                         with gr.Row():
                             c["candidate"] = number("candidate j", value=d.candidate)
                             c["perturbation"] = Radio(list(PERTURBATIONS), value=d.perturbation,
@@ -563,6 +696,7 @@ def build_app() -> gr.Blocks:
                         iso_fig = gr.Plot(label="change per layer and position", elem_id="isolation-plot")
                         iso_bars = gr.Plot(label="change per candidate")
                     with gr.Tab("4 · Invariance & RoPE", id="invariance") as t_inv:
+                        gr.Markdown(LOOK_FOR["invariance"])
                         c["operation"] = Radio(list(INVARIANCE_OPS), value=d.operation, label="operation")
                         inv_fig = gr.Plot(label="score change", elem_id="invariance-plot")
                         inv_text = gr.Markdown()
@@ -570,6 +704,7 @@ def build_app() -> gr.Blocks:
                         rope_qk = gr.Plot(label="q·k vs distance")
                         rope_text = gr.Markdown()
                     with gr.Tab("5 · Variants", id="variants") as t_var:
+                        gr.Markdown(LOOK_FOR["variants"])
                         with gr.Row():
                             c["variant"] = Dropdown(list(VARIANTS), value=d.variant,
                                                        label="attention variant (course notebooks)")
@@ -581,6 +716,7 @@ def build_app() -> gr.Blocks:
                         bug_text = gr.Markdown()
                         bug_fig = gr.Plot(label="attention with the bug")
                     with gr.Tab("6 · Flash vs naive", id="timing") as t_time:
+                        gr.Markdown(LOOK_FOR["timing"])
                         geometry0, dtype0 = timing.geometries()[0], timing.dtypes()[0]
                         with gr.Row():
                             geometry_pick = Radio(list(timing.geometries()), value=geometry0, scale=3,
@@ -602,6 +738,7 @@ def build_app() -> gr.Blocks:
                         with gr.Row():
                             speed_fig, err_fig = gr.Plot(label="speed-up"), gr.Plot(label="error")
                     with gr.Tab("7 · Export", id="export") as t_exp:
+                        gr.Markdown(LOOK_FOR["export"])
                         with gr.Row():
                             fig_name = Dropdown(list(export.FIGURES), value="attention", label="figure")
                             fmt = Radio(list(export.FORMATS), value="png", label="format")
@@ -617,39 +754,52 @@ def build_app() -> gr.Blocks:
         view_outputs = [mask_fig, mask_text, kernel_fig, kernel_text, attn_fig, row_fig, attn_text, iso_fig, iso_bars, iso_text,
                         inv_fig, inv_text, rope_angle, rope_qk, rope_text, var_fig, var_loss, var_text, bug_fig,
                         bug_text]
-        write_url = ("(q) => { const u = new URL(window.location); u.search = q; "
-                     "window.history.replaceState(null, '', u); return q; }")
+        write_url = WRITE_URL
+
+        hidden = dict(api_visibility="undocumented")      # the page's own steps: not on the API page
 
         def redraw(event, after: str):
-            return (event.then(None, [query], None, js=write_url, api_name=f"write_url_after_{after}")
+            return (event.then(None, [query, tab_state], None, js=write_url, **hidden)
                     .then(render_tab, [query, tab_state], view_outputs, api_name=f"render_after_{after}",
-                          show_progress="minimal", **FORWARD))
+                          show_progress="minimal", **hidden, **FORWARD))
 
-        # any control -> validated query string + the visible tab redrawn, in one round trip
-        gr.on([c[f].input for f in CONTROL_FIELDS if f not in ("preset", "family")], control_change, controls + [tab_state],
-              [query, c["head"]] + view_outputs, api_name="control_change", trigger_mode="always_last",
-              show_progress="minimal", **FORWARD) \
-            .then(None, [query], None, js=write_url, api_name="write_url_after_change")
+        # any control -> validated query string + the visible tab redrawn, in one round trip; an invalid
+        # value is marked at its control and the rest keeps working
+        gr.on([c[f].input for f in CONTROL_FIELDS if f not in ("preset", "family")], control_change_on_page,
+              controls + [tab_state, query, marked], [query, marked, limit_md] + controls + view_outputs,
+              api_name="render_on_change", trigger_mode="always_last", show_progress="minimal", **hidden,
+              **FORWARD) \
+            .then(None, [query, tab_state], None, js=write_url, **hidden)
+        # the same change for API clients: a bad value is refused with the field named
+        hidden_q.change(control_change, controls + [tab_state], [query, c["head"]] + view_outputs,
+                        api_name="control_change", **FORWARD)
         hidden_q.blur(settings_endpoint, controls, hidden_out, api_name="settings")
         ev = c["preset"].input(preset_endpoint, c["preset"], query, api_name="preset")
         redraw(ev.success(query_to_controls, query, controls, api_name="sync_preset",
-                          show_progress="hidden"), "preset")
+                          show_progress="hidden", **hidden)
+               .then(lambda q: limit_note(model_limit(settings_of(q, need_model=False))), query, limit_md,
+                     **hidden), "preset")
         ev = c["family"].input(family_endpoint, [query, c["family"]], query, api_name="family")
         redraw(ev.success(query_to_controls, query, controls, api_name="sync_family",
-                          show_progress="hidden"), "family")
+                          show_progress="hidden", **hidden)
+               .then(lambda q: limit_note(model_limit(settings_of(q, need_model=False))), query, limit_md,
+                     **hidden), "family")
         ev = upload.upload(upload_endpoint, [query, upload], [query, upload_msg],
                            api_name="upload_weights", concurrency_limit=1, concurrency_id="heavy")
         redraw(ev.success(query_to_controls, query, controls, api_name="sync_upload",
-                          show_progress="hidden"), "upload")
+                          show_progress="hidden", **hidden), "upload")
         for tab, name in ((t_mask, "mask"), (t_attn, "attention"), (t_iso, "isolation"),
                           (t_inv, "invariance"), (t_var, "variants"), (t_time, "timing"), (t_exp, "export")):
-            tab.select(lambda n=name: n, None, tab_state, api_name=f"tab_{name}", show_progress="hidden") \
+            tab.select(lambda n=name: n, None, tab_state, api_name=f"tab_{name}", show_progress="hidden", **hidden) \
+               .then(None, [query, tab_state], None, js=write_url, **hidden) \
                .then(render_tab, [query, tab_state], view_outputs, api_name=f"render_{name}",
-                     show_progress="minimal", **FORWARD)
+                     show_progress="minimal", **hidden, **FORWARD)
         copy.click(None, None, None, api_name="copy_link",
                    js="() => { navigator.clipboard && navigator.clipboard.writeText(window.location.href); }")
-        redraw(demo.load(load_endpoint, None, query, api_name="load")
-               .success(query_to_controls, query, controls, api_name="sync_load", show_progress="hidden"), "load")
+        redraw(demo.load(load_endpoint, None, [query, tab_state, tabs], api_name="load", **hidden)
+               .success(query_to_controls, query, controls, api_name="sync_load", show_progress="hidden", **hidden)
+               .then(lambda q: limit_note(model_limit(settings_of(q, need_model=False))), query, limit_md,
+                     **hidden), "load")
         demo.unload(forget_uploads)
 
         # the API: one endpoint per view, configuration as a query string
@@ -707,4 +857,4 @@ if __name__ == "__main__":
     warm.start()
     build_app().launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                        server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
-                       show_error=True, max_file_size="200mb")
+                       show_error=True, max_file_size="200mb", css=CSS)

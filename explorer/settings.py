@@ -346,11 +346,13 @@ def estimate_params(s: Settings) -> int:
 
 
 def parse_settings(raw: Mapping[str, Any] | None = None, *,
-                   uploaded: Optional[Mapping[str, Mapping[str, Any]]] = None) -> Settings:
+                   uploaded: Optional[Mapping[str, Mapping[str, Any]]] = None, need_model: bool = True) -> Settings:
     """Raw values (strings from a URL, numbers from the UI) -> a valid Settings, or ValidationError.
 
     `uploaded`: the weight files this visitor has uploaded, name -> the WEIGHT_GEOMETRY values they
     were checked against ("upload:<name>" is then valid with those values).
+    `need_model=False` leaves out the device's model limits (check_model_fits): the mask view
+    draws phoenix-prod's layout on a CPU without building the model.
     """
     uploaded = uploaded or {}
     raw = {k: v for k, v in dict(raw or {}).items() if k not in RETIRED_FIELDS}
@@ -450,6 +452,13 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *,
     v["bug"] = _choice("bug", merged["bug"], ("none", *bug_names(family)))
 
     s = Settings(**v)
+    if need_model:
+        check_model_fits(s)
+    return s
+
+
+def check_model_fits(s: Settings) -> None:
+    """The model and its recorded attention fit this device, or ValidationError naming the field."""
     n = estimate_params(s)
     if n > max_params():
         raise ValidationError("emb_size", s.emb_size,
@@ -464,7 +473,6 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *,
                               f"layers x query heads x T^2 within {max_trace_bytes() / 2**20:.0f} MiB of recorded "
                               f"attention on {device().upper()} (here {s.num_layers} x {s.num_q_heads} x "
                               f"{s.seq_len}^2 needs {trace_bytes(s) / 2**20:.0f} MiB): fewer layers, heads or tokens")
-    return s
 
 
 def trace_bytes(s: Settings, rows: Optional[int] = None) -> int:
@@ -603,13 +611,14 @@ def _fmt(val: Any) -> str:
     return repr(val) if isinstance(val, float) else str(val)
 
 
-def parse_query(query: str, *, uploaded: Optional[Mapping[str, Mapping[str, Any]]] = None) -> Settings:
+def parse_query(query: str, *, uploaded: Optional[Mapping[str, Mapping[str, Any]]] = None,
+                need_model: bool = True) -> Settings:
     if not isinstance(query, str):
         raise ValidationError("query string", query, "text like 'preset=lecture&num_candidates=4'")
     if len(query) > 4000:
         raise ValidationError("query string", query, "at most 4000 characters")
     pairs = parse_qsl(query.lstrip("?"), keep_blank_values=True)
-    return parse_settings(dict(pairs), uploaded=uploaded)
+    return parse_settings(dict(pairs), uploaded=uploaded, need_model=need_model)
 
 
 def with_family(s: Settings, family: str) -> Settings:

@@ -20,7 +20,8 @@ from explorer.settings import Settings  # noqa: E402  (the app's own field order
 CONTROL_FIELDS = [f.name for f in fields(Settings)]
 VIEWS = ("/mask", "/attention", "/isolation", "/invariance", "/variants")
 # endpoints fuzzed argument by argument below; the rest take a query string (+ the visible tab) or nothing
-BY_ARGUMENT = ("/settings", "/control_change", "/timing", "/export_figure", "/upload_weights", "/preset", "/family")
+BY_ARGUMENT = ("/settings", "/control_change", "/render_on_change", "/timing", "/export_figure", "/upload_weights",
+               "/preset", "/family")
 # "field: got value; allowed: what" — the validation layer's one message shape
 CLEAR = re.compile(r"^(?P<field>[A-Za-z_][\w ]{0,40}): got .+; allowed: .+", re.S)
 TRACEBACK = ("Traceback (most recent call last)", 'File "', ", line ")
@@ -38,8 +39,12 @@ def client(server):
 
 
 @pytest.fixture(scope="module")
-def endpoints(client):
-    return client.view_api(return_format="dict", print_info=False)["named_endpoints"]
+def endpoints(server):
+    """Every named endpoint, also those the API page leaves out (the page's own steps)."""
+    import json
+    import urllib.request
+    with urllib.request.urlopen(server + "gradio_api/info?all_endpoints=True") as r:
+        return json.load(r)["named_endpoints"]
 
 
 def parameter_names(endpoint) -> list:
@@ -102,6 +107,11 @@ BAD_QUERIES = [
 @pytest.mark.parametrize("query,field", BAD_QUERIES, ids=[f"{i}" for i in range(len(BAD_QUERIES))])
 @pytest.mark.parametrize("api", VIEWS)
 def test_views_refuse_bad_configurations_by_name(client, api, query, field):
+    if api == "/mask" and field in ("emb_size", "num_layers") and "=1e30" not in query:
+        # a model too large for the device: the mask view builds no model and draws the layout
+        fig, text = client.predict(query, api_name=api)
+        assert "| recsys |" in text
+        return
     assert_names_field(refused(client, api, query), field)
 
 

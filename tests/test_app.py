@@ -45,11 +45,57 @@ def array(value) -> np.ndarray:
     return np.array(value, dtype=float)
 
 
-def test_every_event_is_a_named_endpoint(client):
+DOCUMENTED = {"/settings", "/control_change", "/preset", "/mask", "/attention", "/isolation", "/invariance",
+              "/variants", "/timing", "/stop_timing", "/export_figure", "/lecture_pack", "/upload_weights"}
+
+
+def test_the_api_page_lists_only_the_documented_endpoints(client):
+    """The page's own steps (render_after_*, sync_*, write_url_*, tab_*) stay callable but unlisted."""
     names = set(client.view_api(return_format="dict", print_info=False)["named_endpoints"])  # noqa
-    for view in ("/settings", "/control_change", "/preset", "/mask", "/attention", "/isolation", "/invariance", "/variants", "/timing",
-                 "/export_figure", "/lecture_pack", "/upload_weights", "/load"):
-        assert view in names, view
+    assert names == DOCUMENTED
+    readme = open("README.md").read()
+    assert all(f"`{name}`" in readme for name in DOCUMENTED)
+
+
+def test_a_preset_too_large_for_the_device_draws_its_mask_and_names_the_limit(client):
+    """phoenix-prod on a CPU: offered, accepted, its mask drawn; model views say why not, by field."""
+    assert client.predict("phoenix-prod", api_name="/preset") == "preset=phoenix-prod"
+    fig, text = client.predict("preset=phoenix-prod", api_name="/mask")
+    assert [t for t in plot_data(fig) if t["type"] == "heatmap"] and "| recsys |" in text
+    with pytest.raises(AppError, match=r"emb_size: got 2560; allowed: .*needs a GPU"):
+        client.predict("preset=phoenix-prod", api_name="/attention")
+    from dataclasses import fields
+    from explorer.settings import Settings, parse_query
+    s = parse_query("preset=phoenix-prod", need_model=False)
+    out = client.predict(*[getattr(s, f.name) for f in fields(Settings)], "attention", "preset=lecture",
+                         api_name="/render_on_change")
+    query, note = out[:2]                            # (the list of marked controls is page state)
+    attention_text = out[2 + len(fields(Settings)) + 4]
+    assert query == "preset=phoenix-prod" and "does not fit" in note and "emb_size" in note
+    assert "does not fit" in attention_text
+
+
+def test_an_invalid_control_is_marked_and_the_others_keep_working(client):
+    """lecture -> query heads 8 (locked by the demo weights) -> RoPE offset 100: the offset still redraws,
+    the heads box carries the message, and the link keeps the last valid heads."""
+    from dataclasses import fields
+    from explorer.settings import Settings, parse_query
+    names = [f.name for f in fields(Settings)]
+    s = parse_query("preset=lecture&head=0")
+    values = [getattr(s, n) for n in names]
+    values[names.index("num_q_heads")] = 8
+    out = client.predict(*values, "attention", "preset=lecture&head=0", api_name="/render_on_change")
+    query, heads_box = out[0], out[2 + names.index("num_q_heads")]
+    assert query == "preset=lecture&head=0"
+    assert "num_q_heads: got 8" in heads_box["info"] and "invalid" in heads_box["elem_classes"]
+    values[names.index("rope_offset")] = 100
+    out = client.predict(*values, "attention", query, api_name="/render_on_change")
+    assert out[0] == "preset=lecture&rope_offset=100&head=0"
+    attn_fig = out[2 + len(names) + 2]
+    assert "query head 0" in json.loads(attn_fig["plot"])["layout"]["title"]["text"]
+    values[names.index("num_q_heads")] = 4                          # fixed: the mark goes
+    out = client.predict(*values, "attention", out[0], api_name="/render_on_change")
+    assert out[0] == "preset=lecture&rope_offset=100&head=0"
 
 
 def test_mask_endpoint_draws_the_layout(client):

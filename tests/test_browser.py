@@ -1,5 +1,7 @@
-"""A real browser: Debian chromium through playwright opens the page, changes a control, and the
-attention heatmap redraws with different data; the URL follows the control; a screenshot is saved."""
+"""A real browser: Debian chromium through playwright drives the page as a lecturer would. A control
+change redraws the heatmap with new data and the URL follows; an invalid value is marked at its control
+while the other controls keep working; the colour bar keeps its gradient after the URL changes; a link
+reopens the same tab and controls. One app launch for the module."""
 import shutil
 from urllib.parse import urlparse
 
@@ -15,33 +17,55 @@ HEATMAP_Z = """() => {
     if (!gd || !gd.data || !gd.data.length) return null;
     return JSON.stringify(gd.data[0].z);   // plotly keeps numpy's base64 typed array as sent
 }"""
+# every url(...) reference in the attention plot: [address before '#', whether the id exists]
+URL_REFERENCES = """() => {
+    const out = [];
+    document.querySelectorAll('#attention-plot *').forEach((el) => {
+        for (const v of [el.style.fill, el.getAttribute('clip-path'), el.getAttribute('fill')]) {
+            const m = v && v.match(/url\\(['"]?([^'"#)]*)#([^'")]+)/);
+            if (m) out.push([m[1], !!document.getElementById(m[2])]);
+        }
+    });
+    return out;
+}"""
 
 
 @pytest.fixture(scope="module")
-def page(tmp_path_factory):
+def browser():
     if not (shutil.which("chromium") or shutil.which("chromium-browser")):
         pytest.fail("Debian chromium is required for the browser test (apt-get install chromium)")
     from playwright.sync_api import sync_playwright
     with running_app() as url, sync_playwright() as p:
-        browser = launch_browser(p)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(url + "?preset=lecture&head=0")
-        yield page
-        browser.close()
+        b = launch_browser(p)
+        yield b, url
+        b.close()
 
 
-def test_control_change_redraws_heatmap_with_new_data(page, tmp_path):
+@pytest.fixture
+def page(browser):
+    b, url = browser
+    page = b.new_page(viewport={"width": 1400, "height": 1000})
+    page.base_url = url
+    yield page
+    page.close()
+
+
+def open_attention(page, query="preset=lecture&head=0"):
+    page.goto(page.base_url + "?" + query)
     wait_for_plot(page, "mask-plot")
     page.get_by_role("tab", name="2 · Attention").click()
     wait_for_plot(page, "attention-plot")
     page.wait_for_function(f"({HEATMAP_Z})() !== null")
+
+
+def test_control_change_redraws_heatmap_with_new_data(page, tmp_path):
+    open_attention(page)
     before = page.evaluate(HEATMAP_Z)
     assert "head=0" in page.url
 
     page.get_by_label("capped logits").check()
     page.wait_for_function(f"(before) => ({HEATMAP_Z})() !== before", arg=before, timeout=30_000)
-    after = page.evaluate(HEATMAP_Z)
-    assert after != before
+    assert page.evaluate(HEATMAP_Z) != before
     page.wait_for_function("() => window.location.search.includes('values=capped')", timeout=10_000)
     title = page.locator("#attention-plot .gtitle").first.text_content()
     assert "capped logits" in title
@@ -50,15 +74,69 @@ def test_control_change_redraws_heatmap_with_new_data(page, tmp_path):
     assert (tmp_path / "browser.png").stat().st_size > 10_000
 
 
-def test_bad_value_shows_a_message_and_no_traceback(page):
-    box = page.get_by_label("query heads")
+def test_an_invalid_value_is_marked_at_its_control_and_the_rest_keeps_working(page):
+    """lecture -> query heads 8 (the demo weights have 4) -> RoPE offset 100 -> heads fixed."""
+    open_attention(page)
     page.get_by_text("model", exact=True).click()
-    box.fill("3")
-    box.press("Enter")
-    toast = page.locator(".toast-body, [data-testid='toast-body']").first
-    toast.wait_for(timeout=20_000)
-    text = toast.text_content()
-    assert "num_q_heads" in text and "Traceback" not in text
+    heads = page.get_by_label("query heads")
+    heads.fill("8")
+    heads.press("Enter")
+    marked = page.locator(".invalid")
+    marked.first.wait_for(timeout=20_000)
+    assert marked.count() == 1
+    text = marked.first.inner_text()
+    assert "num_q_heads: got 8" in text and "Traceback" not in text
+    assert page.locator(".toast-body, [data-testid='toast-body']").count() == 0       # no toast-only error
+    assert page.evaluate(HEATMAP_Z) is not None                                          # the last view stays
+
+    page.get_by_text("RoPE and backend", exact=True).click()
+    offset = page.get_by_label("RoPE offset")
+    offset.fill("100")
+    offset.press("Enter")
+    page.wait_for_function("() => window.location.search.includes('rope_offset=100')", timeout=20_000)
+    assert "num_q_heads" not in page.url and marked.count() == 1
+
+    heads.fill("4")
+    heads.press("Enter")
+    page.wait_for_function("() => !document.querySelector('.invalid')", timeout=20_000)
+    page.get_by_label("linear").first.check()        # and later changes still redraw
+    before = page.evaluate(HEATMAP_Z)
+    page.get_by_label("capped logits").check()
+    page.wait_for_function(f"(before) => ({HEATMAP_Z})() !== before", arg=before, timeout=30_000)
+
+
+def test_the_colour_bar_keeps_its_gradient_after_the_url_changes(page):
+    open_attention(page)
+    for label in ("log", "quantile"):
+        page.get_by_label(label, exact=True).check()
+        page.wait_for_function(f"() => window.location.search.includes('color={label}')", timeout=20_000)
+        page.wait_for_timeout(300)
+        here = page.evaluate("() => window.location.href.split('#')[0]")
+        refs = page.evaluate(URL_REFERENCES)
+        assert refs, "no url(#...) references found"
+        gradient = page.locator("#attention-plot .colorbar rect.cbfill, #attention-plot .cbfill").first
+        assert "url(" in (gradient.get_attribute("style") or "")
+        for address, exists in refs:
+            assert address in ("", here) and exists, (address, here)
+
+
+def test_a_link_reopens_the_same_tab_and_controls(page, browser):
+    open_attention(page)
+    page.get_by_label("capped logits").check()
+    page.wait_for_function("() => window.location.search.includes('values=capped')", timeout=20_000)
+    link = page.url
+    assert "tab=attention" in link
+    other = browser[0].new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        other.goto(link)
+        wait_for_plot(other, "attention-plot")
+        assert other.get_by_role("tab", name="2 · Attention").get_attribute("aria-selected") == "true"
+        other.wait_for_function("() => document.querySelector('#attention-plot .gtitle')")
+        assert "capped logits" in other.locator("#attention-plot .gtitle").first.text_content()
+        assert other.get_by_label("capped logits").is_checked()
+        assert other.url.split("?")[1] == link.split("?")[1]
+    finally:
+        other.close()
 
 
 HOSTILE_LINKS = {"?seed=<a href=//evil.example/login>Sign in again</a>": "<a href=//evil.example/login>Sign in again</a>",
@@ -84,7 +162,7 @@ def test_a_hostile_link_shows_as_text_and_makes_no_element(page, link):
     tab = context.new_page()
     try:
         tab.route("**/*", only_local)
-        tab.goto(page.url.split("?")[0] + link)
+        tab.goto(page.base_url + link)
         toast = tab.locator("[data-testid='toast-body']").first
         toast.wait_for(timeout=30_000)
         text = toast.text_content()
