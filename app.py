@@ -44,9 +44,10 @@ except ImportError:
     def gpu(fn):
         return fn
 
-TABS = ("mask", "attention", "isolation", "invariance", "variants", "timing", "export")
+TABS = ("mask", "attention", "anatomy", "isolation", "invariance", "variants", "timing", "export")
 # what each tab's redraw fills: (number of outputs, index of its text), in view_outputs' order
-TAB_OUTPUTS = {"mask": (4, 1), "attention": (3, 2), "isolation": (3, 2), "invariance": (5, 1), "variants": (5, 2)}
+TAB_OUTPUTS = {"mask": (4, 1), "attention": (3, 2), "anatomy": (4, 3), "isolation": (3, 2), "invariance": (5, 1),
+               "variants": (5, 2)}
 VIEW_OUTPUTS = sum(n for n, _ in TAB_OUTPUTS.values())
 # Every event that runs the ranking model (control changes, tab redraws, the view endpoints) queues in
 # one group: at most this many forwards at once across all of them, whichever event asked. Exports
@@ -129,6 +130,11 @@ def mask_endpoint(query: str, request: gr.Request = None):
 @guarded
 def attention_endpoint(query: str, request: gr.Request = None):
     return views.attention_view(settings_of(query, request))
+
+
+@guarded
+def anatomy_endpoint(query: str, request: gr.Request = None):
+    return views.anatomy_view(settings_of(query, request))
 
 
 @guarded
@@ -309,13 +315,13 @@ def timing_recorded(query: str, geometry: str, dtype: str, current, request: gr.
 
 
 @guarded
-def export_endpoint(query: str, figure: str, fmt: str, request: gr.Request = None):
-    return export.export_figure(settings_of(query, request), figure, fmt)
+def export_endpoint(query: str, figure: str, fmt: str, aspect: str = "16:9", request: gr.Request = None):
+    return export.export_figure(settings_of(query, request), figure, fmt, aspect=aspect)
 
 
 @guarded
-def lecture_pack_endpoint(query: str, request: gr.Request = None):
-    return export.lecture_pack(settings_of(query, request))
+def lecture_pack_endpoint(query: str, aspect: str = "16:9", request: gr.Request = None):
+    return export.lecture_pack(settings_of(query, request), aspect=aspect)
 
 
 @guarded
@@ -489,6 +495,8 @@ def render_tab(query: str, tab: str, request: gr.Request = None):
         out["mask"] = mask_endpoint(query, request)
     elif tab == "attention":
         out["attention"] = attention_endpoint(query, request)
+    elif tab == "anatomy":
+        out["anatomy"] = anatomy_endpoint(query, request)
     elif tab == "isolation":
         out["isolation"] = isolation_endpoint(query, request)
     elif tab == "invariance":
@@ -665,6 +673,10 @@ def build_app() -> gr.Blocks:
                     c["rope_offset"] = number("RoPE offset", value=d.rope_offset)
                     c["rope_mode"] = Radio([*ROPE_MODES, XREX_ROPE], value=d.rope_mode, label="candidate positions")
             with gr.Column(scale=4):
+                with gr.Row():                  # the attention and anatomy views read these
+                    c["layer"] = number("layer", value=d.layer)
+                    c["head"] = Dropdown(head_choices(d), value=d.head, label="head")
+                    c["query"] = number("query row (-1: first candidate)", value=d.query)
                 with gr.Tabs() as tabs:
                     with gr.Tab("1 · Mask", id="mask") as t_mask:
                         gr.Markdown(LOOK_FOR["mask"])
@@ -676,14 +688,18 @@ def build_app() -> gr.Blocks:
                     with gr.Tab("2 · Attention", id="attention") as t_attn:
                         gr.Markdown(LOOK_FOR["attention"])
                         with gr.Row():
-                            c["layer"] = number("layer", value=d.layer)
-                            c["head"] = Dropdown(head_choices(d), value=d.head, label="head")
                             c["values"] = Radio(list(VALUE_KINDS), value=d.values, label="values")
                             c["color"] = Radio(list(COLOR_SCALES), value=d.color, label="colour")
-                            c["query"] = number("query row (-1: first candidate)", value=d.query)
                         attn_fig = gr.Plot(label="attention", elem_id="attention-plot")
                         row_fig = gr.Plot(label="query row")
                         attn_text = gr.Markdown()
+                    with gr.Tab("2b · Anatomy of a row", id="anatomy") as t_anat:
+                        gr.Markdown(LOOK_FOR["anatomy"] + " Layer, head (the grid shows head 0) and query row "
+                                    "are chosen above the tabs.")
+                        anat_qk = gr.Plot(label="q and k after RoPE", elem_id="anatomy-plot")
+                        anat_steps = gr.Plot(label="q·k → weights, step by step")
+                        anat_out = gr.Plot(label="weighted sum of V")
+                        anat_text = gr.Markdown()
                     with gr.Tab("3 · Isolation", id="isolation") as t_iso:
                         gr.Markdown(LOOK_FOR["isolation"])
                         with gr.Row():
@@ -742,16 +758,20 @@ def build_app() -> gr.Blocks:
                         with gr.Row():
                             fig_name = Dropdown(list(export.FIGURES), value="attention", label="figure")
                             fmt = Radio(list(export.FORMATS), value="png", label="format")
+                            aspect = Radio(list(export.ASPECTS), value="16:9", label="slide shape")
                             exp_btn = gr.Button("Export figure")
                             pack_btn = gr.Button("Lecture pack (zip)", variant="primary")
                         gr.Markdown("Figures are drawn again from the current settings in the lecture theme "
-                                    "(large fonts, colour-blind-safe colours, white background); PNG at 3x scale.")
+                                    "(large fonts, tick labels of at least 16 px, colour-blind-safe colours, white "
+                                    "background) at the slide shape chosen (16:9: 1600 × 900); PNG at 3x scale. "
+                                    "The lecture pack holds every figure of every tab with a caption for each.")
                         exp_file = gr.File(label="download", elem_id="export-file")
 
         controls = [c[f] for f in CONTROL_FIELDS]
         # never shown: triggers and outputs for the API-only endpoints below
         hidden_q, hidden_out = gr.Textbox(visible=False), gr.Textbox(visible=False)
-        view_outputs = [mask_fig, mask_text, kernel_fig, kernel_text, attn_fig, row_fig, attn_text, iso_fig, iso_bars, iso_text,
+        view_outputs = [mask_fig, mask_text, kernel_fig, kernel_text, attn_fig, row_fig, attn_text, anat_qk, anat_steps,
+                        anat_out, anat_text, iso_fig, iso_bars, iso_text,
                         inv_fig, inv_text, rope_angle, rope_qk, rope_text, var_fig, var_loss, var_text, bug_fig,
                         bug_text]
         write_url = WRITE_URL
@@ -788,7 +808,7 @@ def build_app() -> gr.Blocks:
                            api_name="upload_weights", concurrency_limit=1, concurrency_id="heavy")
         redraw(ev.success(query_to_controls, query, controls, api_name="sync_upload",
                           show_progress="hidden", **hidden), "upload")
-        for tab, name in ((t_mask, "mask"), (t_attn, "attention"), (t_iso, "isolation"),
+        for tab, name in ((t_mask, "mask"), (t_attn, "attention"), (t_anat, "anatomy"), (t_iso, "isolation"),
                           (t_inv, "invariance"), (t_var, "variants"), (t_time, "timing"), (t_exp, "export")):
             tab.select(lambda n=name: n, None, tab_state, api_name=f"tab_{name}", show_progress="hidden", **hidden) \
                .then(None, [query, tab_state], None, js=write_url, **hidden) \
@@ -806,6 +826,7 @@ def build_app() -> gr.Blocks:
         for name, fn, outs in (
                 ("mask", mask_endpoint, [mask_fig, mask_text, kernel_fig, kernel_text]),
                 ("attention", attention_endpoint, [attn_fig, row_fig, attn_text]),
+                ("anatomy", anatomy_endpoint, [anat_qk, anat_steps, anat_out, anat_text]),
                 ("isolation", isolation_endpoint, [iso_fig, iso_bars, iso_text]),
                 ("invariance", invariance_endpoint, [inv_fig, inv_text, rope_angle, rope_qk, rope_text]),
                 ("variants", variants_endpoint, [var_fig, var_loss, var_text, bug_fig, bug_text])):
@@ -828,9 +849,9 @@ def build_app() -> gr.Blocks:
         gr.on([lengths.input, backend_pick.input], api_name="timing_check", trigger_mode="always_last", **check)
         t_time.select(timing_recorded, [query, geometry_pick, dtype_pick, time_fig], timing_figs,
                       api_name="timing_recorded", **{**quiet, "queue": True})
-        exp_btn.click(export_endpoint, [query, fig_name, fmt], exp_file, api_name="export_figure",
+        exp_btn.click(export_endpoint, [query, fig_name, fmt, aspect], exp_file, api_name="export_figure",
                       concurrency_limit=1, concurrency_id="export")
-        pack_btn.click(lecture_pack_endpoint, query, exp_file, api_name="lecture_pack",
+        pack_btn.click(lecture_pack_endpoint, [query, aspect], exp_file, api_name="lecture_pack",
                        concurrency_limit=1, concurrency_id="export")
     demo.queue(default_concurrency_limit=4, max_size=64)
     return demo

@@ -377,6 +377,33 @@ def bar_figure(labels: Sequence[str], values: Sequence[float], *, title: str, va
                    yaxis=dict(title=dict(text=value_name), type="log" if log else "linear"))
 
 
+def stacked_bars_figure(labels: Sequence[str], steps: Sequence[tuple[str, Sequence[float]]], *, title: str,
+                        segments: Optional[Sequence[str]] = None, height_per_step: int = 170) -> go.Figure:
+    """Several bar panels over the same x (one per step of a computation), each titled, exact
+    values on hover and, for short axes, printed on the bars. NaN draws no bar (a masked key)."""
+    n = len(steps)
+    colours = [SEGMENT_COLORS.get(seg, OKABE_ITO[0]) for seg in segments] if segments else OKABE_ITO[0]
+    gap = 0.35 / n
+    h = (1.0 - gap * (n - 1)) / n
+    data, layout, annotations = [], {}, []
+    for k, (name, values) in enumerate(steps):
+        ax = "" if k == 0 else str(k + 1)
+        values = [float(v) for v in values]
+        data.append(dict(type="bar", x=list(labels), y=values, marker=dict(color=colours), showlegend=False,
+                         xaxis=f"x{ax}", yaxis=f"y{ax}", cliponaxis=False, textposition="outside",
+                         text=[("" if math.isnan(v) else f"{v:.3g}") for v in values] if len(values) <= 24 else None,
+                         hovertemplate="key %{x}<br>" + name.split("<")[0] + " %{y:.8g}<extra></extra>"))
+        top = 1.0 - k * (h + gap)
+        layout[f"yaxis{ax}"] = dict(domain=[top - h, top], anchor=f"x{ax}", gridcolor="#E5E5E5",
+                                    zerolinecolor="#888", automargin=True)
+        layout[f"xaxis{ax}"] = dict(anchor=f"y{ax}", type="category", tickangle=-60, showticklabels=k == n - 1,
+                                    **({"matches": "x"} if k else {}), tickfont=dict(size=11),
+                                    **_sparse_ticks(list(labels), list(segments) if segments else None, 1))
+        annotations.append(dict(text=name, x=0, y=top, xref="paper", yref="paper", xanchor="left",
+                                yanchor="bottom", showarrow=False, font=dict(size=14)))
+    return _figure(data, title, 140 + height_per_step * n, annotations=annotations, **layout)
+
+
 def grouped_bar_figure(categories: Sequence[str], series: dict[str, Sequence[float]], *, title: str,
                        value_name: str, height: int = 420) -> go.Figure:
     data = [dict(type="bar", x=list(categories), y=[float(v) for v in values], name=name,

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import CAP_METHODS, BACKENDS, attend
+from .attention import CAP_METHODS, BACKENDS, AttentionOutput, attend
 from .masks import PREFIX_MODES, AttentionMask, make_recsys_attn_mask, model_mask_kind  # noqa: F401  (grok.py's name)
 
 ROPE_MODES = ("sequential", "shared", "none")
@@ -162,6 +162,19 @@ class LayerTrace:
     logits: torch.Tensor           # [B, Hq, T, T] capped logits, before masking
     after_attention: torch.Tensor  # [B, T, D] residual stream after the attention sub-layer
     after_ffn: torch.Tensor        # [B, T, D] residual stream after the dense sub-layer
+    # the attention's own inputs and output, for stepping through one row (None when not recorded)
+    q: Optional[torch.Tensor] = None          # [B, T, Hq, K] queries after RoPE
+    k: Optional[torch.Tensor] = None          # [B, T, Hkv, K] keys after RoPE
+    v: Optional[torch.Tensor] = None          # [B, T, Hkv, K] values
+    heads_out: Optional[torch.Tensor] = None  # [B, T, Hq, K] weighted sums of V, before the output projection
+
+
+@dataclass
+class RecordedAttention(AttentionOutput):
+    """An attention result with the q, k (after RoPE) and v it was computed from."""
+    q: Optional[torch.Tensor] = None
+    k: Optional[torch.Tensor] = None
+    v: Optional[torch.Tensor] = None
 
 
 @dataclass
@@ -191,6 +204,8 @@ class MultiHeadAttention(nn.Module):
             q, k = self.rotary(q, positions), self.rotary(k, positions)
         a = attend(q, k, v, mask, multiplier=c.attn_output_multiplier, cap=c.logit_cap,
                    cap_method=c.cap_method, backend=backend, need_weights=need_weights)
+        if need_weights:                # recording: keep what the weights were computed from
+            a = RecordedAttention(**vars(a), q=q, k=k, v=v)
         return self.linear(a.out.reshape(B, T, c.num_q_heads * c.key_size)), a
 
 
@@ -224,7 +239,7 @@ class DecoderLayer(nn.Module):
         h = h + self.rms_norm_1(attn)
         after_attention = h
         h = h + self.rms_norm_3(self.dense_block(self.rms_norm_2(h)))
-        trace = LayerTrace(a.probs, a.logits, after_attention, h) if record else None
+        trace = LayerTrace(a.probs, a.logits, after_attention, h, a.q, a.k, a.v, a.out) if record else None
         return h, trace
 
 

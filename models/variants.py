@@ -207,7 +207,7 @@ class Block(nn.Module):
         after_attention = h
         h, _ = self.sublayer(h, self.norm_ffn, lambda z: (self.feed_forward(z),))
         if self.cross_attention is not None:
-            return h, CrossLayerTrace(probs, logits, after_attention, h, self_probs)
+            return h, CrossLayerTrace(probs, logits, after_attention, h, self_probs=self_probs)
         return h, LayerTrace(probs, logits, after_attention, h)
 
 

@@ -18,7 +18,7 @@ from scripts.serve import running_app  # noqa: E402  (app.py in a localhost subp
 from explorer.settings import Settings  # noqa: E402  (the app's own field order)
 
 CONTROL_FIELDS = [f.name for f in fields(Settings)]
-VIEWS = ("/mask", "/attention", "/isolation", "/invariance", "/variants")
+VIEWS = ("/mask", "/attention", "/anatomy", "/isolation", "/invariance", "/variants")
 # endpoints fuzzed argument by argument below; the rest take a query string (+ the visible tab) or nothing
 BY_ARGUMENT = ("/settings", "/control_change", "/render_on_change", "/timing", "/export_figure", "/upload_weights",
                "/preset", "/family")

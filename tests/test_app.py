@@ -45,7 +45,7 @@ def array(value) -> np.ndarray:
     return np.array(value, dtype=float)
 
 
-DOCUMENTED = {"/settings", "/control_change", "/preset", "/mask", "/attention", "/isolation", "/invariance",
+DOCUMENTED = {"/settings", "/control_change", "/preset", "/mask", "/attention", "/anatomy", "/isolation", "/invariance",
               "/variants", "/timing", "/stop_timing", "/export_figure", "/lecture_pack", "/upload_weights"}
 
 
@@ -327,7 +327,7 @@ def test_every_event_that_runs_the_model_shares_one_concurrency_limit():
     assert (fns["mask"].concurrency_id, fns["mask"].concurrency_limit) == (
         app.LIGHT["concurrency_id"], app.LIGHT["concurrency_limit"])
     forward = {n for n in fns if n == "control_change" or n.startswith("render_")} | {
-        "attention", "isolation", "invariance", "variants"}
+        "attention", "anatomy", "isolation", "invariance", "variants"}
     assert {(fns[n].concurrency_id, fns[n].concurrency_limit) for n in forward} == {
         (app.FORWARD["concurrency_id"], app.FORWARD["concurrency_limit"])}
     others = {fns[n].concurrency_id for n in fns if n not in forward}

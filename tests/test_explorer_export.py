@@ -23,18 +23,47 @@ def s():
     return parse_query("preset=lecture&weights=random&head=1")
 
 
-def test_png_is_three_times_the_figure_size(s, tmp_path):
-    fig = export.figure(s, "mask")
+def test_png_is_three_times_the_slide_size(s, tmp_path):
     path = export.export_figure(s, "mask", "png", str(tmp_path))
-    w, h = png_size(open(path, "rb").read())
-    assert (w, h) == (3 * 1400, 3 * fig.layout.height)
+    assert png_size(open(path, "rb").read()) == (3 * 1600, 3 * 900)            # 16:9 by default
+    fig = export.figure(s, "mask")
+    path = export.export_figure(s, "mask", "png", str(tmp_path), aspect="figure")
+    assert png_size(open(path, "rb").read()) == (3 * 1400, 3 * fig.layout.height)
+
+
+def test_every_figure_fits_a_slide_with_legible_ticks(s):
+    """16:9 (or 4:3) at export, every axis' and colour bar's tick labels at least 16 px."""
+    for name, (fig, caption) in export.all_figures(s).items():
+        for aspect, (w, h) in (("16:9", (1600, 900)), ("4:3", (1440, 1080))):
+            slide = export.slide_figure(fig, aspect)
+            assert (slide.layout.width, slide.layout.height) == (w, h)
+            layout = slide.layout.to_plotly_json()
+            axes = [k for k in layout if k.startswith(("xaxis", "yaxis"))]
+            assert axes, name
+            assert all(layout[k]["tickfont"]["size"] >= 16 for k in axes), name
+            for t in slide.data:
+                if t.type == "heatmap" and t.showscale:
+                    assert t.colorbar.tickfont.size >= 16, name
+    with pytest.raises(ValueError, match="aspect: got '3:2'; allowed: 16:9, 4:3, figure"):
+        export.slide_figure(fig, "3:2")
+
+
+def test_captions_describe_every_figure_of_every_tab(s):
+    figures = export.all_figures(s)
+    assert {"mask", "attention", "query_row", "anatomy_qk", "anatomy_steps", "anatomy_sum", "isolation",
+            "isolation_logits", "invariance", "rope_angles", "rope_qk", "variant", "variant_loss",
+            "bug_zoo"} <= set(figures)
+    captions = [c for _, c in figures.values()]
+    assert len(set(captions)) == len(captions)                      # one description per figure
+    assert not any("largest change on any other candidate" in c for c in captions)     # not a verdict
+    assert all(len(c) > 60 for c in captions)
 
 
 def test_svg_shows_the_title(s, tmp_path):
     path = export.export_figure(s, "attention", "svg", str(tmp_path))
     svg = open(path, encoding="utf-8").read()
     assert svg.lstrip().startswith("<svg") and "Attention probabilities: layer 0, query head 1" in svg
-    assert 'width="1400"' in svg
+    assert 'width="1600"' in svg
 
 
 def test_unknown_figure_is_refused(s):

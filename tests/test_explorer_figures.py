@@ -98,3 +98,45 @@ def test_hover_names_query_key_segment_and_value():
     assert "%{text}" in hm.hovertemplate and "weight" in hm.hovertemplate
     off = s.candidate_start_offset
     assert hm.text[off][1] == "candidate → history" and hm.text[0][0] == "user → user"
+
+
+# --- the anatomy of one attention row ------------------------------------------------------------
+
+def test_recording_q_k_v_changes_no_output():
+    import torch
+    s = parse_query("preset=lecture&weights=random")
+    model = runs.build_model(s).transformer
+    base = runs.forward(s)
+    with torch.no_grad():
+        plain = model(base.embeddings, base.valid, base.candidate_start_offset)
+    assert torch.equal(plain.embeddings, base.trunk.embeddings)
+    t = base.trunk.layers[0]
+    assert t.q.shape == (1, s.seq_len, s.num_q_heads, s.key_size) and t.k.shape[2] == s.num_kv_heads
+    assert t.heads_out.shape == t.q.shape
+
+
+@pytest.mark.parametrize("query", ["preset=lecture&head=1&layer=1",
+                                   "preset=lecture&weights=random&head=3&query=2&cap_method=soft_sign&logit_cap=2",
+                                   "preset=lecture&weights=random&head=-1&history_padding=2&prefix=bidirectional"])
+def test_anatomy_steps_rebuild_the_models_own_row(query):
+    """cap(multiplier · q·k) from the recorded q and k equals the recorded logits; the softmax of the
+    masked logits equals the recorded weights; Σ weight · v equals the recorded head output."""
+    import torch
+    from models.attention import apply_cap
+    s = parse_query(query)
+    a = views.row_anatomy(s)
+    np.testing.assert_allclose(a.raw, a.k.astype(np.float64) @ a.q.astype(np.float64), rtol=1e-5, atol=1e-4)
+    recomputed = apply_cap(torch.tensor(a.raw * s.multiplier), s.logit_cap, s.cap_method).numpy()
+    np.testing.assert_allclose(recomputed, a.capped, rtol=1e-5, atol=1e-5)
+    masked = np.where(a.allowed, a.capped.astype(np.float64), -np.inf)
+    np.testing.assert_allclose(np.exp(masked - masked.max()) / np.exp(masked - masked.max()).sum(), a.probs,
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(a.probs @ a.v, a.out, rtol=1e-5, atol=1e-6)
+    assert a.logit_error < 1e-4 and a.out_error < 1e-5
+    qk, steps, out, text = views.anatomy_view(s)
+    bars = [t for t in steps.data if t.type == "bar"]
+    assert len(bars) == 5
+    np.testing.assert_array_equal(np.asarray(bars[4].y, dtype=np.float32), a.probs)
+    assert np.isnan(np.asarray(bars[3].y, dtype=float)[~a.allowed]).all()          # masked keys: no bar
+    np.testing.assert_array_equal(np.asarray(heatmaps(out)[0].z, dtype=np.float32)[-1], a.out)
+    assert "| key | segment | q·k |" in text
