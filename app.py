@@ -418,9 +418,10 @@ def load_endpoint(request: gr.Request):
 def query_to_controls(query: str, request: gr.Request = None):
     """Set every control from the query string; the head and weights lists follow the settings."""
     s = settings_of(query, request, need_model=False)
-    values = control_values(s)
-    values[CONTROL_FIELDS.index("head")] = gr.update(choices=head_choices(s), value=s.head)
-    values[CONTROL_FIELDS.index("weights")] = gr.update(choices=weight_choices(request), value=s.weights)
+    clear = dict(info=None, elem_classes=[])        # a preset, upload or link replaces every marked value
+    values = [gr.update(value=v, **clear) for v in control_values(s)]
+    values[CONTROL_FIELDS.index("head")] = gr.update(choices=head_choices(s), value=s.head, **clear)
+    values[CONTROL_FIELDS.index("weights")] = gr.update(choices=weight_choices(request), value=s.weights, **clear)
     return values
 
 

@@ -6,6 +6,7 @@
 Blocks (between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``):
 - ``perf-table``: attention benchmarks, benchmarks/results/<device>-<date>.json (benchmarks/attention.py)
 - ``app-latency``: benchmarks/results/app-latency-*.json (benchmarks/app_latency.py)
+- ``browser-latency``: benchmarks/results/browser-latency-<date>.json (benchmarks/browser_latency.py)
 - ``load-test``: benchmarks/results/load-<date>.json (benchmarks/load_test.py)
 - ``load-abuse``: benchmarks/results/load-abuse-<date>.json (python -m benchmarks.load_test --abuse)
 - ``demo``: benchmarks/results/demo-training.json (python -m models.train_demo)
@@ -130,6 +131,22 @@ def app_latency_block(results_dir: Path = RESULTS_DIR) -> str:
     return "\n".join(lines)
 
 
+def browser_latency_block(results_dir: Path = RESULTS_DIR) -> str:
+    found = _newest("browser-latency-*.json", results_dir)
+    if not found:
+        return "No browser latency results are committed yet (`python -m benchmarks.browser_latency`)."
+    name, d = found
+    lines = [f"Measured in headless Chromium on **{d['device']}**, {d['date']}, commit `{d['commit']}` "
+             f"(`benchmarks/results/{name}`): from the input to the new figure drawn on the page, "
+             f"{d['repeats']} changes per control kind after one warm-up.", "",
+             "| control | preset | p50 | p95 | target p95 | |", "|---|---|---|---|---|---|"]
+    for r in d["records"]:
+        ok = "met" if r["p95_ms"] < r["target_p95_ms"] else "**missed**"
+        lines.append(f"| {r['control']} | `{r['preset']}` | {r['p50_ms']:.0f} ms | {r['p95_ms']:.0f} ms | "
+                     f"< {r['target_p95_ms']:g} ms | {ok} |")
+    return "\n".join(lines)
+
+
 def load_test_block(results_dir: Path = RESULTS_DIR) -> str:
     found = _newest("load-2*.json", results_dir)          # load-<date>.json; the abuse mix has its own block
     if not found:
@@ -234,6 +251,7 @@ def bugzoo_block() -> str:
 BLOCKS = {
     "perf-table": lambda: markdown(load_results()),
     "app-latency": app_latency_block,
+    "browser-latency": browser_latency_block,
     "load-test": load_test_block,
     "load-abuse": load_abuse_block,
     "demo": demo_block,

@@ -20,8 +20,8 @@ from explorer.settings import Settings  # noqa: E402  (the app's own field order
 CONTROL_FIELDS = [f.name for f in fields(Settings)]
 VIEWS = ("/mask", "/attention", "/anatomy", "/isolation", "/invariance", "/variants")
 # endpoints fuzzed argument by argument below; the rest take a query string (+ the visible tab) or nothing
-BY_ARGUMENT = ("/settings", "/control_change", "/render_on_change", "/timing", "/export_figure", "/upload_weights",
-               "/preset", "/family")
+BY_ARGUMENT = ("/settings", "/control_change", "/render_on_change", "/timing", "/export_figure", "/lecture_pack",
+               "/upload_weights", "/preset", "/family")
 # "field: got value; allowed: what" — the validation layer's one message shape
 CLEAR = re.compile(r"^(?P<field>[A-Za-z_][\w ]{0,40}): got .+; allowed: .+", re.S)
 TRACEBACK = ("Traceback (most recent call last)", 'File "', ", line ")
@@ -200,6 +200,8 @@ def test_timing_refuses_bad_query_by_name(client):
     ("/export_figure", ("preset=lecture", "nope", "png"), "figure"),
     ("/export_figure", ("preset=lecture", ["mask"], "png"), "figure"),
     ("/export_figure", ("preset=lecture", "mask", "gif"), "format"),
+    ("/export_figure", ("preset=lecture", "mask", "png", "3:2"), "aspect"),
+    ("/lecture_pack", ("preset=lecture", ["16:9"]), "aspect"),
 ])
 def test_timing_and_export_choices_name_the_field(client, api, args, field):
     assert_names_field(refused(client, api, *args), field)

@@ -88,3 +88,16 @@ def test_load_abuse_block_says_which_targets_were_missed(tmp_path):
     assert "| peak server RSS | < 6 GB | 7.50 GB | **not met** |" in md
     assert "0 of 20 (3 refused by name)" in md and "conditions: busy" in md
     assert "load-abuse" not in readme_tables.load_test_block(tmp_path)    # the plain load test ignores it
+
+
+def test_browser_latency_block_has_a_row_per_control_kind_from_the_file(tmp_path):
+    records = [dict(control="radio (values)", preset="lecture", n=12, p50_ms=120.0, p95_ms=180.0, min_ms=100.0,
+                    max_ms=200.0, mean_ms=130.0, target_p95_ms=300.0),
+               dict(control="preset switch", preset="lecture <-> phoenix-nano", n=12, p50_ms=1800.0, p95_ms=2600.0,
+                    min_ms=1500.0, max_ms=2700.0, mean_ms=1900.0, target_p95_ms=2000.0)]
+    (tmp_path / "browser-latency-2026-11-22.json").write_text(json.dumps(dict(
+        device="CPU X (2 threads)", date="2026-11-22", commit="abc1234", repeats=12, records=records)))
+    md = readme_tables.browser_latency_block(tmp_path)
+    assert "| radio (values) | `lecture` | 120 ms | 180 ms | < 300 ms | met |" in md
+    assert "| preset switch | `lecture <-> phoenix-nano` | 1800 ms | 2600 ms | < 2000 ms | **missed** |" in md
+    assert "abc1234" in md and "browser-latency-2026-11-22.json" in md
