@@ -474,6 +474,12 @@ def control_change_on_page(request: gr.Request, *args):
     return [query, sorted(problems), limit_note(limit)] + updates + views_out
 
 
+@guarded
+def limit_endpoint(query: str, request: gr.Request = None) -> str:
+    """The note above the tabs for a configuration: '' or the model's device limit."""
+    return limit_note(model_limit(settings_of(query, request, need_model=False)))
+
+
 def limit_note(limit: str) -> str:
     return (f"⚠ **This model does not fit on {device().upper()}** — {limit}. The Mask tab still draws the layout; "
             "the model views wait for smaller settings." if limit else "")
@@ -798,13 +804,11 @@ def build_app() -> gr.Blocks:
         ev = c["preset"].input(preset_endpoint, c["preset"], query, api_name="preset")
         redraw(ev.success(query_to_controls, query, controls, api_name="sync_preset",
                           show_progress="hidden", **hidden)
-               .then(lambda q: limit_note(model_limit(settings_of(q, need_model=False))), query, limit_md,
-                     **hidden), "preset")
+               .then(limit_endpoint, query, limit_md, api_name="limit_after_preset", **hidden), "preset")
         ev = c["family"].input(family_endpoint, [query, c["family"]], query, api_name="family")
         redraw(ev.success(query_to_controls, query, controls, api_name="sync_family",
                           show_progress="hidden", **hidden)
-               .then(lambda q: limit_note(model_limit(settings_of(q, need_model=False))), query, limit_md,
-                     **hidden), "family")
+               .then(limit_endpoint, query, limit_md, api_name="limit_after_family", **hidden), "family")
         ev = upload.upload(upload_endpoint, [query, upload], [query, upload_msg],
                            api_name="upload_weights", concurrency_limit=1, concurrency_id="heavy")
         redraw(ev.success(query_to_controls, query, controls, api_name="sync_upload",
@@ -819,8 +823,7 @@ def build_app() -> gr.Blocks:
                    js="() => { navigator.clipboard && navigator.clipboard.writeText(window.location.href); }")
         redraw(demo.load(load_endpoint, None, [query, tab_state, tabs], api_name="load", **hidden)
                .success(query_to_controls, query, controls, api_name="sync_load", show_progress="hidden", **hidden)
-               .then(lambda q: limit_note(model_limit(settings_of(q, need_model=False))), query, limit_md,
-                     **hidden), "load")
+               .then(limit_endpoint, query, limit_md, api_name="limit_after_load", **hidden), "load")
         demo.unload(forget_uploads)
 
         # the API: one endpoint per view, configuration as a query string
