@@ -700,7 +700,7 @@ def build_app() -> gr.Blocks:
                         attn_fig = gr.Plot(label="attention", elem_id="attention-plot")
                         row_fig = gr.Plot(label="query row")
                         attn_text = gr.Markdown()
-                    with gr.Tab("2b · Anatomy of a row", id="anatomy") as t_anat:
+                    with gr.Tab("2b · Anatomy", id="anatomy") as t_anat:
                         gr.Markdown(LOOK_FOR["anatomy"] + " Layer, head (the grid shows head 0) and query row "
                                     "are chosen above the tabs.")
                         anat_qk = gr.Plot(label="q and k after RoPE", elem_id="anatomy-plot")

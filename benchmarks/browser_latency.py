@@ -113,14 +113,18 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=12)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
+    load_before = os.getloadavg()
     with running_app() as url:
         time.sleep(10)                           # let the start-up warm-up (lecture, phoenix-nano) finish
         records = measure(url, a.repeats)
+    load_after = os.getloadavg()
     date = dt.date.today().isoformat()
     out = Path(a.out or RESULTS_DIR / f"browser-latency-{date}.json")
     out.write_text(json.dumps(dict(device=device_name("cpu"), date=date, commit=git_commit(), cores=os.cpu_count(),
                                    browser="Debian chromium (headless, playwright)", repeats=a.repeats,
                                    what="input -> the plot on the page holds the new figure's data",
+                                   # other processes on the machine slow every number: say how busy it was
+                                   load_average_1min=dict(before=load_before[0], after=load_after[0]),
                                    records=records), indent=2) + "\n")
     print("wrote", out)
 

@@ -383,7 +383,7 @@ def stacked_bars_figure(labels: Sequence[str], steps: Sequence[tuple[str, Sequen
     values on hover and, for short axes, printed on the bars. NaN draws no bar (a masked key)."""
     n = len(steps)
     colours = [SEGMENT_COLORS.get(seg, OKABE_ITO[0]) for seg in segments] if segments else OKABE_ITO[0]
-    gap = 0.35 / n
+    gap = 0.45 / n
     h = (1.0 - gap * (n - 1)) / n
     data, layout, annotations = [], {}, []
     for k, (name, values) in enumerate(steps):
@@ -394,8 +394,12 @@ def stacked_bars_figure(labels: Sequence[str], steps: Sequence[tuple[str, Sequen
                          text=[("" if math.isnan(v) else f"{v:.3g}") for v in values] if len(values) <= 24 else None,
                          hovertemplate="key %{x}<br>" + name.split("<")[0] + " %{y:.8g}<extra></extra>"))
         top = 1.0 - k * (h + gap)
+        finite = [v for v in values if math.isfinite(v)] or [0.0]
+        lo, hi = min(0.0, *finite), max(0.0, *finite)
+        pad = 0.3 * ((hi - lo) or 1.0)            # room for the printed values inside the panel
         layout[f"yaxis{ax}"] = dict(domain=[top - h, top], anchor=f"x{ax}", gridcolor="#E5E5E5",
-                                    zerolinecolor="#888", automargin=True)
+                                    zerolinecolor="#888", automargin=True,
+                                    range=[lo - (pad if lo < 0 else 0), hi + pad])
         layout[f"xaxis{ax}"] = dict(anchor=f"y{ax}", type="category", tickangle=-60, showticklabels=k == n - 1,
                                     **({"matches": "x"} if k else {}), tickfont=dict(size=11),
                                     **_sparse_ticks(list(labels), list(segments) if segments else None, 1))

@@ -320,8 +320,8 @@ def anatomy_view(s: Settings) -> tuple[go.Figure, go.Figure, go.Figure, str]:
     contrib = a.probs[:, None] * a.v
     fig_out = heatmap_figure([Panel(np.vstack([contrib, a.out[None]]), [f"{p:.3f} × v · {x}" if len(labels) <= 40
                                     else x for p, x in zip(a.probs, labels)] + ["Σ = output"], dims, "")],
-                             title=f"7 · weighted sum of V: each key's value times its weight; the last row is "
-                                   f"their sum, the head's output", value_name="component",
+                             title="7 · weighted sum of V: weight × value per key; last row: the head's output",
+                             value_name="component",
                              colorscale=DIVERGING, zmin=-(float(np.abs(contrib).max()) or 1.0),
                              zmax=float(np.abs(contrib).max()) or 1.0, row_title="weight × value",
                              col_title="dimension", max_cells=SINGLE_MAX_CELLS,

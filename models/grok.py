@@ -239,7 +239,10 @@ class DecoderLayer(nn.Module):
         h = h + self.rms_norm_1(attn)
         after_attention = h
         h = h + self.rms_norm_3(self.dense_block(self.rms_norm_2(h)))
-        trace = LayerTrace(a.probs, a.logits, after_attention, h, a.q, a.k, a.v, a.out) if record else None
+        trace = None
+        if record:      # an attention swapped in from outside (the bug zoo's) may not record its q, k, v
+            trace = LayerTrace(a.probs, a.logits, after_attention, h, getattr(a, "q", None), getattr(a, "k", None),
+                               getattr(a, "v", None), a.out)
         return h, trace
 
 

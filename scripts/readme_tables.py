@@ -138,7 +138,10 @@ def browser_latency_block(results_dir: Path = RESULTS_DIR) -> str:
     name, d = found
     lines = [f"Measured in headless Chromium on **{d['device']}**, {d['date']}, commit `{d['commit']}` "
              f"(`benchmarks/results/{name}`): from the input to the new figure drawn on the page, "
-             f"{d['repeats']} changes per control kind after one warm-up.", "",
+             f"{d['repeats']} changes per control kind after one warm-up"
+             + (f"; machine load average {d['load_average_1min']['before']:.1f} before, "
+                f"{d['load_average_1min']['after']:.1f} after ({d.get('cores', '?')} cores)"
+                if "load_average_1min" in d else "") + ".", "",
              "| control | preset | p50 | p95 | target p95 | |", "|---|---|---|---|---|---|"]
     for r in d["records"]:
         ok = "met" if r["p95_ms"] < r["target_p95_ms"] else "**missed**"

@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT))
 from scripts.serve import running_app  # noqa: E402  (the one localhost launcher)
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-VIEWS = [("mask", "1 · Mask"), ("attention", "2 · Attention"), ("anatomy", "2b · Anatomy of a row"),
+VIEWS = [("mask", "1 · Mask"), ("attention", "2 · Attention"), ("anatomy", "2b · Anatomy"),
          ("isolation", "3 · Isolation"),
          ("invariance", "4 · Invariance & RoPE"), ("variants", "5 · Variants"),
          ("timing", "6 · Flash vs naive"), ("export", "7 · Export")]
