@@ -24,8 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.app_latency import percentile  # noqa: E402
-from benchmarks.attention import device_name, git_commit  # noqa: E402
+from benchmarks.runinfo import device_name, git_commit, percentile  # noqa: E402
 from scripts.screenshots import launch_browser, wait_for_plot  # noqa: E402
 from scripts.serve import running_app  # noqa: E402
 
