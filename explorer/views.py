@@ -278,6 +278,10 @@ def row_anatomy(s: Settings) -> RowAnatomy:
     G = s.num_q_heads // s.num_kv_heads
     i, r = s.query_position, s.row
     t = runs.forward(s).trunk.layers[s.layer]
+    if t.q is None:
+        from .settings import ValidationError
+        raise ValidationError("family", s.family, "grok (the anatomy steps through grok.py's recorded q, k and v; "
+                              "this trunk does not record them)")
     q, k, v = t.q[r, i, head].float(), t.k[r, :, head // G].float(), t.v[r, :, head // G].float()
     raw = k @ q                                                             # [T]
     scaled = raw * s.multiplier

@@ -46,7 +46,7 @@ def array(value) -> np.ndarray:
 
 
 DOCUMENTED = {"/settings", "/control_change", "/preset", "/mask", "/attention", "/anatomy", "/isolation", "/invariance",
-              "/variants", "/timing", "/stop_timing", "/export_figure", "/lecture_pack", "/upload_weights"}
+              "/variants", "/timing", "/stop_timing", "/export_figure", "/lecture_pack", "/upload_weights", "/family"}
 
 
 def test_the_api_page_lists_only_the_documented_endpoints(client):
