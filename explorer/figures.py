@@ -154,7 +154,7 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
         shapes += _segment_lines(p, f"x{ax}", f"y{ax}", "#222222" if discrete else "#FFFFFF")
     if discrete:
         for value, name in discrete.items():
-            colour = _step_colour(colorscale, (value - lo) / ((hi - lo) or 1))
+            colour = _step_colour(colorscale, (value - scale.lo) / ((scale.hi - scale.lo) or 1))
             data.append(dict(type="scatter", x=[None], y=[None], mode="markers", name=name, showlegend=True,
                              marker=dict(size=14, symbol="square", color=colour, line=dict(color="#888", width=1))))
         # above the panel titles (~24 px tall), beside the left-aligned figure title
