@@ -60,7 +60,7 @@ def test_the_api_page_lists_only_the_documented_endpoints(client):
 def test_a_preset_too_large_for_the_device_draws_its_mask_and_names_the_limit(client):
     """phoenix-prod on a CPU: offered, accepted, its mask drawn; model views say why not, by field."""
     assert client.predict("phoenix-prod", api_name="/preset") == "preset=phoenix-prod"
-    fig, text = client.predict("preset=phoenix-prod", api_name="/mask")
+    fig, text, *_ = client.predict("preset=phoenix-prod", api_name="/mask")
     assert [t for t in plot_data(fig) if t["type"] == "heatmap"] and "| recsys |" in text
     with pytest.raises(AppError, match=r"emb_size: got 2560; allowed: .*needs a GPU"):
         client.predict("preset=phoenix-prod", api_name="/attention")
@@ -70,7 +70,7 @@ def test_a_preset_too_large_for_the_device_draws_its_mask_and_names_the_limit(cl
     out = client.predict(*[getattr(s, f.name) for f in fields(Settings)], "attention", "preset=lecture",
                          api_name="/render_on_change")
     query, note = out[:2]                            # (the list of marked controls is page state)
-    attention_text = out[2 + len(fields(Settings)) + 4]
+    attention_text = out[2 + len(fields(Settings)) + 4 + 2]        # after the mask tab's 4 outputs
     assert query == "preset=phoenix-prod" and "does not fit" in note and "emb_size" in note
     assert "does not fit" in attention_text
 
@@ -91,7 +91,7 @@ def test_an_invalid_control_is_marked_and_the_others_keep_working(client):
     values[names.index("rope_offset")] = 100
     out = client.predict(*values, "attention", query, api_name="/render_on_change")
     assert out[0] == "preset=lecture&rope_offset=100&head=0"
-    attn_fig = out[2 + len(names) + 2]
+    attn_fig = out[2 + len(names) + 4]
     assert "query head 0" in json.loads(attn_fig["plot"])["layout"]["title"]["text"]
     values[names.index("num_q_heads")] = 4                          # fixed: the mark goes
     out = client.predict(*values, "attention", out[0], api_name="/render_on_change")
