@@ -462,7 +462,7 @@ def test_an_old_link_with_a_backend_opens_with_a_note(monkeypatch):
     monkeypatch.setattr(app.gr, "Info", notes.append)
     req = SimpleNamespace(session_hash="old-link", query_params={"preset": "lecture", "backend": "flash_attn",
                                                                  "head": "1"})
-    q = app.load_endpoint(req)
-    assert "head=1" in q and "backend" not in q
+    q, tab, _ = app.load_endpoint(req)                  # (query, tab to open, the tabs' update)
+    assert "head=1" in q and "backend" not in q and tab == "mask"
     assert len(notes) == 1 and "backend: ignored" in notes[0]
     assert app.load_endpoint(SimpleNamespace(session_hash="new", query_params={"head": "1"})) and len(notes) == 1
