@@ -89,7 +89,7 @@ def test_an_invalid_value_is_marked_at_its_control_and_the_rest_keeps_working(pa
     assert page.locator(".toast-body, [data-testid='toast-body']").count() == 0       # no toast-only error
     assert page.evaluate(HEATMAP_Z) is not None                                          # the last view stays
 
-    page.get_by_text("RoPE and backend", exact=True).click()
+    page.get_by_text("RoPE", exact=True).click()
     offset = page.get_by_label("RoPE offset")
     offset.fill("100")
     offset.press("Enter")
