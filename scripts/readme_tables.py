@@ -41,6 +41,13 @@ def _mib(b) -> str:
     return "—" if b is None else f"{b / 2**20:,.0f}"
 
 
+def _ms(r: dict) -> str:
+    """median (min–max) over the record's interleaved repeats; older records kept only a median."""
+    if r.get("min_ms") is None or r.get("max_ms") is None:
+        return f"{r['median_ms']:.2f}"
+    return f"{r['median_ms']:.2f} ({r['min_ms']:.2f}–{r['max_ms']:.2f}, ×{r.get('repeats', '?')})"
+
+
 def file_table(name: str, data: dict) -> list[str]:
     groups: dict[tuple, list[dict]] = {}
     for r in data["records"]:
@@ -50,7 +57,9 @@ def file_table(name: str, data: dict) -> list[str]:
     matmul = data.get("matmul_tflops")
     head = (f"**{data['device_name']}** — {data['date']}, torch {data['torch']}, "
             f"CUDA {data.get('cuda') or 'none'}, commit `{data['commit']}` (`benchmarks/results/{name}`); "
-            f"dense {data.get('matmul_dtype', '')} matmul {matmul:.2f} TFLOP/s.")
+            f"dense {data.get('matmul_dtype', '')} matmul {matmul:.2f} TFLOP/s."
+            + (f" Conditions: {data['conditions'].get('note')}." if (data.get("conditions") or {}).get("note") else "")
+            + " Times are the median of interleaved repeats (min–max, ×repeats).")
     if not groups:
         return [head, "", "No phoenix-prod or long points in this file.", ""]
     lines = [head, "",
@@ -63,14 +72,14 @@ def file_table(name: str, data: dict) -> list[str]:
         ok = [r for r in rs if r["status"] == "ok" and r["backend"] != "naive"]
         best = min(ok, key=lambda r: r["median_ms"]) if ok else None
         n_ok = naive is not None and naive["status"] == "ok"
-        naive_ms = f"{naive['median_ms']:.2f}" if n_ok else (naive["status"].removeprefix("skipped: ") if naive else "—")
+        naive_ms = _ms(naive) if n_ok else (naive["status"].removeprefix("skipped: ") if naive else "—")
         cells = [preset, mask, cap, dtype, str(B), f"{rs[0]['Hq']}/{rs[0]['Hkv']}", str(T), naive_ms,
                  _mib(naive["peak_mem_bytes"]) if n_ok else "—"]
         if best:
             # the yardstick share only where it means something: a GPU run (CPU cores here are shared)
             pct = f" ({100 * best['tflops'] / matmul:.0f}%)" if matmul and on_gpu(data) else ""
             err = "—" if best["max_abs_err"] is None else f"{best['max_abs_err']:.1e}"
-            cells += [best["backend"], f"{best['median_ms']:.2f}",
+            cells += [best["backend"], _ms(best),
                       f"{naive['median_ms'] / best['median_ms']:.1f}" if n_ok else "—",
                       f"{best['tflops']:.3g}{pct}", _mib(best["peak_mem_bytes"]), err]
         else:
@@ -79,15 +88,26 @@ def file_table(name: str, data: dict) -> list[str]:
     return lines + [""]
 
 
+FLASH_STAND_INS = {
+    "flash_attn": "its decomposition (prefix | candidates × prefix with log-sum-exp | self) and varlen packing "
+                  "are tested on CPU against stand-ins for `flash_attn_func` / `flash_attn_varlen_func`",
+    "fa4": "its block-sparse tiles and `mask_mod` are tested on CPU against a stand-in for FA4's "
+           "`flash_attn_func` contract",
+}
+
+
 def flash_attn_status(results: list[tuple[str, dict]]) -> str:
-    verified = [(n, d) for n, d in results if on_gpu(d)
-                and any(r["backend"] == "flash_attn" and r["status"] == "ok" for r in d["records"])]
-    if verified:
-        where = ", ".join(f"{d['device_name']} ({d['date']}, commit `{d['commit']}`)" for _, d in verified)
-        return f"The `flash_attn` backend has been verified on a GPU: {where}."
-    return ("The `flash_attn` backend has **not** been verified on a GPU: no results file has a flash_attn "
-            "point that ran. Its decomposition (prefix | candidates × prefix with log-sum-exp | self) is "
-            "tested on CPU against a plain-torch stand-in for `flash_attn_func`'s documented contract.")
+    lines = []
+    for backend, stand_in in FLASH_STAND_INS.items():
+        verified = [d for _, d in results if on_gpu(d)
+                    and any(r["backend"] == backend and r["status"] == "ok" for r in d["records"])]
+        if verified:
+            where = ", ".join(f"{d['device_name']} ({d['date']}, commit `{d['commit']}`)" for d in verified)
+            lines.append(f"The `{backend}` backend has been verified on a GPU: {where}.")
+        else:
+            lines.append(f"The `{backend}` backend has **not** been verified on a GPU: no results file has a "
+                         f"{backend} point that ran; {stand_in}.")
+    return "\n\n".join(lines)
 
 
 def markdown(results: list[tuple[str, dict]]) -> str:
