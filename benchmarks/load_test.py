@@ -24,6 +24,7 @@ RSS back near its start.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
