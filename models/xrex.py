@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import CAP_METHODS, attend
-from .grok import LayerTrace, Linear, RotaryEmbedding, TransformerOutput, init_params
+from .grok import LayerTrace, Linear, RotaryEmbedding, TransformerOutput, _positive_int, init_params
 from .grok import RMSNorm as GrokRMSNorm
 from .masks import AttentionMask
 from .weights import checked_arrays, flatten   # the haiku-mapping checks grok.py's loader uses
@@ -86,9 +86,7 @@ class XrexConfig:
     def __post_init__(self):
         for name in ("emb_size", "num_layers", "num_q_heads", "num_kv_heads", "key_size", "output_vocab_size",
                      "num_continuous_actions"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}: got {v!r}; allowed: a positive integer")
+            _positive_int(name, getattr(self, name))
         for name in ("num_user_prefix_tokens", "history_seq_len"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
