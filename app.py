@@ -25,8 +25,9 @@ from gradio_client.utils import is_file_obj_with_meta
 from pydantic import model_validator
 
 from explorer import export, runs, timing, views
-from explorer.settings import (COLOR_SCALES, FAMILIES, INVARIANCE_OPS, MAX_BATCH, PERTURBATIONS, VALUE_KINDS,
-                               XREX_ROPE, ZOOMS, Settings, ValidationError, check_model_fits, device, parse_query,
+from explorer.settings import (COLOR_SCALES, FAMILIES, INVARIANCE_OPS, LANES, MAX_BATCH, PERTURBATIONS, QUEUE_MAX,
+                               VALUE_KINDS, XREX_ROPE, ZOOMS, Settings, ValidationError, check_admission,
+                               check_model_fits, device, parse_query,
                                parse_settings, retired_note, sweep_budget_s, to_query, with_family)
 from models.attention import CAP_METHODS
 from models.grok import ROPE_MODES
@@ -50,9 +51,55 @@ TAB_OUTPUTS = {"mask": (4, 1), "attention": (3, 2), "anatomy": (4, 3), "isolatio
                "variants": (5, 2)}
 VIEW_OUTPUTS = sum(n for n, _ in TAB_OUTPUTS.values())
 # Every event that runs the ranking model (control changes, tab redraws, the view endpoints) queues in
-# one group: at most this many forwards at once across all of them, whichever event asked. Exports
-# (one kaleido browser), uploads and timing sweeps have their own limit of 1 on top.
-FORWARD = dict(concurrency_id="forward", concurrency_limit=4)
+# one lane: at most LANES["forward"].running forwards at once across all of them, whichever event
+# asked. Exports (one kaleido browser), uploads and timing sweeps have their own lanes of 1. Each lane
+# also bounds how many may wait, and how many of them one visitor's (explorer.settings.LANES): a
+# request over a bound is refused by name when it is pushed, before it takes a place in the queue.
+def lane(name: str) -> dict:
+    """The event keywords of lane `name`: its concurrency group and its admission check."""
+    return dict(concurrency_id=name, concurrency_limit=LANES[name].running, validator=admission(name))
+
+
+def queued_visitors(request, lane_name: str) -> list:
+    """The visitors (session hashes) of the events waiting in a lane now, one entry per event.
+    Gradio 6 has no public reader of its queue: this is the one place that reads its internals
+    (Queue.event_queue_per_concurrency_id); tests/test_app.py fails if they move."""
+    try:
+        waiting = request.request.app.get_blocks()._queue.event_queue_per_concurrency_id.get(lane_name)
+        return [event.session_hash for event in waiting.queue] if waiting is not None else []
+    except AttributeError:              # a Gradio that moved them: admit (logged), never refuse everyone
+        log.warning("cannot read Gradio's queue: admission bounds are off", exc_info=True)
+        return []
+
+
+def admission(lane_name: str):
+    """Gradio's `validator=` for a lane: it runs when an event is pushed, before it is queued, and
+    refuses it by name ("queue: got ...") when a bound of the lane would be passed. In the timing
+    lane a new Run replaces the visitor's running sweep (which stops within one timed block)."""
+    def admit(request: gr.Request, *inputs):
+        # Gradio wants one gr.validate per input; the refusal is shown on the first
+        visitor = session_of(request)
+        verdicts = [gr.validate(True, "") for _ in inputs]
+        try:
+            check_admission(lane_name, queued_visitors(request, lane_name), visitor)
+        except ValidationError as e:
+            log.info("refused at admission (%s): %s", lane_name, e)
+            verdicts[0] = gr.validate(False, as_text(str(e)))
+            return tuple(verdicts)
+        if lane_name == "timing":
+            TIMING_RUNS.cancel(visitor)
+        return tuple(verdicts)
+    admit.__name__ = f"admit_{lane_name}"
+    return admit
+
+
+FORWARD = lane("forward")
+TIMING = lane("timing")
+EXPORT = lane("export")
+# Uploads: their own lane of 1, with no admission check: a validator sees Gradio's preprocessed
+# inputs, and the file check in that preprocessing ("weights file: got ...") would then reach the
+# visitor as a bare HTTP 400. Gradio's upload size limit and QUEUE_MAX bound them.
+UPLOAD = dict(concurrency_id="upload", concurrency_limit=1)
 # The mask view runs no model (a few ms): its own lane, so a lecture's /mask never queues behind
 # four probe passes on phoenix-nano.
 LIGHT = dict(concurrency_id="light", concurrency_limit=4)
@@ -810,7 +857,7 @@ def build_app() -> gr.Blocks:
                           show_progress="hidden", **hidden)
                .then(limit_endpoint, query, limit_md, api_name="limit_after_family", **hidden), "family")
         ev = upload.upload(upload_endpoint, [query, upload], [query, upload_msg],
-                           api_name="upload_weights", concurrency_limit=1, concurrency_id="heavy")
+                           api_name="upload_weights", **UPLOAD)
         redraw(ev.success(query_to_controls, query, controls, api_name="sync_upload",
                           show_progress="hidden", **hidden), "upload")
         for tab, name in ((t_mask, "mask"), (t_attn, "attention"), (t_anat, "anatomy"), (t_iso, "isolation"),
@@ -837,7 +884,7 @@ def build_app() -> gr.Blocks:
             hidden_q.submit(fn, hidden_q, outs, api_name=name, **(LIGHT if name == "mask" else FORWARD))
         timing_figs = [time_fig, mem_fig, speed_fig, err_fig, time_text]
         run_ev = run_btn.click(timing_endpoint, [query, lengths, backend_pick, geometry_pick, dtype_pick],
-                               timing_figs, api_name="timing", concurrency_limit=1, concurrency_id="timing")
+                               timing_figs, api_name="timing", **TIMING)
         # Stop sets the run's own flag and cancels the event: the figures keep what was streamed so far
         stop_btn.click(stop_timing, None, None, cancels=[run_ev], api_name="stop_timing", queue=False)
         # the timing controls are checked as they change (the message under them, Run disabled while
@@ -854,10 +901,10 @@ def build_app() -> gr.Blocks:
         t_time.select(timing_recorded, [query, geometry_pick, dtype_pick, time_fig], timing_figs,
                       api_name="timing_recorded", **{**quiet, "queue": True})
         exp_btn.click(export_endpoint, [query, fig_name, fmt, aspect], exp_file, api_name="export_figure",
-                      concurrency_limit=1, concurrency_id="export")
+                      **EXPORT)
         pack_btn.click(lecture_pack_endpoint, [query, aspect], exp_file, api_name="lecture_pack",
-                       concurrency_limit=1, concurrency_id="export")
-    demo.queue(default_concurrency_limit=4, max_size=64)
+                       **EXPORT)
+    demo.queue(default_concurrency_limit=4, max_size=QUEUE_MAX)
     return demo
 
 
@@ -877,6 +924,7 @@ def warm_up() -> None:
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
     runs.configure_threads()            # once, before any worker thread runs a forward
+    runs.start_idle_trim()
     warm = threading.Timer(3.0, warm_up)
     warm.daemon = True
     warm.start()

@@ -13,9 +13,12 @@ under its own lock, so different settings run concurrently and equal ones wait f
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import functools
+import gc
 import hashlib
+import logging
 import os
 import threading
 import time
@@ -35,6 +38,8 @@ from models.recsys import RecsysBatch, RecsysModel, RecsysOutput, init_recsys, s
 from models.xrex import XrexRecsys
 
 from .settings import WEIGHT_GEOMETRY, Settings, ValidationError, check_budget, device, memory_ceiling
+
+log = logging.getLogger("explorer")
 
 
 # --- threads: decided once, at start-up ------------------------------------------------------
@@ -88,6 +93,8 @@ class Memory:
         self.reserved = 0
         self.caches: list["ByteCache"] = []
         self._held = threading.local()                  # this thread's reservation, for nested views
+        self.last_active = time.monotonic()             # a request started or ended
+        self.trimmed = True                             # nothing ran since the last trim
 
     def add(self, cache, key, size: int) -> None:
         with self.cond:
@@ -122,6 +129,7 @@ class Memory:
                 self.cond.wait()
             self.reserved += size
             self._evict(memory_ceiling() - self.reserved)
+            self.last_active, self.trimmed = time.monotonic(), False
         self._held.depth = 1
         try:
             yield
@@ -129,7 +137,22 @@ class Memory:
             self._held.depth = 0
             with self.cond:
                 self.reserved -= size
+                self.last_active = time.monotonic()
                 self.cond.notify_all()
+
+    def trim_if_idle(self, idle_s: float, keep_bytes: int) -> bool:
+        """Once no request has run for `idle_s`: evict down to `keep_bytes` (least recently used first)
+        and hand the freed pages back to the OS. The ceiling bounds memory under load; this brings a
+        Space back near its start after the load (a free Space shares its 16 GB with nothing else,
+        but a freed tensor stays in the process's heap until malloc_trim). True if it trimmed."""
+        with self.cond:
+            if self.trimmed or self.reserved or time.monotonic() - self.last_active < idle_s:
+                return False
+            self._evict(keep_bytes)
+            self.trimmed = True
+        gc.collect()
+        release_freed_memory()
+        return True
 
     def clear(self) -> None:
         with self.cond:
@@ -140,6 +163,31 @@ class Memory:
 
 
 MEMORY = Memory()
+
+IDLE_TRIM_S = 10.0                  # no request for this long: the caches shrink to IDLE_KEEP_BYTES
+IDLE_KEEP_BYTES = 256 * 2**20       # the lecture preset's models and forwards fit many times over
+
+
+def release_freed_memory() -> None:
+    """glibc keeps freed heap pages (tensors under its mmap threshold, up to 32 MB) for reuse:
+    malloc_trim(0) returns them to the OS. Measured after four phoenix-nano views: RSS 2.37 GB,
+    1.14 GB with the caches emptied, 0.31 GB after the trim. A no-op where libc is not glibc."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def start_idle_trim(period_s: float = 2.0) -> threading.Thread:
+    """The server's janitor (app.py starts it once): every `period_s`, MEMORY.trim_if_idle."""
+    def loop():
+        while True:
+            time.sleep(period_s)
+            if MEMORY.trim_if_idle(IDLE_TRIM_S, IDLE_KEEP_BYTES):
+                log.info("idle: caches trimmed to %d MiB, freed memory returned", MEMORY.cached >> 20)
+    thread = threading.Thread(target=loop, name="idle-trim", daemon=True)
+    thread.start()
+    return thread
 
 
 class ByteCache:

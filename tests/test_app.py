@@ -2,6 +2,7 @@
 input comes back as an error naming the field, and the server keeps serving afterwards."""
 import base64
 import json
+import urllib.error
 import urllib.request
 from urllib.parse import parse_qs
 
@@ -235,10 +236,17 @@ def test_an_uploads_file_name_is_shown_as_text(client, tmp_path):
 
 
 def call_raw(server, api, payload) -> dict:
-    """POST /gradio_api/call/<api> as any HTTP client can, then read the event stream's last message."""
+    """POST /gradio_api/call/<api> as any HTTP client can, then read the event stream's last message.
+    An event refused when it is pushed (a lane's admission check cannot even read too few inputs)
+    answers at once, HTTP 400 with the words in `detail`: returned as an error event too."""
     req = urllib.request.Request(f"{server}gradio_api/call/{api}", data=json.dumps(payload).encode(),
                                  headers={"Content-Type": "application/json"})
-    event_id = json.loads(urllib.request.urlopen(req, timeout=30).read())["event_id"]
+    try:
+        event_id = json.loads(urllib.request.urlopen(req, timeout=30).read())["event_id"]
+    except urllib.error.HTTPError as e:
+        if e.code != 400:
+            raise
+        return {"event": "error", "error": json.loads(e.read())["detail"]}
     stream = urllib.request.urlopen(f"{server}gradio_api/call/{api}/{event_id}", timeout=120).read().decode()
     event, data = [line.split(": ", 1)[1] for line in stream.strip().splitlines()[-2:]]
     return {"event": event, **json.loads(data)} if event == "error" else {"event": event}
@@ -466,3 +474,49 @@ def test_an_old_link_with_a_backend_opens_with_a_note(monkeypatch):
     assert "head=1" in q and "backend" not in q and tab == "mask"
     assert len(notes) == 1 and "backend: ignored" in notes[0]
     assert app.load_endpoint(SimpleNamespace(session_hash="new", query_params={"head": "1"})) and len(notes) == 1
+
+
+# --- admission: one visitor cannot fill the queue -------------------------------------------------
+
+def test_the_queue_refuses_by_name_past_a_lanes_bounds_and_the_mask_keeps_answering(monkeypatch):
+    """In-process server with the timing lane bounded at 2 waiting: a sweep runs, a second visitor's
+    waits; that visitor's next one is refused (one per visitor), a third's waits, a fourth's is refused
+    (lane full) — each by name, at once — while /mask answers. Reads Gradio's queue for real: if its
+    internals move, admission fails open and this test fails."""
+    import time
+    from dataclasses import replace
+
+    import app
+    from explorer import settings
+    monkeypatch.setitem(settings.LANES, "timing", replace(settings.LANES["timing"], waiting=2))
+    demo = app.build_app()
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=None, quiet=True)
+    try:
+        a, b, c, d = (Client(url, verbose=False) for _ in range(4))
+        running = a.submit(*LONG_SWEEP, api_name="/timing")
+        deadline = time.monotonic() + 60
+        while not app.TIMING_RUNS.running() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        queued = [b.submit(LECTURE, "16", ["naive"], api_name="/timing")]
+        while app.queued_visitors(fake_request(demo), "timing") == [] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        with pytest.raises(Exception, match=r"queue: got '1 of your timing sweeps waiting'; allowed: 1 per visitor"):
+            b.predict(LECTURE, "16", ["naive"], api_name="/timing")
+        queued.append(c.submit(LECTURE, "16", ["naive"], api_name="/timing"))
+        while len(app.queued_visitors(fake_request(demo), "timing")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(Exception, match=r"queue: got '2 timing sweeps waiting'; allowed: 2 at once"):
+            d.predict(LECTURE, "16", ["naive"], api_name="/timing")
+        assert time.monotonic() - t0 < 5                               # refused at once, not after waiting
+        assert "allowed pairs" in d.predict("preset=lecture", api_name="/mask")[1]
+        running.cancel()
+        for job in queued:                                              # the admitted ones still run
+            assert "T = 16" in job.result(timeout=120)[-1]
+    finally:
+        demo.close()
+
+
+def fake_request(demo):
+    from types import SimpleNamespace
+    return SimpleNamespace(request=SimpleNamespace(app=SimpleNamespace(get_blocks=lambda: demo)))

@@ -240,3 +240,42 @@ def test_memory_ceiling_from_the_environment(monkeypatch):
     monkeypatch.setenv(settings.MEMORY_CEILING_ENV, "lots")
     with pytest.raises(ValidationError, match="EXPLORER_MEMORY_BYTES: got 'lots'"):
         settings.memory_ceiling()
+
+
+# --- admission: how many may wait, checked when a request is pushed -----------------------------
+
+def test_admission_bounds_the_lane_and_each_visitor_by_name():
+    timing = settings.LANES["timing"]
+    settings.check_admission("timing", ["b"] * (timing.per_visitor - 1), "b")       # room left: admitted
+    with pytest.raises(ValidationError, match=r"^queue: got '1 of your timing sweeps waiting'; allowed: 1 per"):
+        settings.check_admission("timing", ["b"], "b")
+    settings.check_admission("timing", ["b"], "c")                                   # another visitor: fine
+    full = [f"v{i}" for i in range(timing.waiting)]
+    with pytest.raises(ValidationError, match=r"^queue: got '4 timing sweeps waiting'; allowed: 4 at once"):
+        settings.check_admission("timing", full, "new")
+
+
+def test_the_lanes_fit_under_gradios_own_queue_bound():
+    """Gradio refuses everything ("Queue is full", no field named) once QUEUE_MAX events wait: the
+    bounded lanes together must leave room for the cheap events (a lecture's /mask)."""
+    assert sum(lane.waiting for lane in settings.LANES.values()) <= settings.QUEUE_MAX // 2
+
+
+def test_an_idle_server_shrinks_its_caches_and_returns_the_memory(monkeypatch):
+    """After load the caches may hold up to the ceiling; once no request has run for IDLE_TRIM_S
+    they shrink to IDLE_KEEP_BYTES, least recently used first, and only once per idle spell."""
+    memory = runs.Memory()
+    monkeypatch.setattr(runs, "MEMORY", memory)
+    cache = runs.ByteCache(lambda n: torch.zeros(n, dtype=torch.uint8))
+    for n in (4000, 3000, 2000):                         # oldest first
+        cache.entries[(n,)] = torch.zeros(n, dtype=torch.uint8)
+        memory.add(cache, (n,), n)
+    with memory.reserve(10):                             # a request ran just now
+        assert not memory.trim_if_idle(0.0, 2500)        # ... and is still running: never trimmed
+    assert not memory.trim_if_idle(60.0, 2500)           # not idle long enough
+    assert memory.trim_if_idle(0.0, 2500)
+    assert list(cache.entries) == [(2000,)] and memory.cached == 2000
+    assert not memory.trim_if_idle(0.0, 0)               # once per idle spell
+    with memory.reserve(10):
+        pass
+    assert memory.trim_if_idle(0.0, 0) and memory.cached == 0 and not cache.entries
