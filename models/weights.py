@@ -41,6 +41,11 @@ model keeps its own) and left out of ``haiku_params(model, hash_tables=False)``,
 from the original's ``init`` round-trips unchanged. Files written before the project used the
 original's names (``recsys_model/...``) are read through ``LEGACY_NAMES``.
 
+Production's 2026 ranker (``models.xrex.XrexRanker``) has its own tree, layers stacked on axis 0
+(``transformer/layer_stack/decoder_layer_0/...``, ``recsys_aggregated_model/...``: see
+``models.xrex.param_spec``); the file functions below take it too, and a file holding one family's
+names offered to the other family's model is refused as such (``WrongFamily``).
+
 Files: ``.npz`` or ``.safetensors`` with flattened ``module_path/param_name`` keys, never
 pickle. The model's config travels with the weights as JSON (safetensors metadata
 ``config``; in npz a ``__config__`` uint8 entry) so ``model_from_weight_file`` can rebuild it.
@@ -69,7 +74,48 @@ EXTENSIONS = (".npz", ".safetensors")
 CONFIG_KEY = "__config__"            # npz entry (uint8 JSON) / safetensors metadata key "config"
 DEFAULT_MAX_BYTES = 4 * 2**30         # phoenix-prod's trunk alone is ~1.3 GB in fp32
 
-Model = Union[Transformer, RecsysModel, PhoenixRetrievalModel]
+Model = Union[Transformer, RecsysModel, PhoenixRetrievalModel, "XrexRanker"]
+
+
+def _xrex():
+    """models.xrex, imported when used: it imports this module's checks."""
+    from . import xrex
+    return xrex
+
+
+def _is_xrex(model) -> bool:
+    return isinstance(model, _xrex().XrexRanker)
+
+
+# --- which family's names a mapping holds ------------------------------------------------------
+
+FAMILY_ROOTS = {"grok": ("transformer/decoder_layer_", "phoenix_model/", "phoenix_retrieval_model/", "recsys_model/"),
+                "xrex": ("transformer/layer_stack/", "recsys_aggregated_model/")}
+FAMILY_NAMES = {"grok": "grok.py's per-layer names (transformer/decoder_layer_<i>/..., phoenix_model/...)",
+                "xrex": "production's stacked names (transformer/layer_stack/decoder_layer_0/..., "
+                        "recsys_aggregated_model/...)"}
+
+
+class WrongFamily(ValueError):
+    """Weights holding one model family's parameter names, offered to the other family's model.
+    `found`: the family whose names they hold ("grok" or "xrex")."""
+
+    def __init__(self, message: str, found: str):
+        super().__init__(message)
+        self.found = found
+
+
+def weight_family(keys) -> Optional[str]:
+    """"grok" or "xrex" when every recognised key of a flat mapping is that family's, else None."""
+    found = {family for key in keys for family, roots in FAMILY_ROOTS.items() if str(key).startswith(roots)}
+    return found.pop() if len(found) == 1 else None
+
+
+def _check_family(model: Model, flat: Mapping, field: str) -> None:
+    want, found = "xrex" if _is_xrex(model) else "grok", weight_family(flat)
+    if found is not None and found != want:
+        raise WrongFamily(f"{field}: holds {FAMILY_NAMES[found]}; allowed: {FAMILY_NAMES[want]} for "
+                          f"{type(model).__name__}", found)
 
 
 # --- the name map: haiku key -> (torch parameter name, expected shape, what the shape is) --------
@@ -161,6 +207,7 @@ LEGACY_NAMES = {
 
 
 def param_spec(model: nn.Module) -> dict[str, tuple[str, tuple, str]]:
+    """grok.py's family; production's stacked tree is models.xrex.param_spec."""
     if isinstance(model, RecsysModel):
         return recsys_spec(model.config)
     if isinstance(model, PhoenixRetrievalModel):
@@ -247,7 +294,10 @@ def _as_tensor(value, shape: tuple, dtype: torch.dtype) -> Union[torch.Tensor, s
 
 def haiku_params(model: Model, hash_tables: bool = True) -> dict[str, dict[str, np.ndarray]]:
     """The nested mapping haiku's ``transform(...).init`` returns, as fp32 numpy copies.
-    hash_tables=False leaves out the project's own hash tables, as the original's init does."""
+    hash_tables=False leaves out the project's own hash tables, as the original's init does.
+    An XrexRanker gives production's stacked tree (models.xrex.xrex_params)."""
+    if _is_xrex(model):
+        return _xrex().xrex_params(model)
     tensors = dict(model.named_parameters())
     flat = {key: tensors[name].detach().cpu().float().numpy().copy()
             for key, (name, _, _) in param_spec(model).items()
@@ -284,6 +334,10 @@ def checked_arrays(spec: Mapping[str, tuple], flat: Mapping, field: str, config:
 
 
 def _load_flat(model: Model, flat: Mapping, field: str = FIELD) -> None:
+    _check_family(model, flat, field)
+    if _is_xrex(model):
+        _xrex().load_xrex_params(model, unflatten(flat), field=field)
+        return
     flat = {LEGACY_NAMES.get(k, k): v for k, v in flat.items()}
     # the original keeps no hash tables: without them the model keeps its own
     spec = {k: v for k, v in param_spec(model).items() if k in flat or not k.startswith(f"{HASH_TABLES}/")}
@@ -312,6 +366,8 @@ def load_haiku_params(model: Model, params: Mapping) -> Model:
 # --- files ----------------------------------------------------------------------------------
 
 def _config_json(model: Model) -> str:
+    if _is_xrex(model):
+        return json.dumps({"model": "xrex", "xrex": asdict(model.config)})
     if isinstance(model, (RecsysModel, PhoenixRetrievalModel)):
         kind = "recsys" if isinstance(model, RecsysModel) else "retrieval"
         return json.dumps({"model": kind, "recsys": asdict(model.config)})
@@ -509,7 +565,7 @@ def read_weight_file(path, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, np.n
     return _read(path, max_bytes)[0]
 
 
-def _parse_config(config: Optional[str]) -> Optional[Union[TransformerConfig, RecsysConfig]]:
+def _parse_config(config: Optional[str]) -> Optional[Union[TransformerConfig, RecsysConfig, "XrexConfig"]]:
     if config is None:
         return None
     try:
@@ -521,6 +577,8 @@ def _parse_config(config: Optional[str]) -> Optional[Union[TransformerConfig, Re
             return RecsysConfig(transformer=TransformerConfig(**r.pop("transformer")), **r)
         if d.get("model") == "transformer":
             return TransformerConfig(**d["transformer"])
+        if d.get("model") == "xrex":
+            return _xrex().XrexConfig(**d["xrex"])
         raise KeyError("model")
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise ValueError(f"{FILE_FIELD}: its stored config is not valid ({e})") from None
@@ -544,8 +602,8 @@ def config_from_weight_file(path, max_bytes: int = DEFAULT_MAX_BYTES
 
 
 def load_weights(model: Model, path, max_bytes: int = DEFAULT_MAX_BYTES) -> Model:
-    """Load a weight file into ``model`` (Transformer or RecsysModel); all-or-nothing, like
-    ``load_haiku_params``. Shapes are checked, not the non-geometric config fields: use
+    """Load a weight file into ``model`` (Transformer, RecsysModel, or production's XrexRanker from its
+    stacked names); all-or-nothing, like ``load_haiku_params``. Shapes are checked, not the non-geometric config fields: use
     ``config_from_weight_file`` / ``model_from_weight_file`` to rebuild the exact model."""
     _load_flat(model, read_weight_file(path, max_bytes), FILE_FIELD)
     return model
@@ -560,6 +618,8 @@ def model_from_weight_file(path, max_bytes: int = DEFAULT_MAX_BYTES) -> Model:
                          f"build the model with its TransformerConfig and call load_weights")
     if isinstance(config, RecsysConfig):
         model = (PhoenixRetrievalModel if json.loads(stored)["model"] == "retrieval" else RecsysModel)(config)
+    elif isinstance(config, _xrex().XrexConfig):
+        model = _xrex().XrexRanker(config)
     else:
         model = Transformer(config)
     _load_flat(model, arrays, FILE_FIELD)
@@ -568,4 +628,5 @@ def model_from_weight_file(path, max_bytes: int = DEFAULT_MAX_BYTES) -> Model:
 
 __all__ = ["haiku_params", "load_haiku_params", "save_weights", "load_weights", "read_weight_file",
            "config_from_weight_file", "model_from_weight_file", "trunk_spec", "recsys_spec", "retrieval_spec",
-           "flatten", "unflatten", "checked_arrays", "DEFAULT_MAX_BYTES", "EXTENSIONS", "SAVE_DTYPES"]
+           "flatten", "unflatten", "checked_arrays", "weight_family", "WrongFamily", "DEFAULT_MAX_BYTES", "EXTENSIONS",
+           "SAVE_DTYPES"]

@@ -47,7 +47,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import CAP_METHODS, attend
-from .grok import LayerTrace, Linear, RotaryEmbedding, TransformerOutput, _positive_int, init_params
+from .grok import (LayerTrace, Linear, RecordedAttention, RotaryEmbedding, TransformerOutput, _positive_int,
+                   init_params)
 from .grok import RMSNorm as GrokRMSNorm
 from .masks import AttentionMask
 from .weights import checked_arrays, flatten   # the haiku-mapping checks grok.py's loader uses
@@ -209,6 +210,8 @@ class MultiHeadAttention(nn.Module):
             k = self.k_norm(k.reshape(B, T, -1)).view_as(k)
         q, k = self.rotary(q, positions), self.rotary(k, positions)
         a = self.attention(q, k, v, mask, backend, need_weights)
+        if need_weights:                # recording: keep what the weights were computed from
+            a = RecordedAttention(**vars(a), q=q, k=k, v=v)
         return self.out(a.out.reshape(B, T, c.num_q_heads * c.key_size)), a
 
     def attention(self, q, k, v, mask: AttentionMask, backend="naive", need_weights=False):
@@ -252,7 +255,7 @@ class DecoderLayer(nn.Module):
         after_attention = h
         ffn = self.dense_block(self.pre_ffn_norm(h))
         h = h + (self.post_ffn_norm(ffn) if self.primer_norm else ffn)
-        return h, (LayerTrace(a.probs, a.logits, after_attention, h) if record else None)
+        return h, (LayerTrace(a.probs, a.logits, after_attention, h, a.q, a.k, a.v, a.out) if record else None)
 
 
 class Transformer(nn.Module):
@@ -488,16 +491,19 @@ def param_spec(config: XrexConfig) -> dict[str, tuple[str, tuple, str]]:
     return spec
 
 
-def load_xrex_params(model: XrexRanker, params: Mapping[str, Mapping[str, np.ndarray]]) -> XrexRanker:
+def load_xrex_params(model: XrexRanker, params: Mapping[str, Mapping[str, np.ndarray]], *,
+                     field: str = PARAMS_FIELD) -> XrexRanker:
     """Copy the original's ``{module_path: {param_name: array}}`` init tree into ``model``.
 
-    Every key and shape is checked against the config first; on any problem one ValueError lists all of
-    them by name and the model keeps its weights. Arrays may be numpy, jax (bf16 too) or torch."""
+    Every key and shape is checked against the config first; on any problem one ValueError (its message
+    starting with `field`) lists all of them by name and the model keeps its weights. Arrays may be numpy,
+    jax (bf16 too) or torch; values are checked after the cast to fp32 (finite, |w| <= 1e4), as grok.py's
+    loader checks them. Weight files: models.weights.load_weights / save_weights."""
     if not isinstance(model, XrexRanker):
         raise ValueError(f"model: got {type(model).__name__}; allowed: XrexRanker")
     c = model.config
     spec = param_spec(c)
-    arrays = checked_arrays(spec, flatten(params), PARAMS_FIELD,
+    arrays = checked_arrays(spec, flatten(params), field,
                             f"emb_size={c.emb_size}, num_layers={c.num_layers}, num_q_heads={c.num_q_heads}, "
                             f"num_kv_heads={c.num_kv_heads}, key_size={c.key_size}, ffn_size={c.ffn_hidden}, "
                             f"qk_norm={c.qk_norm}, primer_norm={c.primer_norm}")

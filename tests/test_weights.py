@@ -483,3 +483,41 @@ def test_the_magnitude_bound_keeps_the_worst_case_forward_finite(query):
     with torch.no_grad():
         out = model(synthetic_batch(model.config, s.layout, seed=0), record=True)
     assert torch.isfinite(out.logits).all()
+
+
+# --- production's (2026) ranker in files: its stacked names, and never the other family's ------------------
+
+XREX_CFG = dict(emb_size=32, num_layers=2, num_q_heads=4, num_kv_heads=2, key_size=8, history_seq_len=4)
+
+
+@pytest.mark.parametrize("ext", ["npz", "safetensors"])
+def test_xrex_file_round_trip_with_productions_names(tmp_path, ext):
+    from models.xrex import STACK, XrexConfig, XrexRanker, init_xrex
+    ranker = init_xrex(XrexRanker(XrexConfig(**XREX_CFG, primer_norm=True)), 3)
+    path = tmp_path / f"x.{ext}"
+    save_weights(ranker, path)
+    keys = set(read_weight_file(path))
+    assert f"{STACK}/multi_head_attention/qkv/w" in keys and "recsys_aggregated_model/unembeddings" in keys
+    assert read_weight_file(path)[f"{STACK}/post_ffn_norm/scale"].shape == (2, 32)          # stacked on axis 0
+    again = model_from_weight_file(path)
+    assert again.config == ranker.config
+    emb, valid = torch.randn(2, 9, 32), torch.ones(2, 9, dtype=torch.bool)
+    with torch.no_grad():
+        assert torch.equal(again(emb, valid).logits, ranker(emb, valid).logits)
+
+
+def test_a_file_of_the_other_family_is_refused_as_such_and_nothing_loads(tmp_path):
+    from models.weights import WrongFamily
+    from models.xrex import XrexConfig, XrexRanker, init_xrex
+    grok_path, xrex_path = tmp_path / "g.safetensors", tmp_path / "x.safetensors"
+    save_weights(init_params(Transformer(CFG), "random", 0), grok_path)
+    save_weights(init_xrex(XrexRanker(XrexConfig(**XREX_CFG)), 0), xrex_path)
+    ranker = XrexRanker(XrexConfig(**XREX_CFG))
+    before = haiku_params(ranker)
+    with pytest.raises(WrongFamily, match=r"weights file: holds grok.py's per-layer names .*; allowed: "
+                                          r"production's stacked names .* for XrexRanker") as e:
+        load_weights(ranker, grok_path)
+    assert e.value.found == "grok" and params_equal(haiku_params(ranker), before)
+    with pytest.raises(WrongFamily, match=r"holds production's stacked names .*; allowed: grok.py's") as e:
+        load_weights(Transformer(CFG), xrex_path)
+    assert e.value.found == "xrex"
