@@ -247,17 +247,18 @@ MAX_UPLOAD_BYTES = 200 * 2**20      # one file; phoenix-nano in fp32 is ~45 MB
 def _weights(geometry: tuple) -> dict[str, torch.Tensor]:
     """State dict for a geometry and a weight source; shared by every attention option."""
     s = Settings(**dict(geometry))
-    if s.family == "xrex":              # explorer.settings allows random, zeros or demo weights only
-        if s.weights == "demo":
-            return dict(demo.load_xrex_demo_model().state_dict())
-        return dict(init_params(XrexRecsys(s.xrex_config()), s.weights, s.seed).state_dict())
     if s.weights == "demo":             # explorer.settings refused "demo" already if the file is missing
-        return dict(demo.load_demo_model().state_dict())
-    model = RecsysModel(s.recsys_config())
+        return dict((demo.load_xrex_demo_model() if s.family == "xrex" else demo.load_demo_model()).state_dict())
     if s.weights in ("random", "zeros"):
-        init_recsys(model, s.weights, s.seed)
-        return dict(model.state_dict())
+        return dict(_initialised(s).state_dict())
     return _upload_state(s.weights)
+
+
+def _initialised(s: Settings) -> RecsysModel | XrexRecsys:
+    """The settings' family's ranker with `s.weights` ("random" seeded by `s.seed`, or grok.py's "zeros")."""
+    if s.family == "xrex":
+        return init_params(XrexRecsys(s.xrex_config()), s.weights, s.seed)
+    return init_recsys(RecsysModel(s.recsys_config()), s.weights, s.seed)
 
 
 # --- uploaded weights: each visitor's own -----------------------------------------------------
@@ -325,24 +326,30 @@ def load_upload(s: Settings, path: str, session: str) -> str:
     this session.
 
     -> its name for ``Settings.weights = "upload:<name>"``. On any problem a ValidationError names it
-    and nothing changes (the current weights stay): shapes, dtypes and values (models.weights), or a
-    store without room."""
-    from models.weights import EXTENSIONS, load_weights
+    and nothing changes (the current weights stay): shapes, dtypes and values (models.weights), the other
+    family's names, or a store without room.
+
+    grok.py's family reads the original's names (models.weights.recsys_spec) over seeded hash tables;
+    production's reads its stacked trunk and head (models.xrex.param_spec) into XrexRecsys' ranker, whose
+    simplified input layer keeps its seeded weights (production's feature prep is not modelled)."""
+    from models.weights import EXTENSIONS, FAMILY_NAMES, WrongFamily, load_weights
+    from .settings import FAMILIES
     filename = Path(path).name
-    if s.family == "xrex":
-        raise ValidationError("weights file", filename, "weights for the grok.py family (switch the family: "
-                              "uploading production weights is not wired in the app yet; in Python, "
-                              "models.xrex.load_xrex_params loads production's names)")
     ext = Path(path).suffix.lower()
     if ext not in EXTENSIONS:
         raise ValidationError("weights file", filename, "a .npz or .safetensors file (never pickle)")
     size = Path(path).stat().st_size
     if size > MAX_UPLOAD_BYTES:
         raise ValidationError("weights file", f"{size:,} bytes", f"at most {MAX_UPLOAD_BYTES:,} bytes")
-    # seeded first: a file exported from the original has no hash tables, and the model keeps these
-    model = init_recsys(RecsysModel(replace(s, weights="random").recsys_config()), "random", s.seed)
+    # seeded first: a file exported from the original has no hash tables (production's: no input layer
+    # this port models), and the model keeps these
+    model = _initialised(replace(s, weights="random"))
     try:
-        load_weights(model, path, max_bytes=MAX_UPLOAD_BYTES)
+        load_weights(model.ranker if isinstance(model, XrexRecsys) else model, path, max_bytes=MAX_UPLOAD_BYTES)
+    except WrongFamily as e:
+        raise ValidationError("weights file", filename, f"weights of the model family chosen, {FAMILIES[s.family]}: "
+                              f"this file holds {FAMILY_NAMES[e.found]} — choose the family "
+                              f"{FAMILIES[e.found]} first") from None
     except ValueError as e:
         raise ValidationError("weights file", filename, "weights that match the configuration. "
                               + str(e).split(":", 1)[-1].strip()) from None

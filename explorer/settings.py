@@ -9,6 +9,7 @@ it into ``gr.Error``. ``to_query`` writes only what differs from the preset, and
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import asdict, dataclass, fields, replace
@@ -23,9 +24,10 @@ from models.demo import DEMO_WEIGHTS, XREX_DEMO_WEIGHTS, demo_config
 from models.grok import ROPE_MODES, TransformerConfig
 from models.masks import MASK_KINDS, PREFIX_MODES, model_mask_kind
 from models.probes import PROBES
-from models.recsys import PRESETS, RecsysConfig, SequenceLayout, get_preset
+from models.recsys import PRESETS as GROK_PRESETS, RecsysConfig, SequenceLayout, get_preset
 from models.variants import VARIANTS
 from models.weights import recsys_spec
+from models.xrex import PRESETS as XREX_PRESETS, XrexConfig, param_spec as xrex_spec
 
 WEIGHT_SOURCES = ("random", "zeros", "demo", "upload")
 # the fields that decide the weights' shapes: uploaded weights are held to the values they were loaded at
@@ -35,9 +37,14 @@ WEIGHT_GEOMETRY = ("preset", "family", "num_user", "emb_size", "key_size", "num_
 # 2026 trunk (models/xrex.py) behind a production-shaped input (models.xrex.XrexRecsys)
 FAMILIES = {"grok": "grok.py (2025 open source)", "xrex": "production (2026)"}
 XREX_ROPE = "right-anchored"        # production's positions; grok.py's rope modes do not apply to it
-# what the production family fixes, applied over the preset's values (a link or a family switch)
-FAMILY_DEFAULTS = {"grok": {}, "xrex": dict(prefix="bidirectional", rope_mode=XREX_ROPE, cap_method="none",
-                                            weights="random", rope_offset=0)}
+# what the production family fixes when a 2025 preset runs on it (a link or a family switch)
+XREX_FIXED = dict(prefix="bidirectional", rope_mode=XREX_ROPE, cap_method="none", weights="random", rope_offset=0)
+# Every preset of both families. A preset belongs to one family: grok.py's (models.recsys.PRESETS) may be
+# moved to production's trunk with the family control; production's (models.xrex.PRESETS) imply it.
+PRESETS = (*GROK_PRESETS, *XREX_PRESETS)
+# leaving production's family from one of its presets goes to grok.py's preset of the same geometry
+GROK_COUNTERPART = {"phoenix-2026": "phoenix-prod", "phoenix-2026-nano": "phoenix-nano",
+                    "phoenix-2026-seqpack": "phoenix-prod"}
 VALUE_KINDS = ("probabilities", "capped logits", "masked logits")
 COLOR_SCALES = ("linear", "log", "quantile")
 # heatmap regions drawn at full resolution (explorer.views.zoom_region)
@@ -45,10 +52,12 @@ ZOOMS = ("all", "candidates", "history tail", "query row")
 PERTURBATIONS = ("scale", "noise", "replace")
 INVARIANCE_OPS = ("permute", "drop", "add")
 
-# What one CPU visitor may ask for: heatmaps up to the phoenix-nano sequence (1 + 1022 + 64) and a
-# model of about phoenix-nano's size. On a GPU the caps are wider.
-CPU_MAX_SEQ_LEN = 1087
+# The longest layout any view draws (the mask view builds no model: two [T, T] masks and tile maps):
+# production's padded sequence (2 + 1022 + 128 = 1152) and more. What a model view may run is bounded by
+# its memory and work instead (check_model_fits, check_budget), which name the field to turn down.
+CPU_MAX_SEQ_LEN = 2048
 GPU_MAX_SEQ_LEN = 4096
+# ... and on a CPU a model of about phoenix-nano's size.
 CPU_MAX_PARAMS = 40_000_000
 GPU_MAX_PARAMS = 1_500_000_000
 # The recorded forward keeps every layer's attention weights and capped logits ([Hq, T, T] fp32 each)
@@ -233,15 +242,22 @@ class Settings:
     def candidate_start_offset(self) -> int:
         return self.num_user + self.num_history
 
-    def xrex_config(self):
-        """Production's trunk at this geometry (family xrex): P = num_user, L = num_history, qk_norm on,
-        attention scale sqrt(128)/key_size (the multiplier control is grok.py's)."""
-        from models.xrex import XrexConfig
+    def xrex_config(self) -> XrexConfig:
+        """Production's trunk at this geometry (family xrex): P = num_user, L = num_history, attention
+        scale sqrt(128)/key_size (the multiplier control is grok.py's); qk_norm and primer_norm as the
+        production preset sets them (flagship's, qk_norm on and no primer norm, under a 2025 preset)."""
+        base = XREX_PRESETS[self.preset].config if self.preset in XREX_PRESETS else None
         return XrexConfig(emb_size=self.emb_size, num_layers=self.num_layers, num_q_heads=self.num_q_heads,
                           num_kv_heads=self.num_kv_heads, key_size=self.key_size,
                           widening_factor=self.widening_factor, num_user_prefix_tokens=self.num_user,
                           history_seq_len=self.num_history, attn_logit_cap=self.logit_cap,
-                          attn_logit_cap_method=self.cap_method, rope_base_exponent=int(self.rope_base))
+                          attn_logit_cap_method=self.cap_method, rope_base_exponent=int(self.rope_base),
+                          **({} if base is None else dict(qk_norm=base.qk_norm, primer_norm=base.primer_norm)))
+
+    @property
+    def attn_scale(self) -> float:
+        """What q.k is multiplied by: grok.py's multiplier control, or production's sqrt(128)/key_size."""
+        return self.xrex_config().attn_scale if self.family == "xrex" else self.multiplier
 
     def transformer_config(self, **changes) -> TransformerConfig:
         cfg = TransformerConfig(
@@ -257,6 +273,8 @@ class Settings:
     def recsys_config(self) -> RecsysConfig:
         """The ranking model's config: the demo world's vocabulary for demo weights, else the preset's.
         For the production family only the batch's vocabularies and shapes are read from it."""
+        if self.preset in XREX_PRESETS:
+            return RecsysConfig(self.transformer_config(), num_user_tokens=self.num_user)
         if self.family == "xrex":
             return get_preset(self.preset).recsys_config(self.transformer_config(), num_user_tokens=self.num_user)
         if self.weights == "demo":
@@ -284,12 +302,20 @@ def retired_note(keys) -> str:
     return "; ".join(f"{k}: ignored ({RETIRED_FIELDS[k]})" for k in sorted(set(keys) & RETIRED_FIELDS.keys()))
 
 
+def preset_family(name: str) -> str:
+    """The family a preset belongs to: production's presets imply it, grok.py's start on grok.py's."""
+    return "xrex" if name in XREX_PRESETS else "grok"
+
+
 def preset_defaults(name: str) -> dict:
+    """Every field a preset sets, its family included."""
     if name not in PRESETS:
         raise ValidationError("preset", name, ", ".join(PRESETS))
+    if name in XREX_PRESETS:
+        return _xrex_preset_defaults(name)
     p = get_preset(name)
     t, lay = p.transformer, p.layout
-    return dict(preset=name, num_user=lay.num_user, num_history=lay.num_history,
+    return dict(preset=name, family="grok", num_user=lay.num_user, num_history=lay.num_history,
                 num_candidates=lay.num_candidates, history_padding=lay.history_padding,
                 candidate_padding=lay.candidate_padding, emb_size=t.emb_size, key_size=t.key_size,
                 num_q_heads=t.num_q_heads, num_kv_heads=t.num_kv_heads, num_layers=t.num_layers,
@@ -297,6 +323,34 @@ def preset_defaults(name: str) -> dict:
                 cap_method=t.cap_method, logit_cap=t.logit_cap, prefix=t.prefix, rope_base=t.rope_base,
                 rope_offset=t.rope_offset, rope_mode=t.rope_mode,
                 weights="demo" if name == "lecture" and demo_transformer() is not None else "random")
+
+
+def _xrex_preset_defaults(name: str) -> dict:
+    """A production preset (PRODUCTION.md §1): its geometry, P user-prefix tokens, L history slots, 64
+    candidates and the padding that makes T a multiple of 128 (1152: the layout production's kernels tile)."""
+    p = XREX_PRESETS[name]
+    c = p.config
+    capped = c.attn_logit_cap > 0 and c.attn_logit_cap_method != "none"
+    return dict(preset=name, family="xrex", num_user=c.num_user_prefix_tokens, num_history=c.history_seq_len,
+                num_candidates=p.seq_len - c.candidate_start_offset, history_padding=0,
+                candidate_padding=p.seq_len - c.candidate_start_offset - p.num_candidates,
+                emb_size=c.emb_size, key_size=c.key_size, num_q_heads=c.num_q_heads, num_kv_heads=c.num_kv_heads,
+                num_layers=c.num_layers, widening_factor=c.widening_factor, multiplier=c.attn_scale,
+                cap_method=c.attn_logit_cap_method if capped else "none",
+                logit_cap=c.attn_logit_cap if capped else Settings.logit_cap, prefix="bidirectional",
+                rope_base=float(c.rope_base_exponent), rope_offset=0, rope_mode=XREX_ROPE, weights="random")
+
+
+def defaults(preset: str, family: str) -> dict:
+    """What a configuration holds before any field is set: the preset's values, and what production's
+    family fixes when a 2025 preset runs on it. A production preset runs on production's family only."""
+    d = preset_defaults(preset)
+    if family == d["family"]:
+        return d
+    if family == "grok":
+        raise ValidationError("family", family, f"xrex (production, 2026) with the production preset {preset}; "
+                              f"for grok.py's trunk at this geometry choose the preset {GROK_COUNTERPART[preset]}")
+    return {**d, "family": family, **XREX_FIXED}
 
 
 # --- scalar parsers: each raises ValidationError naming the field ------------------------
@@ -378,9 +432,29 @@ def _check_upload_geometry(v: dict, weights: str, geometry: Mapping[str, Any]) -
 
 
 def estimate_params(s: Settings) -> int:
-    """The ranking model's parameter count, from its own shapes (models.weights.recsys_spec): the
-    embedding tables, the user / history / candidate projections (num_user included) and the trunk."""
+    """The ranking model's parameter count, from its own shapes: grok.py's (models.weights.recsys_spec:
+    the embedding tables, the user / history / candidate projections and the trunk), or production's
+    (its trunk and head, models.xrex.param_spec, and the input layer's tables and projections)."""
+    if s.family == "xrex":
+        return _xrex_params(s.xrex_config())
     return sum(math.prod(shape) for _, shape, _ in recsys_spec(s.recsys_config()).values())
+
+
+@functools.lru_cache(maxsize=64)
+def _xrex_params(config: XrexConfig) -> int:
+    """models.xrex.XrexRecsys's parameters counted on the meta device (shapes only, no memory)."""
+    from models.xrex import XrexRecsys
+    with torch.device("meta"):
+        return sum(p.numel() for p in XrexRecsys(config).parameters())
+
+
+def trunk_params(s: Settings) -> int:
+    """The parameters every token passes through: the trunk's layers (no embedding tables or head)."""
+    if s.family == "xrex":
+        return sum(math.prod(shape) for key, (_, shape, _) in xrex_spec(s.xrex_config()).items()
+                   if key.startswith("transformer/"))
+    return sum(math.prod(shape) for key, (_, shape, _) in recsys_spec(s.recsys_config()).items()
+               if key.startswith("transformer/"))
 
 
 def parse_settings(raw: Mapping[str, Any] | None = None, *,
@@ -397,10 +471,9 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *,
     unknown = sorted(k for k in raw if k not in _FIELDS)
     if unknown:
         raise ValidationError("settings", unknown[0], "one of " + ", ".join(_FIELDS))
-    preset = _choice("preset", raw.get("preset", Settings.preset), tuple(PRESETS))
-    family = _choice("family", raw.get("family", Settings.family), tuple(FAMILIES))
-    merged = {**asdict(Settings()), **preset_defaults(preset), **FAMILY_DEFAULTS[family],
-              **{k: v for k, v in raw.items() if v is not None}}
+    preset = _choice("preset", raw.get("preset", Settings.preset), PRESETS)
+    family = _choice("family", preset_family(preset) if raw.get("family") is None else raw["family"], tuple(FAMILIES))
+    merged = {**asdict(Settings()), **defaults(preset, family), **{k: v for k, v in raw.items() if v is not None}}
     T_cap = max_seq_len()
     v: dict[str, Any] = {"preset": preset, "family": family}
 
@@ -418,7 +491,7 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *,
     if T > T_cap:
         raise ValidationError("num_history", v["num_history"],
                               f"user + history + candidates <= {T_cap} on {device().upper()} "
-                              f"(here {T}; the phoenix-nano sequence is 1087)")
+                              f"(here {T}; production's padded sequence is 1152)")
 
     v["emb_size"] = _int("emb_size", merged["emb_size"], 8, 4096)
     v["key_size"] = _int("key_size", merged["key_size"], 2, 256)
@@ -448,10 +521,6 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *,
     else:
         v["weights"] = _choice("weights", weights, tuple(w for w in WEIGHT_SOURCES if w != "upload"))
     v["seed"] = _int("seed", merged["seed"], 0, 2**31 - 1)
-    if family == "xrex" and v["weights"] not in ("random", "zeros", "demo"):
-        raise ValidationError("weights", v["weights"], "random, zeros or demo with the production (2026) family "
-                              "(uploads load grok.py's names; in Python, models.xrex.load_xrex_params loads "
-                              "production's)")
     if family == "xrex" and v["weights"] == "demo" and not XREX_DEMO_WEIGHTS.exists():
         raise ValidationError("weights", "demo", "random or zeros with the production (2026) family (this build "
                               "has no trained production demo: python -m models.train_demo --family xrex)")
@@ -501,7 +570,8 @@ def check_model_fits(s: Settings) -> None:
     if n > max_params():
         raise ValidationError("emb_size", s.emb_size,
                               f"a model of at most {max_params() / 1e6:.0f}M parameters on {device().upper()} "
-                              f"(this one has about {n / 1e6:.0f}M; phoenix-prod needs a GPU)")
+                              f"(this one has about {n / 1e6:.0f}M: it needs a GPU, as phoenix-prod, phoenix-2026 and "
+                              f"phoenix-2026-seqpack do)")
     if trace_bytes(s) > max_trace_bytes() and trace_bytes(replace(s, batch_size=1)) <= max_trace_bytes():
         raise ValidationError("batch_size", s.batch_size,
                               f"a batch whose recorded attention fits in {max_trace_bytes() / 2**20:.0f} MiB on "
@@ -541,10 +611,8 @@ def forward_cost(s: Settings, rows: int = 1, seq_len: Optional[int] = None, reco
     layer's [rows, Hq, T, T] logits, capped logits and probabilities while it runs, the residual
     stream, and with `record` every layer's traces."""
     T = s.seq_len if seq_len is None else seq_len
-    trunk = estimate_params(s) - sum(math.prod(shape) for name, (_, shape, _) in recsys_spec(s.recsys_config()).items()
-                                     if name.startswith("recsys_model/"))
-    flops = rows * (2 * T * trunk + s.num_layers * 4 * s.num_q_heads * T * T * s.key_size)
-    ffn = s.transformer_config().ffn_hidden
+    flops = rows * (2 * T * trunk_params(s) + s.num_layers * 4 * s.num_q_heads * T * T * s.key_size)
+    ffn = s.xrex_config().ffn_hidden if s.family == "xrex" else s.transformer_config().ffn_hidden
     held = 3 * 4 * rows * s.num_q_heads * T * T + 4 * 4 * rows * T * max(s.emb_size, ffn)
     return Cost(rows, float(flops), held + (recorded_bytes(s, rows, T) if record else 0))
 
@@ -640,7 +708,7 @@ def check_budget(s: Settings, view: str) -> Cost:
 
 def to_query(s: Settings) -> str:
     """Only what differs from the preset, so links stay short; the preset always comes first."""
-    base = {**asdict(Settings()), **preset_defaults(s.preset), **FAMILY_DEFAULTS[s.family]}
+    base = {**asdict(Settings()), **defaults(s.preset, s.family), "family": preset_family(s.preset)}
     diff = {k: val for k, val in asdict(s).items() if k != "preset" and val != base[k]}
     return urlencode({"preset": s.preset, **{k: _fmt(val) for k, val in diff.items()}})
 
@@ -660,9 +728,14 @@ def parse_query(query: str, *, uploaded: Optional[Mapping[str, Mapping[str, Any]
 
 
 def with_family(s: Settings, family: str) -> Settings:
-    """The settings moved to another model family: what the family fixes (production: bidirectional prefix,
-    right-anchored RoPE, no cap, random weights; grok.py: the preset's values back), no planted bug."""
+    """The settings moved to another model family, the rest kept: what the family fixes (production:
+    bidirectional prefix, right-anchored RoPE, no cap, random weights; grok.py: the preset's values back),
+    no planted bug. Leaving production's family from a production preset goes to grok.py's preset of the
+    same geometry (a production preset implies production's family). The device's model limits are left to
+    whoever runs the model (the mask view draws any preset)."""
     family = _choice("family", family, tuple(FAMILIES))
-    fixed = FAMILY_DEFAULTS[family] or {k: preset_defaults(s.preset)[k] for k in FAMILY_DEFAULTS["xrex"]}
-    return parse_settings({**asdict(s), "family": family, "bug": "none", **fixed})
+    preset = GROK_COUNTERPART[s.preset] if family == "grok" and s.preset in XREX_PRESETS else s.preset
+    moved = ("logit_cap", "multiplier", "rope_base") if preset != s.preset else ()     # grok.py's own values
+    fixed = {k: defaults(preset, family)[k] for k in (*XREX_FIXED, *moved)}
+    return parse_settings({**asdict(s), "preset": preset, "family": family, "bug": "none", **fixed}, need_model=False)
 

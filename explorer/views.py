@@ -278,13 +278,9 @@ def row_anatomy(s: Settings) -> RowAnatomy:
     G = s.num_q_heads // s.num_kv_heads
     i, r = s.query_position, s.row
     t = runs.forward(s).trunk.layers[s.layer]
-    if t.q is None:
-        from .settings import ValidationError
-        raise ValidationError("family", s.family, "grok (the anatomy steps through grok.py's recorded q, k and v; "
-                              "this trunk does not record them)")
     q, k, v = t.q[r, i, head].float(), t.k[r, :, head // G].float(), t.v[r, :, head // G].float()
     raw = k @ q                                                             # [T]
-    scaled = raw * s.multiplier
+    scaled = raw * s.attn_scale
     capped = t.logits[r, head, i].float()
     probs, out = t.probs[r, head, i].float(), t.heads_out[r, i, head].float()
     return RowAnatomy(
@@ -306,7 +302,8 @@ def anatomy_view(s: Settings) -> tuple[go.Figure, go.Figure, go.Figure, str]:
     qk = np.vstack([a.q[None], a.k])
     lim = float(np.abs(qk).max()) or 1.0
     fig_qk = heatmap_figure([Panel(qk, [f"q · {labels[a.query]}"] + [f"k · {x}" for x in labels], dims, "",
-                                   None, None)], title=f"1 · q and every k after RoPE — {where}",
+                                   None, None)], title=f"1 · q and every k after {'qk_norm and ' if s.family == 'xrex' and s.xrex_config().qk_norm else ''}"
+                                  f"RoPE — {where}",
                             value_name="component", colorscale=DIVERGING, zmin=-lim, zmax=lim,
                             row_title="vector", col_title="dimension", max_cells=SINGLE_MAX_CELLS,
                             height=260 + 14 * min(len(labels), 40))
@@ -314,9 +311,11 @@ def anatomy_view(s: Settings) -> tuple[go.Figure, go.Figure, go.Figure, str]:
            f"{s.logit_cap:g}·tanh(x/{s.logit_cap:g})" if s.cap_method == "tanh" else
            f"x / (1 + |x|/{s.logit_cap:g})")
     masked = np.where(a.allowed, a.capped, np.nan)
+    scale_name = (f"scale √128/key size = {s.attn_scale:.4g}" if s.family == "xrex"
+                  else f"multiplier {s.multiplier:g}")
     fig_steps = stacked_bars_figure(labels, [
         ("2 · q·k per key", a.raw),
-        (f"3 · × multiplier {s.multiplier:g}", a.scaled),
+        (f"3 · × {scale_name}", a.scaled),
         (f"4 · cap: {cap}", a.capped),
         ("5 · mask: keys it may not see → −∞ (no bar)", masked),
         ("6 · softmax → weights (sum 1)", a.probs)],
@@ -331,7 +330,8 @@ def anatomy_view(s: Settings) -> tuple[go.Figure, go.Figure, go.Figure, str]:
                              col_title="dimension", max_cells=SINGLE_MAX_CELLS,
                              height=260 + 14 * min(len(labels), 40))
     keys = list(range(len(labels))) if len(labels) <= 24 else sorted(np.argsort(-a.probs)[:8])
-    rows = ["| key | segment | q·k | × multiplier | capped | mask | weight |", "|---|---|---|---|---|---|---|"]
+    rows = [f"| key | segment | q·k | × {'scale' if s.family == 'xrex' else 'multiplier'} | capped | mask | weight |",
+            "|---|---|---|---|---|---|---|"]
     for j in keys:
         rows.append(f"| {labels[j]} | {SEGMENT_NAMES.get(seg[j], seg[j])} | {a.raw[j]:.4g} | {a.scaled[j]:.4g} | "
                     f"{a.capped[j]:.4g} | {'sees' if a.allowed[j] else '−∞'} | {a.probs[j]:.4g} |")

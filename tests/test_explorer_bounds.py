@@ -25,6 +25,16 @@ def test_estimate_params_is_the_built_models_parameter_count(query):
     assert estimate_params(s) == sum(p.numel() for p in RecsysModel(s.recsys_config()).parameters())
 
 
+@pytest.mark.parametrize("query", ["preset=phoenix-2026-nano", "preset=phoenix-2026-seqpack&emb_size=96&num_layers=2",
+                                   "preset=lecture&family=xrex&widening_factor=1.5&num_user=3"])
+def test_estimate_params_of_the_production_family_is_its_models_count(query):
+    """Production's ranker has a plain 2x MLP, merged qkv, qk_norm scales and 64 heads: grok.py's count
+    (the estimate before) is not its size."""
+    from explorer.runs import build_model
+    s = parse_query(query, need_model=False)
+    assert estimate_params(s) == sum(p.numel() for p in build_model(s).parameters())
+
+
 def test_a_model_over_the_cap_only_through_num_user_is_refused_by_name():
     """Issue 14.3: emb 1024 with 8 user tokens is ~55M parameters; the old estimate said 39M (it
     ignored num_user's projection) and let it through the 40M CPU cap."""

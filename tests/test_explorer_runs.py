@@ -86,3 +86,69 @@ def test_a_geometry_change_with_uploaded_weights_is_answered_by_name(tmp_path):
             parse_query(f"{query}&{change}", uploaded=runs.uploads("alice"))
     # what does not shape the weights may change
     parse_query(f"{query}&num_candidates=5&rope_mode=shared", uploaded=runs.uploads("alice"))
+
+
+# --- production's (2026) weights: its stacked names, the same checks and the same scope ------------------
+
+XREX = ("preset=phoenix-2026-seqpack&emb_size=32&num_layers=2&key_size=8&num_q_heads=4&num_kv_heads=2&"
+        "num_history=6&history_padding=2&num_candidates=4&candidate_padding=1")
+
+
+def xrex_file(tmp_path, query=XREX, seed=1, dtype=None, name="x.safetensors"):
+    """A file saved from a random XrexRanker (models.weights.save_weights: production's flattened names)."""
+    from models.xrex import XrexRanker, init_xrex
+    ranker = init_xrex(XrexRanker(parse_query(query).xrex_config()), seed)
+    if dtype is not None:
+        ranker = ranker.to(dtype)
+    path = tmp_path / name
+    save_weights(ranker, path)
+    return path, ranker.float()
+
+
+def test_production_weights_upload_into_the_xrex_family_and_serve_its_own_forward(tmp_path):
+    path, ranker = xrex_file(tmp_path)
+    name = runs.load_upload(parse_query(XREX), str(path), "alice")
+    s = parse_query(f"{XREX}&weights=upload:{name}", uploaded=runs.uploads("alice"))
+    served = runs.build_model(s).ranker
+    assert all(torch.equal(a, b) for a, b in zip(served.state_dict().values(), ranker.state_dict().values()))
+    out = runs.forward(s)
+    with torch.no_grad():
+        own = ranker(out.embeddings, out.valid)
+    assert torch.equal(out.logits, own.logits)
+    with pytest.raises(ValidationError, match=f"weights: got 'upload:{name}'; allowed: random"):
+        parse_query(f"{XREX}&weights=upload:{name}", uploaded=runs.uploads("bob"))
+    with pytest.raises(ValidationError, match=r"are for num_layers=2 \(here num_layers=1\)"):
+        parse_query(f"{XREX}&weights=upload:{name}&num_layers=1", uploaded=runs.uploads("alice"))
+
+
+def test_a_file_of_the_other_family_is_refused_by_name(tmp_path):
+    grok_path, _ = weight_file(tmp_path)
+    with pytest.raises(ValidationError, match=r"weights file: got 'w1.npz'; allowed: weights of the model family "
+                                              r"chosen, production \(2026\): this file holds grok.py's per-layer "
+                                              r"names .* choose the family grok.py \(2025 open source\) first"):
+        runs.load_upload(parse_query(XREX), str(grok_path), "alice")
+    xrex_path, _ = xrex_file(tmp_path)
+    with pytest.raises(ValidationError, match=r"weights file: got 'x.safetensors'; allowed: weights of the model "
+                                              r"family chosen, grok.py .* holds production's stacked names"):
+        runs.load_upload(parse_query(LECTURE), str(xrex_path), "alice")
+    assert runs.uploads("alice") == {}
+
+
+def test_production_uploads_get_grok_uploads_checks(tmp_path):
+    """Shapes against the configuration by name, values after the cast to fp32, any float dtype."""
+    small, _ = xrex_file(tmp_path, XREX.replace("emb_size=32", "emb_size=16"), name="small.safetensors")
+    with pytest.raises(ValidationError, match=r"(?s)weights file: got 'small.safetensors'; allowed: weights that match "
+                                              r"the configuration.*qkv/w has shape \[2, 16, 64\], expected \[2, 32, 64\]"):
+        runs.load_upload(parse_query(XREX), str(small), "alice")
+    from safetensors.numpy import save_file
+    from models.weights import flatten, haiku_params
+    _, ranker = xrex_file(tmp_path)
+    flat = flatten(haiku_params(ranker))
+    flat["transformer/layer_stack/decoder_layer_0/up_proj/w"][1, 0, 0] = 1e30
+    save_file(flat, str(tmp_path / "huge.safetensors"))
+    with pytest.raises(ValidationError, match=r"up_proj/w has a value of magnitude 1e\+30; allowed: at most 1e\+04"):
+        runs.load_upload(parse_query(XREX), str(tmp_path / "huge.safetensors"), "alice")
+    half, ranker16 = xrex_file(tmp_path, dtype=torch.bfloat16, name="bf16.safetensors")
+    name = runs.load_upload(parse_query(XREX), str(half), "alice")
+    served = runs.build_model(parse_query(f"{XREX}&weights=upload:{name}", uploaded=runs.uploads("alice"))).ranker
+    assert all(torch.equal(a, b) for a, b in zip(served.state_dict().values(), ranker16.state_dict().values()))

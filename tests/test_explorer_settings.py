@@ -47,8 +47,19 @@ def test_unknown_field_is_refused():
 
 
 def test_too_long_sequence_names_the_device_cap():
-    with pytest.raises(ValidationError, match="1087"):
-        parse_settings({"preset": "lecture", "weights": "random", "num_history": 1000, "num_candidates": 100})
+    with pytest.raises(ValidationError, match=f"num_history: got 2000; allowed: .*<= {CPU_MAX_SEQ_LEN} on CPU"):
+        parse_settings({"preset": "lecture", "weights": "random", "num_history": 2000, "num_candidates": 100},
+                       need_model=False)
+
+
+def test_a_long_sequence_is_bounded_by_the_models_memory_not_its_length():
+    """The CPU's limit on a model view is what it holds: production's 1152 tokens run at nano's size,
+    and the same length with many heads and layers is refused by the field that makes it large."""
+    s = parse_settings({"preset": "lecture", "weights": "random", "num_history": 1100, "num_candidates": 52})
+    assert s.seq_len == 1153
+    with pytest.raises(ValidationError, match=r"num_layers: got 16; allowed: layers x query heads x T\^2 within"):
+        parse_settings({"preset": "lecture", "weights": "random", "num_history": 1100, "num_candidates": 52,
+                        "num_layers": 16, "num_q_heads": 16, "num_kv_heads": 2})
 
 
 def test_phoenix_prod_is_refused_on_cpu_with_reason():
@@ -155,3 +166,55 @@ def test_old_links_with_the_retired_backend_field_open():
     assert "backend: ignored" in retired_note(["backend", "head"]) and retired_note(["head", "seed"]) == ""
     with pytest.raises(ValidationError, match="settings: got 'backends'"):
         parse_query("preset=lecture&backends=naive")          # only retired names are dropped
+
+
+# --- production's presets in the app: they imply the family, links carry both ----------------------
+
+@pytest.mark.parametrize("name", ["phoenix-2026", "phoenix-2026-nano", "phoenix-2026-seqpack"])
+def test_a_production_preset_sets_production_family_and_its_geometry(name):
+    """PRODUCTION.md §1 through models.xrex.PRESETS: P = 2, L = 1022, 64 candidates padded to T = 1152, and
+    the preset's own qk_norm / primer_norm / cap in the trunk the views build."""
+    from models.xrex import PRESETS as XREX
+    p = XREX[name]
+    s = parse_query(f"preset={name}", need_model=False)        # the mask view's settings: on any device
+    assert (s.family, s.prefix, s.rope_mode, s.mask_kind) == ("xrex", "bidirectional", "right-anchored",
+                                                              "recsys-bidirectional")
+    assert (s.num_user, s.num_history, s.seq_len, s.num_candidates - s.candidate_padding) == (2, 1022, 1152, 64)
+    c = s.xrex_config()
+    capped = p.config.attn_logit_cap > 0                        # uncapped: cap method "none" in the app
+    assert c == (p.config if capped else p.config.replace(attn_logit_cap=c.attn_logit_cap, attn_logit_cap_method="none"))
+    assert s.attn_scale == p.config.attn_scale and (s.cap_method != "none") == capped
+    assert to_query(s) == f"preset={name}" and parse_query(to_query(s), need_model=False) == s
+
+
+def test_production_presets_name_their_device_limit_and_nano_runs_on_cpu():
+    """Issue 11's rule at the new presets: the full-size ones are refused for model views by field,
+    before anything runs; nano (T 1152, over the old 1087 cap) fits the CPU's memory and work budget."""
+    from explorer.settings import VIEWS, check_budget
+    for name in ("phoenix-2026", "phoenix-2026-seqpack"):
+        with pytest.raises(ValidationError, match=r"emb_size: got 2560; allowed: .*needs a GPU"):
+            parse_query(f"preset={name}")
+    s = parse_query("preset=phoenix-2026-nano")
+    for view in VIEWS:
+        check_budget(s, view)
+
+
+def test_preset_and_family_stay_consistent_and_links_carry_both():
+    from explorer.settings import with_family
+    with pytest.raises(ValidationError, match=r"family: got 'grok'; allowed: xrex .* choose the preset phoenix-nano"):
+        parse_query("preset=phoenix-2026-nano&family=grok")
+    # a 2025 preset opens on grok.py's family; the family control moves it, and the link says so
+    lecture = parse_query("preset=lecture")
+    assert lecture.family == "grok"
+    moved = with_family(lecture, "xrex")
+    assert to_query(moved) == "preset=lecture&family=xrex" and parse_query(to_query(moved)) == moved
+    # a production preset implies its family: the link needs no family=, and leaving the family goes to
+    # grok.py's preset of the same geometry, with grok.py's cap and multiplier back
+    nano = parse_query("preset=phoenix-2026-nano&num_history=100&head=1")
+    back = with_family(nano, "grok")
+    assert (back.preset, back.family, back.num_history, back.head, back.cap_method) == (
+        "phoenix-nano", "grok", 100, 1, "tanh")
+    assert parse_query(to_query(back)) == back and "family" not in to_query(back)
+    seqpack = with_family(parse_query("preset=phoenix-2026-seqpack", need_model=False), "xrex")
+    assert (seqpack.cap_method, seqpack.logit_cap) == ("soft_sign", 80.0)       # its own cap is kept
+
