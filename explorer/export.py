@@ -73,8 +73,8 @@ def caption(s: Settings, name: str) -> str:
                      "coloured by segment (user, history, candidate).",
         "anatomy_qk": f"Step 1 for query {row} (layer {s.layer}, {head}): the query vector and every key "
                       "vector after the rotary position embedding, one row each, one column per dimension.",
-        "anatomy_steps": f"Steps 2–6 for query {row}: the dot product q·k per key, times the attention multiplier "
-                         f"{s.multiplier:g}, after the {s.cap_method} cap, with masked keys removed, and after the "
+        "anatomy_steps": f"Steps 2–6 for query {row}: the dot product q·k per key, times the attention "
+                         f"{'scale √128/key size' if s.family == 'xrex' else 'multiplier'} {s.attn_scale:.4g}, after the {s.cap_method} cap, with masked keys removed, and after the "
                          "softmax: the attention weights.",
         "anatomy_sum": f"Step 7 for query {row}: each key's value vector times its attention weight, and their "
                        "sum (last row), the head's output.",

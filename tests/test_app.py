@@ -520,3 +520,84 @@ def test_the_queue_refuses_by_name_past_a_lanes_bounds_and_the_mask_keeps_answer
 def fake_request(demo):
     from types import SimpleNamespace
     return SimpleNamespace(request=SimpleNamespace(app=SimpleNamespace(get_blocks=lambda: demo)))
+
+# --- both families at every view, and production's weights through the upload ----------------------------
+
+SMALL_XREX = ("preset=phoenix-2026-seqpack&emb_size=32&num_layers=2&key_size=8&num_q_heads=4&num_kv_heads=2&"
+              "num_history=6&history_padding=2&num_candidates=4&candidate_padding=1")
+FAMILY_QUERIES = {"grok": LECTURE + "&num_history=6&history_padding=2&num_candidates=4&candidate_padding=1",
+                  "xrex": SMALL_XREX}
+
+
+def own_probs(query: str, embeddings=None, ranker=None) -> np.ndarray:
+    """Layer 0, head 0 attention weights of batch row 0 from the model's own recorded forward, in this process
+    (the server builds the same seeded model): [T, T]."""
+    from explorer import runs
+    from explorer.settings import parse_query
+    out = runs.forward(parse_query(query))
+    if ranker is not None:
+        with torch.no_grad():
+            return ranker(out.embeddings, out.valid, record=True).layers[0].probs[0, 0].numpy()
+    return out.trunk.layers[0].probs[0, 0].numpy()
+
+
+@pytest.mark.parametrize("family", ["grok", "xrex"])
+@pytest.mark.parametrize("view", ["mask", "attention", "anatomy", "isolation", "invariance", "variants", "timing",
+                                  "export"])
+def test_every_view_answers_for_both_families(client, family, view):
+    """Issue 12: at a small production preset (seqpack: primer_norm, soft_sign 80, no qk_norm) and at
+    lecture, each view answers from its family's own model, not an error."""
+    from models.bugzoo import bug_names
+    query = FAMILY_QUERIES[family]
+    kind = "recsys-bidirectional" if family == "xrex" else "recsys"
+    if view == "mask":
+        fig, text, _, kernel_text = client.predict(query, api_name="/mask")
+        z = array([t for t in plot_data(fig) if t["type"] == "heatmap"][0]["z"])
+        assert bool(z[0, 2] > 0) == (family == "xrex")              # the user token sees later history: production
+        assert f"| {kind} |" in text and "| fa4 |" in kernel_text
+    elif view == "attention":
+        fig, _, _ = client.predict(query + "&head=0", api_name="/attention")
+        assert np.array_equal(array(plot_data(fig)[0]["z"]), own_probs(query).astype(float))
+    elif view == "anatomy":
+        _, steps, _, text = client.predict(query + "&head=0&query=8", api_name="/anatomy")
+        weights = array(plot_data(steps)[-1]["y"])
+        assert np.allclose(weights, own_probs(query)[8], atol=1e-7) and "differ from the ones it used" in text
+        assert ("× scale" in text) == (family == "xrex")
+    elif view == "isolation":
+        _, _, text = client.predict(query, api_name="/isolation")
+        assert f"**{kind}: largest change on any other candidate: 0 " in text
+    elif view == "invariance":
+        _, text, *_ = client.predict(query, api_name="/invariance")
+        assert ("right-anchored: 0 (bit for bit" if family == "xrex" else "shared: 0 (bit for bit") in text
+    elif view == "variants":
+        bug = bug_names(family)[0]
+        *_, bug_text = client.predict(query + f"&bug={bug}", api_name="/variants")
+        assert f"| **{bug}** |" in bug_text
+    elif view == "timing":
+        *_, note = client.predict(query, "16, 32", ["naive", "structured"], api_name="/timing")
+        assert f"{kind} mask" in note
+    else:
+        path = client.predict(query, "anatomy_steps", "png", api_name="/export_figure")
+        assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_production_weights_upload_and_the_attention_view_is_their_forward(client, tmp_path):
+    """A file saved from a random XrexRanker (production's stacked names) loads through the upload
+    endpoint; the attention view's numbers are that ranker's own forward. A grok.py file is refused by
+    name while the family is production's."""
+    from explorer.settings import parse_query
+    from models.weights import save_weights
+    from models.xrex import XrexRanker, init_xrex
+    ranker = init_xrex(XrexRanker(parse_query(SMALL_XREX).xrex_config()), 42).eval()
+    path = tmp_path / "xrex.safetensors"
+    save_weights(ranker, path)
+    q, msg = client.predict(SMALL_XREX, handle_file(str(path)), api_name="/upload_weights")
+    assert "weights=upload%3A" in q and "Loaded" in msg
+    fig, _, _ = client.predict(q + "&head=0", api_name="/attention")
+    assert np.array_equal(array(plot_data(fig)[0]["z"]), own_probs(SMALL_XREX, ranker=ranker).astype(float))
+    grok_file, _ = make_weights(tmp_path)
+    with pytest.raises(AppError, match=r"weights file: got 'w64.safetensors'; allowed: weights of the model family "
+                                       r"chosen, production \(2026\): this file holds grok.py's per-layer names"):
+        client.predict(q, handle_file(str(grok_file)), api_name="/upload_weights")
+    again, _, _ = client.predict(q + "&head=0", api_name="/attention")      # the production upload still serves
+    assert plot_data(again)[0]["z"] == plot_data(fig)[0]["z"]
