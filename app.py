@@ -25,15 +25,14 @@ from gradio_client.utils import is_file_obj_with_meta
 from pydantic import model_validator
 
 from explorer import export, runs, timing, views
-from explorer.settings import (COLOR_SCALES, FAMILIES, INVARIANCE_OPS, LANES, MAX_BATCH, PERTURBATIONS, QUEUE_MAX,
-                               VALUE_KINDS, XREX_ROPE, ZOOMS, Settings, ValidationError, check_admission,
-                               check_model_fits, device, parse_query,
-                               parse_settings, retired_note, sweep_budget_s, to_query, with_family)
+from explorer.settings import (COLOR_SCALES, FAMILIES, INVARIANCE_OPS, LANES, MAX_BATCH, PERTURBATIONS, PRESETS,
+                               QUEUE_MAX, VALUE_KINDS, XREX_ROPE, ZOOMS, Settings, ValidationError, check_admission,
+                               check_model_fits, device, parse_query, parse_settings, retired_note, sweep_budget_s,
+                               to_query, with_family)
 from models.attention import CAP_METHODS
 from models.grok import ROPE_MODES
 from models.masks import MASK_KINDS, PREFIX_MODES
 from models.bugzoo import bug_names
-from models.recsys import PRESETS
 from models.variants import VARIANTS
 
 log = logging.getLogger("explorer")
@@ -424,14 +423,16 @@ def control_values(s: Settings) -> list:
 
 @guarded
 def family_endpoint(query: str, family: str, request: gr.Request = None):
-    """The model family switches what it fixes (explorer.settings.with_family) and keeps the rest."""
-    return to_query(with_family(settings_of(query, request), family))
+    """The model family switches what it fixes (explorer.settings.with_family) and keeps the rest; like a
+    preset, on any device (the model views name the limit)."""
+    return to_query(with_family(settings_of(query, request, need_model=False), family))
 
 
 @guarded
 def preset_endpoint(preset: str):
-    """A preset resets every model and layout control to its values. Every preset is offered on every
-    device: the mask view draws it, and model views say when its model does not fit here."""
+    """A preset resets every model and layout control to its values, the family included (production's
+    presets run on production's trunk, grok.py's on grok.py's). Every preset is offered on every device:
+    the mask view draws it, and model views say when its model does not fit here."""
     return to_query(parse_settings({"preset": preset}, need_model=False))
 
 

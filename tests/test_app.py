@@ -601,3 +601,20 @@ def test_production_weights_upload_and_the_attention_view_is_their_forward(clien
         client.predict(q, handle_file(str(grok_file)), api_name="/upload_weights")
     again, _, _ = client.predict(q + "&head=0", api_name="/attention")      # the production upload still serves
     assert plot_data(again)[0]["z"] == plot_data(fig)[0]["z"]
+
+
+def test_presets_and_the_family_control_agree_on_any_device():
+    """In-process: every preset of both families is offered (the too-large ones say so in the list);
+    a production preset brings its family; the family control answers on phoenix-prod too (it was
+    refused on a CPU: 'emb_size: got 2560', before the model views were even asked for)."""
+    import app
+    from explorer.settings import PRESETS
+    choices = dict((value, label) for label, value in app.preset_choices())
+    assert set(choices) == set(PRESETS) and {"phoenix-2026", "phoenix-2026-nano", "phoenix-2026-seqpack"} <= set(choices)
+    assert choices["phoenix-2026-nano"] == "phoenix-2026-nano"                       # runs on a CPU
+    assert "mask view only" in choices["phoenix-2026"] and "mask view only" in choices["phoenix-2026-seqpack"]
+    assert app.preset_endpoint("phoenix-2026-nano") == "preset=phoenix-2026-nano"
+    assert app.preset_endpoint("lecture") == "preset=lecture"                       # a 2025 preset: grok.py's family
+    assert app.family_endpoint("preset=phoenix-prod&head=1", "xrex") == "preset=phoenix-prod&family=xrex&head=1"
+    back = app.family_endpoint("preset=phoenix-2026&head=1", "grok")
+    assert back.startswith("preset=phoenix-prod&num_user=2") and "family" not in back
