@@ -89,7 +89,7 @@ BAD_QUERIES = [
     ("num_candidates=0", "num_candidates"),
     ("key_size=3", "key_size"),
     ("num_q_heads=3&num_kv_heads=2", "num_q_heads"),
-    ("num_history=1000&num_candidates=512", "num_history"),     # past the CPU sequence cap
+    ("num_history=2000&num_candidates=512", "num_history"),     # past the CPU layout cap (2048)
     ("preset=phoenix-prod", "emb_size"),                         # too many parameters for a CPU
     ("preset=phoenix-nano&num_layers=16&num_q_heads=64&num_kv_heads=64&emb_size=64&key_size=2",
      "num_layers"),                                              # ~9 GiB of recorded attention
