@@ -16,6 +16,7 @@ import os
 import re
 import threading
 from dataclasses import fields
+from types import SimpleNamespace
 from urllib.parse import urlencode
 
 import gradio as gr
@@ -200,6 +201,12 @@ def invariance_endpoint(query: str, request: gr.Request = None):
 def variants_endpoint(query: str, request: gr.Request = None):
     s = settings_of(query, request)
     return (*views.variant_view(s), *views.bug_zoo_view(s))
+
+
+# the view tabs' endpoints, in TAB_OUTPUTS order (also their API names)
+VIEW_ENDPOINTS = {"mask": mask_endpoint, "attention": attention_endpoint, "anatomy": anatomy_endpoint,
+                  "isolation": isolation_endpoint, "invariance": invariance_endpoint, "variants": variants_endpoint}
+assert tuple(VIEW_ENDPOINTS) == tuple(TAB_OUTPUTS)
 
 
 @guarded
@@ -389,6 +396,7 @@ def forget_uploads(request: gr.Request = None):
 # --- controls <-> query string --------------------------------------------------------------
 
 CONTROL_FIELDS = [f.name for f in fields(Settings)]
+FIELD_TYPES = {f.name: f.type for f in fields(Settings)}
 
 
 @guarded
@@ -546,18 +554,8 @@ def render_tab(query: str, tab: str, request: gr.Request = None):
         out[tab] = [None] * n
         out[tab][text] = limit_note(limit)
         tab = "none"
-    if tab == "mask":
-        out["mask"] = mask_endpoint(query, request)
-    elif tab == "attention":
-        out["attention"] = attention_endpoint(query, request)
-    elif tab == "anatomy":
-        out["anatomy"] = anatomy_endpoint(query, request)
-    elif tab == "isolation":
-        out["isolation"] = isolation_endpoint(query, request)
-    elif tab == "invariance":
-        out["invariance"] = invariance_endpoint(query, request)
-    elif tab == "variants":
-        out["variants"] = variants_endpoint(query, request)
+    if tab in VIEW_ENDPOINTS:
+        out[tab] = VIEW_ENDPOINTS[tab](query, request)
     flat = []
     for t, (n, _) in TAB_OUTPUTS.items():
         flat += list(out[t]) if out[t] is not None else [gr.skip()] * n
@@ -565,25 +563,14 @@ def render_tab(query: str, tab: str, request: gr.Request = None):
 
 
 
-# --- components that leave every check to explorer.settings -----------------------------------
-# Instances patched rather than subclasses: Gradio writes a .pyi stub next to any module that
-# subclasses a component.
-
-def unchecked(component: gr.components.Component) -> gr.components.Component:
-    """`component` drawn and behaving as usual on the page, but its value reaches the endpoint as
-    sent: no rounding (2.5 -> 2, True -> 1), no parsing ("nan" in a number box) and no choice check
-    ("Value: bogus is not in the list of choices", which names no field). explorer.settings then
-    answers every bad value with "field: got ...; allowed: ..."."""
-    component.preprocess = lambda payload: payload
-    return component
-
-
-def unchecked_kind(component_class: type):
-    """A constructor of `component_class` instances that are unchecked(...)."""
-    return lambda *args, **kw: unchecked(component_class(*args, **kw))
-
-
-Number, Dropdown, Radio, CheckboxGroup = map(unchecked_kind, (gr.Number, gr.Dropdown, gr.Radio, gr.CheckboxGroup))
+# --- controls whose values reach the endpoints as sent ------------------------------------------
+# Every event that reads a control passes preprocess=False (Gradio's own event option), so the value
+# arrives as sent: no rounding (2.5 -> 2, True -> 1), no parsing ("nan" in a number box) and no choice
+# check ("Value: bogus is not in the list of choices", which names no field). explorer.settings then
+# answers every bad value with "field: got ...; allowed: ...". tests/test_app.py checks that every
+# event reading a Number, Dropdown, Radio or CheckboxGroup has it.
+RAW = dict(preprocess=False)
+CHECKED_BY_SETTINGS = (gr.Number, gr.Dropdown, gr.Radio, gr.CheckboxGroup)
 
 
 class UploadedFile(FileData):
@@ -656,7 +643,8 @@ LOOK_FOR = {
     "attention": "Look for: candidate rows attend to history and to themselves only; heads sharing a KV head "
                  "(grouped query attention) often look alike; switch colour to quantile or log on random weights.",
     "anatomy": "Look for: how one query row is built — q·k per key, scaled, capped, masked to −∞, normalised by the "
-               "softmax, and the weights mixing the values into the output.",
+               "softmax, and the weights mixing the values into the output. Layer, head (the grid shows head 0) and "
+               "query row are chosen above the tabs.",
     "isolation": "Look for: under the recsys mask, perturbing candidate j changes only its own column; under the "
                  "causal mask the change leaks into every later candidate.",
     "invariance": "Look for: with sequential RoPE positions, reordering candidates moves their scores; with shared "
@@ -666,9 +654,12 @@ LOOK_FOR = {
     "export": "Look for: figures redrawn in the lecture theme at 16:9, with captions describing each one.",
 }
 
-def number(label, **kw):
-    """An integer box unless precision=None; the value is checked by explorer.settings either way."""
-    return Number(label=label, precision=kw.pop("precision", 0), **kw)
+def number_boxes(d: Settings, c: dict, labels: dict[str, str], **kw) -> None:
+    """A number box per Settings field, labelled; integer boxes for int fields. explorer.settings checks
+    the value either way."""
+    for field, label in labels.items():
+        c[field] = gr.Number(label=label, value=getattr(d, field), precision=None if FIELD_TYPES[field] == "float" else 0,
+                             **kw)
 
 
 # Gradio keeps every upload and every returned file (exports) in its cache: every 15 minutes, files
@@ -676,237 +667,281 @@ def number(label, **kw):
 DELETE_CACHE = (900, 3600)
 
 
-def build_app() -> gr.Blocks:
-    d = parse_settings({})
-    with gr.Blocks(title="Attention explorer for recommendation transformers", delete_cache=DELETE_CACHE) as demo:
-        gr.Markdown("# Attention explorer for recommendation transformers\n"
-                    "A faithful PyTorch port of X's phoenix ranker (`grok.py`): masks, heatmaps from the model's "
-                    "own forward, candidate isolation, batch invariance, RoPE and live kernel timings.")
-        query = gr.Textbox(label="Link to this view (query string)", value=to_query(d), buttons=["copy"],
-                           interactive=False, elem_id="query")
+# --- layout: one builder per part of the page. `c` collects the controls by Settings field; each view
+# tab returns its outputs in its endpoint's order. ----------------------------------------------------
+
+def page_header(d: Settings) -> SimpleNamespace:
+    gr.Markdown("# Attention explorer for recommendation transformers\n"
+                "A faithful PyTorch port of X's phoenix ranker (`grok.py`): masks, heatmaps from the model's "
+                "own forward, candidate isolation, batch invariance, RoPE and live kernel timings.")
+    return SimpleNamespace(
+        query=gr.Textbox(label="Link to this view (query string)", value=to_query(d), buttons=["copy"],
+                         interactive=False, elem_id="query"),
         # the visible tab; a hidden Textbox, not gr.State, so API calls can name the tab to redraw
-        tab_state = gr.Textbox("mask", visible=False)
-        marked = gr.State([])           # the controls marked invalid, to clear when they are fixed
-        limit_md = gr.Markdown(elem_id="limit-note")
-        c: dict[str, gr.components.Component] = {}
+        tab_state=gr.Textbox("mask", visible=False),
+        marked=gr.State([]),            # the controls marked invalid, to clear when they are fixed
+        limit_md=gr.Markdown(elem_id="limit-note"),
+        # never shown: triggers and outputs for the API-only endpoints
+        hidden_q=gr.Textbox(visible=False), hidden_out=gr.Textbox(visible=False))
+
+
+def source_controls(d: Settings, c: dict, page: SimpleNamespace) -> None:
+    """The sidebar's top: preset, family, weights (and the upload), seed, link, zoom."""
+    c["preset"] = gr.Dropdown(preset_choices(), value=d.preset, label="preset")
+    c["family"] = gr.Radio([(label, name) for name, label in FAMILIES.items()], value=d.family,
+                           label="model family")
+    c["weights"] = gr.Dropdown(weight_choices(), value=d.weights, label="weights")
+    number_boxes(d, c, {"seed": "seed (weights and inputs)"})
+    page.upload = weights_file(label="upload weights (.npz / .safetensors, haiku names)",
+                               file_types=[".npz", ".safetensors"], type="filepath", height=120)
+    page.upload_msg = gr.Markdown()
+    page.copy = gr.Button("Copy link", size="sm")
+    c["zoom"] = gr.Radio(list(ZOOMS), value=d.zoom, label="heatmap zoom (full resolution)")
+
+
+def layout_controls(d: Settings, c: dict) -> None:
+    with gr.Accordion("sequence layout", open=True):
+        number_boxes(d, c, {"num_user": "user tokens", "num_history": "history length", "num_candidates": "candidates",
+                            "history_padding": "padded history slots", "candidate_padding": "padded candidate slots"})
+        with gr.Row():
+            number_boxes(d, c, {"batch_size": f"batch size (1–{MAX_BATCH})", "row": "batch row shown"}, min_width=80)
+
+
+def model_controls(d: Settings, c: dict) -> None:
+    with gr.Accordion("model", open=False):
+        number_boxes(d, c, {"emb_size": "emb size", "key_size": "key size", "num_q_heads": "query heads",
+                            "num_kv_heads": "KV heads", "num_layers": "layers", "widening_factor": "widening factor",
+                            "multiplier": "attention multiplier (grok.py; production: √128 / key size)"})
+        c["cap_method"] = gr.Radio(list(CAP_METHODS), value=d.cap_method, label="logit cap")
+        number_boxes(d, c, {"logit_cap": "cap value"})
+        c["prefix"] = gr.Radio(list(PREFIX_MODES), value=d.prefix,
+                               label="prefix (causal: grok.py; bidirectional: production)")
+    with gr.Accordion("RoPE", open=False):
+        number_boxes(d, c, {"rope_base": "RoPE base", "rope_offset": "RoPE offset"})
+        c["rope_mode"] = gr.Radio([*ROPE_MODES, XREX_ROPE], value=d.rope_mode, label="candidate positions")
+
+
+def view_controls(d: Settings, c: dict) -> None:
+    """Above the tabs: the attention and anatomy views read these."""
+    with gr.Row():
+        number_boxes(d, c, {"layer": "layer"})
+        c["head"] = gr.Dropdown(head_choices(d), value=d.head, label="head")
+        number_boxes(d, c, {"query": "query row (-1: first candidate)"})
+
+
+def mask_tab(d: Settings, c: dict) -> list:
+    c["compare"] = gr.Dropdown(list(MASK_KINDS), value=d.compare, label="compare with")
+    return [gr.Plot(label="mask", elem_id="mask-plot"), gr.Markdown(),
+            gr.Plot(label="production's kernels: tiles run and skipped", elem_id="kernel-plot"), gr.Markdown()]
+
+
+def attention_tab(d: Settings, c: dict) -> list:
+    with gr.Row():
+        c["values"] = gr.Radio(list(VALUE_KINDS), value=d.values, label="values")
+        c["color"] = gr.Radio(list(COLOR_SCALES), value=d.color, label="colour")
+    return [gr.Plot(label="attention", elem_id="attention-plot"), gr.Plot(label="query row"), gr.Markdown()]
+
+
+def anatomy_tab(d: Settings, c: dict) -> list:
+    return [gr.Plot(label="q and k after RoPE", elem_id="anatomy-plot"),
+            gr.Plot(label="q·k → weights, step by step"), gr.Plot(label="weighted sum of V"), gr.Markdown()]
+
+
+def isolation_tab(d: Settings, c: dict) -> list:
+    with gr.Row():
+        number_boxes(d, c, {"candidate": "candidate j"})
+        c["perturbation"] = gr.Radio(list(PERTURBATIONS), value=d.perturbation, label="perturbation")
+        number_boxes(d, c, {"delta": "size (scale factor / noise σ)", "replace_with": "replace with item hash"})
+    text = gr.Markdown()
+    return [gr.Plot(label="change per layer and position", elem_id="isolation-plot"),
+            gr.Plot(label="change per candidate"), text]
+
+
+def invariance_tab(d: Settings, c: dict) -> list:
+    c["operation"] = gr.Radio(list(INVARIANCE_OPS), value=d.operation, label="operation")
+    return [gr.Plot(label="score change", elem_id="invariance-plot"), gr.Markdown(),
+            gr.Plot(label="RoPE angles"), gr.Plot(label="q·k vs distance"), gr.Markdown()]
+
+
+def variants_tab(d: Settings, c: dict) -> list:
+    with gr.Row():
+        c["variant"] = gr.Dropdown(list(VARIANTS), value=d.variant, label="attention variant (course notebooks)")
+        c["bug"] = gr.Dropdown(["none", *bug_names("grok"), *bug_names("xrex")], value=d.bug,
+                               label="plant a bug: a seed notebook's (grok.py) or a serving-kernel quirk (production)")
+    text = gr.Markdown()
+    fig = gr.Plot(label="variant attention", elem_id="variants-plot")
+    loss = gr.Plot(label="training loss of every variant", elem_id="variants-loss-plot")
+    bug_text = gr.Markdown()
+    return [fig, loss, text, gr.Plot(label="attention with the bug"), bug_text]
+
+
+def timing_tab(d: Settings, c: dict) -> SimpleNamespace:
+    geometry0, dtype0 = timing.geometries()[0], timing.dtypes()[0]
+    t = SimpleNamespace()
+    with gr.Row():
+        t.geometry = gr.Radio(list(timing.geometries()), value=geometry0, scale=3,
+                              label="shapes (mask and logit cap: the sidebar's)")
+        t.dtype = gr.Radio(list(timing.dtypes()), value=dtype0, label="dtype", scale=2)
+    with gr.Row():
+        t.lengths = gr.Textbox(timing.default_lengths(geometry0), label="sequence lengths T", scale=3)
+        t.run = gr.Button("Run", variant="primary", scale=1)
+        t.stop = gr.Button("Stop", scale=1)
+    usable0, unavailable0 = timing_options(to_query(d), geometry0, dtype0, None)
+    t.backends = gr.CheckboxGroup(usable0["choices"], value=usable0["value"], label="backends that run here")
+    t.unavailable = gr.Markdown(unavailable0)
+    t.message = gr.Markdown(elem_id="timing-check")
+    text = gr.Markdown(timing.recorded_summary())
+    with gr.Row():
+        time_fig, mem_fig = gr.Plot(label="time", elem_id="time-plot"), gr.Plot(label="memory")
+    with gr.Row():
+        speed_fig, err_fig = gr.Plot(label="speed-up"), gr.Plot(label="error")
+    t.figures = [time_fig, mem_fig, speed_fig, err_fig, text]
+    return t
+
+
+def export_tab(d: Settings, c: dict) -> SimpleNamespace:
+    e = SimpleNamespace()
+    with gr.Row():
+        e.figure = gr.Dropdown(list(export.FIGURES), value="attention", label="figure")
+        e.format = gr.Radio(list(export.FORMATS), value="png", label="format")
+        e.aspect = gr.Radio(list(export.ASPECTS), value="16:9", label="slide shape")
+        e.figure_btn = gr.Button("Export figure")
+        e.pack_btn = gr.Button("Lecture pack (zip)", variant="primary")
+    gr.Markdown("Figures are drawn again from the current settings in the lecture theme (large fonts, tick labels "
+                "of at least 16 px, colour-blind-safe colours, white background) at the slide shape chosen (16:9: "
+                "1600 × 900); PNG at 3x scale. The lecture pack holds every figure of every tab with a caption "
+                "for each.")
+    e.file = gr.File(label="download", elem_id="export-file")
+    return e
+
+
+# every tab in TABS order: its title and builder
+TAB_BUILDERS = {"mask": ("1 · Mask", mask_tab), "attention": ("2 · Attention", attention_tab),
+                "anatomy": ("2b · Anatomy", anatomy_tab), "isolation": ("3 · Isolation", isolation_tab),
+                "invariance": ("4 · Invariance & RoPE", invariance_tab), "variants": ("5 · Variants", variants_tab),
+                "timing": ("6 · Flash vs naive", timing_tab), "export": ("7 · Export", export_tab)}
+assert tuple(TAB_BUILDERS) == TABS
+
+
+# --- wiring: one function per group of events ---------------------------------------------------
+
+HIDDEN = dict(api_visibility="undocumented")      # the page's own steps: not on the API page
+
+
+def redraw(page: SimpleNamespace, event, after: str):
+    """After `event`: the address bar follows the query, then the visible tab is redrawn."""
+    return (event.then(None, [page.query, page.tab_state], None, js=WRITE_URL, **HIDDEN)
+            .then(render_tab, [page.query, page.tab_state], page.view_outputs, api_name=f"render_after_{after}",
+                  show_progress="minimal", **HIDDEN, **FORWARD))
+
+
+def wire_controls(page: SimpleNamespace, c: dict) -> None:
+    """Any control -> validated query string + the visible tab redrawn, in one round trip; an invalid value
+    is marked at its control and the rest keeps working. API clients get the same change, refused with
+    the field named."""
+    controls = [c[f] for f in CONTROL_FIELDS]
+    gr.on([c[f].input for f in CONTROL_FIELDS if f not in ("preset", "family")], control_change_on_page,
+          controls + [page.tab_state, page.query, page.marked],
+          [page.query, page.marked, page.limit_md] + controls + page.view_outputs,
+          api_name="render_on_change", trigger_mode="always_last", show_progress="minimal", **HIDDEN, **FORWARD,
+          **RAW).then(None, [page.query, page.tab_state], None, js=WRITE_URL, **HIDDEN)
+    page.hidden_q.change(control_change, controls + [page.tab_state], [page.query, c["head"]] + page.view_outputs,
+                         api_name="control_change", **FORWARD, **RAW)
+    page.hidden_q.blur(settings_endpoint, controls, page.hidden_out, api_name="settings", **RAW)
+
+
+def wire_sources(page: SimpleNamespace, c: dict) -> None:
+    """A preset, a family or an uploaded file sets many controls at once, then the visible tab redraws."""
+    controls = [c[f] for f in CONTROL_FIELDS]
+    for name, fn, inputs in (("preset", preset_endpoint, c["preset"]),
+                             ("family", family_endpoint, [page.query, c["family"]])):
+        ev = c[name].input(fn, inputs, page.query, api_name=name, **RAW)
+        redraw(page, ev.success(query_to_controls, page.query, controls, api_name=f"sync_{name}",
+                                show_progress="hidden", **HIDDEN)
+               .then(limit_endpoint, page.query, page.limit_md, api_name=f"limit_after_{name}", **HIDDEN), name)
+    ev = page.upload.upload(upload_endpoint, [page.query, page.upload], [page.query, page.upload_msg],
+                            api_name="upload_weights", **UPLOAD)
+    redraw(page, ev.success(query_to_controls, page.query, controls, api_name="sync_upload",
+                            show_progress="hidden", **HIDDEN), "upload")
+
+
+def wire_navigation(demo: gr.Blocks, page: SimpleNamespace, c: dict) -> None:
+    """Opening a tab redraws it; a page load reads its link; closing the page forgets its uploads."""
+    for name, tab in page.tab.items():
+        tab.select(lambda n=name: n, None, page.tab_state, api_name=f"tab_{name}", show_progress="hidden",
+                   **HIDDEN) \
+           .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **HIDDEN) \
+           .then(render_tab, [page.query, page.tab_state], page.view_outputs, api_name=f"render_{name}",
+                 show_progress="minimal", **HIDDEN, **FORWARD)
+    page.copy.click(None, None, None, api_name="copy_link",
+                    js="() => { navigator.clipboard && navigator.clipboard.writeText(window.location.href); }")
+    redraw(page, demo.load(load_endpoint, None, [page.query, page.tab_state, page.tabs], api_name="load", **HIDDEN)
+           .success(query_to_controls, page.query, [c[f] for f in CONTROL_FIELDS], api_name="sync_load",
+                    show_progress="hidden", **HIDDEN)
+           .then(limit_endpoint, page.query, page.limit_md, api_name="limit_after_load", **HIDDEN), "load")
+    demo.unload(forget_uploads)
+
+
+def wire_view_api(page: SimpleNamespace, outputs: dict) -> None:
+    """The API: one endpoint per view, the configuration as a query string."""
+    for name in TAB_OUTPUTS:
+        page.hidden_q.submit(VIEW_ENDPOINTS[name], page.hidden_q, outputs[name], api_name=name,
+                             **(LIGHT if name == "mask" else FORWARD))
+
+
+def wire_timing(page: SimpleNamespace, t: SimpleNamespace) -> None:
+    inputs = [page.query, t.lengths, t.backends, t.geometry, t.dtype]
+    run_ev = t.run.click(timing_endpoint, inputs, t.figures, api_name="timing", **TIMING, **RAW)
+    # Stop sets the run's own flag and cancels the event: the figures keep what was streamed so far
+    t.stop.click(stop_timing, None, None, cancels=[run_ev], api_name="stop_timing", queue=False)
+    # the timing controls are checked as they change (the message under them, Run disabled while
+    # something is wrong); these helpers stay callable but off the API page
+    quiet = dict(api_visibility="undocumented", show_progress="hidden", queue=False, **RAW)
+    check = dict(fn=timing_check, inputs=inputs, outputs=[t.message, t.run], **quiet)
+    gr.on([t.geometry.input, t.dtype.input, page.query.change], timing_options,
+          [page.query, t.geometry, t.dtype, t.backends], [t.backends, t.unavailable],
+          api_name="timing_options", **quiet).then(api_name="timing_check_after_options", **check)
+    t.geometry.input(timing_lengths, t.geometry, t.lengths, api_name="timing_lengths", **quiet) \
+        .then(api_name="timing_check_after_lengths", **check)
+    gr.on([t.lengths.input, t.backends.input], api_name="timing_check", trigger_mode="always_last", **check)
+    page.tab["timing"].select(timing_recorded, [page.query, t.geometry, t.dtype, t.figures[0]], t.figures,
+                              api_name="timing_recorded", **{**quiet, "queue": True})
+
+
+def wire_export(page: SimpleNamespace, e: SimpleNamespace) -> None:
+    e.figure_btn.click(export_endpoint, [page.query, e.figure, e.format, e.aspect], e.file, api_name="export_figure",
+                       **EXPORT, **RAW)
+    e.pack_btn.click(lecture_pack_endpoint, [page.query, e.aspect], e.file, api_name="lecture_pack",
+                     **EXPORT, **RAW)
+
+
+def build_app() -> gr.Blocks:
+    d, c = parse_settings({}), {}
+    with gr.Blocks(title="Attention explorer for recommendation transformers", delete_cache=DELETE_CACHE) as demo:
+        page = page_header(d)
         with gr.Row():
             with gr.Column(scale=1, min_width=300):
-                c["preset"] = Dropdown(preset_choices(), value=d.preset, label="preset")
-                c["family"] = Radio([(label, name) for name, label in FAMILIES.items()], value=d.family,
-                                    label="model family")
-                c["weights"] = Dropdown(weight_choices(), value=d.weights, label="weights")
-                c["seed"] = number("seed (weights and inputs)", value=d.seed)
-                upload = weights_file(label="upload weights (.npz / .safetensors, haiku names)",
-                                 file_types=[".npz", ".safetensors"], type="filepath", height=120)
-                upload_msg = gr.Markdown()
-                copy = gr.Button("Copy link", size="sm")
-                c["zoom"] = Radio(list(ZOOMS), value=d.zoom, label="heatmap zoom (full resolution)")
-                with gr.Accordion("sequence layout", open=True):
-                    c["num_user"] = number("user tokens", value=d.num_user)
-                    c["num_history"] = number("history length", value=d.num_history)
-                    c["num_candidates"] = number("candidates", value=d.num_candidates)
-                    c["history_padding"] = number("padded history slots", value=d.history_padding)
-                    c["candidate_padding"] = number("padded candidate slots", value=d.candidate_padding)
-                    with gr.Row():
-                        c["batch_size"] = number(f"batch size (1–{MAX_BATCH})", value=d.batch_size, min_width=80)
-                        c["row"] = number("batch row shown", value=d.row, min_width=80)
-                with gr.Accordion("model", open=False):
-                    c["emb_size"] = number("emb size", value=d.emb_size)
-                    c["key_size"] = number("key size", value=d.key_size)
-                    c["num_q_heads"] = number("query heads", value=d.num_q_heads)
-                    c["num_kv_heads"] = number("KV heads", value=d.num_kv_heads)
-                    c["num_layers"] = number("layers", value=d.num_layers)
-                    c["widening_factor"] = number("widening factor", value=d.widening_factor, precision=None)
-                    c["multiplier"] = number("attention multiplier (grok.py; production: √128 / key size)",
-                                             value=d.multiplier, precision=None)
-                    c["cap_method"] = Radio(list(CAP_METHODS), value=d.cap_method, label="logit cap")
-                    c["logit_cap"] = number("cap value", value=d.logit_cap, precision=None)
-                    c["prefix"] = Radio(list(PREFIX_MODES), value=d.prefix,
-                                           label="prefix (causal: grok.py; bidirectional: production)")
-                with gr.Accordion("RoPE", open=False):
-                    c["rope_base"] = number("RoPE base", value=d.rope_base, precision=None)
-                    c["rope_offset"] = number("RoPE offset", value=d.rope_offset)
-                    c["rope_mode"] = Radio([*ROPE_MODES, XREX_ROPE], value=d.rope_mode, label="candidate positions")
+                source_controls(d, c, page)
+                layout_controls(d, c)
+                model_controls(d, c)
             with gr.Column(scale=4):
-                with gr.Row():                  # the attention and anatomy views read these
-                    c["layer"] = number("layer", value=d.layer)
-                    c["head"] = Dropdown(head_choices(d), value=d.head, label="head")
-                    c["query"] = number("query row (-1: first candidate)", value=d.query)
-                with gr.Tabs() as tabs:
-                    with gr.Tab("1 · Mask", id="mask") as t_mask:
-                        gr.Markdown(LOOK_FOR["mask"])
-                        c["compare"] = Dropdown(list(MASK_KINDS), value=d.compare, label="compare with")
-                        mask_fig = gr.Plot(label="mask", elem_id="mask-plot")
-                        mask_text = gr.Markdown()
-                        kernel_fig = gr.Plot(label="production's kernels: tiles run and skipped", elem_id="kernel-plot")
-                        kernel_text = gr.Markdown()
-                    with gr.Tab("2 · Attention", id="attention") as t_attn:
-                        gr.Markdown(LOOK_FOR["attention"])
-                        with gr.Row():
-                            c["values"] = Radio(list(VALUE_KINDS), value=d.values, label="values")
-                            c["color"] = Radio(list(COLOR_SCALES), value=d.color, label="colour")
-                        attn_fig = gr.Plot(label="attention", elem_id="attention-plot")
-                        row_fig = gr.Plot(label="query row")
-                        attn_text = gr.Markdown()
-                    with gr.Tab("2b · Anatomy", id="anatomy") as t_anat:
-                        gr.Markdown(LOOK_FOR["anatomy"] + " Layer, head (the grid shows head 0) and query row "
-                                    "are chosen above the tabs.")
-                        anat_qk = gr.Plot(label="q and k after RoPE", elem_id="anatomy-plot")
-                        anat_steps = gr.Plot(label="q·k → weights, step by step")
-                        anat_out = gr.Plot(label="weighted sum of V")
-                        anat_text = gr.Markdown()
-                    with gr.Tab("3 · Isolation", id="isolation") as t_iso:
-                        gr.Markdown(LOOK_FOR["isolation"])
-                        with gr.Row():
-                            c["candidate"] = number("candidate j", value=d.candidate)
-                            c["perturbation"] = Radio(list(PERTURBATIONS), value=d.perturbation,
-                                                         label="perturbation")
-                            c["delta"] = number("size (scale factor / noise σ)", value=d.delta, precision=None)
-                            c["replace_with"] = number("replace with item hash", value=d.replace_with)
-                        iso_text = gr.Markdown()
-                        iso_fig = gr.Plot(label="change per layer and position", elem_id="isolation-plot")
-                        iso_bars = gr.Plot(label="change per candidate")
-                    with gr.Tab("4 · Invariance & RoPE", id="invariance") as t_inv:
-                        gr.Markdown(LOOK_FOR["invariance"])
-                        c["operation"] = Radio(list(INVARIANCE_OPS), value=d.operation, label="operation")
-                        inv_fig = gr.Plot(label="score change", elem_id="invariance-plot")
-                        inv_text = gr.Markdown()
-                        rope_angle = gr.Plot(label="RoPE angles")
-                        rope_qk = gr.Plot(label="q·k vs distance")
-                        rope_text = gr.Markdown()
-                    with gr.Tab("5 · Variants", id="variants") as t_var:
-                        gr.Markdown(LOOK_FOR["variants"])
-                        with gr.Row():
-                            c["variant"] = Dropdown(list(VARIANTS), value=d.variant,
-                                                       label="attention variant (course notebooks)")
-                            c["bug"] = Dropdown(["none", *bug_names("grok"), *bug_names("xrex")], value=d.bug,
-                                                   label="plant a bug: a seed notebook's (grok.py) or a serving-kernel quirk (production)")
-                        var_text = gr.Markdown()
-                        var_fig = gr.Plot(label="variant attention", elem_id="variants-plot")
-                        var_loss = gr.Plot(label="training loss of every variant", elem_id="variants-loss-plot")
-                        bug_text = gr.Markdown()
-                        bug_fig = gr.Plot(label="attention with the bug")
-                    with gr.Tab("6 · Flash vs naive", id="timing") as t_time:
-                        gr.Markdown(LOOK_FOR["timing"])
-                        geometry0, dtype0 = timing.geometries()[0], timing.dtypes()[0]
-                        with gr.Row():
-                            geometry_pick = Radio(list(timing.geometries()), value=geometry0, scale=3,
-                                                  label="shapes (mask and logit cap: the sidebar's)")
-                            dtype_pick = Radio(list(timing.dtypes()), value=dtype0, label="dtype", scale=2)
-                        with gr.Row():
-                            lengths = gr.Textbox(timing.default_lengths(geometry0), label="sequence lengths T",
-                                                 scale=3)
-                            run_btn = gr.Button("Run", variant="primary", scale=1)
-                            stop_btn = gr.Button("Stop", scale=1)
-                        usable0, unavailable0 = timing_options(to_query(d), geometry0, dtype0, None)
-                        backend_pick = CheckboxGroup(usable0["choices"], value=usable0["value"],
-                                                     label="backends that run here")
-                        unavailable_text = gr.Markdown(unavailable0)
-                        timing_msg = gr.Markdown(elem_id="timing-check")
-                        time_text = gr.Markdown(timing.recorded_summary())
-                        with gr.Row():
-                            time_fig, mem_fig = gr.Plot(label="time", elem_id="time-plot"), gr.Plot(label="memory")
-                        with gr.Row():
-                            speed_fig, err_fig = gr.Plot(label="speed-up"), gr.Plot(label="error")
-                    with gr.Tab("7 · Export", id="export") as t_exp:
-                        gr.Markdown(LOOK_FOR["export"])
-                        with gr.Row():
-                            fig_name = Dropdown(list(export.FIGURES), value="attention", label="figure")
-                            fmt = Radio(list(export.FORMATS), value="png", label="format")
-                            aspect = Radio(list(export.ASPECTS), value="16:9", label="slide shape")
-                            exp_btn = gr.Button("Export figure")
-                            pack_btn = gr.Button("Lecture pack (zip)", variant="primary")
-                        gr.Markdown("Figures are drawn again from the current settings in the lecture theme "
-                                    "(large fonts, tick labels of at least 16 px, colour-blind-safe colours, white "
-                                    "background) at the slide shape chosen (16:9: 1600 × 900); PNG at 3x scale. "
-                                    "The lecture pack holds every figure of every tab with a caption for each.")
-                        exp_file = gr.File(label="download", elem_id="export-file")
-
-        controls = [c[f] for f in CONTROL_FIELDS]
-        # never shown: triggers and outputs for the API-only endpoints below
-        hidden_q, hidden_out = gr.Textbox(visible=False), gr.Textbox(visible=False)
-        view_outputs = [mask_fig, mask_text, kernel_fig, kernel_text, attn_fig, row_fig, attn_text, anat_qk, anat_steps,
-                        anat_out, anat_text, iso_fig, iso_bars, iso_text,
-                        inv_fig, inv_text, rope_angle, rope_qk, rope_text, var_fig, var_loss, var_text, bug_fig,
-                        bug_text]
-        write_url = WRITE_URL
-
-        hidden = dict(api_visibility="undocumented")      # the page's own steps: not on the API page
-
-        def redraw(event, after: str):
-            return (event.then(None, [query, tab_state], None, js=write_url, **hidden)
-                    .then(render_tab, [query, tab_state], view_outputs, api_name=f"render_after_{after}",
-                          show_progress="minimal", **hidden, **FORWARD))
-
-        # any control -> validated query string + the visible tab redrawn, in one round trip; an invalid
-        # value is marked at its control and the rest keeps working
-        gr.on([c[f].input for f in CONTROL_FIELDS if f not in ("preset", "family")], control_change_on_page,
-              controls + [tab_state, query, marked], [query, marked, limit_md] + controls + view_outputs,
-              api_name="render_on_change", trigger_mode="always_last", show_progress="minimal", **hidden,
-              **FORWARD) \
-            .then(None, [query, tab_state], None, js=write_url, **hidden)
-        # the same change for API clients: a bad value is refused with the field named
-        hidden_q.change(control_change, controls + [tab_state], [query, c["head"]] + view_outputs,
-                        api_name="control_change", **FORWARD)
-        hidden_q.blur(settings_endpoint, controls, hidden_out, api_name="settings")
-        ev = c["preset"].input(preset_endpoint, c["preset"], query, api_name="preset")
-        redraw(ev.success(query_to_controls, query, controls, api_name="sync_preset",
-                          show_progress="hidden", **hidden)
-               .then(limit_endpoint, query, limit_md, api_name="limit_after_preset", **hidden), "preset")
-        ev = c["family"].input(family_endpoint, [query, c["family"]], query, api_name="family")
-        redraw(ev.success(query_to_controls, query, controls, api_name="sync_family",
-                          show_progress="hidden", **hidden)
-               .then(limit_endpoint, query, limit_md, api_name="limit_after_family", **hidden), "family")
-        ev = upload.upload(upload_endpoint, [query, upload], [query, upload_msg],
-                           api_name="upload_weights", **UPLOAD)
-        redraw(ev.success(query_to_controls, query, controls, api_name="sync_upload",
-                          show_progress="hidden", **hidden), "upload")
-        for tab, name in ((t_mask, "mask"), (t_attn, "attention"), (t_anat, "anatomy"), (t_iso, "isolation"),
-                          (t_inv, "invariance"), (t_var, "variants"), (t_time, "timing"), (t_exp, "export")):
-            tab.select(lambda n=name: n, None, tab_state, api_name=f"tab_{name}", show_progress="hidden", **hidden) \
-               .then(None, [query, tab_state], None, js=write_url, **hidden) \
-               .then(render_tab, [query, tab_state], view_outputs, api_name=f"render_{name}",
-                     show_progress="minimal", **hidden, **FORWARD)
-        copy.click(None, None, None, api_name="copy_link",
-                   js="() => { navigator.clipboard && navigator.clipboard.writeText(window.location.href); }")
-        redraw(demo.load(load_endpoint, None, [query, tab_state, tabs], api_name="load", **hidden)
-               .success(query_to_controls, query, controls, api_name="sync_load", show_progress="hidden", **hidden)
-               .then(limit_endpoint, query, limit_md, api_name="limit_after_load", **hidden), "load")
-        demo.unload(forget_uploads)
-
-        # the API: one endpoint per view, configuration as a query string
-        for name, fn, outs in (
-                ("mask", mask_endpoint, [mask_fig, mask_text, kernel_fig, kernel_text]),
-                ("attention", attention_endpoint, [attn_fig, row_fig, attn_text]),
-                ("anatomy", anatomy_endpoint, [anat_qk, anat_steps, anat_out, anat_text]),
-                ("isolation", isolation_endpoint, [iso_fig, iso_bars, iso_text]),
-                ("invariance", invariance_endpoint, [inv_fig, inv_text, rope_angle, rope_qk, rope_text]),
-                ("variants", variants_endpoint, [var_fig, var_loss, var_text, bug_fig, bug_text])):
-            hidden_q.submit(fn, hidden_q, outs, api_name=name, **(LIGHT if name == "mask" else FORWARD))
-        timing_figs = [time_fig, mem_fig, speed_fig, err_fig, time_text]
-        run_ev = run_btn.click(timing_endpoint, [query, lengths, backend_pick, geometry_pick, dtype_pick],
-                               timing_figs, api_name="timing", **TIMING)
-        # Stop sets the run's own flag and cancels the event: the figures keep what was streamed so far
-        stop_btn.click(stop_timing, None, None, cancels=[run_ev], api_name="stop_timing", queue=False)
-        # the timing controls are checked as they change (the message under them, Run disabled while
-        # something is wrong); these helpers stay callable but off the API page
-        timing_inputs = [query, lengths, backend_pick, geometry_pick, dtype_pick]
-        quiet = dict(api_visibility="undocumented", show_progress="hidden", queue=False)
-        check = dict(fn=timing_check, inputs=timing_inputs, outputs=[timing_msg, run_btn], **quiet)
-        gr.on([geometry_pick.input, dtype_pick.input, query.change], timing_options,
-              [query, geometry_pick, dtype_pick, backend_pick], [backend_pick, unavailable_text],
-              api_name="timing_options", **quiet).then(api_name="timing_check_after_options", **check)
-        geometry_pick.input(timing_lengths, geometry_pick, lengths, api_name="timing_lengths", **quiet) \
-            .then(api_name="timing_check_after_lengths", **check)
-        gr.on([lengths.input, backend_pick.input], api_name="timing_check", trigger_mode="always_last", **check)
-        t_time.select(timing_recorded, [query, geometry_pick, dtype_pick, time_fig], timing_figs,
-                      api_name="timing_recorded", **{**quiet, "queue": True})
-        exp_btn.click(export_endpoint, [query, fig_name, fmt, aspect], exp_file, api_name="export_figure",
-                      **EXPORT)
-        pack_btn.click(lecture_pack_endpoint, [query, aspect], exp_file, api_name="lecture_pack",
-                       **EXPORT)
+                view_controls(d, c)
+                built, page.tab = {}, {}
+                with gr.Tabs() as page.tabs:
+                    for name, (title, build) in TAB_BUILDERS.items():
+                        with gr.Tab(title, id=name) as page.tab[name]:
+                            gr.Markdown(LOOK_FOR[name])
+                            built[name] = build(d, c)
+        page.view_outputs = [out for name in TAB_OUTPUTS for out in built[name]]
+        wire_controls(page, c)
+        wire_sources(page, c)
+        wire_navigation(demo, page, c)
+        wire_view_api(page, built)
+        wire_timing(page, built["timing"])
+        wire_export(page, built["export"])
     demo.queue(default_concurrency_limit=4, max_size=QUEUE_MAX)
     return demo
+
 
 
 def warm_up() -> None:

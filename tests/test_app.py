@@ -342,6 +342,18 @@ def test_every_event_that_runs_the_model_shares_one_concurrency_limit():
     assert app.FORWARD["concurrency_id"] not in others
 
 
+def test_every_event_reading_a_control_takes_its_value_as_sent():
+    """Gradio's own preprocessing rounds 2.5 -> 2 and refuses an unknown choice without naming the field;
+    every event that reads a number, dropdown, radio or checkbox control skips it (preprocess=False), so
+    explorer.settings sees the value as sent (tests/test_api_fuzz.py checks the messages it gives)."""
+    import app
+    demo = app.build_app()
+    reading = [fn for fn in demo.fns.values() if any(isinstance(b, app.CHECKED_BY_SETTINGS) for b in fn.inputs)]
+    assert {fn.api_name for fn in reading} >= {"render_on_change", "control_change", "settings", "preset",
+                                               "family", "timing", "export_figure", "lecture_pack"}
+    assert [fn.api_name for fn in reading if fn.preprocess] == []
+
+
 def test_the_weights_list_shows_only_this_visitors_uploads(tmp_path, monkeypatch):
     """In-process, with two visitors' requests: the dropdown each is sent lists their own uploads only."""
     from types import SimpleNamespace
