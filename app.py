@@ -672,7 +672,8 @@ DELETE_CACHE = (900, 3600)
 
 def page_header(d: Settings) -> SimpleNamespace:
     gr.Markdown("# Attention explorer for recommendation transformers\n"
-                "A faithful PyTorch port of X's phoenix ranker (`grok.py`): masks, heatmaps from the model's "
+                "Faithful PyTorch ports of X's phoenix rankers — the 2025 open-source `grok.py` and the 2026 "
+                "production trunk (`phoenix-2026*` presets, *model family*): masks, heatmaps from the model's "
                 "own forward, candidate isolation, batch invariance, RoPE and live kernel timings.")
     return SimpleNamespace(
         query=gr.Textbox(label="Link to this view (query string)", value=to_query(d), buttons=["copy"],
@@ -692,7 +693,7 @@ def source_controls(d: Settings, c: dict, page: SimpleNamespace) -> None:
                            label="model family")
     c["weights"] = gr.Dropdown(weight_choices(), value=d.weights, label="weights")
     number_boxes(d, c, {"seed": "seed (weights and inputs)"})
-    page.upload = weights_file(label="upload weights (.npz / .safetensors, haiku names)",
+    page.upload = weights_file(label="upload weights (.npz / .safetensors, haiku names of the family chosen)",
                                file_types=[".npz", ".safetensors"], type="filepath", height=120)
     page.upload_msg = gr.Markdown()
     page.copy = gr.Button("Copy link", size="sm")
