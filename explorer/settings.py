@@ -23,7 +23,7 @@ from models.bugzoo import bug_names
 from models.demo import DEMO_WEIGHTS, XREX_DEMO_WEIGHTS, demo_config
 from models.grok import ROPE_MODES, TransformerConfig
 from models.masks import MASK_KINDS, PREFIX_MODES, model_mask_kind
-from models.probes import PROBES
+from models.probes import PERTURBATIONS, PROBES
 from models.recsys import PRESETS as GROK_PRESETS, RecsysConfig, SequenceLayout, get_preset
 from models.variants import VARIANTS
 from models.weights import recsys_spec
@@ -49,7 +49,6 @@ VALUE_KINDS = ("probabilities", "capped logits", "masked logits")
 COLOR_SCALES = ("linear", "log", "quantile")
 # heatmap regions drawn at full resolution (explorer.views.zoom_region)
 ZOOMS = ("all", "candidates", "history tail", "query row")
-PERTURBATIONS = ("scale", "noise", "replace")
 INVARIANCE_OPS = ("permute", "drop", "add")
 
 # The longest layout any view draws (the mask view builds no model: two [T, T] masks and tile maps):

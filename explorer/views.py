@@ -14,11 +14,15 @@ import plotly.graph_objects as go
 import torch
 
 from benchmarks.runinfo import RESULTS_DIR
+from models.attention import apply_cap
 from models.bugzoo import BUGS, bug_report, with_bug
 from models.masks import EMPTY, FULL, KERNEL_TILINGS, AttentionMask, kernel_work, ranker_bounds
-from models.probes import PROBES, capped_layout
-from models.recsys import RecsysBatch
+from models.probes import PROBES, capped_layout, other_candidates, perturb
 from models.grok import RotaryEmbedding
+from models.recall import load_trained_variant, recall_example
+from models.recsys import RecsysBatch
+from models.variants import VARIANTS, VariantConfig, build_variant, variant_inputs
+from models.xrex import right_anchored_positions
 
 from . import runs
 from .figures import (DIVERGING, MASK_SCALE, SEGMENT_NAMES, SEQUENTIAL, TILE_SCALE, Panel, bar_figure,
@@ -273,7 +277,6 @@ class RowAnatomy:
 
 
 def row_anatomy(s: Settings) -> RowAnatomy:
-    from models.attention import apply_cap
     head = max(s.head, 0)
     G = s.num_q_heads // s.num_kv_heads
     i, r = s.query_position, s.row
@@ -343,10 +346,16 @@ def anatomy_view(s: Settings) -> tuple[go.Figure, go.Figure, go.Figure, str]:
     return fig_qk, fig_steps, fig_out, text
 
 
-# --- 3. candidate isolation probe ---------------------------------------------------------------
+# --- 3. candidate isolation -------------------------------------------------------------------
+# The tab asks models.probes.PROBES["isolation"]'s question of the ranker the sidebar built, with that
+# probe's perturbation (models.probes.perturb) and the same candidates looked at (other_candidates),
+# and draws where the change goes layer by layer. It shows that probe only: the others answer questions
+# about a trunk's wiring (causality, parity with grok.py), asked of every planted bug in the Variants
+# tab's bug zoo table (bug_zoo_view), which lists every PROBES entry.
 
 @dataclass
-class ProbeResult:
+class IsolationReading:
+    """What the Isolation tab draws for one mask kind."""
     mask_kind: str
     change: np.ndarray          # [L, T] max |Δ residual| over the embedding, per layer and position
     logit_change: np.ndarray    # [C] max |Δ logit| over actions, per candidate
@@ -356,37 +365,32 @@ class ProbeResult:
 
     @property
     def isolated(self) -> bool:
+        # exact, tighter than the probe's tolerance: both runs share one batch shape, so rounding is identical
         return self.largest_other == 0.0
 
 
 def perturbed_embeddings(s: Settings) -> torch.Tensor:
     """The trunk's input of the shown batch row with candidate j changed as the settings ask ([1, T, D])."""
-    base = runs.forward(s)
-    emb = base.embeddings[s.row:s.row + 1].clone()
+    emb = runs.forward(s).embeddings[s.row:s.row + 1]
     pos = s.candidate_start_offset + s.candidate
-    if s.perturbation == "scale":
-        emb[:, pos] = emb[:, pos] * s.delta
-    elif s.perturbation == "noise":
-        g = torch.Generator().manual_seed(s.seed + 7)
-        emb[:, pos] = emb[:, pos] + s.delta * torch.randn(emb.shape[-1], generator=g).to(emb)
-    else:  # replace: another item's hashes in candidate j's slot
+    replacement = None
+    if s.perturbation == "replace":     # another item's hashes in candidate j's slot
         batch = runs.batch_for(s)
         post = batch.candidate_post_hashes.clone()
         post[:, s.candidate] = s.replace_with
-        other = runs.score(s, replace(batch, candidate_post_hashes=post)).embeddings
-        emb[:, pos] = other[s.row:s.row + 1, pos]
-    return emb
+        replacement = runs.score(s, replace(batch, candidate_post_hashes=post)).embeddings[s.row:s.row + 1, pos]
+    return perturb(emb, pos, s.perturbation, s.delta, seed=s.seed + 7, replacement=replacement)
 
 
-def isolation_probe(s: Settings, mask_kind: str | None = None) -> ProbeResult:
+def isolation_reading(s: Settings, mask_kind: str | None = None) -> IsolationReading:
     """Run the model twice (as is, and with candidate j perturbed) under one mask kind."""
     kind = mask_kind or s.mask_kind
     probe = (s.row, s.candidate, s.perturbation, s.delta, s.replace_with)
-    return _isolation_probe(runs.model_settings(s), probe, kind)
+    return _isolation_reading(runs.model_settings(s), probe, kind)
 
 
 @runs.ByteCache
-def _isolation_probe(s: Settings, probe: tuple, kind: str) -> ProbeResult:
+def _isolation_reading(s: Settings, probe: tuple, kind: str) -> IsolationReading:
     s = replace(s, row=probe[0], candidate=probe[1], perturbation=probe[2], delta=probe[3], replace_with=probe[4])
     r = slice(s.row, s.row + 1)          # the shown batch row, kept as a batch of one
     base_emb, pert_emb = runs.forward(s).embeddings[r], perturbed_embeddings(s)
@@ -408,18 +412,19 @@ def _isolation_probe(s: Settings, probe: tuple, kind: str) -> ProbeResult:
     change = torch.stack([(a.after_ffn - b.after_ffn).abs().amax(-1)[0]
                           for a, b in zip(pert_layers, base_layers)]).float().cpu().numpy()
     logit_change = (pert_logits - base_logits).abs().amax(-1)[0].float().cpu().numpy()
-    valid = runs.forward(s).valid[s.row].cpu().numpy()
+    valid = runs.forward(s).valid[s.row].cpu()
     off, labels = s.candidate_start_offset, s.layout.token_labels()
-    others = [c for c in range(s.num_candidates) if c != s.candidate and valid[off + c]]
-    if others:
-        # the residual stream at the last layer and the logits both count
-        per = {c: max(float(change[-1, off + c]), float(logit_change[c])) for c in others}
-        worst = max(per, key=per.get)
-        return ProbeResult(kind, change, logit_change, valid, per[worst], labels[off + worst])
-    return ProbeResult(kind, change, logit_change, valid, 0.0, "none")
+    others = other_candidates(valid[None], off, s.candidate)[0].numpy()
+    if not others.any():
+        return IsolationReading(kind, change, logit_change, valid.numpy(), 0.0, "none")
+    # the residual stream at the last layer and the logits both count
+    per_position = change[-1].copy()
+    per_position[off:off + len(logit_change)] = np.maximum(per_position[off:off + len(logit_change)], logit_change)
+    worst = int(np.argmax(np.where(others, per_position, -np.inf)))
+    return IsolationReading(kind, change, logit_change, valid.numpy(), float(per_position[worst]), labels[worst])
 
 
-def verdict(r: ProbeResult) -> str:
+def verdict(r: IsolationReading) -> str:
     if r.worst == "none":
         return f"{r.mask_kind}: no other real candidate to compare with."
     state = "isolated" if r.isolated else "NOT isolated"
@@ -428,7 +433,7 @@ def verdict(r: ProbeResult) -> str:
 
 @runs.bounded("isolation")
 def isolation_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
-    ours, causal = isolation_probe(s), isolation_probe(s, "causal")
+    ours, causal = isolation_reading(s), isolation_reading(s, "causal")
     labels, seg = s.layout.token_labels(), s.layout.segments()
     layers = [f"layer {i}" for i in range(s.num_layers)]
     j = labels[s.candidate_start_offset + s.candidate]
@@ -559,7 +564,6 @@ def rope_positions(s: Settings) -> np.ndarray:
     """[T] the RoPE position of each token of the shown layout: grok.py's 0..T-1 (+ offset, candidates
     shared or unrotated by rope_mode), or production's right-anchored positions."""
     if s.family == "xrex":
-        from models.xrex import right_anchored_positions
         return right_anchored_positions(s.layout.valid()[None], s.num_user, s.num_history)[0].long().numpy()
     return np.arange(s.seq_len) + s.rope_offset
 
@@ -621,8 +625,6 @@ class VariantRun:
 def _variant_run(name: str, seed: int) -> VariantRun:
     """The variant trained on associative recall over held-out example `seed`; without the weights
     file, seeded random weights on random embeddings."""
-    from models.recall import load_trained_variant, recall_example
-    from models.variants import VariantConfig, build_variant, variant_inputs
     with torch.no_grad():
         model = load_trained_variant(name)
         if model is not None:
@@ -663,7 +665,6 @@ def variant_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
     """One attention variant from the course notebooks, drawn by the same heatmap builder: every
     layer x head of the variant trained on associative recall (ticks are the task's tokens), and
     every variant's training loss."""
-    from models.variants import VARIANTS
     v = VARIANTS[s.variant]
     run = _variant_run(s.variant, s.seed)
     report = variant_training_report()

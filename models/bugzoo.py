@@ -24,6 +24,7 @@ from .attention import AttentionOutput, apply_cap
 from .grok import DecoderLayer, DenseBlock, LayerTrace, MultiHeadAttention, RotaryEmbedding
 from .masks import AttentionMask
 from .probes import PROBES, run_probe
+from .xrex import MultiHeadAttention as XrexAttention
 
 
 def _each(model: nn.Module, cls: type, patch: Callable[[nn.Module], None]) -> None:
@@ -163,7 +164,6 @@ def serving_kernel_attention(q, k, v, mask: AttentionMask, *, multiplier: float,
 
 def _serving_kernel(block_kv: Optional[int]) -> Callable[[nn.Module], None]:
     def patch(model: nn.Module) -> None:
-        from .xrex import MultiHeadAttention as XrexAttention
 
         def swap(mha):
             c = mha.config
@@ -216,7 +216,6 @@ BUGS: dict[str, Bug] = {
 
 
 def model_family(model: nn.Module) -> str:
-    from .xrex import MultiHeadAttention as XrexAttention
     return "xrex" if any(isinstance(m, XrexAttention) for m in model.modules()) else "grok"
 
 

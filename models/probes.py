@@ -27,31 +27,53 @@ def _trunk_out(model, x, mask, offset) -> torch.Tensor:
     return model(x, mask, offset).embeddings
 
 
-def _perturbation(x: torch.Tensor, positions, scale: float, seed: int) -> torch.Tensor:
-    """x plus seeded unit noise times `scale` at `positions` (a [B, T] bool)."""
-    g = torch.Generator().manual_seed(int(seed))
-    noise = torch.randn(x.shape, generator=g, dtype=torch.float32).to(x) * scale
-    return torch.where(positions[..., None], x + noise, x)
+PERTURBATIONS = ("scale", "noise", "replace")
+
+
+def perturb(x: torch.Tensor, position: int, how: str = "noise", size: float = 1.0, seed: int = 0,
+            replacement: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The one perturbation of every probe (and of the explorer's Isolation tab): `x` ([B, T, D]) with
+    `position` changed in every row. noise: plus `size` times seeded unit noise (one draw of [B, D]);
+    scale: times `size`; replace: `replacement` ([B, D], e.g. another item's embedding) put there."""
+    out = x.clone()
+    if how == "noise":
+        g = torch.Generator().manual_seed(int(seed))
+        out[:, position] = x[:, position] + torch.randn(x.shape[0], x.shape[-1], generator=g,
+                                                        dtype=torch.float32).to(x) * size
+    elif how == "scale":
+        out[:, position] = x[:, position] * size
+    elif how == "replace" and replacement is not None:
+        out[:, position] = replacement.to(x)
+    else:
+        raise ValueError(f"perturbation: got {how!r}{' without a replacement' if how == 'replace' else ''}; "
+                         f"allowed: {', '.join(PERTURBATIONS)} (replace with a [B, D] replacement)")
+    return out
+
+
+def other_candidates(mask: torch.Tensor, candidate_start_offset: int, candidate: int) -> torch.Tensor:
+    """[B, T] bool: the valid candidates other than `candidate` — where an isolation probe looks."""
+    others = mask.to(dtype=torch.bool, copy=True)
+    others[:, :candidate_start_offset] = False
+    others[:, candidate_start_offset + candidate] = False
+    return others
 
 
 @torch.no_grad()
 def isolation_probe(model, embeddings, mask, candidate_start_offset: int, *, candidate: int = 0,
-                    scale: float = 1.0, seed: int = 0) -> float:
-    """Perturb candidate `candidate`'s input embedding; return the max |change| in the outputs of
-    every other valid candidate. 0 = candidates are isolated (each score depends on the user,
-    the history and that candidate only)."""
+                    scale: float = 1.0, seed: int = 0, perturbation: str = "noise",
+                    replacement: Optional[torch.Tensor] = None) -> float:
+    """Perturb candidate `candidate`'s input embedding (``perturb``: noise of size `scale` unless told
+    otherwise); return the max |change| in the outputs of every other valid candidate. 0 = candidates
+    are isolated (each score depends on the user, the history and that candidate only)."""
     B, T, _ = embeddings.shape
     pos = candidate_start_offset + candidate
     if not candidate_start_offset <= pos < T:
         raise ValueError(f"candidate: got {candidate}; allowed: 0..{T - candidate_start_offset - 1} "
                          f"(the number of candidates)")
-    target = torch.zeros(B, T, dtype=torch.bool, device=embeddings.device)
-    target[:, pos] = True
     before = _trunk_out(model, embeddings, mask, candidate_start_offset)
-    after = _trunk_out(model, _perturbation(embeddings, target, scale, seed), mask, candidate_start_offset)
-    others = mask.to(embeddings.device, dtype=torch.bool, copy=True)
-    others[:, :candidate_start_offset] = False
-    others[:, pos] = False
+    after = _trunk_out(model, perturb(embeddings, pos, perturbation, scale, seed, replacement), mask,
+                       candidate_start_offset)
+    others = other_candidates(mask.to(embeddings.device), candidate_start_offset, candidate)
     change = (after - before).abs().amax(-1)                                     # [B, T]
     return float(change.masked_fill(~others, 0).amax())          # the one host read: the answer
 
@@ -99,9 +121,7 @@ def causality_probe(model, embeddings, mask, candidate_start_offset: Optional[in
         ps = positions[start:start + k]
         x = x_rep.clone()
         for r, p in enumerate(ps):
-            target = torch.zeros(B, T, dtype=torch.bool, device=embeddings.device)
-            target[:, p] = True
-            x[r * B:(r + 1) * B] = _perturbation(embeddings, target, scale, seed + p)
+            x[r * B:(r + 1) * B] = perturb(embeddings, p, "noise", scale, seed + p)
         after = _trunk_out(model, x, mask_rep, candidate_start_offset)
         for r, p in enumerate(ps):
             rows = slice(r * B, (r + 1) * B)

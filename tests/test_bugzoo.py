@@ -8,7 +8,7 @@ from models.attention import naive_attention
 from models.bugzoo import BUGS, InterleavedRotaryEmbedding, bug_names, flash_attn_func_cpu, with_bug
 from models.grok import Transformer, init_params
 from models.masks import AttentionMask
-from models.probes import PROBES, causality_probe, isolation_probe, parity_probe, run_probe
+from models.probes import PROBES, causality_probe, isolation_probe, parity_probe, perturb, run_probe
 from models.recsys import RecsysModel, get_preset, init_recsys, synthetic_batch
 from models.weights import load_haiku_params
 
@@ -143,6 +143,38 @@ def test_unknown_bug_and_probe_list_the_allowed():
         run_probe("typo", model, *inputs(0), OFFSET)
     with pytest.raises(ValueError, match="candidate: got 5; allowed: 0..2"):
         isolation_probe(model, *inputs(0), OFFSET, candidate=5)
+
+
+def test_perturb_changes_one_position_as_named_and_nothing_else():
+    """The one perturbation of the probes and the Isolation tab: every other position is bit-identical;
+    scale multiplies, noise adds seeded noise of the asked size, replace puts the replacement there."""
+    x, _ = inputs(0)
+    for how, check in (("scale", lambda out: torch.equal(out[:, 7], x[:, 7] * 3.0)),
+                       ("noise", lambda out: 2.0 < float((out[:, 7] - x[:, 7]).std()) < 4.0),
+                       ("replace", lambda out: torch.equal(out[:, 7], torch.ones(2, CFG.emb_size)))):
+        out = perturb(x, 7, how, 3.0, seed=5, replacement=torch.ones(2, CFG.emb_size))
+        assert check(out), how
+        keep = torch.ones(9, dtype=torch.bool)
+        keep[7] = False
+        assert torch.equal(out[:, keep], x[:, keep]), how
+    same, other = perturb(x, 7, "noise", 1.0, seed=5), perturb(x, 7, "noise", 1.0, seed=6)
+    assert torch.equal(same, perturb(x, 7, "noise", 1.0, seed=5)) and not torch.equal(same, other)
+    assert not torch.equal(same[0, 7] - x[0, 7], same[1, 7] - x[1, 7])        # each row its own draw
+    with pytest.raises(ValueError, match="perturbation: got 'typo'; allowed: scale, noise, replace"):
+        perturb(x, 7, "typo")
+    with pytest.raises(ValueError, match="perturbation: got 'replace' without a replacement"):
+        perturb(x, 7, "replace")
+
+
+def test_isolation_probe_takes_every_perturbation():
+    """Scale, noise and replacement of a candidate: the correct trunk isolates each, the unmasked one none."""
+    model, _ = trunk(0)
+    x, mask = inputs(0)
+    buggy = with_bug(model, "unmasked-decoder")
+    for how in ("scale", "noise", "replace"):
+        kw = dict(candidate=1, perturbation=how, scale=3.0, replacement=torch.ones(2, CFG.emb_size))
+        assert isolation_probe(model, x, mask, OFFSET, **kw) == 0, how
+        assert isolation_probe(buggy, x, mask, OFFSET, **kw) > 1e-3, how
 
 
 def test_bug_report_on_the_trained_demo_trunk():

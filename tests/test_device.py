@@ -180,4 +180,4 @@ def test_cuda_explorer_views(preset):
     for name in names:
         out = getattr(views, name)(s)
         assert out and all(o is not None for o in out), name
-    assert views.isolation_probe(s).isolated
+    assert views.isolation_reading(s).isolated

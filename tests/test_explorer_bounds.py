@@ -12,7 +12,7 @@ from explorer import runs, settings, views
 from explorer.settings import ValidationError, check_budget, estimate_params, parse_query, view_cost
 from models.bugzoo import with_bug
 from models.grok import Transformer
-from models.probes import _perturbation, capped_layout, causality_probe, run_probe
+from models.probes import capped_layout, perturb, causality_probe, run_probe
 from models.recsys import RecsysModel
 
 # --- the parameter estimate is the model's own count ------------------------------------------
@@ -87,9 +87,7 @@ def one_at_a_time(model, x, mask, off):
     before = model(x, mask, off).embeddings
     worst = 0.0
     for p in range(1, x.shape[1]):
-        target = torch.zeros(mask.shape, dtype=torch.bool)
-        target[:, p] = True
-        after = model(_perturbation(x, target, 1.0, p), mask, off).embeddings
+        after = model(perturb(x, p, "noise", 1.0, p), mask, off).embeddings
         earlier = mask[:, :p]
         if earlier.any():
             worst = max(worst, float((after - before)[:, :p].abs().amax(-1)[earlier].max()))

@@ -79,7 +79,7 @@ def test_pooling_takes_block_max_and_names_ranges():
 
 def test_isolation_verdict_isolated_for_recsys_not_for_causal():
     s = parse_query(LECTURE + "&candidate=1&perturbation=noise&delta=3")
-    ours, causal = views.isolation_probe(s), views.isolation_probe(s, "causal")
+    ours, causal = views.isolation_reading(s), views.isolation_reading(s, "causal")
     assert ours.isolated and ours.largest_other == 0.0
     assert not causal.isolated and causal.largest_other > 1e-4
     assert causal.worst == "C2"        # under a causal mask only later candidates see C1
@@ -88,9 +88,25 @@ def test_isolation_verdict_isolated_for_recsys_not_for_causal():
     assert ours.logit_change[1] > 0 and causal.logit_change[1] > 0
 
 
+def test_a_probe_added_to_the_registry_reaches_the_bug_zoo_table(monkeypatch):
+    """One probe registry: an entry added to models.probes.PROBES is a column of the Variants tab's bug
+    zoo table, flagged where its value passes its tolerance."""
+    from models.probes import PROBES, Probe
+    monkeypatch.setitem(PROBES, "output-size", Probe(lambda model, x, mask, off, **_: float(
+        model(x, mask, off).embeddings.abs().max()), 1e-3, "is any output non-zero?"))
+    try:
+        _, text = views.bug_zoo_view(parse_query(LECTURE + "&seed=4242"))
+    finally:
+        runs.clear_caches()             # no cached report with the extra column outlives the test
+    header = next(line for line in text.splitlines() if line.startswith("| bug |"))
+    assert header.endswith("| isolation | causality | parity | output-size | flagged |")
+    correct = next(line for line in text.splitlines() if line.startswith("| **none**") or line.startswith("| none"))
+    assert correct.endswith("| output-size |"), correct
+
+
 def test_isolation_holds_with_bidirectional_prefix_and_replacement():
     s = parse_query(LECTURE + "&prefix=bidirectional&perturbation=replace&replace_with=7&candidate=0")
-    r = views.isolation_probe(s)
+    r = views.isolation_reading(s)
     assert r.mask_kind == "recsys-bidirectional" and r.isolated
     assert r.logit_change[0] > 0
 
@@ -98,7 +114,7 @@ def test_isolation_holds_with_bidirectional_prefix_and_replacement():
 def test_isolation_view_figure_matches_probe_numbers():
     s = parse_query(LECTURE + "&candidate=2")
     fig, bars, text = views.isolation_view(s)
-    r = views.isolation_probe(s)
+    r = views.isolation_reading(s)
     np.testing.assert_allclose(np.asarray(heatmaps(fig)[0].z, dtype=float), r.change)
     np.testing.assert_allclose(np.asarray(bars.data[0].y, dtype=float), r.logit_change)
     assert text.startswith("**recsys: largest change on any other candidate: 0 ")
@@ -227,7 +243,7 @@ def test_isolation_is_exact_for_any_valid_layout(num_history, num_candidates, hi
     s = parse_query(f"{LECTURE}&num_history={num_history}&num_candidates={num_candidates}"
                     f"&history_padding={min(history_padding, num_history)}&candidate_padding={candidate_padding}"
                     f"&prefix={prefix}&rope_mode={rope}&perturbation={perturbation}&delta=3&seed={seed}")
-    r = views.isolation_probe(s)
+    r = views.isolation_reading(s)
     assert r.isolated, views.verdict(r)
     assert r.change.shape == (s.num_layers, s.seq_len) and r.logit_change.shape == (s.num_candidates,)
 
@@ -244,9 +260,9 @@ def test_every_view_shows_the_selected_batch_row():
     np.testing.assert_allclose(np.asarray(bars.data[0].y, dtype=np.float64),
                                out.trunk.layers[0].probs[2, 1, s.query_position].numpy())
     assert "batch row 2 of 3" in fig.layout.title.text
-    r = views.isolation_probe(s)
+    r = views.isolation_reading(s)
     assert r.isolated and r.logit_change[1] > 0
-    alone = views.isolation_probe(parse_query(LECTURE + "&batch_size=3&row=0&candidate=1&perturbation=noise&delta=5"))
+    alone = views.isolation_reading(parse_query(LECTURE + "&batch_size=3&row=0&candidate=1&perturbation=noise&delta=5"))
     assert not np.array_equal(r.logit_change, alone.logit_change)       # another row, another sequence
     before, _, pairs = views.invariance(s)
     np.testing.assert_array_equal(before, out.logits[2].numpy()[[o for o, _ in pairs]])
@@ -323,7 +339,7 @@ def test_production_heatmaps_are_the_xrex_rankers_own_record():
 
 def test_production_isolation_invariance_and_positions():
     s = parse_query(XREX + "&perturbation=noise&delta=3")
-    assert views.isolation_probe(s).isolated and not views.isolation_probe(s, "causal").isolated
+    assert views.isolation_reading(s).isolated and not views.isolation_reading(s, "causal").isolated
     for op in ("permute", "drop", "add"):
         b, a, _ = views.invariance(parse_query(XREX + f"&operation={op}&candidate=1"))
         if op == "permute":
