@@ -20,6 +20,7 @@ import argparse
 import ctypes
 import datetime as dt
 import functools
+import itertools
 import json
 import math
 import os
@@ -451,7 +452,7 @@ def figure(data: dict):
     fig = make_subplots(rows=len(presets), cols=2, vertical_spacing=0.12 / max(1, len(presets) - 1) + 0.05,
                         subplot_titles=[f"{p}: {what}" for p in presets
                                         for what in ("median time per call (ms)", "peak memory (MiB)")])
-    colour = dict(zip(BACKENDS, px.colors.qualitative.D3))
+    colour = dict(zip(BACKENDS, itertools.cycle(px.colors.qualitative.D3)))    # an 11th backend reuses one
     lines: dict[tuple, list[dict]] = {}
     for r in ok:
         lines.setdefault((r["preset"], r["backend"], r["mask"], r["cap_method"]), []).append(r)

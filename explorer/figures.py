@@ -10,7 +10,7 @@ shown pooled (max over blocks) and the title says so.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
@@ -51,7 +51,6 @@ class Panel:
     row_segments: Optional[list[str]] = None     # one of U/H/C/P per row, for boundary lines
     col_segments: Optional[list[str]] = None
     pooled: int = 1                              # block size when pooled for display
-    extra: dict = field(default_factory=dict)
 
 
 def boundaries(segments: Sequence[str]) -> list[int]:
@@ -93,7 +92,7 @@ def pool(panel: Panel, max_cells: int) -> Panel:
         return None if segments is None else [segments[a] for a, _ in bins]
 
     return Panel(pooled, span(panel.row_labels, row_bins), span(panel.col_labels, col_bins), panel.title,
-                 segs(panel.row_segments, row_bins), segs(panel.col_segments, col_bins), f, panel.extra)
+                 segs(panel.row_segments, row_bins), segs(panel.col_segments, col_bins), f)
 
 
 def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1, value_name: str = "value",

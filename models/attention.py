@@ -22,7 +22,7 @@ Nothing here reads a tensor back to the host: whether a mask is padded is Attent
 (its layout), and the mask's dense / block / tile forms are built on the inputs' device once per
 mask (models.masks), so a forward makes no host sync and a timed call builds no mask.
 
-capability_table() lists what each runs (device, dtype, mask kind, cap, padding, head dim);
+Each backend's entry in BACKENDS says what it runs (device, dtype, mask kind, cap, padding, head dim);
 unavailable_reason() says in plain words why a combination is refused. attend() never approximates:
 it runs an exact backend or raises with that reason. A query with no allowed key (only ever a padded
 position) gets uniform weights from naive/sdpa (grok.py's -1e30) and zeros from the others.
@@ -107,7 +107,7 @@ def _additive_mask(mask: AttentionMask, dtype, device) -> torch.Tensor:
 def sdpa_attention(q, k, v, mask: AttentionMask, *, multiplier: float, cap: float, cap_method: str,
                    need_weights: bool = False, kernel: str = "math") -> AttentionOutput:
     """torch SDPA with the kernel pinned (never a silent fallback). Exact only with the cap off, which
-    the capability table enforces: SDPA has no logit cap."""
+    the registry (BACKENDS) enforces: SDPA has no logit cap."""
     from torch.nn.attention import sdpa_kernel
     Hq, Hkv = q.shape[2], k.shape[2]
     qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))                # [B, H, T, K]
@@ -448,7 +448,7 @@ def fa4_attention(q, k, v, mask: AttentionMask, *, multiplier: float, cap: float
     return AttentionOutput(out)
 
 
-# --- the registry and its capability table --------------------------------------------------
+# --- the registry: what each backend runs ------------------------------------------------------
 
 def _needs_cuda_build() -> Optional[str]:
     return None if torch.cuda.is_available() else "needs CUDA"
@@ -516,21 +516,6 @@ BACKENDS: dict[str, Backend] = {
                    max_head_dim=128, head_dim_multiple=8, gqa="native (pack_gqa off: token tiles)",
                    empty_rows="zeros"),
 }
-
-
-def capability_table() -> list[dict]:
-    """One row per (backend, device) it runs on: what the app greys out and the README prints."""
-    rows = []
-    for name, backend in BACKENDS.items():
-        for device in backend.devices:
-            b = backend.on(device)
-            rows.append(dict(backend=name, device=device, dtypes=list(b.dtypes), mask_kinds=list(b.mask_kinds),
-                             padding=b.padding, cap_methods=list(b.cap_methods), gqa=b.gqa,
-                             max_head_dim=b.max_head_dim, head_dim_multiple=b.head_dim_multiple,
-                             returns_weights=b.returns_weights,
-                             empty_rows=b.empty_rows, description=b.description,
-                             unavailable=(_needs_cuda_build() if device == "cuda" else None) or b.available()))
-    return rows
 
 
 def unavailable_reason(backend: str, *, device: str = "cpu", dtype: str = "float32",

@@ -12,7 +12,6 @@ model; ``BUGS[name].probe`` names the one that catches it.
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 

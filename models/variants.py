@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import MASK_VALUE, apply_cap
-from .grok import Linear, LayerTrace, TransformerOutput, ffn_size, init_params, rope_positions
+from .grok import Linear, LayerTrace, TransformerOutput, ffn_size, init_params
 
 ATTENTION_KINDS = ("mha", "mqa", "gqa", "gqa-repeat", "mla", "talking-heads")
 FFN_KINDS = ("relu", "gelu", "swiglu")
@@ -369,38 +369,3 @@ def parameter_table(config: VariantConfig = VariantConfig()) -> list[dict]:
                      "attention_parameters": sum(parameter_count(a) for a in attn),
                      "kv_cache_per_token": attn[0].kv_cache_per_token(), "teaches": v.teaches})
     return rows
-
-
-# --- DIN beside the Phoenix candidate row ---------------------------------------------------
-
-@torch.no_grad()
-def din_beside_phoenix(model, batch, layer: int = 0) -> dict:
-    """The Phoenix ranker's candidate rows next to DIN target attention built from the same layer.
-
-    Phoenix: each candidate's row of the trunk's layer-`layer` attention (record=True) covers the
-    user, the history and itself. DIN: the same layer's query/key weights, RoPE and cap, applied
-    with one candidate as the query over the history only. Softmax over a subset is the full
-    softmax renormalised over that subset, so ``din == phoenix_history`` — DIN is the Phoenix
-    candidate row with the user and self keys removed.
-    -> {"phoenix": [B, H, C, T], "phoenix_history": [B, H, C, S], "din": [B, H, C, S],
-        "history": (first, last+1) key positions}."""
-    out = model(batch, record=True)
-    trunk, off = model.transformer, out.candidate_start_offset
-    U = model.config.num_user_tokens
-    h = out.embeddings if layer == 0 else out.trunk.layers[layer - 1].after_ffn
-    mha = trunk.layers[layer].multi_head_attention
-    c = trunk.config
-    x = trunk.layers[layer].rms_norm(h)                                        # [B, T, D]
-    B, T, _ = x.shape
-    q = mha.query(x).view(B, T, c.num_q_heads, c.key_size)
-    k = mha.key(x).view(B, T, c.num_kv_heads, c.key_size)
-    positions = rope_positions(c, B, T, off, x.device)
-    if positions is not None:
-        q, k = mha.rotary(q, positions), mha.rotary(k, positions)
-    valid_history = out.valid[:, U:off]                                        # [B, S]
-    _, din, _ = attention_core(q[:, off:], k[:, U:off], k[:, U:off], valid_history[:, None, None, :],
-                               scale=c.attn_output_multiplier, cap=c.logit_cap, cap_method=c.cap_method)
-    phoenix = out.trunk.layers[layer].probs[:, :, off:]                        # [B, H, C, T]
-    hist = phoenix[..., U:off]
-    return {"phoenix": phoenix, "phoenix_history": hist / hist.sum(-1, keepdim=True).clamp_min(1e-30),
-            "din": din, "history": (U, off)}

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from models import attention as A
-from models.attention import BACKENDS, attend, capability_table, unavailable_reason
+from models.attention import BACKENDS, attend, unavailable_reason
 from models.grok import Transformer, init_params
 from models.masks import MASK_KINDS, AttentionMask
 from models.recsys import get_preset
@@ -356,7 +356,7 @@ def test_whole_model_refuses_inexact_backend():
         model(emb, valid, offset, backend="sdpa")
 
 
-# --- the capability table: refusals carry their reason, nothing is approximated -------------
+# --- what each backend runs: refusals carry their reason, nothing is approximated -----------
 
 def test_refusals_say_why():
     assert "SDPA has no logit cap" in unavailable_reason("sdpa", cap=30.0, cap_method="tanh")
@@ -408,23 +408,6 @@ def test_attend_raises_rather_than_approximates():
     q, k, v = qkv()
     with pytest.raises(ValueError, match="backend: sdpa: SDPA has no logit cap"):
         attend(q, k, v, AttentionMask("causal", 11), cap=30.0, cap_method="tanh", backend="sdpa")
-
-
-def test_capability_table_agrees_with_unavailable_reason():
-    rows = capability_table()
-    assert {r["backend"] for r in rows} == set(BACKENDS)
-    for r in rows:
-        if r["unavailable"]:
-            continue
-        base = dict(device=r["device"], dtype=r["dtypes"][0], cap=30.0, cap_method=r["cap_methods"][0],
-                    mask_kind=r["mask_kinds"][0])
-        assert unavailable_reason(r["backend"], **base) is None, r
-        for method in set(A.CAP_METHODS) - set(r["cap_methods"]):
-            assert unavailable_reason(r["backend"], **{**base, "cap_method": method}), (r, method)
-        for kind in set(MASK_KINDS) - set(r["mask_kinds"]):
-            assert unavailable_reason(r["backend"], **{**base, "mask_kind": kind}), (r, kind)
-        assert (unavailable_reason(r["backend"], **base, padding=True) is None) == r["padding"]
-        assert (unavailable_reason(r["backend"], **base, need_weights=True) is None) == r["returns_weights"]
 
 
 # --- GPU: bf16 / fp16 against naive in fp32 on the same inputs -----------------------------

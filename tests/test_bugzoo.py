@@ -98,6 +98,11 @@ def test_flash_attn_func_cpu_honours_its_layout_contract():
                torch.randn(2, 7, 2, 16, generator=g))
     expected = naive_attention(q, k, v, AttentionMask("full", 7), multiplier=0.25, cap=0.0, cap_method="none").out
     torch.testing.assert_close(flash_attn_func_cpu(q, k, v, softmax_scale=0.25), expected, rtol=1e-5, atol=1e-6)
+    causal = naive_attention(q, k, v, AttentionMask("causal", 7), multiplier=0.25, cap=0.0, cap_method="none").out
+    torch.testing.assert_close(flash_attn_func_cpu(q, k, v, softmax_scale=0.25, causal=True), causal, rtol=1e-5,
+                               atol=1e-6)
+    with pytest.raises(TypeError):      # flash_attn_func has no such keyword: a typo is an error, not a no-op
+        flash_attn_func_cpu(q, k, v, softmax_scal=0.25)
 
 
 def test_interleaved_rope_is_still_a_relative_rotation():

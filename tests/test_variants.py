@@ -2,11 +2,9 @@
 import pytest
 import torch
 
-from models.demo import demo_batch, load_demo_model
 from models.probes import run_probe
-from models.recsys import SequenceLayout
-from models.variants import (VARIANTS, Attention, VariantConfig, attention_core, build_variant,
-                             din_beside_phoenix, parameter_count, parameter_table, variant_inputs)
+from models.variants import (VARIANTS, VariantConfig, attention_core, build_variant, parameter_count, parameter_table,
+                             variant_inputs)
 
 C = VariantConfig(emb_size=32, num_heads=4, num_kv_heads=2, num_layers=2, latent_dim=8)
 
@@ -129,16 +127,6 @@ def test_din_ignores_padding_and_other_candidates():
     assert padded.layers[0].probs[..., 4:].abs().max() == 0
     single = model(inputs["embeddings"], mask, candidates=inputs["candidates"][:, 1:2])
     torch.testing.assert_close(single.embeddings[:, 0], padded.embeddings[:, 1])
-
-
-@pytest.mark.parametrize("layer", [0, 1])
-def test_din_is_the_phoenix_candidate_row_over_history(layer):
-    model = load_demo_model()
-    batch = demo_batch(SequenceLayout(1, 5, 3, history_padding=1), seed=3, batch=4)
-    side = din_beside_phoenix(model, batch, layer)
-    assert side["din"].shape == side["phoenix_history"].shape == (4, 4, 3, 5)
-    torch.testing.assert_close(side["din"], side["phoenix_history"], rtol=1e-4, atol=1e-6)
-    assert side["phoenix"].shape[-1] == 1 + 5 + 3
 
 
 @pytest.mark.parametrize("changes, field", [(dict(num_heads=3), "num_heads"), (dict(num_kv_heads=3), "num_kv_heads"),
