@@ -304,7 +304,7 @@ async def timing_endpoint(query: str, lengths: str, backends: list, geometry: st
     try:
         recorded = await loop.run_in_executor(None, timing_recorded_curves, req)
         while True:
-            step = loop.run_in_executor(None, timing_step, steps)
+            step = loop.run_in_executor(runs.LOW_PRIORITY, timing_step, steps)   # yields to small requests
             try:
                 sw = await asyncio.shield(step)
             except asyncio.CancelledError:

@@ -13,6 +13,7 @@ under its own lock, so different settings run concurrently and equal ones wait f
 """
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import dataclasses
 import functools
@@ -120,12 +121,14 @@ class Memory:
     @contextmanager
     def reserve(self, size: int):
         """Hold `size` bytes for a request; wait while they do not fit beside the running ones
-        (caches are evicted to make room; one request always runs)."""
+        (caches are evicted to make room; one request always runs). A small request (the mask view,
+        tens of MiB) never waits behind large ones: the abuse soak's lecture /mask, 14 ms alone,
+        waited seconds for cap-sized probe passes to finish."""
         if getattr(self._held, "depth", 0):             # a view inside another view: already admitted
             yield
             return
         with self.cond:
-            while self.reserved and self.reserved + size > memory_ceiling():
+            while self.reserved and size > small_request_bytes() and self.reserved + size > memory_ceiling():
                 self.cond.wait()
             self.reserved += size
             self._evict(memory_ceiling() - self.reserved)
@@ -160,6 +163,12 @@ class Memory:
                 cache.entries.clear()
             self.entries.clear()
             self.cached = 0
+
+
+def small_request_bytes() -> int:
+    """Requests up to 1/32 of the ceiling run at once (128 MiB of 4 GiB): the light lane runs at most
+    4 of them, so they pass the ceiling by at most 1/8 of it."""
+    return memory_ceiling() // 32
 
 
 MEMORY = Memory()
@@ -228,14 +237,53 @@ class ByteCache:
             self.entries.clear()
 
 
+# --- CPU share: large requests yield to small ones ---------------------------------------------
+# On a 2-core Space, two phoenix-nano probe passes and a timing sweep leave a 14 ms lecture request
+# a small share of the cores: the abuse soak's lecture /mask took 0.55 s at its median (measured
+# from a separate process too, so not the clients' own load; py-spy: the GIL held under half the
+# time, so the cores, not the GIL). Requests above LARGE_REQUEST_FLOPS run on threads of a lower
+# OS priority (nice +10, Linux sets it per thread): alone they run as fast, beside small ones they
+# yield. Threads of their own, because a thread cannot take its priority back without privileges,
+# and Gradio's worker threads serve every request.
+LARGE_REQUEST_FLOPS = 1e9           # the lecture preset's views: tens of MFLOP; phoenix-nano's: tens of GFLOP
+LOW_PRIORITY_NICE = 10
+
+
+def _lower_this_threads_priority() -> None:
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOW_PRIORITY_NICE)
+    except (AttributeError, OSError):       # not Linux, or not allowed: same priority as the rest
+        pass
+
+
+LOW_PRIORITY = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="large-request",
+                                                     initializer=_lower_this_threads_priority)
+
+
+def on_low_priority(fn: Callable, *args, **kwargs):
+    """fn(*args, **kwargs) on a low-priority thread; this thread waits (using no CPU) and returns its
+    result or raises its exception. The memory reservation of the caller holds for the call."""
+    def run():
+        MEMORY._held.depth = 1                  # already admitted: nested views do not reserve again
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            MEMORY._held.depth = 0
+    return LOW_PRIORITY.submit(run).result()
+
+
 def bounded(view: str):
     """A view function that states its cost first: refused by name past the device's budget
-    (explorer.settings.check_budget), else run once its estimated memory fits under the ceiling."""
+    (explorer.settings.check_budget), else run once its estimated memory fits under the ceiling,
+    at a lower CPU priority when it is large."""
     def decorate(fn):
         @functools.wraps(fn)
         def run(s: Settings, *args, **kwargs):
             cost = check_budget(s, view)
+            nested = getattr(MEMORY._held, "depth", 0)
             with MEMORY.reserve(cost.peak_bytes):
+                if cost.flops > LARGE_REQUEST_FLOPS and not nested:
+                    return on_low_priority(fn, s, *args, **kwargs)
                 return fn(s, *args, **kwargs)
         return run
     return decorate

@@ -153,8 +153,14 @@ class Lane:
     per_visitor: int
 
 
+# Forwards at once: 4 on a GPU; on a CPU one per core (each forward runs one torch thread, see
+# explorer.runs.configure_threads): more only time-share the cores, and the cheap mask view then
+# waits for its share behind them (abuse soak on 2 cores: lecture /mask p95 1.02 s with 4, see
+# benchmarks/results/load-abuse-*.json for the run with this rule).
+FORWARDS_AT_ONCE = 4 if torch.cuda.is_available() else max(1, min(4, os.cpu_count() or 1))
+
 LANES: dict[str, Lane] = {lane.name: lane for lane in (
-    Lane("forward", "model views", running=4, waiting=24, per_visitor=4),
+    Lane("forward", "model views", running=FORWARDS_AT_ONCE, waiting=24, per_visitor=4),
     Lane("timing", "timing sweeps", running=1, waiting=4, per_visitor=1),
     Lane("export", "exports", running=1, waiting=4, per_visitor=1),
 )}

@@ -1,6 +1,7 @@
 """Every request bounded before it starts: work and memory estimated from the settings and refused by
 name past the device's budget; caches sized in bytes under one ceiling; probes whose work grows with T
 run on a capped layout; no process-wide state changed inside a request."""
+import os
 import threading
 import time
 from dataclasses import replace
@@ -201,6 +202,33 @@ def test_running_requests_share_the_ceiling_with_the_caches(monkeypatch):
     assert order == ["a start", "a end", "b start", "b end"]
 
 
+def test_a_small_request_never_waits_behind_large_ones(monkeypatch):
+    """The lecture /mask (14 ms alone) waited seconds in the abuse soak for cap-sized probe passes
+    holding the ceiling to finish; a request of at most small_request_bytes runs at once."""
+    monkeypatch.setattr(runs, "memory_ceiling", lambda: 32_000)
+    order, holding = [], threading.Event()
+
+    def large():
+        with runs.MEMORY.reserve(30_000):
+            holding.set()
+            time.sleep(0.5)
+            order.append("large end")
+    t = threading.Thread(target=large)
+    t.start()
+    holding.wait()
+    with runs.MEMORY.reserve(runs.small_request_bytes()):
+        order.append("small ran")
+    t.join()
+    assert order == ["small ran", "large end"]
+
+
+def test_the_mask_view_is_small_at_every_layout_the_device_allows():
+    """...so the mask view never waits for memory, even at the longest layout (default ceiling)."""
+    s = parse_query(f"preset=phoenix-nano&num_history={settings.max_seq_len() - 65}", need_model=False)
+    assert s.seq_len == settings.max_seq_len()
+    assert view_cost(s, "mask").peak_bytes <= runs.small_request_bytes()
+
+
 def test_one_lock_per_cache_entry(monkeypatch):
     calls = []
 
@@ -287,3 +315,34 @@ def test_an_idle_server_shrinks_its_caches_and_returns_the_memory(monkeypatch):
     with memory.reserve(10):
         pass
     assert memory.trim_if_idle(0.0, 0) and memory.cached == 0 and not cache.entries
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="per-thread priority is Linux's")
+def test_large_views_run_at_a_lower_cpu_priority_and_small_ones_do_not(monkeypatch):
+    """A large view (phoenix-nano, tens of GFLOP) runs on a thread of nice +10 so that small ones
+    (lecture, a few MFLOP) keep their share of a 2-core Space's CPU; its result and errors come
+    back unchanged, and a view nested in it does not reserve memory twice."""
+    seen = {}
+
+    def priority():
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    @runs.bounded("attention")
+    def inner(s):
+        seen["nested"] = priority()
+        return "inner"
+
+    @runs.bounded("attention")
+    def view(s):
+        seen[s.preset] = priority()
+        if s.preset == "phoenix-nano":
+            assert inner(s) == "inner"
+            raise KeyError("from the view")
+        return s.preset
+    base = priority()
+    assert view(parse_query("preset=lecture")) == "lecture"
+    with pytest.raises(KeyError, match="from the view"):
+        view(parse_query("preset=phoenix-nano"))
+    assert seen["lecture"] == base
+    assert seen["phoenix-nano"] == seen["nested"] == min(19, base + runs.LOW_PRIORITY_NICE)
+    assert runs.MEMORY.reserved == 0
