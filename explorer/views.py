@@ -93,7 +93,7 @@ def _panel(s: Settings, z: np.ndarray, title: str) -> Panel:
     if len(rows) < len(labels) or len(cols) < len(labels):
         z = z[np.ix_(rows, cols)]
     return Panel(z, [labels[i] for i in rows], [labels[i] for i in cols], title,
-                 [seg[i] for i in rows], [seg[i] for i in cols])
+                 [seg[i] for i in rows], [seg[i] for i in cols], row_spans=[(i, i + 1) for i in rows])
 
 
 def zoom_note(s: Settings) -> str:
@@ -109,7 +109,8 @@ def mask_view(s: Settings) -> tuple[go.Figure, str]:
     panels = [_panel(s, m.dense()[0, 0].numpy().astype(float), k) for k, m in zip(kinds, masks)]
     fig = heatmap_figure(panels, cols=2, title=f"Who may attend to whom (T = {s.seq_len}){zoom_note(s)}",
                          value_name="", colorscale=MASK_SCALE, zmin=0, zmax=1,
-                         discrete={1.0: "may attend", 0.0: "masked"}, max_cells=cells(s, SINGLE_MAX_CELLS))
+                         discrete={1.0: "may attend", 0.0: "masked"}, max_cells=cells(s, SINGLE_MAX_CELLS),
+                         outline_row=s.query_position)
     rows = ["| mask | allowed pairs | of T² | skipped by an element-wise kernel | "
             f"skipped {BLOCK_Q}×{BLOCK_KV} tiles |", "|---|---|---|---|---|"]
     for k, m in zip(kinds, masks):
@@ -227,7 +228,7 @@ def attention_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
                  f"share {s.num_kv_heads} KV heads; pick a head to see any other)")
         fig = heatmap_figure(panels, cols=cols, title=f"Attention {s.values}: {shown}{row_note(s)}{zoom_note(s)}",
                              value_name=value_name, color=s.color, colorscale=scale,
-                             max_cells=cells(s, GRID_MAX_CELLS), column_groups=groups,
+                             max_cells=cells(s, GRID_MAX_CELLS), column_groups=groups, outline_row=s.query_position,
                              zmin=0 if s.values == "probabilities" else None)
         bar_head = 0
     else:
@@ -236,7 +237,8 @@ def attention_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
         fig = heatmap_figure([_panel(s, vals[s.head], "")], title=f"Attention {s.values}: layer {s.layer}, "
                              f"query head {s.head} (KV head {kv}){row_note(s)}{zoom_note(s)}",
                              value_name=value_name, color=s.color, colorscale=scale,
-                             max_cells=cells(s, SINGLE_MAX_CELLS), zmin=0 if s.values == "probabilities" else None)
+                             max_cells=cells(s, SINGLE_MAX_CELLS), zmin=0 if s.values == "probabilities" else None,
+                             outline_row=s.query_position)
         bar_head = s.head
     bars, text = query_row_view(s, s.layer, bar_head)
     return fig, bars, text

@@ -140,3 +140,42 @@ def test_anatomy_steps_rebuild_the_models_own_row(query):
     assert np.isnan(np.asarray(bars[3].y, dtype=float)[~a.allowed]).all()          # masked keys: no bar
     np.testing.assert_array_equal(np.asarray(heatmaps(out)[0].z, dtype=np.float32)[-1], a.out)
     assert "| key | segment | q·k |" in text
+
+
+def outlines(fig, axis=""):
+    """The row outlines of the panel on x{axis}/y{axis}: rectangles, as (y0, y1, x0, x1)."""
+    return {(sh.y0, sh.y1, sh.x0, sh.x1) for sh in fig.layout.shapes
+            if sh.type == "rect" and sh.yref == f"y{axis}"}
+
+
+@pytest.mark.parametrize("query", [500, 1023, 1086])
+def test_the_chosen_query_row_is_outlined_on_the_block_that_holds_it(query):
+    """phoenix-nano is pooled on screen: the outline sits on the one block holding the query, across
+    every key, and a click on that block (its meta.rows entry) picks a position inside it."""
+    s = parse_query(NANO + f"&head=0&query={query}")
+    fig, _, _ = views.attention_view(s)
+    (hm,) = heatmaps(fig)
+    assert len(hm.y) < s.seq_len                                        # pooled
+    ((y0, y1, x0, x1),) = outlines(fig)
+    i = int(y0 + 0.5)
+    assert (y1 - y0, x0, x1) == (1, -0.5, len(hm.x) - 0.5)
+    labels = s.layout.token_labels()
+    first, _, last = hm.y[i].partition("–")
+    assert labels.index(first) <= query <= labels.index(last or first)   # the block's own label holds it
+    starts = list(hm.meta["rows"])
+    assert len(starts) == len(hm.y) and starts[i] == labels.index(first)
+    assert starts[i] <= query < (starts[i + 1] if i + 1 < len(starts) else s.seq_len)
+
+
+def test_every_panel_of_the_grid_and_both_masks_outline_the_query_and_a_zoom_without_it_none():
+    s = parse_query("preset=lecture&head=-1&query=3")
+    fig, _, _ = views.attention_view(s)
+    n = len(heatmaps(fig))
+    assert n == s.num_layers * s.num_q_heads
+    for k in range(1, n + 1):
+        ((y0, _, _, _),) = outlines(fig, "" if k == 1 else str(k))
+        assert y0 == 3 - 0.5                                            # unpooled: row 3 is position 3
+    mask, _ = views.mask_view(s)
+    assert len(outlines(mask)) == len(outlines(mask, "2")) == 1
+    zoomed, _, _ = views.attention_view(parse_query(NANO + "&head=0&query=5&zoom=candidates"))
+    assert not outlines(zoomed)                                         # position 5 is not in the view
