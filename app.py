@@ -444,6 +444,23 @@ def preset_endpoint(preset: str):
     return to_query(parse_settings({"preset": preset}, need_model=False))
 
 
+def source_change_on_page(query: str, tab: str, request=None) -> list:
+    """After a preset or family switch on the page, in the same round trip: the query string, the device
+    note, every control set from it and the visible tab redrawn (one event instead of four chained)."""
+    return ([query, limit_endpoint(query, request)] + query_to_controls(query, request)
+            + render_tab(query, tab, request))
+
+
+@guarded
+def preset_on_page(preset: str, tab: str, request: gr.Request = None):
+    return source_change_on_page(preset_endpoint(preset), tab, request)
+
+
+@guarded
+def family_on_page(query: str, family: str, tab: str, request: gr.Request = None):
+    return source_change_on_page(family_endpoint(query, family, request), tab, request)
+
+
 def preset_choices():
     """Presets whose model does not fit this device say so in the list, before anyone picks them."""
     choices = []
@@ -632,6 +649,31 @@ WRITE_URL = """(q, tab) => {
     return [q, tab];
 }"""
 
+# Point and see: a click on a cell of the attention or mask heatmap picks its query row. gr.Plot has no
+# click event, so plotly's own plotly_click is heard on each plot as it is drawn; the row's first
+# sequence position (the trace's meta.rows, written by explorer.figures) goes into the query control
+# as if typed, and the usual control change validates it, redraws (the row outlined) and moves the link.
+PICK_ROW = """() => {
+    const listen = () => {
+        for (const id of ['attention-plot', 'mask-plot']) {
+            const gd = document.querySelector('#' + id + ' .js-plotly-plot');
+            if (!gd || !gd.on || gd.__pickRow) continue;
+            gd.__pickRow = true;
+            gd.on('plotly_click', (ev) => {
+                const pt = ev && ev.points && ev.points[0];
+                const rows = pt && pt.data && pt.data.meta && pt.data.meta.rows;
+                const row = pt && (Array.isArray(pt.pointNumber) ? pt.pointNumber[0] : pt.pointNumber);
+                const box = document.querySelector('#query-row input');
+                if (!rows || rows[row] === undefined || !box) return;
+                box.value = String(rows[row]);
+                box.dispatchEvent(new Event('input', {bubbles: true}));
+            });
+        }
+    };
+    new MutationObserver(listen).observe(document.body, {childList: true, subtree: true});
+    listen();
+}"""
+
 CSS = """.invalid { outline: 2px solid #D55E00; outline-offset: 2px; border-radius: 6px; }
 .invalid .info, .invalid [data-testid="block-info"] + div, .invalid span.info { color: #B34700 !important; }
 #limit-note:empty { display: none; }"""
@@ -727,7 +769,7 @@ def view_controls(d: Settings, c: dict) -> None:
     with gr.Row():
         number_boxes(d, c, {"layer": "layer"})
         c["head"] = gr.Dropdown(head_choices(d), value=d.head, label="head")
-        number_boxes(d, c, {"query": "query row (-1: first candidate)"})
+        number_boxes(d, c, {"query": "query row (-1: first candidate; or click a heatmap row)"}, elem_id="query-row")
 
 
 def mask_tab(d: Settings, c: dict) -> list:
@@ -833,33 +875,49 @@ def redraw(page: SimpleNamespace, event, after: str):
     """After `event`: the address bar follows the query, then the visible tab is redrawn."""
     return (event.then(None, [page.query, page.tab_state], None, js=WRITE_URL, **HIDDEN)
             .then(render_tab, [page.query, page.tab_state], page.view_outputs, api_name=f"render_after_{after}",
-                  show_progress="minimal", **HIDDEN, **FORWARD))
+                  **figures_of(page.view_outputs), **HIDDEN, **FORWARD))
+
+
+def picked(control: gr.components.Component):
+    """The event of a visitor's own change of `control`. A dropdown's is .select: its .input fires twice
+    per pick in Gradio 6 (two identical redraws queued back to back)."""
+    return control.select if isinstance(control, gr.Dropdown) else control.input
+
+
+# The progress animation only on the figures: Gradio redraws a status tracker for every output of an
+# event (here every control, to mark an invalid one), a cost paid on every change for nothing.
+def figures_of(outputs: list) -> dict:
+    return dict(show_progress="minimal", show_progress_on=[o for o in outputs if isinstance(o, gr.Plot)])
 
 
 def wire_controls(page: SimpleNamespace, c: dict) -> None:
     """Any control -> validated query string + the visible tab redrawn, in one round trip; an invalid value
     is marked at its control and the rest keeps working. API clients get the same change, refused with
-    the field named."""
+    the field named. A click on a heatmap cell writes its query row into the query control (PICK_ROW)."""
     controls = [c[f] for f in CONTROL_FIELDS]
-    gr.on([c[f].input for f in CONTROL_FIELDS if f not in ("preset", "family")], control_change_on_page,
+    gr.on([picked(c[f]) for f in CONTROL_FIELDS if f not in ("preset", "family")], control_change_on_page,
           controls + [page.tab_state, page.query, page.marked],
           [page.query, page.marked, page.limit_md] + controls + page.view_outputs,
-          api_name="render_on_change", trigger_mode="always_last", show_progress="minimal", **HIDDEN, **FORWARD,
-          **RAW).then(None, [page.query, page.tab_state], None, js=WRITE_URL, **HIDDEN)
+          api_name="render_on_change", trigger_mode="always_last", **figures_of(page.view_outputs), **HIDDEN,
+          **FORWARD, **RAW).then(None, [page.query, page.tab_state], None, js=WRITE_URL, **HIDDEN)
     page.hidden_q.change(control_change, controls + [page.tab_state], [page.query, c["head"]] + page.view_outputs,
                          api_name="control_change", **FORWARD, **RAW)
     page.hidden_q.blur(settings_endpoint, controls, page.hidden_out, api_name="settings", **RAW)
 
 
 def wire_sources(page: SimpleNamespace, c: dict) -> None:
-    """A preset, a family or an uploaded file sets many controls at once, then the visible tab redraws."""
+    """A preset, a family or an uploaded file sets many controls at once and the visible tab redraws: on
+    the page in one round trip. /preset and /family answer API clients with the query string alone
+    (hidden_q never fires in the browser)."""
     controls = [c[f] for f in CONTROL_FIELDS]
-    for name, fn, inputs in (("preset", preset_endpoint, c["preset"]),
-                             ("family", family_endpoint, [page.query, c["family"]])):
-        ev = c[name].input(fn, inputs, page.query, api_name=name, **RAW)
-        redraw(page, ev.success(query_to_controls, page.query, controls, api_name=f"sync_{name}",
-                                show_progress="hidden", **HIDDEN)
-               .then(limit_endpoint, page.query, page.limit_md, api_name=f"limit_after_{name}", **HIDDEN), name)
+    for name, api_fn, page_fn, inputs, trigger in (
+            ("preset", preset_endpoint, preset_on_page, [c["preset"]], page.hidden_q.focus),
+            ("family", family_endpoint, family_on_page, [page.query, c["family"]], page.hidden_q.select)):
+        trigger(api_fn, inputs, page.hidden_out, api_name=name, **RAW)
+        outputs = [page.query, page.limit_md] + controls + page.view_outputs
+        picked(c[name])(page_fn, inputs + [page.tab_state], outputs, api_name=f"render_after_{name}",
+                        **figures_of(outputs), **HIDDEN, **FORWARD, **RAW) \
+            .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **HIDDEN)
     ev = page.upload.upload(upload_endpoint, [page.query, page.upload], [page.query, page.upload_msg],
                             api_name="upload_weights", **UPLOAD)
     redraw(page, ev.success(query_to_controls, page.query, controls, api_name="sync_upload",
@@ -873,13 +931,14 @@ def wire_navigation(demo: gr.Blocks, page: SimpleNamespace, c: dict) -> None:
                    **HIDDEN) \
            .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **HIDDEN) \
            .then(render_tab, [page.query, page.tab_state], page.view_outputs, api_name=f"render_{name}",
-                 show_progress="minimal", **HIDDEN, **FORWARD)
+                 **figures_of(page.view_outputs), **HIDDEN, **FORWARD)
     page.copy.click(None, None, None, api_name="copy_link",
                     js="() => { navigator.clipboard && navigator.clipboard.writeText(window.location.href); }")
     redraw(page, demo.load(load_endpoint, None, [page.query, page.tab_state, page.tabs], api_name="load", **HIDDEN)
            .success(query_to_controls, page.query, [c[f] for f in CONTROL_FIELDS], api_name="sync_load",
                     show_progress="hidden", **HIDDEN)
            .then(limit_endpoint, page.query, page.limit_md, api_name="limit_after_load", **HIDDEN), "load")
+    demo.load(None, None, None, js=PICK_ROW, api_name="pick_row", **HIDDEN)
     demo.unload(forget_uploads)
 
 

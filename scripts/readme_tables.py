@@ -163,10 +163,15 @@ def browser_latency_block(results_dir: Path = RESULTS_DIR) -> str:
                 f"{d['load_average_1min']['after']:.1f} after ({d.get('cores', '?')} cores)"
                 if "load_average_1min" in d else "") + ".", "",
              "| control | preset | p50 | p95 | target p95 | |", "|---|---|---|---|---|---|"]
+    driver = all("driver_p95_ms" in r for r in d["records"])
+    if driver:      # timed on the page's clock from the input event; the driver's own wait beside it
+        lines[0] = lines[0].replace("from the input to", "from the input event (the page's own clock) to")
+        lines[-2:] = ["| control | preset | p50 | p95 | target p95 | | driver p95 (its own checks included) |",
+                      "|---|---|---|---|---|---|---|"]
     for r in d["records"]:
         ok = "met" if r["p95_ms"] < r["target_p95_ms"] else "**missed**"
         lines.append(f"| {r['control']} | `{r['preset']}` | {r['p50_ms']:.0f} ms | {r['p95_ms']:.0f} ms | "
-                     f"< {r['target_p95_ms']:g} ms | {ok} |")
+                     f"< {r['target_p95_ms']:g} ms | {ok} |" + (f" {r['driver_p95_ms']:.0f} ms |" if driver else ""))
     return "\n".join(lines)
 
 

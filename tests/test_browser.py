@@ -173,3 +173,27 @@ def test_a_hostile_link_shows_as_text_and_makes_no_element(page, link):
         assert not [u for u in outside if "evil.example" in u or "host.example" in u], outside
     finally:
         context.close()
+
+
+# the attention heatmap's cell grid on screen, and its row outlines (y0 in row-index coordinates)
+HEATMAP_GRID = """() => {
+    const gd = document.querySelector('#attention-plot .js-plotly-plot');
+    const box = gd.querySelector('.nsewdrag').getBoundingClientRect();
+    return {left: box.left, top: box.top, width: box.width, height: box.height, rows: gd.data[0].y.length,
+            outlines: (gd.layout.shapes || []).filter((s) => s.type === 'rect' && s.yref === 'y').map((s) => s.y0)};
+}"""
+
+
+def test_a_click_on_a_heatmap_row_picks_that_query_row_outlines_it_and_the_link_follows(page):
+    open_attention(page)
+    grid = page.evaluate(HEATMAP_GRID)
+    row = 2                                   # lecture is drawn cell by cell: row 2 is position 2
+    assert grid["rows"] > row and 2 - 0.5 not in grid["outlines"]
+    before = page.evaluate(HEATMAP_Z)
+    page.mouse.click(grid["left"] + grid["width"] / 2, grid["top"] + (row + 0.5) * grid["height"] / grid["rows"])
+    page.wait_for_function("() => window.location.search.includes('query=2')", timeout=30_000)
+    assert page.locator("#query-row input").input_value() == "2"
+    assert "query=2" in page.locator("#query textarea, #query input").first.input_value()
+    page.wait_for_function(f"() => ({HEATMAP_GRID})().outlines.includes({row - 0.5})", timeout=30_000)
+    assert set(page.evaluate(HEATMAP_GRID)["outlines"]) == {row - 0.5}     # only the picked row
+    assert page.evaluate(HEATMAP_Z) == before                              # same weights, new outline
