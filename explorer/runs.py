@@ -36,9 +36,10 @@ from torch import nn
 from models import demo
 from models.grok import init_params
 from models.recsys import RecsysBatch, RecsysModel, RecsysOutput, init_recsys, synthetic_batch
+from models.weights import EXTENSIONS, FAMILY_NAMES, WrongFamily, load_weights
 from models.xrex import XrexRecsys
 
-from .settings import WEIGHT_GEOMETRY, Settings, ValidationError, check_budget, device, memory_ceiling
+from .settings import FAMILIES, WEIGHT_GEOMETRY, Settings, ValidationError, check_budget, device, memory_ceiling
 
 log = logging.getLogger("explorer")
 
@@ -380,8 +381,6 @@ def load_upload(s: Settings, path: str, session: str) -> str:
     grok.py's family reads the original's names (models.weights.recsys_spec) over seeded hash tables;
     production's reads its stacked trunk and head (models.xrex.param_spec) into XrexRecsys' ranker, whose
     simplified input layer keeps its seeded weights (production's feature prep is not modelled)."""
-    from models.weights import EXTENSIONS, FAMILY_NAMES, WrongFamily, load_weights
-    from .settings import FAMILIES
     filename = Path(path).name
     ext = Path(path).suffix.lower()
     if ext not in EXTENSIONS:

@@ -27,7 +27,7 @@ from models.probes import PERTURBATIONS, PROBES
 from models.recsys import PRESETS as GROK_PRESETS, RecsysConfig, SequenceLayout, get_preset
 from models.variants import VARIANTS
 from models.weights import recsys_spec
-from models.xrex import PRESETS as XREX_PRESETS, XrexConfig, param_spec as xrex_spec
+from models.xrex import PRESETS as XREX_PRESETS, XrexConfig, XrexRecsys, param_spec as xrex_spec
 
 WEIGHT_SOURCES = ("random", "zeros", "demo", "upload")
 # the fields that decide the weights' shapes: uploaded weights are held to the values they were loaded at
@@ -448,18 +448,14 @@ def estimate_params(s: Settings) -> int:
 @functools.lru_cache(maxsize=64)
 def _xrex_params(config: XrexConfig) -> int:
     """models.xrex.XrexRecsys's parameters counted on the meta device (shapes only, no memory)."""
-    from models.xrex import XrexRecsys
     with torch.device("meta"):
         return sum(p.numel() for p in XrexRecsys(config).parameters())
 
 
 def trunk_params(s: Settings) -> int:
     """The parameters every token passes through: the trunk's layers (no embedding tables or head)."""
-    if s.family == "xrex":
-        return sum(math.prod(shape) for key, (_, shape, _) in xrex_spec(s.xrex_config()).items()
-                   if key.startswith("transformer/"))
-    return sum(math.prod(shape) for key, (_, shape, _) in recsys_spec(s.recsys_config()).items()
-               if key.startswith("transformer/"))
+    spec = xrex_spec(s.xrex_config()) if s.family == "xrex" else recsys_spec(s.recsys_config())
+    return sum(math.prod(shape) for key, (_, shape, _) in spec.items() if key.startswith("transformer/"))
 
 
 def parse_settings(raw: Mapping[str, Any] | None = None, *,
