@@ -16,6 +16,7 @@ import os
 import re
 import threading
 from dataclasses import fields
+from pathlib import Path
 from types import SimpleNamespace
 from urllib.parse import urlencode
 
@@ -622,61 +623,14 @@ def weights_file(**kw) -> gr.File:
 
 # --- layout -----------------------------------------------------------------------------------
 
-# The address bar follows the controls and the open tab, so a copied link reopens the same view.
-# Plotly writes colour-bar gradients and clip paths as url('<page address>#id') when the page has a
-# <base> element (Gradio's has), and keeps that address for later redraws: once the address changes
-# they point into another document and draw nothing (a blank colour bar). Both are moved to the new
-# address here.
-WRITE_URL = """(q, tab) => {
-    const before = window.location.href.split('#')[0];
-    const u = new URL(window.location);
-    u.search = q + (tab && tab !== 'mask' ? '&tab=' + encodeURIComponent(tab) : '');
-    window.history.replaceState(null, '', u);
-    const now = u.href.split('#')[0];
-    if (now !== before) {
-        document.querySelectorAll('.js-plotly-plot').forEach((gd) => {
-            if (gd._context && gd._context._baseUrl) gd._context._baseUrl = now;
-            gd.querySelectorAll('[style*="url("], [clip-path], [fill^="url("]').forEach((el) => {
-                for (const prop of ['fill', 'stroke', 'clip-path']) {
-                    const v = el.style.getPropertyValue(prop);
-                    if (v && v.includes(before)) el.style.setProperty(prop, v.split(before).join(now));
-                    const a = el.getAttribute(prop);
-                    if (a && a.includes(before)) el.setAttribute(prop, a.split(before).join(now));
-                }
-            });
-        });
-    }
-    return [q, tab];
-}"""
-
-# Point and see: a click on a cell of the attention or mask heatmap picks its query row. gr.Plot has no
-# click event, so plotly's own plotly_click is heard on each plot as it is drawn; the row's first
-# sequence position (the trace's meta.rows, written by explorer.figures) goes into the query control
-# as if typed, and the usual control change validates it, redraws (the row outlined) and moves the link.
-PICK_ROW = """() => {
-    const listen = () => {
-        for (const id of ['attention-plot', 'mask-plot']) {
-            const gd = document.querySelector('#' + id + ' .js-plotly-plot');
-            if (!gd || !gd.on || gd.__pickRow) continue;
-            gd.__pickRow = true;
-            gd.on('plotly_click', (ev) => {
-                const pt = ev && ev.points && ev.points[0];
-                const rows = pt && pt.data && pt.data.meta && pt.data.meta.rows;
-                const row = pt && (Array.isArray(pt.pointNumber) ? pt.pointNumber[0] : pt.pointNumber);
-                const box = document.querySelector('#query-row input');
-                if (!rows || rows[row] === undefined || !box) return;
-                box.value = String(rows[row]);
-                box.dispatchEvent(new Event('input', {bubbles: true}));
-            });
-        }
-    };
-    new MutationObserver(listen).observe(document.body, {childList: true, subtree: true});
-    listen();
-}"""
-
-CSS = """.invalid { outline: 2px solid #D55E00; outline-offset: 2px; border-radius: 6px; }
-.invalid .info, .invalid [data-testid="block-info"] + div, .invalid span.info { color: #B34700 !important; }
-#limit-note:empty { display: none; }"""
+# The page's own scripts and styles: every static/*.js goes into the page's <head> once (each defines
+# functions on window.explorer, which the events below call by name), every static/*.css into its styles.
+STATIC = Path(__file__).resolve().parent / "static"
+HEAD = "".join(f"<script>\n{p.read_text()}\n</script>\n" for p in sorted(STATIC.glob("*.js")))
+CSS_PATHS = sorted(STATIC.glob("*.css"))
+WRITE_URL = "(q, tab) => explorer.writeUrl(q, tab)"
+PICK_ROW = "() => explorer.pickRow()"
+COPY_LINK = "() => explorer.copyLink()"
 
 # what to look for, one line per tab
 LOOK_FOR = {
@@ -933,7 +887,7 @@ def wire_navigation(demo: gr.Blocks, page: SimpleNamespace, c: dict) -> None:
            .then(render_tab, [page.query, page.tab_state], page.view_outputs, api_name=f"render_{name}",
                  **figures_of(page.view_outputs), **HIDDEN, **FORWARD)
     page.copy.click(None, None, None, api_name="copy_link",
-                    js="() => { navigator.clipboard && navigator.clipboard.writeText(window.location.href); }")
+                    js=COPY_LINK)
     redraw(page, demo.load(load_endpoint, None, [page.query, page.tab_state, page.tabs], api_name="load", **HIDDEN)
            .success(query_to_controls, page.query, [c[f] for f in CONTROL_FIELDS], api_name="sync_load",
                     show_progress="hidden", **HIDDEN)
@@ -1026,4 +980,4 @@ if __name__ == "__main__":
     warm.start()
     build_app().launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                        server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
-                       show_error=True, max_file_size="200mb", css=CSS)
+                       show_error=True, max_file_size="200mb", head=HEAD, css_paths=CSS_PATHS)
