@@ -15,12 +15,12 @@ from typing import Iterator, Optional
 
 import plotly.graph_objects as go
 
-from benchmarks.attention import (PRESETS, Preset, Run, load_results, matmul_tflops, on_gpu, preset_for,
-                                  sweep as benchmark_sweep)
 from benchmarks.runinfo import RESULTS_DIR, device_name
 from models.attention import BACKENDS, unavailable_reason
 
 from .figures import line_figure
+from .measure import (PRESETS, Preset, Run, load_results, matmul_tflops, on_gpu, preset_for,
+                      sweep as benchmark_sweep)
 from .settings import Settings, ValidationError, device, sweep_budget_s, timing_max_len
 
 SETTINGS_GEOMETRY = "model settings"

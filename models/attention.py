@@ -129,11 +129,11 @@ def _compiled_flex():
     from torch.nn.attention.flex_attention import flex_attention
     # Each layout (mask kind, offset, T) and each (multiplier, cap) is its own compiled kernel: dynamo
     # guards on the predicates' closures. Past the recompile limit (default 8) it would quietly fall
-    # back to eager flex (still exact, but it materialises the scores), so an explorer that visits
-    # many layouts gets a higher limit.
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    # back to eager flex (still exact, but it materialises the scores), so calls of this function run
+    # with a higher limit; the patch is thread-local and ends with the call (the process keeps its own).
     # eager flex_attention materialises the scores; compiled it is a fused kernel, CPU included
-    return torch.compile(flex_attention, dynamic=False)
+    compiled = torch.compile(flex_attention, dynamic=False)
+    return torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit, 64))(compiled)
 
 
 @functools.lru_cache(maxsize=64)

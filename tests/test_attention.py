@@ -289,6 +289,21 @@ def test_flash_kernels_say_whether_missing_or_broken(monkeypatch):
 
 # --- FlexAttention: compiled per layout (~5-20 s each on CPU), so few shapes ---------------
 
+def test_flex_recompile_limit_is_raised_for_its_calls_only(monkeypatch):
+    """Many layouts are many compiles: flex's calls run under a recompile limit of at least 64, and the
+    process's own limit is the same before and after (no process-wide setting)."""
+    seen = []
+    monkeypatch.setattr(torch, "compile",
+                        lambda fn, **kw: lambda *a, **k: seen.append(torch._dynamo.config.recompile_limit))
+    A._compiled_flex.cache_clear()
+    before = torch._dynamo.config.recompile_limit
+    try:
+        A._compiled_flex()()
+    finally:
+        A._compiled_flex.cache_clear()
+    assert seen and seen[0] >= 64 and torch._dynamo.config.recompile_limit == before < 64
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind,cap,method,Hkv,padding", [
     ("recsys", 30.0, "tanh", 2, True),

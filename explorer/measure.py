@@ -1,0 +1,412 @@
+"""The measurement library: one shape timed on every backend, a sweep over a geometry, results files read.
+
+The benchmark CLI (``python -m benchmarks.attention``) and the app's timing tab both measure through
+``measure_shape`` (one shape, every backend) and ``sweep`` (a generator of records over a preset's grid).
+Per shape: the backends are warmed up (compilation and mask caches never timed), then timed
+interleaved (A B C, A B C, ...) for at least 5 repeats, each repeat a block of calls lasting ~10-20 ms
+(CUDA events on GPU; perf_counter on CPU, where every op is synchronous). Each record keeps repeats,
+median / min / max ms, peak memory above the inputs (torch.cuda.max_memory_allocated / sampled RSS on
+CPU), TFLOP/s counting only unmasked (useful) FLOPs, max |error| vs naive on the same inputs, and a
+status: ok / oom / skipped: why / error: what. A ``Run`` (its own stop flag and deadline) is checked
+before every timed block.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import math
+import os
+import re
+import statistics
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+import torch
+
+from benchmarks.runinfo import RESULTS_DIR, device_name
+from models.attention import BACKENDS, attend, unavailable_reason
+from models.masks import AttentionMask
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# backends that hold [B, H, T, T] scores in memory (on CPU, a point that cannot fit is skipped, not tried:
+# running out of RAM kills the process rather than raising)
+MATERIALISING = {"naive": 16, "structured": 16, "sdpa": 12}    # bytes per score element, roughly
+CPU_SCORES_LIMIT = 3 << 30    # the CPU machines here are shared: no point may hold more than 3 GiB of scores
+
+
+@dataclass(frozen=True)
+class Preset:
+    description: str
+    B: int
+    Hq: int
+    Hkv: int
+    head_dim: int
+    dtype: str
+    seq_lens: tuple
+    num_candidates: int
+    masks: tuple = ("recsys",)
+    cap_methods: tuple = ("tanh", "none")     # grok.py's tanh cap, and off (where SDPA can run)
+    cap: float = 30.0
+
+
+PRESETS: dict[str, Preset] = {
+    "lecture": Preset("lecture geometry (4 q / 2 kv heads, head dim 16), growing history",
+                      B=8, Hq=4, Hkv=2, head_dim=16, dtype="float32", seq_lens=(9, 64, 256, 1024),
+                      num_candidates=3, masks=("recsys", "recsys-bidirectional")),
+    "phoenix-prod": Preset("phoenix ranking prod: B 32, 20 q / 4 kv heads, head dim 128, "
+                           "1 user + 1023 history + 64 candidates",
+                           B=32, Hq=20, Hkv=4, head_dim=128, dtype="bfloat16", seq_lens=(1088,),
+                           num_candidates=64, masks=("recsys", "recsys-bidirectional")),
+    "phoenix-prod-b256": Preset("phoenix ranking prod at the production batch: B 256, otherwise as phoenix-prod",
+                                B=256, Hq=20, Hkv=4, head_dim=128, dtype="bfloat16", seq_lens=(1088,),
+                                num_candidates=64, masks=("recsys", "recsys-bidirectional")),
+    "long": Preset("long histories: prod heads, 64 candidates, T = 512 ... 32768",
+                   B=1, Hq=20, Hkv=4, head_dim=128, dtype="bfloat16",
+                   seq_lens=(512, 1024, 2048, 4096, 8192, 16384, 32768), num_candidates=64),
+}
+
+# On CPU the GPU presets would take hours on two cores: same geometry, smaller batch and T, fp32
+# (CPU bf16 matmuls are emulated). Records carry the sizes actually run.
+# Each new (T, mask, cap) is a fresh FlexAttention compile (~10-30 s on CPU), so CPU runs keep one mask.
+CPU_REDUCTIONS = {
+    "lecture": dict(masks=("recsys",)),
+    "phoenix-prod": dict(B=1, dtype="float32", masks=("recsys",)),
+    "phoenix-prod-b256": dict(B=2, dtype="float32", masks=("recsys",)),
+    "long": dict(dtype="float32", seq_lens=(512, 1024, 2048, 4096)),   # naive stops at 2048 (scores limit)
+}
+
+
+def preset_for(name: str, device: str) -> Preset:
+    if name not in PRESETS:
+        raise ValueError(f"preset: got {name!r}; allowed: {', '.join(PRESETS)}")
+    p = PRESETS[name]
+    return replace(p, **CPU_REDUCTIONS[name]) if device == "cpu" else p
+
+
+# --- counting ---------------------------------------------------------------------------
+
+def useful_pairs(kind: str, T: int, candidate_start_offset: int) -> int:
+    """(query, key) pairs the mask allows, per batch row and head (no padding): the mask's own count."""
+    return AttentionMask(kind, T, candidate_start_offset).useful_pairs()
+
+
+def useful_flops(kind, B, Hq, head_dim, T, num_candidates) -> int:
+    """QK^T and PV: 2 multiply-adds of head_dim per allowed pair -> 4 * head_dim FLOPs."""
+    return 4 * B * Hq * head_dim * useful_pairs(kind, T, T - num_candidates)
+
+
+# --- timing and memory ------------------------------------------------------------------
+
+def _sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+class Run:
+    """One run's stop conditions: a flag of its own (Stop sets it; the next run makes a new Run, so no
+    later run can clear it) and a deadline. Checked before every timed block, so a run ends within one
+    block (or one backend's warm-up) of either."""
+
+    def __init__(self, budget_s: Optional[float] = None):
+        self.flag = threading.Event()
+        self.deadline = None if budget_s is None else time.perf_counter() + budget_s
+
+    def cancel(self) -> None:
+        self.flag.set()
+
+    def stopped(self) -> Optional[str]:
+        """None while the run may go on, else why it ends: 'cancelled' or 'time budget spent'."""
+        if self.flag.is_set():
+            return "cancelled"
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            return "time budget spent"
+        return None
+
+
+def time_block_ms(fn: Callable[[], object], device: str, number: int = 1) -> float:
+    """Time per call of `number` back-to-back calls: CUDA events on GPU; perf_counter on CPU, where
+    every op is synchronous."""
+    if device == "cuda":
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for _ in range(number):
+            fn()
+        end.record()
+        end.synchronize()
+        return begin.elapsed_time(end) / number
+    t0 = time.perf_counter()
+    for _ in range(number):
+        fn()
+    return (time.perf_counter() - t0) * 1e3 / number
+
+
+def calls_per_block(one_call_ms: float, min_block_ms: float) -> int:
+    """Calls per timed block so that a block lasts about min_block_ms: sub-millisecond calls are timed
+    in groups (a single one is mostly timer and scheduler noise), long ones one at a time."""
+    return max(1, min(1000, math.ceil(min_block_ms / max(one_call_ms, 1e-3))))
+
+
+def spread(times_ms: list[float]) -> dict:
+    """The record fields for a list of per-call times, one per repeat."""
+    return dict(repeats=len(times_ms), median_ms=statistics.median(times_ms), min_ms=min(times_ms),
+                max_ms=max(times_ms))
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _release_free_heap():
+    """Hand freed heap pages back to the OS so the next RSS delta sees fresh allocations (glibc)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+class _RssPeak:
+    """Peak resident memory above the level at entry, sampled every millisecond in a thread."""
+
+    def __enter__(self):
+        self.base = self.peak = _rss_bytes()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, _rss_bytes())
+            time.sleep(0.001)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss_bytes())
+        self.bytes = self.peak - self.base
+
+
+def peak_memory_bytes(fn: Callable[[], object], device: str) -> int:
+    """Memory one call needs beyond what was allocated before it."""
+    if device == "cuda":
+        _sync(device)
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        _sync(device)
+        return torch.cuda.max_memory_allocated() - base
+    _release_free_heap()
+    with _RssPeak() as rss:
+        fn()
+    return rss.bytes
+
+
+def _available_ram_bytes() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 8 << 30
+
+
+def _ram_shortfall(backend, device, B, Hq, T) -> Optional[str]:
+    """On CPU, why a materialising backend is not tried at this size (None when it fits)."""
+    need = MATERIALISING.get(backend, 0) * B * Hq * T * T
+    if device == "cpu" and need > min(CPU_SCORES_LIMIT, 0.4 * _available_ram_bytes()):
+        return f"would need ~{need / 2**30:.1f} GiB of RAM for the [B, H, T, T] scores"
+    return None
+
+
+def matmul_tflops(device: str, dtype: Optional[str] = None, n: Optional[int] = None, repeats: int = 5) -> float:
+    """Dense matmul throughput, the yardstick for TFLOP/s: bf16 8192^3 on GPU, fp32 2048^3 on CPU
+    (median of `repeats` after a warm-up call)."""
+    dtype = dtype or ("bfloat16" if device == "cuda" else "float32")
+    n = n or (8192 if device == "cuda" else 2048)
+    a = torch.randn(n, n, device=device, dtype=DTYPES[dtype])
+    b = torch.randn(n, n, device=device, dtype=DTYPES[dtype])
+    fn = lambda: a @ b  # noqa: E731
+    fn()
+    _sync(device)
+    ms = statistics.median(time_block_ms(fn, device, 3 if device == "cuda" else 1) for _ in range(repeats))
+    return 2 * n ** 3 / (ms * 1e-3) / 1e12
+
+
+# --- one shape, every backend interleaved ----------------------------------------------------
+
+def make_inputs(B, Hq, Hkv, head_dim, T, dtype, device, seed=0):
+    """q [B, T, Hq, K], k/v [B, T, Hkv, K], unit normal (generated on CPU: same numbers on any device)."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(B, T, Hq, head_dim), (B, T, Hkv, head_dim), (B, T, Hkv, head_dim)]
+    return [torch.randn(s, generator=g).to(device=device, dtype=DTYPES[dtype]) for s in shapes]
+
+
+def _is_oom(e: BaseException) -> bool:
+    return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
+
+
+def _failure(e: BaseException) -> str:
+    return "oom" if _is_oom(e) else f"error: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+
+
+def _free(device):
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def empty_record(backend: str, **point) -> dict:
+    """A record of the results file's schema with nothing measured yet."""
+    return dict(backend=backend, **point, repeats=0, median_ms=None, min_ms=None, max_ms=None,
+                peak_mem_bytes=None, tflops=None, max_abs_err=None, status="ok")
+
+
+def measure_shape(backends: list[str], *, mask: str = "recsys", B: int = 1, Hq: int = 4, Hkv: int = 2,
+                  head_dim: int = 16, T: int = 64, num_candidates: int = 3, dtype: str = "float32",
+                  device: str = "cpu", cap: float = 30.0, cap_method: str = "tanh", preset: str = "custom",
+                  repeats: int = 5, min_block_ms: Optional[float] = None, run: Optional[Run] = None,
+                  skip: Optional[dict] = None, seed: int = 0) -> list[dict]:
+    """Time every backend on the same inputs -> one record per backend, naive first (the reference).
+
+    Each backend is first warmed up (FlexAttention compiles, masks are built and cached: none of it
+    timed), its output compared with naive's (max_abs_err) and its peak memory measured in a call of
+    its own. Then `repeats` rounds time the backends interleaved (A B C, A B C, ...), so a slow spell of
+    a shared machine falls on all of them alike; each record keeps repeats, median, min and max ms.
+    `run` is checked before every warm-up and every timed block. `skip`: backend -> why not to run it.
+    A failure (out of memory, an error) is the record's status, never an exception."""
+    run = run or Run()
+    names = ["naive"] + [b for b in backends if b != "naive"]
+    point = dict(preset=preset, mask=mask, dtype=dtype, B=B, Hq=Hq, Hkv=Hkv, head_dim=head_dim, T=T,
+                 num_candidates=num_candidates, cap_method=cap_method)
+    records = {b: empty_record(b, **point) for b in names}
+    min_block_ms = min_block_ms if min_block_ms is not None else (10.0 if device == "cuda" else 20.0)
+    ready: dict[str, tuple[Callable[[], torch.Tensor], int]] = {}    # backend -> (call, calls per block)
+    times: dict[str, list[float]] = {}
+    try:
+        with torch.no_grad():
+            inputs, attn_mask = None, AttentionMask(mask, T, T - num_candidates)
+            reference = None
+            for b in names:
+                why = (run.stopped() or (skip or {}).get(b)
+                       or unavailable_reason(b, device=device, dtype=dtype, cap=cap, cap_method=cap_method,
+                                             mask_kind=mask, head_dim=head_dim)
+                       or _ram_shortfall(b, device, B, Hq, T))
+                if why:
+                    records[b]["status"] = f"skipped: {why}"
+                    continue
+                try:
+                    if inputs is None:
+                        inputs = make_inputs(B, Hq, Hkv, head_dim, T, dtype, device, seed=seed)
+                    call = functools.partial(_call, b, *inputs, attn_mask, head_dim ** -0.5, cap, cap_method)
+                    out = call()                  # warm-up: compilation and mask caches happen here
+                    _sync(device)
+                    t0 = time.perf_counter()
+                    peak = peak_memory_bytes(call, device)
+                    one_call_ms = (time.perf_counter() - t0) * 1e3
+                except Exception as e:  # noqa: BLE001 — every failure becomes a recorded status
+                    records[b]["status"] = _failure(e)
+                    _free(device)
+                    continue
+                if b == "naive":
+                    reference = out
+                records[b].update(peak_mem_bytes=int(peak), max_abs_err=None if reference is None else
+                                  float((out.float() - reference.float()).abs().max()))
+                ready[b] = (call, calls_per_block(one_call_ms, min_block_ms))
+                del out
+            del reference
+            times.update({b: [] for b in ready})
+            for _ in range(repeats):
+                for b, (call, number) in list(ready.items()):
+                    if run.stopped():
+                        break
+                    try:
+                        times[b].append(time_block_ms(call, device, number))
+                    except Exception as e:  # noqa: BLE001
+                        records[b]["status"] = _failure(e)
+                        ready.pop(b)
+                        _free(device)
+                if run.stopped():
+                    break
+    finally:
+        ready.clear()
+        _free(device)
+    flops = useful_flops(mask, B, Hq, head_dim, T, num_candidates)
+    for b, ts in times.items():
+        r = records[b]
+        if ts and r["status"] == "ok":
+            r.update(spread(ts), tflops=flops / (statistics.median(ts) * 1e-3) / 1e12)
+        elif r["status"] == "ok":         # warmed up, then stopped before its first timed block
+            r.update(peak_mem_bytes=None, max_abs_err=None, status=f"skipped: {run.stopped() or 'not timed'}")
+    return [records[b] for b in names]
+
+
+def _call(backend, q, k, v, mask, multiplier, cap, cap_method) -> torch.Tensor:
+    return attend(q, k, v, mask, backend=backend, multiplier=multiplier, cap=cap, cap_method=cap_method).out
+
+
+# --- a sweep ------------------------------------------------------------------------------
+
+def sweep(preset: "str | Preset" = "lecture", device: str = "cpu", *, budget_s: Optional[float] = None,
+          backends: Optional[list[str]] = None, run: Optional[Run] = None,
+          seq_lens: Optional[list[int]] = None, repeats: int = 5,
+          min_block_ms: Optional[float] = None) -> Iterator[dict]:
+    """Yield one record per (T, mask, cap, backend), naive first at each shape (the error reference).
+
+    Once the run stops (its budget spent, or cancelled), the remaining points are yielded (cheaply)
+    as 'skipped: time budget spent' / 'skipped: cancelled', so every result file lists the whole grid.
+    A backend out of memory at some T is skipped at every longer T; the others go on."""
+    # a name from PRESETS (reduced on CPU), or the app's own Preset(...) geometry, run as given
+    p, preset = (preset, "custom") if isinstance(preset, Preset) else (preset_for(preset, device), preset)
+    names = [b for b in (backends or list(BACKENDS)) if b in BACKENDS]
+    run = run or Run(budget_s)
+    oom_at: dict[str, int] = {}
+    for T in sorted(seq_lens or p.seq_lens):
+        for mask in p.masks:
+            for cap_method in p.cap_methods:
+                skip = {b: f"ran out of memory at T = {t}" for b, t in oom_at.items()}
+                for r in measure_shape(names, mask=mask, B=p.B, Hq=p.Hq, Hkv=p.Hkv, head_dim=p.head_dim, T=T,
+                                       num_candidates=p.num_candidates, dtype=p.dtype, device=device, cap=p.cap,
+                                       cap_method=cap_method, preset=preset, repeats=repeats,
+                                       min_block_ms=min_block_ms, run=run, skip=skip):
+                    if r["status"] == "oom":
+                        oom_at.setdefault(r["backend"], T)
+                    yield r
+
+
+
+# --- the results file -------------------------------------------------------------------------
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:48]
+
+
+def load_results(results_dir: Path = RESULTS_DIR) -> list[tuple[str, dict]]:
+    """(file name, data) for every attention results file there; other JSON files (training, app latency,
+    load test) are skipped. The README tables and the app's "recorded" list both read through this."""
+    out = []
+    for path in sorted(Path(results_dir).glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("records"), list) and "device_name" in data:
+            out.append((path.name, data))
+    return out
+
+
+def on_gpu(data: dict) -> bool:
+    return data.get("cuda") is not None and not str(data["device_name"]).startswith("CPU")
+
+
+def results_path(device: str, date: str, out_dir: Path = RESULTS_DIR) -> Path:
+    return out_dir / f"{slug(device_name(device))}-{date}.json"
+
+
+NOT_REACHED = ("skipped: time budget spent", "skipped: cancelled")
+
+
+def point_key(r: dict) -> tuple:
+    return tuple(r.get(k) for k in ("preset", "backend", "mask", "cap_method", "dtype", "B", "Hq", "Hkv",
+                                    "head_dim", "T", "num_candidates"))

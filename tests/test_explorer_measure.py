@@ -1,0 +1,144 @@
+"""The measurement library: counts, records, refusals and OOM as data, interleaving, stop and budget."""
+import pytest
+import torch
+
+from explorer import measure as bench
+from models.masks import MASK_KINDS, AttentionMask
+
+TINY = dict(B=1, Hq=4, Hkv=2, head_dim=8, T=12, num_candidates=3, min_block_ms=0.0)
+RECORD_KEYS = {"preset", "backend", "mask", "dtype", "B", "Hq", "Hkv", "head_dim", "T", "num_candidates",
+               "repeats", "median_ms", "min_ms", "max_ms", "peak_mem_bytes", "tflops", "max_abs_err", "status"}
+
+
+@pytest.mark.parametrize("kind", list(MASK_KINDS))
+@pytest.mark.parametrize("T,C", [(12, 3), (9, 0), (5, 5), (70, 64)])
+def test_useful_pairs_counts_the_mask(kind, T, C):
+    assert bench.useful_pairs(kind, T, T - C) == int(AttentionMask(kind, T, T - C).dense().sum())
+
+
+def test_measure_shape_records_a_real_measurement_with_its_spread():
+    naive, r = bench.measure_shape(["structured"], cap_method="tanh", **TINY)
+    assert RECORD_KEYS <= set(r) and r["status"] == "ok" and naive["backend"] == "naive"
+    assert r["repeats"] >= 5 and 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"] and r["tflops"] > 0
+    assert r["max_abs_err"] is not None and r["max_abs_err"] < 1e-5 and naive["max_abs_err"] == 0
+
+
+def test_refused_point_says_why_and_is_not_timed():
+    r = bench.measure_shape(["sdpa"], cap_method="tanh", **TINY)[1]
+    assert r["status"] == "skipped: sdpa: SDPA has no logit cap (exact only with the cap off)"
+    assert r["median_ms"] is None and r["repeats"] == 0
+
+
+def test_out_of_memory_is_a_status_not_a_crash(monkeypatch):
+    def boom(*a, **k):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 40 GiB")
+    monkeypatch.setattr(bench, "attend", boom)
+    assert [r["status"] for r in bench.measure_shape(["structured"], **TINY)] == ["oom", "oom"]
+
+
+def recording_calls(monkeypatch, after=None):
+    """Replace the one attention call with a recorder: every call appends its backend."""
+    calls = []
+    real = bench._call
+
+    def call(backend, *args):
+        calls.append(backend)
+        if after:
+            after(calls)
+        return real(backend, *args)
+    monkeypatch.setattr(bench, "_call", call)
+    return calls
+
+
+def test_backends_are_timed_interleaved(monkeypatch):
+    """After each backend's warm-up and memory calls, the timed calls go A B C, A B C, ... so a slow
+    spell of a shared machine falls on every backend alike (not all on one)."""
+    calls = recording_calls(monkeypatch)
+    bench.measure_shape(["structured", "sdpa"], cap_method="none", repeats=6, **TINY)
+    prep, timed = calls[:6], calls[6:]
+    assert prep == ["naive", "naive", "structured", "structured", "sdpa", "sdpa"]
+    assert timed == ["naive", "structured", "sdpa"] * 6
+
+
+def test_a_cancelled_run_stops_within_one_timed_block(monkeypatch):
+    """The flag is read before every timed block, not only between points: cancelling during the
+    repeats ends the point at once and keeps the repeats done so far."""
+    run = bench.Run()
+    calls = recording_calls(monkeypatch, after=lambda calls: run.cancel() if len(calls) == 6 else None)
+    naive, structured = bench.measure_shape(["structured"], run=run, repeats=50, **TINY)
+    assert len(calls) == 6                  # 2 warm-up + 2 memory calls, then 1 timed block each
+    assert naive["repeats"] == 1 and structured["repeats"] == 1 and naive["status"] == "ok"
+
+
+def test_the_budget_holds_within_one_call(monkeypatch):
+    """Slow backends (each call 0.2 s: a shape is 4 warm-up/memory calls + 5 repeats x 2 backends =
+    2.8 s) under a 1 s budget: the run ends a call or two past it, not at the end of the shape (the
+    old check, between points only) or of the sweep."""
+    import time
+    bench.measure_shape(["structured"], **TINY)         # first-call costs of this process, not timed below
+    recording_calls(monkeypatch, after=lambda calls: time.sleep(0.2))
+    start = time.perf_counter()
+    records = list(bench.sweep("lecture", "cpu", run=bench.Run(1.0), seq_lens=[9, 16, 32, 64],
+                               backends=["naive", "structured"], min_block_ms=0.0))
+    assert time.perf_counter() - start < 1.0 + 0.6
+    assert any(r["status"] == "skipped: time budget spent" for r in records)
+
+
+def test_sweep_stops_at_budget_and_lists_the_whole_grid():
+    records = list(bench.sweep("lecture", "cpu", budget_s=0.0, seq_lens=[9, 64]))
+    p = bench.preset_for("lecture", "cpu")
+    assert len(records) == 2 * len(p.masks) * len(p.cap_methods) * len(bench.BACKENDS)
+    assert all(r["status"] == "skipped: time budget spent" for r in records)
+
+
+def test_sweep_is_cancellable():
+    run, records = bench.Run(), []
+    for r in bench.sweep("lecture", "cpu", seq_lens=[9, 16], backends=["naive", "structured"], run=run,
+                         min_block_ms=0.0):
+        records.append(r)
+        run.cancel()                            # the user pressed stop after the first shape
+    first = [r for r in records if r["T"] == 9 and r["cap_method"] == "tanh"]
+    assert all(r["status"] == "ok" for r in first) and len(records) > len(first)
+    assert all(r["status"] == "skipped: cancelled" for r in records[len(first):])
+
+
+def test_a_backend_out_of_memory_is_skipped_at_longer_lengths_and_the_others_go_on(monkeypatch):
+    real = bench._call
+
+    def naive_runs_out_past_16(backend, q, *args):
+        if backend == "naive" and q.shape[1] > 16:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return real(backend, q, *args)
+    monkeypatch.setattr(bench, "_call", naive_runs_out_past_16)
+    records = list(bench.sweep("lecture", "cpu", seq_lens=[16, 24, 32], backends=["structured"], min_block_ms=0.0))
+    status = {(r["backend"], r["T"], r["cap_method"]): r["status"] for r in records}
+    assert status[("naive", 24, "tanh")] == "oom"
+    assert status[("naive", 32, "tanh")] == "skipped: ran out of memory at T = 24"
+    assert status[("structured", 32, "tanh")] == "ok"
+
+
+def test_sweep_takes_a_custom_geometry():
+    geometry = bench.Preset("app settings", B=1, Hq=2, Hkv=1, head_dim=8, dtype="float32", seq_lens=(10,),
+                            num_candidates=2, masks=("recsys-bidirectional",), cap_methods=("soft_sign",), cap=5.0)
+    records = list(bench.sweep(geometry, "cpu", backends=["structured"], min_block_ms=0.0))
+    assert [(r["preset"], r["backend"], r["status"]) for r in records] == [("custom", "naive", "ok"),
+                                                                           ("custom", "structured", "ok")]
+    assert records[1]["max_abs_err"] < 1e-5 and records[1]["Hq"] == 2
+
+
+def test_no_dense_mask_is_built_inside_the_timed_calls(monkeypatch):
+    """naive and sdpa read the mask's dense form: it is built in the warm-up, once per shape, and the
+    timed repeats only reuse it (else they would time mask building, not attention)."""
+    import models.masks as masks
+    masks._shared_structure_dense.cache_clear()
+    built = []
+    real_dense = masks.dense
+    monkeypatch.setattr(masks, "dense", lambda *a, **k: built.append(1) or real_dense(*a, **k))
+    seen = recording_calls(monkeypatch)
+    at_call = []
+    real_call = bench._call
+    monkeypatch.setattr(bench, "_call", lambda *a: at_call.append(len(built)) or real_call(*a))
+    bench.measure_shape(["sdpa"], cap_method="none", **TINY)
+    assert built and seen
+    timed = at_call[4:]                      # after naive's and sdpa's warm-up + memory calls
+    assert len(timed) >= 10 and len(set(timed)) == 1
