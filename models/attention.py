@@ -78,7 +78,7 @@ def naive_attention(q, k, v, mask: AttentionMask, *, multiplier: float, cap: flo
     logits = logits * multiplier
     logits = apply_cap(logits, cap, cap_method)
     m = mask.dense(q.device)[:, :, None]                               # [B|1, 1, 1, T, S]
-    masked = torch.where(m, logits, torch.full_like(logits, MASK_VALUE))
+    masked = logits.masked_fill(~m, MASK_VALUE)                        # no second [B, H, T, S] tensor
     probs = torch.softmax(masked, dim=-1).to(q.dtype)
     out = torch.einsum("bhgts,bshd->bthgd", probs, v).reshape(B, T, Hq, K)
     if not need_weights:
@@ -415,7 +415,9 @@ def _fa4_import_failure() -> Optional[str]:
     return _import_failure("flash_attn.cute", _fa4_func, "flash-attn-4")
 
 
+@functools.lru_cache(maxsize=None)
 def fa4_missing() -> Optional[str]:
+    """None when fa4 can run in this process, else why not (cached: attend() asks on every call)."""
     why = _fa4_import_failure()
     if why is None and torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability()

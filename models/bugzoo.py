@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import AttentionOutput, apply_cap
-from .grok import DecoderLayer, DenseBlock, LayerTrace, MultiHeadAttention, RotaryEmbedding
+from .grok import DecoderLayer, DenseBlock, LayerTrace, MultiHeadAttention
 from .masks import AttentionMask
 from .probes import PROBES, run_probe
 from .xrex import MultiHeadAttention as XrexAttention
@@ -49,22 +49,11 @@ def unmasked_decoder(model: nn.Module) -> None:
 
 # --- 000: RoPE over interleaved pairs -------------------------------------------------------
 
-class InterleavedRotaryEmbedding(RotaryEmbedding):
+def rope_interleaved(model: nn.Module) -> None:
     """RoPE rotating pairs (x0, x1), (x2, x3), ... (GPT-J / notebook 000) where grok.py rotates
     (x_i, x_{i+K/2}). Still a rotation by position, still relative — just not grok.py's numbers."""
-
-    def forward(self, x, t):
-        # x: [B, T, H, K]; t: [B, T]
-        phase = torch.einsum("bi,j->bij", t.float(), self.inv_freq().to(x.device))[:, :, None, :]  # [B,T,1,K/2]
-        cos, sin = torch.cos(phase), torch.sin(phase)
-        xf = x.float()
-        even, odd = xf[..., 0::2], xf[..., 1::2]                                   # [B, T, H, K/2]
-        return torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1).flatten(-2).to(x.dtype)
-
-
-def rope_interleaved(model: nn.Module) -> None:
     def patch(mha):
-        mha.rotary = InterleavedRotaryEmbedding(mha.rotary.dim, mha.rotary.base_exponent)
+        mha.rotary.interleaved = True
     _each(model, MultiHeadAttention, patch)
 
 
@@ -129,7 +118,8 @@ def exact_gelu(model: nn.Module) -> None:
 
 # --- production (2026) quirks: the serving kernel, recsys_attention.py PallasRankerAttentionInference --
 
-def serving_kernel_counts(seq_len: int, candidate_start_offset: int, block_kv: Optional[int] = 128) -> torch.Tensor:
+def serving_kernel_counts(seq_len: int, candidate_start_offset: int, block_kv: Optional[int] = 128,
+                          device=None) -> torch.Tensor:
     """[T, T] how many times production's H100 inference kernel (pallas ranker_attention_fa3
     _attention_forward_inference, bound (0, P+L, P+L, T)) adds key j into query i's softmax.
 
@@ -140,8 +130,8 @@ def serving_kernel_counts(seq_len: int, candidate_start_offset: int, block_kv: O
     block_kv None: the history blocks end at P+L whatever it is (production's aligned case)."""
     off = candidate_start_offset
     history_end = off if block_kv is None else -(-off // block_kv) * block_kv
-    i = torch.arange(seq_len)[:, None]
-    j = torch.arange(seq_len)[None, :]
+    i = torch.arange(seq_len, device=device)[:, None]
+    j = torch.arange(seq_len, device=device)[None, :]
     return (j < history_end).long() + ((i == j) & (i >= off)).long()                 # [T, T]
 
 
@@ -151,7 +141,7 @@ def serving_kernel_attention(q, k, v, mask: AttentionMask, *, multiplier: float,
     it (a key counted twice gets logit + log 2); the padding mask is never consulted."""
     B, T, Hq, K = q.shape
     Hkv = k.shape[2]
-    counts = serving_kernel_counts(T, mask.candidate_start_offset, block_kv).to(q.device)
+    counts = serving_kernel_counts(T, mask.candidate_start_offset, block_kv, q.device)
     qg = q.reshape(B, T, Hkv, Hq // Hkv, K)                                          # [B, T, Hkv, G, K]
     logits = apply_cap(torch.einsum("bthgd,bshd->bhgts", qg, k).float() * multiplier, cap, cap_method)
     probs = torch.softmax(logits + torch.log(counts.float()), dim=-1).to(q.dtype)    # log 0 = -inf: never seen

@@ -124,22 +124,33 @@ def rotate_half(x):
 
 
 class RotaryEmbedding(nn.Module):
-    """RoPE over halves (not interleaved pairs). positions t: [B, T] float."""
+    """RoPE over halves (not interleaved pairs). positions t: [B, T] float. ``interleaved`` rotates pairs
+    (x0, x1), (x2, x3), ... instead (GPT-J's layout; the bug zoo's "rope-interleaved")."""
 
-    def __init__(self, dim: int, base_exponent: float = 10000.0):
+    def __init__(self, dim: int, base_exponent: float = 10000.0, interleaved: bool = False):
         super().__init__()
         self.dim = dim
         self.base_exponent = base_exponent
+        self.interleaved = interleaved
+        self._inv_freq: dict[str, torch.Tensor] = {}      # per device: built there, never copied from the host
 
-    def inv_freq(self) -> torch.Tensor:
-        exponents = torch.arange(0, self.dim, 2, dtype=torch.float32)
-        return 1.0 / (self.base_exponent ** (exponents / self.dim))              # [K/2]
+    def inv_freq(self, device=None) -> torch.Tensor:
+        """[K/2] fp32 frequencies on `device` (default CPU), built there once."""
+        key = str(torch.device("cpu" if device is None else device))
+        if key not in self._inv_freq:
+            exponents = torch.arange(0, self.dim, 2, dtype=torch.float32, device=key)
+            self._inv_freq[key] = 1.0 / (self.base_exponent ** (exponents / self.dim))    # [K/2]
+        return self._inv_freq[key]
 
     def forward(self, x, t):
         # x: [B, T, H, K]; t: [B, T]
-        phase = torch.einsum("bi,j->bij", t.float(), self.inv_freq().to(x.device))  # [B, T, K/2]
-        phase = torch.cat((phase, phase), dim=-1)[:, :, None, :]                    # [B, T, 1, K]
+        phase = torch.einsum("bi,j->bij", t.float(), self.inv_freq(x.device))[:, :, None, :]   # [B, T, 1, K/2]
         xf = x.float()
+        if self.interleaved:
+            cos, sin = torch.cos(phase), torch.sin(phase)
+            even, odd = xf[..., 0::2], xf[..., 1::2]                                  # [B, T, H, K/2]
+            return torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1).flatten(-2).to(x.dtype)
+        phase = torch.cat((phase, phase), dim=-1)                                     # [B, T, 1, K]
         return (xf * torch.cos(phase) + rotate_half(xf) * torch.sin(phase)).to(x.dtype)
 
 

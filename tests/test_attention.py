@@ -404,12 +404,18 @@ def test_flash_attn_refusals_on_cuda(monkeypatch):
 
 
 def test_fa4_refuses_other_gpus(monkeypatch):
+    """fa4_missing() is cached per process: each stand-in GPU below is a fresh process's answer."""
     monkeypatch.setattr(A, "_fa4_import_failure", lambda: None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
-    assert A.fa4_missing() == "fa4 runs on Hopper (SM90) and Blackwell (SM100/SM110) GPUs; this one is SM80"
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
-    assert A.fa4_missing() is None
+    try:
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+        A.fa4_missing.cache_clear()
+        assert A.fa4_missing() == "fa4 runs on Hopper (SM90) and Blackwell (SM100/SM110) GPUs; this one is SM80"
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+        A.fa4_missing.cache_clear()
+        assert A.fa4_missing() is None
+    finally:
+        A.fa4_missing.cache_clear()
 
 
 def test_flex_refused_on_zero_gpu(monkeypatch):

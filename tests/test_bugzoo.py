@@ -5,8 +5,8 @@ import torch
 
 import reference_numpy as ref
 from models.attention import naive_attention
-from models.bugzoo import BUGS, InterleavedRotaryEmbedding, bug_names, flash_attn_func_cpu, with_bug
-from models.grok import Transformer, init_params
+from models.bugzoo import BUGS, bug_names, flash_attn_func_cpu, with_bug
+from models.grok import RotaryEmbedding, Transformer, init_params
 from models.masks import AttentionMask
 from models.probes import PROBES, causality_probe, isolation_probe, parity_probe, perturb, run_probe
 from models.recsys import RecsysModel, get_preset, init_recsys, synthetic_batch
@@ -107,7 +107,7 @@ def test_flash_attn_func_cpu_honours_its_layout_contract():
 
 def test_interleaved_rope_is_still_a_relative_rotation():
     """Why the bug looks plausible: q.k still depends only on the position difference."""
-    rope = InterleavedRotaryEmbedding(16)
+    rope = RotaryEmbedding(16, interleaved=True)
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(1, 1, 1, 16, generator=g), torch.randn(1, 1, 1, 16, generator=g)
 

@@ -7,12 +7,16 @@ faults that made every view of a GPU Space fail (models/masks.py built its index
 `&`-ed them with a CUDA `valid`; has_padding read `valid.all()` back in every layer)."""
 import pytest
 import torch
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from models import attention as A
+from models.bugzoo import bug_names, with_bug
 from models.grok import Transformer, init_params
 from models.masks import AttentionMask
 from models.probes import isolation_probe
 from models.recsys import RecsysModel, SequenceLayout, get_preset, init_recsys, synthetic_batch
+from models.xrex import XrexConfig, XrexRanker, XrexTrunk, init_xrex
 
 META = torch.device("meta")
 
@@ -181,3 +185,71 @@ def test_cuda_explorer_views(preset):
         out = getattr(views, name)(s)
         assert out and all(o is not None for o in out), name
     assert views.isolation_reading(s).isolated
+
+
+# --- no host tensor enters a forward: a CPU -> device copy is legal on meta, so watch every op -----------
+
+class HostTensorWatch(TorchDispatchMode):
+    """Records every op that takes a CPU tensor of more than one element and returns a meta tensor: on a
+    GPU that is a host -> device copy inside the forward (a pageable copy syncs the stream). One-element
+    CPU tensors (scalars wrapped by torch itself) are allowed."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        outputs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        if any(t.device.type == "cpu" and t.numel() > 1 for t in inputs) and any(t.is_meta for t in outputs):
+            self.seen.append(str(func))
+        return out
+
+
+def host_tensors_entering(forward) -> list[str]:
+    with torch.no_grad(), HostTensorWatch() as watch:
+        forward()
+    return watch.seen
+
+
+def xrex_meta_ranker(**changes):
+    config = XrexConfig(emb_size=32, num_layers=2, num_q_heads=4, num_kv_heads=2, key_size=8,
+                        num_user_prefix_tokens=2, history_seq_len=6, **changes)
+    return init_xrex(XrexRanker(config), seed=1).to(META)
+
+
+def grok_forwards():
+    valid = padded_valid(2, 9, 6).to(META)
+    emb = torch.randn(2, 9, 64).to(META)
+    for prefix, backend, cap_method, bug in [("causal", "naive", "tanh", None), ("bidirectional", "structured", "tanh", None),
+                                             ("causal", "sdpa", "none", None)] + [
+            ("causal", "naive", "tanh", bug) for bug in bug_names("grok")]:
+        model = with_bug(meta_trunk(prefix=prefix, cap_method=cap_method), bug)
+        yield f"grok {backend} {bug}", lambda m=model, b=backend: m(emb, valid, 6, backend=b, record=b == "naive")
+
+
+def xrex_forwards():
+    valid = padded_valid(2, 12, 8).to(META)
+    emb = torch.randn(2, 12, 32).to(META)
+    for changes, backend, numerics in [({}, "naive", "fp32"), ({}, "structured", "bf16"),
+                                       (dict(qk_norm=False, attn_logit_cap=5.0, attn_logit_cap_method="tanh"),
+                                        "naive", "bf16")]:
+        model = xrex_meta_ranker(**changes)
+        yield f"xrex {backend} {numerics}", lambda m=model, b=backend, n=numerics: m(emb, valid, backend=b,
+                                                                                    numerics=n, record=b == "naive")
+    trunk = XrexTrunk(xrex_meta_ranker().config)
+    trunk.ranker = xrex_meta_ranker()
+    for bug in bug_names("xrex"):
+        yield f"xrex {bug}", lambda m=with_bug(trunk, bug): m(emb, valid, 8, record=True)
+
+
+@pytest.mark.parametrize("name,forward", [pytest.param(n, f, id=n) for n, f in (*grok_forwards(), *xrex_forwards())])
+def test_no_host_tensor_enters_a_forward(name, forward):
+    assert host_tensors_entering(forward) == [], name
+
+
+def test_the_host_tensor_watch_sees_a_host_to_device_copy():
+    table = torch.arange(4.0)
+    assert host_tensors_entering(lambda: torch.ones(4, device=META) * table.to(META)) != []
+    assert host_tensors_entering(lambda: torch.ones(4, device=META) * 2.0) == []
