@@ -18,7 +18,6 @@ import threading
 from dataclasses import fields
 from pathlib import Path
 from types import SimpleNamespace
-from urllib.parse import urlencode
 
 import gradio as gr
 import torch
@@ -26,7 +25,8 @@ from gradio.data_classes import FileData
 from gradio_client.utils import is_file_obj_with_meta
 from pydantic import model_validator
 
-from explorer import export, runs, timing, views
+from explorer import controls, export, runs, timing, views
+from explorer.controls import CONTROL_FIELDS, LABELS
 from explorer.settings import (COLOR_SCALES, FAMILIES, INVARIANCE_OPS, LANES, MAX_BATCH, PERTURBATIONS, PRESETS,
                                QUEUE_MAX, VALUE_KINDS, XREX_ROPE, ZOOMS, Settings, ValidationError, check_admission,
                                check_model_fits, device, parse_query, parse_settings, retired_note, sweep_budget_s,
@@ -396,7 +396,6 @@ def forget_uploads(request: gr.Request = None):
 
 # --- controls <-> query string --------------------------------------------------------------
 
-CONTROL_FIELDS = [f.name for f in fields(Settings)]
 FIELD_TYPES = {f.name: f.type for f in fields(Settings)}
 
 
@@ -404,26 +403,6 @@ FIELD_TYPES = {f.name: f.type for f in fields(Settings)}
 def settings_endpoint(request: gr.Request, *values):
     """Every control's value, in Settings field order -> the validated query string."""
     return to_query(parse_settings(dict(zip(CONTROL_FIELDS, values)), uploaded=runs.uploads(session_of(request))))
-
-
-def settings_keeping_last_valid(values: list, last: Settings, request=None) -> tuple[Settings, dict[str, str]]:
-    """The page's control values -> (settings to draw, {field: message} for each invalid control).
-    An invalid control keeps its last valid value in the drawn settings, so every other control keeps
-    working while it is marked; the model's device limits are named but do not stop the mask view."""
-    raw, problems = dict(zip(CONTROL_FIELDS, values)), {}
-    uploaded = runs.uploads(session_of(request))
-    while True:
-        try:
-            s = parse_settings(raw, uploaded=uploaded, need_model=False)
-            break
-        except ValidationError as e:
-            if e.field not in raw or e.field in problems:     # the last valid value fails too: draw `last`
-                problems.setdefault(e.field if e.field in raw else "preset", str(e))
-                s = last
-                break
-            problems[e.field] = str(e)
-            raw[e.field] = getattr(last, e.field)
-    return s, problems
 
 
 def control_values(s: Settings) -> list:
@@ -473,19 +452,29 @@ def preset_choices():
 
 @guarded
 def load_endpoint(request: gr.Request):
-    """Read the page's URL (a shared link) into the controls and open the tab it names."""
+    """Read the page's URL (a shared link) into the controls and open the tab it names. A bad value is
+    dropped and its control marked; the rest of the link is kept. -> (query, tab, tabs, {field: message})"""
     params = dict(request.query_params) if request is not None else {}
     if retired_note(params):
         gr.Info(as_text(f"link: {retired_note(params)}"))
-    query = urlencode({k: v for k, v in params.items() if k in CONTROL_FIELDS})
     tab = params.get("tab", "mask")
     tab = tab if tab in TABS else "mask"
-    try:
-        s = settings_of(query or "preset=lecture", request, need_model=False)
-    except ValueError as e:
-        gr.Warning(as_text(f"link ignored: {e}"))
-        s = settings_of("preset=lecture", request)
-    return to_query(s), tab, gr.Tabs(selected=tab)
+    s, problems = controls.from_link(params, runs.uploads(session_of(request)))
+    if problems:
+        gr.Warning(as_text("link: " + "; ".join(problems.values()) + ". The rest of the link was kept; the "
+                           "control is marked."))
+    return to_query(s), tab, gr.Tabs(selected=tab), problems
+
+
+@guarded
+def link_to_controls(query: str, problems: dict, request: gr.Request = None):
+    """After a page load: every control set from the link, the values it dropped marked at their controls."""
+    values = query_to_controls(query, request)
+    for f, message in (problems or {}).items():
+        if f in CONTROL_FIELDS:
+            values[CONTROL_FIELDS.index(f)]["info"] = "⚠ " + message
+            values[CONTROL_FIELDS.index(f)]["elem_classes"] = ["invalid"]
+    return values
 
 
 @guarded
@@ -497,6 +486,13 @@ def query_to_controls(query: str, request: gr.Request = None):
     values[CONTROL_FIELDS.index("head")] = gr.update(choices=head_choices(s), value=s.head, **clear)
     values[CONTROL_FIELDS.index("weights")] = gr.update(choices=weight_choices(request), value=s.weights, **clear)
     return values
+
+
+def bug_choices():
+    """Every family's bugs, each under its family's name: a seed notebook's (grok.py) or a serving-kernel
+    quirk (production); picking one of the other family's marks the menu with the family to switch to."""
+    return [("none", "none")] + [(f"{FAMILIES[family].split(' (')[0]} · {name}", name)
+                                 for family in FAMILIES for name in bug_names(family)]
 
 
 def head_choices(s: Settings):
@@ -532,7 +528,7 @@ def control_change_on_page(request: gr.Request, *args):
     every other control keeps working. Model views name the device limit instead of failing."""
     *values, tab, last_query, marked = args
     last = settings_of(last_query, request, need_model=False)
-    s, problems = settings_keeping_last_valid(values, last, request)
+    s, problems = controls.keep_valid(dict(zip(CONTROL_FIELDS, values)), last, runs.uploads(session_of(request)))
     query = to_query(s)
     limit = model_limit(s)
     marks = {f: gr.update(info="⚠ " + msg, elem_classes=["invalid"]) for f, msg in problems.items()}
@@ -545,7 +541,8 @@ def control_change_on_page(request: gr.Request, *args):
     if "head" in problems:
         updates[head] = gr.update(choices=head_choices(s), info="⚠ " + problems["head"], elem_classes=["invalid"])
     views_out = render_tab(query, tab, request) if query != last_query else [gr.skip()] * VIEW_OUTPUTS
-    return [query, sorted(problems), limit_note(limit)] + updates + views_out
+    note = "\n\n".join(n for n in (controls.last_valid_note(problems), limit_note(limit)) if n)
+    return [query, sorted(problems), note] + updates + views_out
 
 
 @guarded
@@ -650,11 +647,12 @@ LOOK_FOR = {
     "export": "Look for: figures redrawn in the lecture theme at 16:9, with captions describing each one.",
 }
 
-def number_boxes(d: Settings, c: dict, labels: dict[str, str], **kw) -> None:
-    """A number box per Settings field, labelled; integer boxes for int fields. explorer.settings checks
-    the value either way."""
-    for field, label in labels.items():
-        c[field] = gr.Number(label=label, value=getattr(d, field), precision=None if FIELD_TYPES[field] == "float" else 0,
+def number_boxes(d: Settings, c: dict, names: list[str], **kw) -> None:
+    """A number box per Settings field, labelled (explorer.controls.LABELS); integer boxes for int fields.
+    explorer.settings checks the value either way."""
+    for field in names:
+        c[field] = gr.Number(label=LABELS[field], value=getattr(d, field),
+                             precision=None if FIELD_TYPES[field] == "float" else 0,
                              **kw)
 
 
@@ -684,58 +682,56 @@ def page_header(d: Settings) -> SimpleNamespace:
 
 def source_controls(d: Settings, c: dict, page: SimpleNamespace) -> None:
     """The sidebar's top: preset, family, weights (and the upload), seed, link, zoom."""
-    c["preset"] = gr.Dropdown(preset_choices(), value=d.preset, label="preset")
+    c["preset"] = gr.Dropdown(preset_choices(), value=d.preset, label=LABELS["preset"])
     c["family"] = gr.Radio([(label, name) for name, label in FAMILIES.items()], value=d.family,
-                           label="model family")
-    c["weights"] = gr.Dropdown(weight_choices(), value=d.weights, label="weights")
-    number_boxes(d, c, {"seed": "seed (weights and inputs)"})
+                           label=LABELS["family"])
+    c["weights"] = gr.Dropdown(weight_choices(), value=d.weights, label=LABELS["weights"])
+    number_boxes(d, c, ["seed"])
     page.upload = weights_file(label="upload weights (.npz / .safetensors, haiku names of the family chosen)",
                                file_types=[".npz", ".safetensors"], type="filepath", height=120)
     page.upload_msg = gr.Markdown()
     page.copy = gr.Button("Copy link", size="sm")
-    c["zoom"] = gr.Radio(list(ZOOMS), value=d.zoom, label="heatmap zoom (full resolution)")
+    c["zoom"] = gr.Radio(list(ZOOMS), value=d.zoom, label=LABELS["zoom"])
 
 
 def layout_controls(d: Settings, c: dict) -> None:
     with gr.Accordion("sequence layout", open=True):
-        number_boxes(d, c, {"num_user": "user tokens", "num_history": "history length", "num_candidates": "candidates",
-                            "history_padding": "padded history slots", "candidate_padding": "padded candidate slots"})
+        number_boxes(d, c, ["num_user", "num_history", "num_candidates", "history_padding", "candidate_padding"])
         with gr.Row():
-            number_boxes(d, c, {"batch_size": f"batch size (1–{MAX_BATCH})", "row": "batch row shown"}, min_width=80)
+            number_boxes(d, c, ["batch_size", "row"], min_width=80)
 
 
 def model_controls(d: Settings, c: dict) -> None:
     with gr.Accordion("model", open=False):
-        number_boxes(d, c, {"emb_size": "emb size", "key_size": "key size", "num_q_heads": "query heads",
-                            "num_kv_heads": "KV heads", "num_layers": "layers", "widening_factor": "widening factor",
-                            "multiplier": "attention multiplier (grok.py; production: √128 / key size)"})
-        c["cap_method"] = gr.Radio(list(CAP_METHODS), value=d.cap_method, label="logit cap")
-        number_boxes(d, c, {"logit_cap": "cap value"})
+        number_boxes(d, c, ["emb_size", "key_size", "num_q_heads", "num_kv_heads", "num_layers", "widening_factor",
+                            "multiplier"])
+        c["cap_method"] = gr.Radio(list(CAP_METHODS), value=d.cap_method, label=LABELS["cap_method"])
+        number_boxes(d, c, ["logit_cap"])
         c["prefix"] = gr.Radio(list(PREFIX_MODES), value=d.prefix,
-                               label="prefix (causal: grok.py; bidirectional: production)")
+                               label=LABELS["prefix"])
     with gr.Accordion("RoPE", open=False):
-        number_boxes(d, c, {"rope_base": "RoPE base", "rope_offset": "RoPE offset"})
-        c["rope_mode"] = gr.Radio([*ROPE_MODES, XREX_ROPE], value=d.rope_mode, label="candidate positions")
+        number_boxes(d, c, ["rope_base", "rope_offset"])
+        c["rope_mode"] = gr.Radio([*ROPE_MODES, XREX_ROPE], value=d.rope_mode, label=LABELS["rope_mode"])
 
 
 def view_controls(d: Settings, c: dict) -> None:
     """Above the tabs: the attention and anatomy views read these."""
     with gr.Row():
-        number_boxes(d, c, {"layer": "layer"})
-        c["head"] = gr.Dropdown(head_choices(d), value=d.head, label="head")
-        number_boxes(d, c, {"query": "query row (-1: first candidate; or click a heatmap row)"}, elem_id="query-row")
+        number_boxes(d, c, ["layer"])
+        c["head"] = gr.Dropdown(head_choices(d), value=d.head, label=LABELS["head"])
+        number_boxes(d, c, ["query"], elem_id="query-row")
 
 
 def mask_tab(d: Settings, c: dict) -> list:
-    c["compare"] = gr.Dropdown(list(MASK_KINDS), value=d.compare, label="compare with")
+    c["compare"] = gr.Dropdown(list(MASK_KINDS), value=d.compare, label=LABELS["compare"])
     return [gr.Plot(label="mask", elem_id="mask-plot"), gr.Markdown(),
             gr.Plot(label="production's kernels: tiles run and skipped", elem_id="kernel-plot"), gr.Markdown()]
 
 
 def attention_tab(d: Settings, c: dict) -> list:
     with gr.Row():
-        c["values"] = gr.Radio(list(VALUE_KINDS), value=d.values, label="values")
-        c["color"] = gr.Radio(list(COLOR_SCALES), value=d.color, label="colour")
+        c["values"] = gr.Radio(list(VALUE_KINDS), value=d.values, label=LABELS["values"])
+        c["color"] = gr.Radio(list(COLOR_SCALES), value=d.color, label=LABELS["color"])
     return [gr.Plot(label="attention", elem_id="attention-plot"), gr.Plot(label="query row"), gr.Markdown()]
 
 
@@ -746,25 +742,24 @@ def anatomy_tab(d: Settings, c: dict) -> list:
 
 def isolation_tab(d: Settings, c: dict) -> list:
     with gr.Row():
-        number_boxes(d, c, {"candidate": "candidate j"})
-        c["perturbation"] = gr.Radio(list(PERTURBATIONS), value=d.perturbation, label="perturbation")
-        number_boxes(d, c, {"delta": "size (scale factor / noise σ)", "replace_with": "replace with item hash"})
+        number_boxes(d, c, ["candidate"])
+        c["perturbation"] = gr.Radio(list(PERTURBATIONS), value=d.perturbation, label=LABELS["perturbation"])
+        number_boxes(d, c, ["delta", "replace_with"])
     text = gr.Markdown()
     return [gr.Plot(label="change per layer and position", elem_id="isolation-plot"),
             gr.Plot(label="change per candidate"), text]
 
 
 def invariance_tab(d: Settings, c: dict) -> list:
-    c["operation"] = gr.Radio(list(INVARIANCE_OPS), value=d.operation, label="operation")
+    c["operation"] = gr.Radio(list(INVARIANCE_OPS), value=d.operation, label=LABELS["operation"])
     return [gr.Plot(label="score change", elem_id="invariance-plot"), gr.Markdown(),
             gr.Plot(label="RoPE angles"), gr.Plot(label="q·k vs distance"), gr.Markdown()]
 
 
 def variants_tab(d: Settings, c: dict) -> list:
     with gr.Row():
-        c["variant"] = gr.Dropdown(list(VARIANTS), value=d.variant, label="attention variant (course notebooks)")
-        c["bug"] = gr.Dropdown(["none", *bug_names("grok"), *bug_names("xrex")], value=d.bug,
-                               label="plant a bug: a seed notebook's (grok.py) or a serving-kernel quirk (production)")
+        c["variant"] = gr.Dropdown(list(VARIANTS), value=d.variant, label=LABELS["variant"])
+        c["bug"] = gr.Dropdown(bug_choices(), value=d.bug, label=LABELS["bug"])
     text = gr.Markdown()
     fig = gr.Plot(label="variant attention", elem_id="variants-plot")
     loss = gr.Plot(label="training loss of every variant", elem_id="variants-loss-plot")
@@ -888,8 +883,9 @@ def wire_navigation(demo: gr.Blocks, page: SimpleNamespace, c: dict) -> None:
                  **figures_of(page.view_outputs), **HIDDEN, **FORWARD)
     page.copy.click(None, None, None, api_name="copy_link",
                     js=COPY_LINK)
-    redraw(page, demo.load(load_endpoint, None, [page.query, page.tab_state, page.tabs], api_name="load", **HIDDEN)
-           .success(query_to_controls, page.query, [c[f] for f in CONTROL_FIELDS], api_name="sync_load",
+    redraw(page, demo.load(load_endpoint, None, [page.query, page.tab_state, page.tabs, page.marked], api_name="load",
+                           **HIDDEN)
+           .success(link_to_controls, [page.query, page.marked], [c[f] for f in CONTROL_FIELDS], api_name="sync_load",
                     show_progress="hidden", **HIDDEN)
            .then(limit_endpoint, page.query, page.limit_md, api_name="limit_after_load", **HIDDEN), "load")
     demo.load(None, None, None, js=PICK_ROW, api_name="pick_row", **HIDDEN)

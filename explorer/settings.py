@@ -83,10 +83,11 @@ TIMING_MAX_LEN_GPU = 32768
 
 
 class ValidationError(ValueError):
-    """A control holds a value the explorer cannot use. The message names field, value and what is allowed."""
+    """A control holds a value the explorer cannot use. The message names field, value and what is allowed;
+    `also`: the other fields whose values make it invalid (KV heads for a query-head count they do not divide)."""
 
-    def __init__(self, field: str, value: Any, allowed: str):
-        self.field, self.value, self.allowed = field, value, allowed
+    def __init__(self, field: str, value: Any, allowed: str, also: tuple = ()):
+        self.field, self.value, self.allowed, self.also = field, value, allowed, tuple(also)
         shown = repr(value)
         if len(shown) > 60:
             shown = shown[:57] + "..."
@@ -360,7 +361,8 @@ def defaults(preset: str, family: str) -> dict:
 
 # --- scalar parsers: each raises ValidationError naming the field ------------------------
 
-def _int(name: str, value: Any, lo: Optional[int] = None, hi: Optional[int] = None, why: str = "") -> int:
+def _int(name: str, value: Any, lo: Optional[int] = None, hi: Optional[int] = None, why: str = "",
+         also: tuple = ()) -> int:
     allowed = ("an integer" if lo is None else f"an integer in [{lo}, {hi}]" if hi is not None
                else f"an integer >= {lo}") + (f" ({why})" if why else "")
     if isinstance(value, bool):
@@ -377,7 +379,7 @@ def _int(name: str, value: Any, lo: Optional[int] = None, hi: Optional[int] = No
         raise ValidationError(name, value, allowed)
     v = int(v)
     if (lo is not None and v < lo) or (hi is not None and v > hi):
-        raise ValidationError(name, value, allowed)
+        raise ValidationError(name, value, allowed, also)
     return v
 
 
@@ -421,9 +423,9 @@ def _check_demo_geometry(v: dict) -> None:
     for name in ("emb_size", "key_size", "num_q_heads", "num_kv_heads", "num_layers", "widening_factor"):
         if v[name] != getattr(demo, name):
             raise ValidationError(name, v[name], f"{getattr(demo, name)} with the trained demo weights "
-                                  f"(choose random or zeros weights for another geometry)")
+                                  f"(choose random or zeros weights for another geometry)", also=("weights",))
     if v["num_user"] != 1:
-        raise ValidationError("num_user", v["num_user"], "1 with the trained demo weights")
+        raise ValidationError("num_user", v["num_user"], "1 with the trained demo weights", also=("weights",))
 
 
 def _check_upload_geometry(v: dict, weights: str, geometry: Mapping[str, Any]) -> None:
@@ -433,7 +435,7 @@ def _check_upload_geometry(v: dict, weights: str, geometry: Mapping[str, Any]) -
                               + ", ".join(f"{f}={geometry[f]:g}" if isinstance(geometry[f], float)
                                           else f"{f}={geometry[f]}" for f in changed)
                               + " (here " + ", ".join(f"{f}={v[f]}" for f in changed)
-                              + "); set it back, or choose random, zeros or demo weights")
+                              + "); set it back, or choose random, zeros or demo weights", also=changed)
 
 
 def estimate_params(s: Settings) -> int:
@@ -483,16 +485,16 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *,
     v["num_candidates"] = _int("num_candidates", merged["num_candidates"], 1, 512,
                                why="a recsys mask needs at least one candidate")
     v["history_padding"] = _int("history_padding", merged["history_padding"], 0, v["num_history"],
-                                why="padded slots are part of the history")
+                                why="padded slots are part of the history", also=("num_history",))
     v["candidate_padding"] = _int("candidate_padding", merged["candidate_padding"], 0, v["num_candidates"] - 1,
-                                  why="at least one real candidate")
+                                  why="at least one real candidate", also=("num_candidates",))
     v["batch_size"] = _int("batch_size", merged["batch_size"], 1, MAX_BATCH)
-    v["row"] = _int("row", merged["row"], 0, v["batch_size"] - 1, why="a row of the batch")
+    v["row"] = _int("row", merged["row"], 0, v["batch_size"] - 1, why="a row of the batch", also=("batch_size",))
     T = v["num_user"] + v["num_history"] + v["num_candidates"]
     if T > T_cap:
         raise ValidationError("num_history", v["num_history"],
                               f"user + history + candidates <= {T_cap} on {device().upper()} "
-                              f"(here {T}; production's padded sequence is 1152)")
+                              f"(here {T}; production's padded sequence is 1152)", also=("num_user", "num_candidates"))
 
     v["emb_size"] = _int("emb_size", merged["emb_size"], 8, 4096)
     v["key_size"] = _int("key_size", merged["key_size"], 2, 256)
@@ -502,7 +504,8 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *,
     v["num_kv_heads"] = _int("num_kv_heads", merged["num_kv_heads"], 1, 64)
     if v["num_q_heads"] % v["num_kv_heads"]:
         raise ValidationError("num_q_heads", v["num_q_heads"],
-                              f"a multiple of num_kv_heads = {v['num_kv_heads']} (GQA groups query heads per KV head)")
+                              f"a multiple of num_kv_heads = {v['num_kv_heads']} (GQA groups query heads per KV head)",
+                              also=("num_kv_heads",))
     v["num_layers"] = _int("num_layers", merged["num_layers"], 1, 16)
     v["widening_factor"] = _float("widening_factor", merged["widening_factor"], 0.25, 8)
     v["multiplier"] = _float("multiplier", merged["multiplier"], 0, 100, lo_open=True)
@@ -511,7 +514,7 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *,
     v["prefix"] = _choice("prefix", merged["prefix"], PREFIX_MODES)
     if family == "xrex" and v["prefix"] != "bidirectional":
         raise ValidationError("prefix", v["prefix"], "bidirectional with the production (2026) family: its "
-                              "prefix attends both ways")
+                              "prefix attends both ways", also=("family",))
 
     weights = merged["weights"]
     if isinstance(weights, str) and weights.startswith("upload:") and weights[7:] in uploaded:
@@ -524,7 +527,8 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *,
     v["seed"] = _int("seed", merged["seed"], 0, 2**31 - 1)
     if family == "xrex" and v["weights"] == "demo" and not XREX_DEMO_WEIGHTS.exists():
         raise ValidationError("weights", "demo", "random or zeros with the production (2026) family (this build "
-                              "has no trained production demo: python -m models.train_demo --family xrex)")
+                              "has no trained production demo: python -m models.train_demo --family xrex)",
+                              also=("family",))
     if v["weights"] == "demo":
         _check_demo_geometry(v)
 
@@ -533,31 +537,40 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *,
     if family == "xrex":
         if merged["rope_mode"] != XREX_ROPE:
             raise ValidationError("rope_mode", merged["rope_mode"], f"{XREX_ROPE} with the production (2026) family "
-                                  "(history ends at P+L-1, every candidate at P+L)")
+                                  "(history ends at P+L-1, every candidate at P+L)", also=("family",))
         v["rope_mode"] = XREX_ROPE
         if v["rope_base"] != int(v["rope_base"]) or v["rope_offset"]:
             field = "rope_offset" if v["rope_offset"] else "rope_base"
             raise ValidationError(field, v[field], "an integer RoPE base and offset 0 with the production (2026) "
-                                  "family (its positions are right-anchored, base an integer exponent)")
+                                  "family (its positions are right-anchored, base an integer exponent)",
+                                  also=("family",))
     else:
         v["rope_mode"] = _choice("rope_mode", merged["rope_mode"], ROPE_MODES)
 
-    v["layer"] = _int("layer", merged["layer"], 0, v["num_layers"] - 1)
-    v["head"] = _int("head", merged["head"], -1, v["num_q_heads"] - 1, why="-1 shows every head")
+    v["layer"] = _int("layer", merged["layer"], 0, v["num_layers"] - 1, also=("num_layers",))
+    v["head"] = _int("head", merged["head"], -1, v["num_q_heads"] - 1, why="-1 shows every head",
+                     also=("num_q_heads",))
     v["values"] = _choice("values", merged["values"], VALUE_KINDS)
     v["color"] = _choice("color", merged["color"], COLOR_SCALES)
-    v["query"] = _int("query", merged["query"], -1, T - 1, why="a position in the sequence; -1: first candidate")
+    v["query"] = _int("query", merged["query"], -1, T - 1, why="a position in the sequence; -1: first candidate",
+                      also=("num_history", "num_candidates"))
     v["zoom"] = _choice("zoom", merged["zoom"], ZOOMS)
     C = v["num_candidates"]
     v["candidate"] = _int("candidate", merged["candidate"], 0, C - v["candidate_padding"] - 1,
-                          why="a real (not padded) candidate")
+                          why="a real (not padded) candidate", also=("num_candidates", "candidate_padding"))
     v["perturbation"] = _choice("perturbation", merged["perturbation"], PERTURBATIONS)
     v["delta"] = _float("delta", merged["delta"], -1e6, 1e6, why="the perturbation size")
     v["replace_with"] = _int("replace_with", merged["replace_with"], 1, 1023, why="an item hash")
     v["operation"] = _choice("operation", merged["operation"], INVARIANCE_OPS)
     v["compare"] = _choice("compare", merged["compare"], tuple(MASK_KINDS))
     v["variant"] = _choice("variant", merged["variant"], tuple(VARIANTS))
-    v["bug"] = _choice("bug", merged["bug"], ("none", *bug_names(family)))
+    v["bug"] = merged["bug"].strip() if isinstance(merged["bug"], str) else merged["bug"]
+    if v["bug"] not in ("none", *bug_names(family)):
+        other = [f for f in FAMILIES if f != family and v["bug"] in bug_names(f)]
+        elsewhere = (f" with the {FAMILIES[family]} family; it is a bug of {FAMILIES[other[0]]}: switch the model "
+                     "family to plant it") if other else ""
+        raise ValidationError("bug", merged["bug"], ", ".join(("none", *bug_names(family))) + elsewhere,
+                              also=("family",) if other else ())
 
     s = Settings(**v)
     if need_model:
@@ -733,10 +746,17 @@ def with_family(s: Settings, family: str) -> Settings:
     bidirectional prefix, right-anchored RoPE, no cap, random weights; grok.py: the preset's values back),
     no planted bug. Leaving production's family from a production preset goes to grok.py's preset of the
     same geometry (a production preset implies production's family). The device's model limits are left to
-    whoever runs the model (the mask view draws any preset)."""
+    whoever runs the model (the mask view draws any preset). Trained demo weights stay where the new family
+    has them at this geometry."""
     family = _choice("family", family, tuple(FAMILIES))
     preset = GROK_COUNTERPART[s.preset] if family == "grok" and s.preset in XREX_PRESETS else s.preset
     moved = ("logit_cap", "multiplier", "rope_base") if preset != s.preset else ()     # grok.py's own values
     fixed = {k: defaults(preset, family)[k] for k in (*XREX_FIXED, *moved)}
-    return parse_settings({**asdict(s), "preset": preset, "family": family, "bug": "none", **fixed}, need_model=False)
+    out = parse_settings({**asdict(s), "preset": preset, "family": family, "bug": "none", **fixed}, need_model=False)
+    if s.weights == "demo" and out.weights != "demo":
+        try:
+            return parse_settings({**asdict(out), "weights": "demo"}, need_model=False)
+        except ValidationError:
+            pass
+    return out
 

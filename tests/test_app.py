@@ -88,7 +88,10 @@ def test_an_invalid_control_is_marked_and_the_others_keep_working(client):
     out = client.predict(*values, "attention", "preset=lecture&head=0", api_name="/render_on_change")
     query, heads_box = out[0], out[2 + names.index("num_q_heads")]
     assert query == "preset=lecture&head=0"
-    assert "num_q_heads: got 8" in heads_box["info"] and "invalid" in heads_box["elem_classes"]
+    assert "query heads: got 8" in heads_box["info"] and "invalid" in heads_box["elem_classes"]
+    weights_box = out[2 + names.index("weights")]                   # the demo weights lock the geometry: marked too
+    assert "trained demo weights" in weights_box["info"] and "invalid" in weights_box["elem_classes"]
+    assert "last valid settings" in out[1]
     values[names.index("rope_offset")] = 100
     out = client.predict(*values, "attention", query, api_name="/render_on_change")
     assert out[0] == "preset=lecture&rope_offset=100&head=0"
@@ -482,9 +485,9 @@ def test_an_old_link_with_a_backend_opens_with_a_note(monkeypatch):
     monkeypatch.setattr(app.gr, "Info", notes.append)
     req = SimpleNamespace(session_hash="old-link", query_params={"preset": "lecture", "backend": "flash_attn",
                                                                  "head": "1"})
-    q, tab, _ = app.load_endpoint(req)                  # (query, tab to open, the tabs' update)
+    q, tab, _, marked = app.load_endpoint(req)          # (query, tab to open, the tabs' update, controls to mark)
     assert "head=1" in q and "backend" not in q and tab == "mask"
-    assert len(notes) == 1 and "backend: ignored" in notes[0]
+    assert len(notes) == 1 and "backend: ignored" in notes[0] and marked == {}
     assert app.load_endpoint(SimpleNamespace(session_hash="new", query_params={"head": "1"})) and len(notes) == 1
 
 

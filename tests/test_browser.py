@@ -83,9 +83,10 @@ def test_an_invalid_value_is_marked_at_its_control_and_the_rest_keeps_working(pa
     heads.press("Enter")
     marked = page.locator(".invalid")
     marked.first.wait_for(timeout=20_000)
-    assert marked.count() == 1
-    text = marked.first.inner_text()
-    assert "num_q_heads: got 8" in text and "Traceback" not in text
+    assert marked.count() == 2                      # the heads and the demo weights that lock them
+    text = " ".join(marked.all_inner_texts())
+    assert "query heads: got 8" in text and "num_q_heads" not in text and "Traceback" not in text
+    assert "last valid settings" in page.locator("#limit-note").inner_text()
     assert page.locator(".toast-body, [data-testid='toast-body']").count() == 0       # no toast-only error
     assert page.evaluate(HEATMAP_Z) is not None                                          # the last view stays
 
@@ -94,7 +95,7 @@ def test_an_invalid_value_is_marked_at_its_control_and_the_rest_keeps_working(pa
     offset.fill("100")
     offset.press("Enter")
     page.wait_for_function("() => window.location.search.includes('rope_offset=100')", timeout=20_000)
-    assert "num_q_heads" not in page.url and marked.count() == 1
+    assert "num_q_heads" not in page.url and marked.count() == 2
 
     heads.fill("4")
     heads.press("Enter")
@@ -166,9 +167,11 @@ def test_a_hostile_link_shows_as_text_and_makes_no_element(page, link):
         toast = tab.locator("[data-testid='toast-body']").first
         toast.wait_for(timeout=30_000)
         text = toast.text_content()
-        assert "link ignored: seed: got" in text and HOSTILE_LINKS[link] in text, text
+        assert "link: seed: got" in text and HOSTILE_LINKS[link] in text, text
         assert toast.locator("a, img").count() == 0
         wait_for_plot(tab, "mask-plot")                      # the page serves the default view
+        tab.locator(".invalid").first.wait_for(timeout=20_000)     # the seed box marked, its value as text
+        assert HOSTILE_LINKS[link] in tab.locator(".invalid").first.inner_text()
         assert tab.evaluate(OUTSIDE_ELEMENTS) == []
         assert not [u for u in outside if "evil.example" in u or "host.example" in u], outside
     finally:
@@ -197,3 +200,16 @@ def test_a_click_on_a_heatmap_row_picks_that_query_row_outlines_it_and_the_link_
     page.wait_for_function(f"() => ({HEATMAP_GRID})().outlines.includes({row - 0.5})", timeout=30_000)
     assert set(page.evaluate(HEATMAP_GRID)["outlines"]) == {row - 0.5}     # only the picked row
     assert page.evaluate(HEATMAP_Z) == before                              # same weights, new outline
+
+
+def test_a_link_with_one_bad_value_keeps_the_rest_and_marks_the_bad_control(page):
+    """?preset=phoenix-2026-nano&family=grok must not land on lecture: the preset stays, the family box is
+    marked with the message in its on-screen label."""
+    page.goto(page.base_url + "?preset=phoenix-2026-nano&family=grok&seed=3&tab=attention")
+    wait_for_plot(page, "mask-plot")
+    marked = page.locator(".invalid")
+    marked.first.wait_for(timeout=30_000)
+    assert marked.count() == 1 and "model family: got 'grok'" in marked.first.inner_text()
+    page.wait_for_function("() => window.location.search.startsWith('?preset=phoenix-2026-nano')", timeout=20_000)
+    assert "seed=3" in page.url and "family=grok" not in page.url
+    assert page.get_by_role("tab", name="2 · Attention").get_attribute("aria-selected") == "true"

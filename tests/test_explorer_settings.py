@@ -1,6 +1,7 @@
 """The one validation layer: every bad value is refused with field, value and what is allowed;
 settings survive the URL round trip."""
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
@@ -149,7 +150,9 @@ def test_production_family_in_the_link_and_its_fixed_values():
     assert parse_query(to_query(s)) == s
     assert parse_query("preset=lecture&family=xrex&bug=serving-padding").bug == "serving-padding"
     back = with_family(s, "grok")
-    assert back == parse_query("preset=lecture&history_padding=1") and with_family(back, "xrex") == s
+    assert back == parse_query("preset=lecture&history_padding=1")
+    assert with_family(back, "xrex") == replace(s, weights="demo")     # the trained demo exists for both families
+    assert with_family(replace(back, weights="random"), "xrex") == s
     with pytest.raises(ValidationError, match="family: got 'nope'"):
         with_family(s, "nope")
     c = s.xrex_config()
@@ -207,7 +210,7 @@ def test_preset_and_family_stay_consistent_and_links_carry_both():
     lecture = parse_query("preset=lecture")
     assert lecture.family == "grok"
     moved = with_family(lecture, "xrex")
-    assert to_query(moved) == "preset=lecture&family=xrex" and parse_query(to_query(moved)) == moved
+    assert to_query(moved) == "preset=lecture&family=xrex&weights=demo" and parse_query(to_query(moved)) == moved
     # a production preset implies its family: the link needs no family=, and leaving the family goes to
     # grok.py's preset of the same geometry, with grok.py's cap and multiplier back
     nano = parse_query("preset=phoenix-2026-nano&num_history=100&head=1")

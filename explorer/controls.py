@@ -1,0 +1,114 @@
+"""The page's controls: their on-screen labels, and settings that keep their valid parts.
+
+``keep_valid(values, last)`` repairs the page's control values (an invalid control falls back to its
+last valid value, every control involved in the problem is named); ``from_link(params)`` repairs a
+shared link (a bad value is dropped, the rest kept). Both answer in the labels a visitor sees, not
+field names; API clients keep explorer.settings' field-named refusals.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import fields
+from typing import Any, Mapping, Optional
+
+from explorer.settings import MAX_BATCH, Settings, ValidationError, parse_settings
+
+CONTROL_FIELDS = [f.name for f in fields(Settings)]
+NUMBER_FIELDS = {f.name for f in fields(Settings) if f.type in ("int", "float")}
+
+# every control's label on the page (app.py builds the controls with these)
+LABELS = {
+    "preset": "preset", "family": "model family", "weights": "weights", "seed": "seed (weights and inputs)",
+    "num_user": "user tokens", "num_history": "history length", "num_candidates": "candidates",
+    "history_padding": "padded history slots", "candidate_padding": "padded candidate slots",
+    "batch_size": f"batch size (1–{MAX_BATCH})", "row": "batch row shown",
+    "emb_size": "emb size", "key_size": "key size", "num_q_heads": "query heads", "num_kv_heads": "KV heads",
+    "num_layers": "layers", "widening_factor": "widening factor",
+    "multiplier": "attention multiplier (grok.py; production: √128 / key size)",
+    "cap_method": "logit cap", "logit_cap": "cap value",
+    "prefix": "prefix (causal: grok.py; bidirectional: production)",
+    "rope_base": "RoPE base", "rope_offset": "RoPE offset", "rope_mode": "candidate positions",
+    "layer": "layer", "head": "head", "values": "values", "color": "colour",
+    "query": "query row (-1: first candidate; or click a heatmap row)", "zoom": "heatmap zoom (full resolution)",
+    "candidate": "candidate j", "perturbation": "perturbation", "delta": "size (scale factor / noise σ)",
+    "replace_with": "replace with item hash", "operation": "operation", "compare": "compare with",
+    "variant": "attention variant (course notebooks)",
+    "bug": "plant a bug (grok.py: a seed notebook's; production: a serving-kernel quirk)",
+}
+assert set(LABELS) == set(CONTROL_FIELDS), set(CONTROL_FIELDS) ^ set(LABELS)
+
+
+def short_label(field: str) -> str:
+    """A control's label without its parenthesised hint: 'seed (weights and inputs)' -> 'seed'."""
+    return LABELS.get(field, field).split(" (")[0]
+
+
+# field names that read as code (num_kv_heads); the one-word ones read as the words they are
+_FIELD_NAME = re.compile(r"\b(" + "|".join(sorted((f for f in LABELS if "_" in f), key=len, reverse=True)) + r")\b")
+
+
+def on_screen(e: ValidationError) -> str:
+    """The message in the page's words: 'KV heads: got 3; allowed: ...', field names in it replaced by
+    the labels on screen. Markdown's link form is broken up (a control's info line renders
+    `[text](url)` as a link, and the value may come from a stranger's link)."""
+    allowed = _FIELD_NAME.sub(lambda m: short_label(m.group(1)), e.allowed)
+    shown = repr(e.value)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    return f"{short_label(e.field)}: got {shown}; allowed: {allowed}".replace("](", "] (")
+
+
+def involved(e: ValidationError) -> tuple:
+    """Every control the problem involves: the field named and the fields whose values make it invalid."""
+    return tuple(dict.fromkeys((e.field, *e.also)))
+
+
+def keep_valid(values: Mapping[str, Any], last: Settings, uploaded=None) -> tuple[Settings, dict[str, str]]:
+    """The page's control values -> (settings to draw, {field: message} for every control to mark).
+    A control with a problem takes its last valid value in the drawn settings, and so does every other
+    control the problem involves (8 query heads then 3 KV heads marks both), so the other controls keep
+    working. An emptied or non-numeric number box (None from the page) is a problem too. When the last
+    valid values fail as well, `last` is drawn. The device's model limits are not checked here."""
+    raw, problems = {f: values[f] for f in CONTROL_FIELDS if f in values}, {}
+    for f in NUMBER_FIELDS & raw.keys():
+        if raw[f] is None or (isinstance(raw[f], str) and not raw[f].strip()):
+            problems[f] = f"{short_label(f)}: empty (or not a number); allowed: a number"
+            raw[f] = getattr(last, f)
+    for _ in range(len(CONTROL_FIELDS) + 1):
+        try:
+            return parse_settings(raw, uploaded=uploaded, need_model=False), problems
+        except ValidationError as e:
+            fields_here = [f for f in involved(e) if f in raw]
+            if not fields_here or all(raw[f] == getattr(last, f) for f in fields_here):
+                problems.setdefault(fields_here[0] if fields_here else "preset", on_screen(e))
+                return last, problems
+            for f in fields_here:
+                problems.setdefault(f, on_screen(e))
+                raw[f] = getattr(last, f)
+    return last, problems
+
+
+def from_link(params: Mapping[str, Any], uploaded=None) -> tuple[Settings, dict[str, str]]:
+    """A shared link's parameters -> (settings, {field: message} for each value dropped). A bad value
+    is dropped and the preset's value takes its place; the rest of the link is kept
+    (?preset=phoenix-2026-nano&family=grok opens phoenix-2026-nano). Keys that are no control are ignored."""
+    raw, problems = {k: v for k, v in params.items() if k in LABELS}, {}
+    for _ in range(len(CONTROL_FIELDS) + 1):
+        try:
+            return parse_settings(raw, uploaded=uploaded, need_model=False), problems
+        except ValidationError as e:
+            fields_here = [f for f in involved(e) if f in raw]
+            if not fields_here:
+                break
+            for f in fields_here:
+                problems.setdefault(f, on_screen(e))
+                del raw[f]
+    problems.setdefault("preset", "preset: the link's settings could not be read; opened lecture")
+    return parse_settings({"preset": "lecture"}, uploaded=uploaded, need_model=False), problems
+
+
+def last_valid_note(problems: Optional[Mapping[str, str]]) -> str:
+    """The line above the figures while controls are marked: the figures show the last valid settings."""
+    if not problems:
+        return ""
+    names = ", ".join(f"**{short_label(f)}**" for f in problems)
+    return f"⚠ The figures show the last valid settings: {names} {'is' if len(problems) == 1 else 'are'} marked."
