@@ -4,8 +4,9 @@ so an exported figure goes straight onto a slide.
 
 A heatmap panel is plain data (``Panel``): values [rows, cols], token labels for both axes and the
 sequence's segment letters (U / H / C / P). The builder draws segment boundaries, token ticks and a
-hover naming the query and key tokens with the exact value. Sequences longer than ``max_cells`` are
-shown pooled (max over blocks) and the title says so.
+hover naming the query and key tokens (their labels carry the segment: U, H3, C0, pad·C2) with the
+exact value. Sequences longer than ``max_cells`` are shown pooled (max over blocks) and the hover says
+so; a figure's cells also fit a byte budget on the wire (``max_bytes``), masks sent as uint8.
 """
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ class Panel:
     # per row, the [start, stop) sequence positions it holds (one position, or a pooled block): what a
     # click on the row picks and where the chosen query row is outlined; None for rows that are no query
     row_spans: Optional[list[tuple[int, int]]] = None
+    meta: Optional[dict] = None                  # extra trace meta, e.g. {"layer": 1, "head": 3}: what a click picks
 
 
 def row_of(panel: Panel, position: int) -> Optional[int]:
@@ -84,11 +86,12 @@ def segment_bins(segments: Optional[Sequence[str]], n: int, f: int) -> list[tupl
     return [(a, min(a + f, b)) for a, b in runs for a in range(a, b, f)]
 
 
-def pool(panel: Panel, max_cells: int) -> Panel:
-    """Max over blocks so a T x T panel fits in about max_cells per axis. Blocks are cut inside each
-    segment, so no block mixes history with candidates or real slots with padding; labels name the range."""
+def pool(panel: Panel, max_cells: int, factor: int = 1) -> Panel:
+    """Max over blocks so a T x T panel fits in about max_cells per axis (blocks of at least `factor`).
+    Blocks are cut inside each segment, so no block mixes history with candidates or real slots with
+    padding; labels name the range."""
     rows, cols = panel.z.shape
-    f = max(1, math.ceil(max(rows, cols) / max_cells))
+    f = max(1, factor, math.ceil(max(rows, cols) / max_cells))
     if f == 1:
         return panel
     row_bins, col_bins = segment_bins(panel.row_segments, rows, f), segment_bins(panel.col_segments, cols, f)
@@ -104,7 +107,24 @@ def pool(panel: Panel, max_cells: int) -> Panel:
 
     spans = panel.row_spans and [(panel.row_spans[a][0], panel.row_spans[b - 1][1]) for a, b in row_bins]
     return Panel(pooled, span(panel.row_labels, row_bins), span(panel.col_labels, col_bins), panel.title,
-                 segs(panel.row_segments, row_bins), segs(panel.col_segments, col_bins), f, spans)
+                 segs(panel.row_segments, row_bins), segs(panel.col_segments, col_bins), f, spans, panel.meta)
+
+
+# what one figure's cells may weigh in JSON (base64 typed arrays): phoenix-nano's every-head grid stays
+# under 1.5 MB and a mask view under 0.5 MB with the labels and layout added
+MAX_BYTES = 1_200_000
+MAX_BYTES_DISCRETE = 400_000
+
+
+def pool_factor(shapes: list[tuple[int, int]], max_cells: int, max_bytes: int, bytes_per_cell: int) -> int:
+    """The smallest block size that fits panels of these shapes, `bytes_per_cell` each, into `max_bytes`
+    of base64 (4 characters per 3 bytes); blocks cut at segment changes add about a block per segment."""
+    def size(f):
+        return sum((math.ceil(r / f) + 4) * (math.ceil(c / f) + 4) for r, c in shapes) * bytes_per_cell * 4 / 3
+    f = max([1] + [math.ceil(max(r, c) / max_cells) for r, c in shapes])
+    while f < max([1] + [max(s) for s in shapes]) and size(f) > max_bytes:
+        f += 1
+    return f
 
 
 def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1, value_name: str = "value",
@@ -112,19 +132,25 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
                    color: str = "linear", max_cells: int = 512, colorbar_title: str = "",
                    discrete: Optional[dict] = None, column_groups: Optional[list[str]] = None,
                    height: Optional[int] = None, row_title: str = "query", col_title: str = "key",
-                   outline_row: Optional[int] = None) -> go.Figure:
+                   outline_row: Optional[int] = None, max_bytes: Optional[int] = None) -> go.Figure:
     """The one heatmap builder. `panels` fill a grid row by row (None leaves a narrow spacer column);
     `discrete` maps values to legend names (masks); `color` is one of COLOR_SCALES (log and
     quantile hover the raw value, and the colour bar says which scale it is);
     `column_groups` writes a group name over each run of equal names (GQA: the KV head);
     `outline_row` (a sequence position) is outlined in every panel whose rows hold it, around the row
     or pooled block that holds it. Panels with `row_spans` carry each row's first position in the
-    trace's `meta.rows`, so a click on a cell can pick its query row (app.py's PICK_ROW).
+    trace's `meta.rows` and their own `meta` (layer, head) beside it, so a click on a cell picks the row,
+    layer and head (static/page.js). No per-cell strings: the hover reads the axis labels. Cells are
+    pooled further when the figure would pass `max_bytes` (default MAX_BYTES; masks MAX_BYTES_DISCRETE,
+    sent as uint8); log and quantile colours send each cell twice (colour and raw value), so they pool more.
 
     The figure is assembled as plain dicts and wrapped without plotly's per-property validation:
     on a 2-core machine that is the difference between ~20 ms and ~200 ms per redraw."""
     rows = math.ceil(len(panels) / cols)
-    shown = [pool(p, max_cells) if p is not None else None for p in panels]
+    bytes_per_cell = 1 if discrete else 4 * (1 if color == "linear" else 2)
+    f = pool_factor([p.z.shape for p in panels if p is not None], max_cells,
+                    max_bytes or (MAX_BYTES_DISCRETE if discrete else MAX_BYTES), bytes_per_cell)
+    shown = [pool(p, max_cells, f) if p is not None else None for p in panels]
     scale = ColourScale.fit(shown, color, zmin, zmax)
     xdom, ydom = _grid_domains(panels, rows, cols)
     data, annotations, shapes, layout = [], [], [], {}
@@ -139,18 +165,16 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
         # them over the neighbouring panel's right edge
         repeat = row_start.setdefault(r, p.row_labels) == p.row_labels and c > 0
         ax = "" if k == 1 else str(k)
-        raw = p.z
+        raw = p.z.astype(np.uint8) if discrete else p.z       # a mask's 0/1 (a tile map's 0..3): a byte each
         z = scale.transform(raw)
         shown_value = "%{customdata:.6g}" if z is not raw else "%{z:.6g}"
         if discrete:
             shown_value = "%{z} (" + ", ".join(f"{v:g} = {n}" for v, n in discrete.items()) + ")"
-        text = _segment_text(p)
-        hover = (f"{row_title} %{{y}}<br>{col_title} %{{x}}" + ("<br>%{text}" if text is not None else "")
-                 + f"<br>{value_name} {shown_value}"
+        hover = (f"{row_title} %{{y}}<br>{col_title} %{{x}}<br>{value_name} {shown_value}"
                  + ("<br>(max over the block)" if p.pooled > 1 else "") + "<extra></extra>")
         data.append(dict(type="heatmap", z=z, x=p.col_labels, y=p.row_labels,
-                         meta=dict(rows=[a for a, _ in p.row_spans]) if p.row_spans else None,
-                         customdata=raw if z is not raw else None, text=text,
+                         meta={"rows": [a for a, _ in p.row_spans], **(p.meta or {})} if p.row_spans else None,
+                         customdata=raw if z is not raw else None,
                          colorscale=colorscale, zmin=scale.lo, zmax=scale.hi, hovertemplate=hover,
                          hoverongaps=False, showscale=k == 1 and not discrete, xaxis=f"x{ax}", yaxis=f"y{ax}",
                          colorbar=scale.colorbar(colorbar_title or value_name)))
@@ -214,16 +238,6 @@ def _sparse_ticks(labels: list[str], segments: Optional[list[str]], cols: int) -
 SEGMENT_NAMES = {"U": "user", "H": "history", "C": "candidate", "P": "padding"}
 
 
-def _segment_text(p: Panel) -> Optional[list[list[str]]]:
-    """Per cell: the segments of its query and key ("history → candidate"), for the hover. Large
-    panels go without (a string per cell would weigh megabytes); their labels carry U / H / C / pad."""
-    if not p.col_segments or len(p.row_labels) * len(p.col_labels) > 20_000:
-        return None
-    cols = [SEGMENT_NAMES.get(c, c) for c in p.col_segments]
-    rows = [SEGMENT_NAMES.get(r, r) for r in p.row_segments] if p.row_segments else [""] * len(p.row_labels)
-    return [[f"{r} → {c}" if r else c for c in cols] for r in rows]
-
-
 @dataclass
 class ColourScale:
     """How values become colours, and a colour bar that says so.
@@ -271,7 +285,7 @@ class ColourScale:
                 return np.sign(raw) * np.log10(1 + np.abs(raw) / self.threshold)
             v = self.sorted_values         # the share of cells below: the smallest value (0) stays at the bottom
             rank = np.searchsorted(v, raw, "left") / max(len(v) - 1, 1)
-            return np.where(np.isfinite(raw), rank, np.nan).clip(0, 1)
+            return np.where(np.isfinite(raw), rank, np.nan).clip(0, 1).astype(np.float32)   # 4 bytes a cell
 
     def colorbar(self, title: str) -> dict:
         bar = dict(title=dict(text=title, side="right"), thickness=16)

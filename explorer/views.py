@@ -85,7 +85,7 @@ def cells(s: Settings, full: int) -> int:
     return full if s.zoom == "all" else max(full, s.seq_len)
 
 
-def _panel(s: Settings, z: np.ndarray, title: str) -> Panel:
+def _panel(s: Settings, z: np.ndarray, title: str, meta: dict | None = None) -> Panel:
     seg, labels = s.layout.segments(), s.layout.token_labels()
     rows, cols = zoom_region(s)
     # float32: the model's own precision, and half the bytes on the wire
@@ -93,7 +93,7 @@ def _panel(s: Settings, z: np.ndarray, title: str) -> Panel:
     if len(rows) < len(labels) or len(cols) < len(labels):
         z = z[np.ix_(rows, cols)]
     return Panel(z, [labels[i] for i in rows], [labels[i] for i in cols], title,
-                 [seg[i] for i in rows], [seg[i] for i in cols], row_spans=[(i, i + 1) for i in rows])
+                 [seg[i] for i in rows], [seg[i] for i in cols], row_spans=[(i, i + 1) for i in rows], meta=meta)
 
 
 def zoom_note(s: Settings) -> str:
@@ -219,7 +219,7 @@ def attention_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
                 if i and h % G == 0:
                     panels.append(None)
                     groups.append("") if layer == 0 else None
-                panels.append(_panel(s, vals[h], f"L{layer} · q head {h}"))
+                panels.append(_panel(s, vals[h], f"L{layer} · q head {h}", dict(layer=layer, head=h)))
                 groups.append(f"KV head {h // G}") if layer == 0 else None
         cols = len(panels) // s.num_layers
         shown = (f"every layer and head ({s.num_q_heads} query heads share {s.num_kv_heads} KV heads)"
@@ -234,7 +234,7 @@ def attention_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
     else:
         vals = attention_values(s, s.layer)
         kv = s.head // G
-        fig = heatmap_figure([_panel(s, vals[s.head], "")], title=f"Attention {s.values}: layer {s.layer}, "
+        fig = heatmap_figure([_panel(s, vals[s.head], "", dict(layer=s.layer, head=s.head))], title=f"Attention {s.values}: layer {s.layer}, "
                              f"query head {s.head} (KV head {kv}){row_note(s)}{zoom_note(s)}",
                              value_name=value_name, color=s.color, colorscale=scale,
                              max_cells=cells(s, SINGLE_MAX_CELLS), zmin=0 if s.values == "probabilities" else None,

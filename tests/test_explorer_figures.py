@@ -5,7 +5,7 @@ import pytest
 
 from explorer import runs, views
 from explorer.figures import Panel, heatmap_figure, pool, segment_bins
-from explorer.settings import parse_query
+from explorer.settings import max_seq_len, parse_query
 
 NANO = "preset=phoenix-nano"          # T = 1 + 1022 + 64 = 1087: pooled on screen
 SEGMENT_OF = {"U": "U", "H": "H", "C": "C", "p": "P"}      # a label's first letter ("pad·H3" -> P)
@@ -90,14 +90,57 @@ def test_short_axes_tick_every_token_even_in_a_grid():
         assert list(fig.layout[axis].tickvals) == s.layout.token_labels()
 
 
-def test_hover_names_query_key_segment_and_value():
+def test_hover_names_query_key_and_value_from_the_axes_without_a_string_per_cell():
     s = parse_query("preset=lecture&head=0")
     fig, _, _ = views.attention_view(s)
     (hm,) = heatmaps(fig)
-    assert "query %{y}" in hm.hovertemplate and "key %{x}" in hm.hovertemplate
-    assert "%{text}" in hm.hovertemplate and "weight" in hm.hovertemplate
-    off = s.candidate_start_offset
-    assert hm.text[off][1] == "candidate → history" and hm.text[0][0] == "user → user"
+    assert "query %{y}" in hm.hovertemplate and "key %{x}" in hm.hovertemplate and "weight" in hm.hovertemplate
+    assert hm.text is None and "%{text}" not in hm.hovertemplate
+    # the labels the hover reads carry the segment
+    assert [segment(t) for t in hm.x] == s.layout.segments()
+
+
+# --- what a redraw weighs on the wire ----------------------------------------------------------------
+
+MB = 1_000_000
+
+
+def json_bytes(fig) -> int:
+    return len(fig.to_json())          # what gr.Plot sends (Plot.postprocess: fig.to_json())
+
+
+@pytest.mark.parametrize("preset", ["phoenix-nano", "phoenix-2026-nano"])
+@pytest.mark.parametrize("color", ["linear", "quantile"])
+def test_the_every_head_grid_stays_within_its_payload_budget(preset, color):
+    fig, _, _ = views.attention_view(parse_query(f"preset={preset}&head=-1&color={color}"))
+    assert len(heatmaps(fig)) == 16
+    assert json_bytes(fig) <= 1.5 * MB
+    assert all(hm.text is None for hm in heatmaps(fig))
+
+
+@pytest.mark.parametrize("preset,longest", [("phoenix-nano", False), ("phoenix-2026-nano", False),
+                                            ("phoenix-2026-nano", True)])
+def test_every_mask_view_stays_within_half_a_megabyte_as_bytes(preset, longest):
+    s = parse_query(f"preset={preset}", need_model=False)
+    if longest:            # the longest sequence this device allows
+        s = parse_query(f"preset={preset}&num_history={s.num_history + max_seq_len() - s.seq_len}", need_model=False)
+        assert s.seq_len == max_seq_len()
+    for fig in (views.mask_view(s)[0], views.kernel_view(s)[0]):
+        assert json_bytes(fig) <= 0.5 * MB, (s.seq_len, json_bytes(fig))
+        for hm in heatmaps(fig):
+            assert hm.z.dtype == np.uint8
+        assert '"dtype":"u1"' in fig.to_json()            # plotly's base64 typed array, a byte a cell
+
+
+def test_pooling_for_the_byte_budget_keeps_the_block_maximum():
+    rng = np.random.default_rng(0)
+    z = rng.random((300, 300)).astype(np.float32)
+    p = Panel(z, [str(i) for i in range(300)], [str(i) for i in range(300)], row_spans=[(i, i + 1) for i in range(300)])
+    fig = heatmap_figure([p] * 4, cols=2, title="", max_cells=512, max_bytes=200_000)
+    for hm in heatmaps(fig):
+        shown = np.asarray(hm.z)
+        assert shown.size * 4 * 4 <= 200_000 * 3          # four panels, float32, base64
+        assert shown.max() == z.max() and len(hm.meta["rows"]) == shown.shape[0]
 
 
 # --- the anatomy of one attention row ------------------------------------------------------------
