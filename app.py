@@ -9,7 +9,6 @@ Every view is also an API endpoint taking the URL query string of a configuratio
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import os
@@ -213,7 +212,7 @@ assert tuple(VIEW_ENDPOINTS) == tuple(TAB_OUTPUTS)
 @guarded
 def timing_request(query: str, lengths: str, backends, geometry: str, dtype: str, request=None):
     """Every timing control checked before anything runs -> (settings, timing.Request)."""
-    s = settings_of(query, request)
+    s = settings_of(query, request, need_model=False)       # attention shapes need no model
     return s, timing.check_request(s, geometry, dtype, lengths, backends)
 
 
@@ -230,64 +229,17 @@ def timing_step(steps):
 
 
 def timing_outputs(sw: timing.Sweep, req: timing.Request, recorded) -> tuple:
-    note = [f"Measured now on **{sw.device}** ({req.geometry_name}: B={req.geometry.B}, "
-            f"{req.geometry.Hq}/{req.geometry.Hkv} heads, head dim {req.geometry.head_dim}, "
-            f"{req.geometry.dtype}, {req.geometry.masks[0]} mask, cap {req.geometry.cap_methods[0]}); "
-            "5 interleaved repeats per point."]
-    note += [sw.stopped] if sw.stopped else []
+    g = req.geometry
+    note = [f"**{sw.progress() or sw.stopped or 'Done.'}** Measuring on **{sw.device}**, "
+            f"{timing.describe(g, req.geometry_name)}; 5 interleaved repeats per point."]
+    note += [timing.work_note(sw, g)] if sw.points else []
     note += [timing.throughput_note(sw)] if sw.points else []
     note += [f"{b}: {why}" for b, why in sw.skipped.items()]
     note.append(timing.recorded_summary())
-    return (*timing.sweep_figures(sw, recorded, batch=req.geometry.B), "\n\n".join(note))
+    return (*timing.sweep_figures(sw, recorded, batch=g.B, g=g), "\n\n".join(note))
 
 
-class TimingRuns:
-    """The live runs by session. Each run has its own stop flag (benchmarks.attention.Run): Stop
-    cancels the session's runs, and a later Run makes a new flag, so it can never un-stop an old one."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.by_session: dict[str, set] = {}
-        self.threads = 0
-
-    def start(self, session: str) -> timing.Run:
-        run = timing.Run(sweep_budget_s())
-        with self.lock:
-            self.by_session.setdefault(session, set()).add(run)
-            log.info("timing sweep started; %d running", self.running())
-        return run
-
-    def end(self, session: str, run: timing.Run) -> None:
-        with self.lock:
-            runs_here = self.by_session.get(session, set())
-            runs_here.discard(run)
-            if not runs_here:
-                self.by_session.pop(session, None)
-            log.info("timing sweep ended (%s); %d running", run.stopped() or "done", self.running())
-
-    def running(self) -> int:
-        return sum(len(runs_here) for runs_here in self.by_session.values())
-
-    @contextlib.contextmanager
-    def measuring(self):
-        """Around each step of a sweep in its worker thread: counts the threads measuring right now
-        (the log line is what the cancel-storm test reads)."""
-        with self.lock:
-            self.threads += 1
-            log.info("timing sweep measuring; %d threads measuring", self.threads)
-        try:
-            yield
-        finally:
-            with self.lock:
-                self.threads -= 1
-
-    def cancel(self, session: str) -> None:
-        with self.lock:
-            for run in self.by_session.get(session, ()):
-                run.cancel()
-
-
-TIMING_RUNS = TimingRuns()
+TIMING_RUNS = timing.TimingRuns()
 
 
 async def timing_endpoint(query: str, lengths: str, backends: list, geometry: str = None, dtype: str = None,
@@ -327,24 +279,26 @@ async def timing_endpoint(query: str, lengths: str, backends: list, geometry: st
 
 
 def stop_timing(request: gr.Request = None):
-    TIMING_RUNS.cancel(session_of(request))
+    """Stop the visitor's sweep -> the line under the controls saying how far it got."""
+    return TIMING_RUNS.cancel(session_of(request))
 
 
 @guarded
 def timing_options(query: str, geometry: str, dtype: str, chosen, request: gr.Request = None):
     """The backends this device runs for the geometry and dtype (only those can be ticked) and a
     line naming the others and why."""
-    s = settings_of(query, request)
+    s = settings_of(query, request, need_model=False)
     why = timing.backend_options(s, geometry, dtype)
     usable = [b for b, reason in why.items() if reason is None]
-    keep = [b for b in (chosen or []) if b in usable] or default_timing_backends(usable)
-    others = "; ".join(f"`{b}`: {reason.removeprefix(b + ': ')}" for b, reason in why.items() if reason)
-    return gr.update(choices=usable, value=keep), f"Not available here: {others}" if others else ""
+    keep = [b for b in (chosen or []) if b in usable] or timing.default_backends(usable)
+    return gr.update(choices=usable, value=keep), timing.backend_notes(s, geometry, dtype)
 
 
-def timing_lengths(geometry: str):
-    return gr.update(value=timing.default_lengths(timing.check_choice("timing geometry", geometry,
-                                                                      timing.geometries())))
+@guarded
+def timing_lengths(query: str, geometry: str, request: gr.Request = None):
+    s = settings_of(query, request, need_model=False)
+    return gr.update(value=timing.default_lengths(timing.check_choice("timing geometry", geometry, timing.geometries()),
+                                                  s.num_candidates))
 
 
 def timing_check(query: str, lengths: str, backends, geometry: str, dtype: str, request: gr.Request = None):
@@ -362,10 +316,10 @@ def timing_recorded(query: str, geometry: str, dtype: str, current, request: gr.
     """Before a live run: the committed curves for this geometry (a drawn live run is kept)."""
     if current is not None:
         return [gr.skip()] * 5
-    s = settings_of(query, request)
+    s = settings_of(query, request, need_model=False)
     g = timing.geometry(s, geometry, dtype)
-    return (*timing.timing_view(s, geometry, dtype), timing.recorded_summary()
-            + f"\n\nPress **Run** to measure {geometry} (B={g.B}) in {dtype} now.")
+    return (*timing.timing_view(s, geometry, dtype), f"Press **Run** to measure {timing.describe(g, geometry)} "
+            f"now.\n\n{timing.recorded_summary()}")
 
 
 @guarded
@@ -506,11 +460,6 @@ def weight_choices(request=None):
     return names + [(f"uploaded {n}", f"upload:{n}") for n in runs.uploads(session_of(request))]
 
 
-def default_timing_backends(usable) -> list:
-    """What runs here quickly: FlexAttention compiles per shape (~20 s on CPU), so it is opt-in there."""
-    return [b for b in usable if not (b == "flex" and device() == "cpu")]
-
-
 @guarded
 def control_change(request: gr.Request, *args):
     """What one control change does on the page, in one round trip: validate every control, write
@@ -643,7 +592,8 @@ LOOK_FOR = {
     "invariance": "Look for: with sequential RoPE positions, reordering candidates moves their scores; with shared "
                   "or no positions they stay put (batch invariance).",
     "variants": "Look for: in the trained model's last row, the weight on the queried key/value pair (outlined).",
-    "timing": "Look for: where the structured kernel overtakes naive attention as T grows, and the memory it saves.",
+    "timing": "Look for: where a fused kernel that skips empty tiles (flex here) pulls away from naive as T grows, "
+              "and how its speed-up compares with the grey line, what skipping work alone could save.",
     "export": "Look for: figures redrawn in the lecture theme at 16:9, with captions describing each one.",
 }
 
@@ -775,7 +725,7 @@ def timing_tab(d: Settings, c: dict) -> SimpleNamespace:
                               label="shapes (mask and logit cap: the sidebar's)")
         t.dtype = gr.Radio(list(timing.dtypes()), value=dtype0, label="dtype", scale=2)
     with gr.Row():
-        t.lengths = gr.Textbox(timing.default_lengths(geometry0), label="sequence lengths T", scale=3)
+        t.lengths = gr.Textbox(timing.default_lengths(geometry0, d.num_candidates), label="sequence lengths T", scale=3)
         t.run = gr.Button("Run", variant="primary", scale=1)
         t.stop = gr.Button("Stop", scale=1)
     usable0, unavailable0 = timing_options(to_query(d), geometry0, dtype0, None)
@@ -901,9 +851,11 @@ def wire_view_api(page: SimpleNamespace, outputs: dict) -> None:
 
 def wire_timing(page: SimpleNamespace, t: SimpleNamespace) -> None:
     inputs = [page.query, t.lengths, t.backends, t.geometry, t.dtype]
-    run_ev = t.run.click(timing_endpoint, inputs, t.figures, api_name="timing", **TIMING, **RAW)
+    # the figures stay drawn while measuring (progress is in the text): no overlay hides them
+    run_ev = t.run.click(timing_endpoint, inputs, t.figures, api_name="timing", show_progress="hidden",
+                         **TIMING, **RAW)
     # Stop sets the run's own flag and cancels the event: the figures keep what was streamed so far
-    t.stop.click(stop_timing, None, None, cancels=[run_ev], api_name="stop_timing", queue=False)
+    t.stop.click(stop_timing, None, t.message, cancels=[run_ev], api_name="stop_timing", queue=False)
     # the timing controls are checked as they change (the message under them, Run disabled while
     # something is wrong); these helpers stay callable but off the API page
     quiet = dict(api_visibility="undocumented", show_progress="hidden", queue=False, **RAW)
@@ -911,7 +863,7 @@ def wire_timing(page: SimpleNamespace, t: SimpleNamespace) -> None:
     gr.on([t.geometry.input, t.dtype.input, page.query.change], timing_options,
           [page.query, t.geometry, t.dtype, t.backends], [t.backends, t.unavailable],
           api_name="timing_options", **quiet).then(api_name="timing_check_after_options", **check)
-    t.geometry.input(timing_lengths, t.geometry, t.lengths, api_name="timing_lengths", **quiet) \
+    t.geometry.input(timing_lengths, [page.query, t.geometry], t.lengths, api_name="timing_lengths", **quiet) \
         .then(api_name="timing_check_after_lengths", **check)
     gr.on([t.lengths.input, t.backends.input], api_name="timing_check", trigger_mode="always_last", **check)
     page.tab["timing"].select(timing_recorded, [page.query, t.geometry, t.dtype, t.figures[0]], t.figures,
@@ -962,6 +914,10 @@ def warm_up() -> None:
             runs.forward(settings_of(query))
         except Exception:               # a warm-up is best effort; the real request reports errors
             log.exception("warm-up of %s failed", query)
+    try:                                # then flex's compiles for the timing tab's default Run
+        timing.prewarm(settings_of("preset=lecture"))
+    except Exception:
+        log.exception("warm-up of the timing tab's flex kernels failed")
 
 
 # show_error=True: our own functions answer every problem as a gr.Error already (`guarded`), so what

@@ -1,15 +1,20 @@
-"""Flash vs naive, live: time the backends this device runs, beside the committed benchmark curves.
+"""Flash vs naive, live: time the backends this device runs, beside the committed benchmark curves and
+beside the work the mask lets a block-sparse kernel skip.
 
-Every number comes from the benchmark's own measurement module (``benchmarks.attention``: warm-up,
-interleaved repeats, min / median / max, peak memory, error vs naive), so the tab and
-``python -m benchmarks.attention`` measure alike. A live run has its own ``Run`` (stop flag and
-deadline, checked before every timed block): Stop or the device's time budget ends it within one
-block and keeps what was measured. Committed result files under ``benchmarks/results/`` are plotted
-beside the live points, labelled "recorded on <device>, <date>".
+Every number comes from the benchmark's own measurement module (warm-up, interleaved repeats, min /
+median / max, peak memory, error vs naive), so the tab and ``python -m benchmarks.attention`` measure
+alike. A live run (``LiveRun``: its own stop flag, deadline and progress) is checked before every timed
+block; ``TimingRuns`` keeps each visitor's runs so Stop and a new Run reach them. One colour per backend
+in every figure (live, recorded, exported); line style tells measured (solid) from recorded (dotted).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
+import math
+import threading
+import time
 from dataclasses import dataclass, field, replace
 from typing import Iterator, Optional
 
@@ -17,8 +22,9 @@ import plotly.graph_objects as go
 
 from benchmarks.runinfo import RESULTS_DIR, device_name
 from models.attention import BACKENDS, unavailable_reason
+from models.masks import EMPTY, AttentionMask
 
-from .figures import line_figure
+from .figures import FONT, _log_ticks
 from .measure import (PRESETS, Preset, Run, load_results, matmul_tflops, on_gpu, preset_for,
                       sweep as benchmark_sweep)
 from .settings import Settings, ValidationError, device, sweep_budget_s, timing_max_len
@@ -31,6 +37,45 @@ GEOMETRIES = {"cuda": ("phoenix-prod", "phoenix-prod-b256", "long", SETTINGS_GEO
 # CPU bf16 matmuls are emulated: float32 is what a CPU is timed in; bf16 is what a GPU is for
 TIMING_DTYPES = {"cuda": ("bfloat16", "float16", "float32"), "cpu": ("float32", "bfloat16")}
 MAX_LENGTHS = 12
+FLEX_BLOCK = 128        # FlexAttention's default block size: the tiles it skips when the mask empties one
+
+log = logging.getLogger("explorer")
+
+# One colour per backend in every figure (live, recorded, exported): Okabe-Ito, then Tol's purple and grey.
+BACKEND_COLORS = {"naive": "#000000", "sdpa": "#56B4E9", "sdpa-flash": "#0072B2", "sdpa-efficient": "#CC79A7",
+                  "sdpa-cudnn": "#999999", "flex": "#E69F00", "structured": "#009E73", "flash_attn": "#D55E00",
+                  "fa4": "#AA4499"}
+RECORDED_DASHES = ("dot", "dash", "dashdot", "longdash")     # one per committed file / batch size
+
+# Why each backend is fast or slow on this kind of device, in a few words.
+WHY_HERE = {
+    "cpu": {
+        "naive": "writes and reads every [B, H, T, T] logit and probability (grok.py line for line): "
+                 "memory traffic grows as T²",
+        "sdpa": "SDPA's math kernel: the same materialised scores as naive, plus an additive mask tensor",
+        "sdpa-flash": "a fused, tiled CPU kernel (no [T, T] probabilities kept) that reads a dense mask and "
+                      "skips no tile; no logit cap",
+        "flex": "compiled from the mask predicate into one fused kernel that skips empty 128×128 tiles; "
+                "each new length compiles first (~20-40 s here, never timed, then cached)",
+        "structured": "the mask's pieces (prefix, candidates × prefix, self) as separate dense calls in plain "
+                      "torch: no fused kernel on CPU, so more passes over memory than naive",
+    },
+    "cuda": {
+        "naive": "materialises [B, H, T, T] logits and probabilities in GPU memory: memory-bound",
+        "sdpa": "SDPA's math kernel: materialised scores, like naive",
+        "sdpa-flash": "FlashAttention 2 inside torch: fused and tiled, but causal or full masks only",
+        "sdpa-efficient": "the memory-efficient kernel: fused, reads a dense [T, T] additive mask, skips nothing",
+        "sdpa-cudnn": "cuDNN's fused kernel: causal or full masks only",
+        "flex": "a Triton kernel generated from the mask predicate: fused softmax, empty tiles skipped",
+        "structured": "the recsys decomposition in plain torch: never builds the candidate block, but "
+                      "several launches and a log-sum-exp merge",
+        "flash_attn": "FlashAttention 2 pieces merged by log-sum-exp: fused, tiled, no [T, T] in memory",
+        "fa4": "FlashAttention-4: the whole mask in one call, full tiles unmasked, empty tiles skipped",
+    },
+}
+# exact backends that win on this kind of device (committed results): ticked by default
+DEFAULT_ON = {"cpu": ("naive", "flex", "sdpa-flash"),
+              "cuda": ("naive", "sdpa-flash", "sdpa-efficient", "flex", "structured", "flash_attn", "fa4")}
 
 
 def geometries() -> tuple[str, ...]:
@@ -61,10 +106,36 @@ def geometry(s: Settings, name: str, dtype: str) -> Preset:
     return replace(base, dtype=dtype, masks=(s.mask_kind,), cap_methods=(s.cap_method,), cap=s.logit_cap)
 
 
-def default_lengths(name: str) -> str:
+def default_lengths(name: str, num_candidates: int = 3) -> str:
+    """The lengths a run times unless changed: powers of two above the candidates (the sidebar's
+    model), or the preset's own lengths within this device's cap."""
     if name == SETTINGS_GEOMETRY:
-        return "64, 128, 256, 512"
+        Ts = [T for T in (64, 128, 256, 512, 1024, 2048) if T > num_candidates][:4]
+        return ", ".join(str(T) for T in Ts)
     return ", ".join(str(T) for T in preset_for(name, device()).seq_lens if T <= timing_max_len())
+
+
+def default_backends(usable) -> list[str]:
+    """The usable backends that win on this kind of device (DEFAULT_ON), naive always."""
+    return [b for b in usable if b in DEFAULT_ON[device()]]
+
+
+def backend_notes(s: Settings, name: str, dtype: str) -> str:
+    """Markdown: per backend, why it is fast or slow here, or why it does not run here."""
+    lines = []
+    for b, reason in backend_options(s, name, dtype).items():
+        if reason is None:
+            lines.append(f"- **{b}**: {WHY_HERE[device()].get(b, BACKENDS[b].description)}")
+        else:
+            lines.append(f"- ~~{b}~~: {reason.removeprefix(b + ': ')}")
+    return "Why each backend is fast or slow here:\n" + "\n".join(lines)
+
+
+def describe(g: Preset, name: str) -> str:
+    """The shape a run times, in words: which geometry, and its numbers."""
+    where = "the sidebar's model" if name == SETTINGS_GEOMETRY else f"preset '{name}'"
+    return (f"{where}: B = {g.B}, {g.Hq} query heads sharing {g.Hkv} KV heads, head dim {g.head_dim}, "
+            f"{g.num_candidates} candidates, {g.dtype}, mask '{g.masks[0]}', cap {g.cap_methods[0]}")
 
 
 def backend_options(s: Settings, name: str, dtype: str) -> dict[str, Optional[str]]:
@@ -122,6 +193,14 @@ def check_request(s: Settings, geometry_name: str, dtype: str, lengths: str, bac
     return Request(g, geometry_name, tuple(Ts), tuple(dict.fromkeys(["naive", *backends])))
 
 
+class LiveRun(Run):
+    """A Run that also says how far it got: lengths measured of the lengths asked for."""
+
+    def __init__(self, budget_s: Optional[float] = None, total: int = 0):
+        super().__init__(budget_s)
+        self.total, self.done = total, 0
+
+
 @dataclass
 class Sweep:
     """What one live run measured so far: records of the benchmark's schema, one per (backend, T)."""
@@ -129,10 +208,17 @@ class Sweep:
     records: list[dict] = field(default_factory=list)
     stopped: str = ""                               # why the run ended early, if it did
     matmul_tflops: Optional[float] = None           # the same device's dense matmul, the TFLOP/s yardstick
+    lengths: tuple[int, ...] = ()                   # every length asked for, in the order measured
+    elapsed_s: float = 0.0                          # wall time so far
+    done: bool = False                              # every length measured (or the run stopped)
 
     @property
     def points(self) -> list[dict]:
         return [r for r in self.records if r["status"] == "ok"]
+
+    @property
+    def measured_lengths(self) -> list[int]:
+        return sorted({r["T"] for r in self.records})
 
     @property
     def skipped(self) -> dict[str, str]:
@@ -144,6 +230,25 @@ class Sweep:
                 out.setdefault(r["backend"], f"{r['status']} at T = {r['T']}")
         return out
 
+    def eta_s(self) -> Optional[float]:
+        """Seconds left, from the time the measured lengths took, scaled by T² to the lengths left
+        (attention's work grows as T²); None before the first length."""
+        done = self.measured_lengths
+        left = [T for T in self.lengths if T not in done]
+        if not done or not self.elapsed_s:
+            return None
+        return self.elapsed_s * sum(T * T for T in left) / sum(T * T for T in done)
+
+    def progress(self) -> str:
+        """'Measuring T = 256 (3 of 4 lengths) ... about 12 s left', or '' once done."""
+        if self.done or self.stopped or not self.lengths:
+            return ""
+        k, n = len(self.measured_lengths), len(self.lengths)
+        eta = self.eta_s()
+        left = f", about {eta:.0f} s left (T² scaling of the {self.elapsed_s:.1f} s so far)" if eta is not None \
+            else " (the first length includes compiling and warm-up)"
+        return f"Measuring T = {self.lengths[k]} ({k + 1} of {n} lengths){left}."
+
 
 @functools.lru_cache(maxsize=4)
 def device_matmul_tflops(dtype: str) -> float:
@@ -151,13 +256,24 @@ def device_matmul_tflops(dtype: str) -> float:
     return matmul_tflops(device(), dtype)
 
 
+def stopped_note(why: str, done: list[int], total: int) -> str:
+    reason = f"the time budget on {device().upper()} is spent" if why == "time budget spent" else "Stop was pressed"
+    kept = f"the measured points are kept (T = {', '.join(map(str, done))})" if done else "nothing was measured yet"
+    return f"Stopped after {len(done)} of {total} lengths ({reason}): {kept}."
+
+
 def sweep(s: Settings, req: Request, run: Optional[Run] = None) -> Iterator[Sweep]:
-    """Time the request; yield the growing Sweep after each sequence length (so a page can draw as it
-    goes, and Stop keeps what was measured). Ends at the budget or when `run` is cancelled."""
-    run = run or Run(sweep_budget_s())
+    """Time the request; yield the Sweep at once (nothing measured: the page shows its recorded
+    curves and progress) and again after each sequence length, so points appear as measured and Stop
+    keeps them. Ends at the budget or when `run` is cancelled."""
+    run = run or LiveRun(sweep_budget_s())
+    if isinstance(run, LiveRun):
+        run.total = len(req.lengths)
     g = req.geometry
-    result = Sweep(device_name(device()),
+    start = time.perf_counter()
+    result = Sweep(device_name(device()), lengths=tuple(req.lengths),
                    matmul_tflops=device_matmul_tflops(g.dtype) if device() == "cuda" else None)
+    yield result
     per_T = len(req.backends) * len(g.masks) * len(g.cap_methods)
     batch: list[dict] = []
     for r in benchmark_sweep(g, device(), backends=list(req.backends), run=run, seq_lens=list(req.lengths),
@@ -168,13 +284,16 @@ def sweep(s: Settings, req: Request, run: Optional[Run] = None) -> Iterator[Swee
         if run.stopped() and all(x["repeats"] == 0 for x in batch):
             break
         result.records += batch
+        result.elapsed_s = time.perf_counter() - start
+        if isinstance(run, LiveRun):
+            run.done = len(result.measured_lengths)
         batch = []
         yield result
     why = run.stopped()
     if why:
-        measured = ", ".join(str(T) for T in sorted({r["T"] for r in result.points})) or "none yet"
-        reason = f"the time budget on {device().upper()} is spent" if why == "time budget spent" else "cancelled"
-        result.stopped = f"Stopped: {reason}. Kept what was measured (T = {measured})."
+        result.stopped = stopped_note(why, sorted({r["T"] for r in result.points}), len(req.lengths))
+    result.done = True
+    result.elapsed_s = time.perf_counter() - start
     yield result
 
 
@@ -186,7 +305,121 @@ def measure(s: Settings, req: Request, run: Optional[Run] = None) -> Sweep:
     return out
 
 
+class TimingRuns:
+    """The live runs by visitor. Each run has its own stop flag (LiveRun): Stop cancels the visitor's
+    runs, and a later Run makes a new flag, so it can never un-stop an old one."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.by_session: dict[str, set] = {}
+        self.threads = 0
+
+    def start(self, session: str, budget_s: Optional[float] = None) -> LiveRun:
+        run = LiveRun(sweep_budget_s() if budget_s is None else budget_s)
+        with self.lock:
+            self.by_session.setdefault(session, set()).add(run)
+            log.info("timing sweep started; %d running", self.running())
+        return run
+
+    def end(self, session: str, run: Run) -> None:
+        with self.lock:
+            runs_here = self.by_session.get(session, set())
+            runs_here.discard(run)
+            if not runs_here:
+                self.by_session.pop(session, None)
+            log.info("timing sweep ended (%s); %d running", run.stopped() or "done", self.running())
+
+    def running(self) -> int:
+        return sum(len(runs_here) for runs_here in self.by_session.values())
+
+    @contextlib.contextmanager
+    def measuring(self):
+        """Around each step of a sweep in its worker thread: counts the threads measuring right now
+        (the log line is what the cancel-storm test reads)."""
+        with self.lock:
+            self.threads += 1
+            log.info("timing sweep measuring; %d threads measuring", self.threads)
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.threads -= 1
+
+    def cancel(self, session: str) -> str:
+        """Stop the visitor's runs -> what Stop did, in a line ('' when nothing ran)."""
+        with self.lock:
+            runs_here = list(self.by_session.get(session, ()))
+        for run in runs_here:
+            run.cancel()
+        notes = [f"Stopped after {r.done} of {r.total} lengths: the measured points are kept."
+                 for r in runs_here if isinstance(r, LiveRun) and r.total]
+        return " ".join(notes)
+
+
+def prewarm(s: Settings) -> None:
+    """Compile flex for the tab's default run (the sidebar's model at the default lengths) so a
+    visitor's first Run does not wait ~20-40 s per length: torch keeps the compiled kernels (and its
+    on-disk cache keeps them across restarts), block masks are cached by the attention module."""
+    import torch
+
+    from models.attention import attend
+    g = geometry(s, SETTINGS_GEOMETRY, dtypes()[0])
+    if unavailable_reason("flex", device=device(), dtype=g.dtype, cap=g.cap, cap_method=g.cap_methods[0],
+                          mask_kind=g.masks[0], head_dim=g.head_dim):
+        return
+    for T in parse_lengths(default_lengths(SETTINGS_GEOMETRY, g.num_candidates), g.num_candidates):
+        q, k, v = (torch.zeros(1, T, h, g.head_dim) for h in (g.Hq, g.Hkv, g.Hkv))
+        with torch.no_grad():
+            attend(q, k, v, AttentionMask(g.masks[0], T, T - g.num_candidates), backend="flex",
+                   multiplier=g.head_dim ** -0.5, cap=g.cap, cap_method=g.cap_methods[0])
+
+
+# --- work the mask lets a kernel skip, beside the time it saves ---------------------------------
+
+@functools.lru_cache(maxsize=256)
+def work_skipped(kind: str, T: int, num_candidates: int, block: int = FLEX_BLOCK) -> dict:
+    """For one layout (models.masks): the share of the T x T work the mask hides (its FLOPs), and what
+    a block-sparse kernel with block x block tiles skips (tiles, and the elements in them)."""
+    mask = AttentionMask(kind, T, T - num_candidates)
+    t = mask.tiles(block, block)
+    run = t.classes[0] != EMPTY
+    return dict(tiles=int(run.numel()), run=int(run.sum()), skip_tiles=1 - int(run.sum()) / run.numel(),
+                skip_elements=1 - int(t.size[run].sum()) / T ** 2,
+                flops_hidden=1 - mask.useful_pairs() / T ** 2)
+
+
+def work_note(sw: Sweep, g: Preset) -> str:
+    """Per measured length: work skipped (tiles, FLOPs) beside time saved (the fastest exact backend
+    against naive), and why the two differ."""
+    rows = ["| T | 128×128 tiles a block-sparse kernel runs | work it skips | FLOPs the mask hides | "
+            "time saved vs naive (fastest) |", "|---|---|---|---|---|"]
+    naive = {r["T"]: r["median_ms"] for r in sw.points if r["backend"] == "naive"}
+    for T in sorted({r["T"] for r in sw.points}):
+        w = work_skipped(g.masks[0], T, g.num_candidates)
+        best = min((r for r in sw.points if r["T"] == T), key=lambda r: r["median_ms"])
+        saved = (f"{1 - best['median_ms'] / naive[T]:.0%} ({best['backend']})" if T in naive and
+                 best["backend"] != "naive" else "0% (naive is fastest)")
+        rows.append(f"| {T} | {w['run']} of {w['tiles']} | {w['skip_elements']:.0%} | {w['flops_hidden']:.0%} | "
+                    f"{saved} |")
+    if len(rows) == 2:
+        return ""
+    T = max(r["T"] for r in sw.points)
+    scores_mib = 2 * 4 * g.B * g.Hq * T * T / 2**20
+    return ("\n".join(rows) + "\n\nWork skipped is the most time skipping alone can save (the grey line in the "
+            "speed-up chart). Measured savings differ: a fused kernel also saves naive's trip through memory "
+            f"({scores_mib:,.0f} MiB of fp32 logits and probabilities at T = {T}), so it can beat the bound; "
+            "per-call overhead and partial (masked) tiles cost time, which dominates at small T; and a "
+            f"layout smaller than one {FLEX_BLOCK}×{FLEX_BLOCK} tile has nothing to skip.")
+
+
 # --- figures -----------------------------------------------------------------------------------
+
+def short_device(name: str) -> str:
+    """'CPU Intel(R) Xeon(R) Processor (1 threads)' -> 'CPU Intel Xeon (1 threads)': short enough for a legend."""
+    for word in ("(R)", "(TM)", " Processor", " CPU @", " with Max-Q Design"):
+        name = name.replace(word, "")
+    return " ".join(name.split())
+
 
 def recorded_records(g: Preset) -> list[tuple[str, list[dict]]]:
     """Committed benchmark points of the same attention shape (heads, head dim, mask, cap, dtype):
@@ -197,60 +430,121 @@ def recorded_records(g: Preset) -> list[tuple[str, list[dict]]]:
                 and (r["Hq"], r["Hkv"], r["head_dim"], r["mask"], r.get("cap_method"), r["dtype"])
                 == (g.Hq, g.Hkv, g.head_dim, g.masks[0], g.cap_methods[0], g.dtype)]
         for B in sorted({r["B"] for r in same}):
-            label = f"recorded on {data['device_name']}, {data.get('date', 'unknown date')}, B={B}"
+            label = f"recorded on {short_device(data['device_name'])}, {data.get('date', 'unknown date')}, B={B}"
             out.append((label, [r for r in same if r["B"] == B]))
     return out
 
 
-def _bars(records: list[dict]) -> Optional[dict]:
-    if not records or not all(r.get("min_ms") is not None for r in records):
+@dataclass
+class Curve:
+    """One line of a benchmark figure: a backend's points from one source (measured now, or a file)."""
+    backend: str
+    source: str                     # "measured now on <device>, B=1" / "recorded on <device>, <date>, B=8"
+    dash: str                       # "solid": measured now; RECORDED_DASHES: a committed file
+    records: list[dict]
+
+
+def min_max_bars(records: list[dict]) -> Optional[dict]:
+    """plotly error_y spanning each point's min..max ms around its median (None for files from before
+    min/max were kept)."""
+    if not records or not all(r.get("min_ms") is not None and r.get("max_ms") is not None for r in records):
         return None
     return dict(type="data", symmetric=False, array=[r["max_ms"] - r["median_ms"] for r in records],
                 arrayminus=[r["median_ms"] - r["min_ms"] for r in records], thickness=1.2, width=4)
 
 
-def sweep_figures(sw: Sweep, recorded: Optional[list[tuple[str, list[dict]]]] = None, batch: int = 1):
-    """Time (median, bars min..max over the repeats), memory, speed-up over naive and error, live
-    points solid ("measured now") and committed curves dotted ("recorded on ...")."""
-    recorded = recorded or []
-    live, ooms = sw.points, [r for r in sw.records if r["status"] == "oom"]
-    now = f"measured now on {sw.device}, B={batch}"
-    all_rows = [(f"{b} · {now}", rs) for b, rs in _grouped(live).items()]
-    all_rows += [(f"{b} · {label}", rs) for label, recs in recorded for b, rs in _grouped(recs).items()]
+def thinned_log_ticks(values, min_decades: float = 0.12) -> list[float]:
+    """Tick values on a log axis at least `min_decades` apart, so no two labels overprint (1024 and
+    1088 are 0.03 decades apart); the first of a close pair is kept."""
+    kept: list[float] = []
+    for v in sorted({float(v) for v in values if v and v > 0 and math.isfinite(v)}):
+        if not kept or math.log10(v / kept[-1]) >= min_decades:
+            kept.append(v)
+    return kept
 
-    def fig(key, title, y_title, log_y=True, rows=all_rows):
-        f = line_figure({name: ([r["T"] for r in rs], [key(r) for r in rs]) for name, rs in rows},
-                        title=title, x_title="sequence length T", y_title=y_title, log_x=True, log_y=log_y,
-                        height=460)
-        for trace, (name, rs) in zip(f.data, rows):
-            if "recorded on" in name:
-                trace.line.dash = "dot"
-                trace.opacity = 0.75
-        return f
 
-    time_fig = fig(lambda r: r["median_ms"], "Time per attention call (median; bars: min-max of the repeats)", "ms")
-    for trace, (name, rs) in zip(time_fig.data, all_rows):
-        trace.error_y = _bars(rs)
+def benchmark_figure(curves: list[Curve], key, *, title: str, y_title: str, log_y: bool = True,
+                     bars: bool = False, height: int = 460) -> go.Figure:
+    """The one plotter of benchmark results (the tab, exports and the CLI's plots): x = sequence
+    length T (log), colour = backend (BACKEND_COLORS), line style = source; the legend sits under
+    the plot (never over the title) and names backends and line styles once each."""
+    data, seen = [], set()
+    for c in curves:
+        ys = [key(r) for r in c.records]
+        full = f"{c.backend} · {c.source}"
+        data.append(dict(type="scatter", x=[r["T"] for r in c.records], y=ys, name=c.backend,
+                         legendgroup=c.backend, showlegend=c.backend not in seen, mode="lines+markers",
+                         line=dict(color=BACKEND_COLORS.get(c.backend, "#777777"), dash=c.dash, width=2),
+                         marker=dict(size=7), opacity=1.0 if c.dash == "solid" else 0.8, meta=full,
+                         error_y=min_max_bars(c.records) if bars else None,
+                         hovertemplate=f"{full}<br>T %{{x}}<br>{y_title} %{{y:.4g}}<extra></extra>"))
+        seen.add(c.backend)
+    for dash, source in dict.fromkeys((c.dash, c.source) for c in curves):     # one entry per line style
+        data.append(dict(type="scatter", x=[None], y=[None], mode="lines", name=f"{_DASH_WORD[dash]}: {source}",
+                         line=dict(color="#555555", dash=dash, width=2), legendgroup="style", hoverinfo="skip"))
+    xs = thinned_log_ticks([r["T"] for c in curves for r in c.records])
+    ys = [key(r) for c in curves for r in c.records]
+    axis = dict(gridcolor="#E5E5E5", zerolinecolor="#BBBBBB", linecolor="#444", automargin=True)
+    layout = dict(
+        title=dict(text=title, x=0.01, xanchor="left", y=0.97, yanchor="top", font=dict(size=FONT["size"] + 2)),
+        font=FONT, height=height, paper_bgcolor="white", plot_bgcolor="white",
+        margin=dict(l=70, r=20, t=50, b=40),
+        xaxis=dict(**axis, title=dict(text="sequence length T"), type="log", tickmode="array", tickvals=xs,
+                   ticktext=[f"{v:g}" for v in xs]),
+        yaxis=dict(**axis, title=dict(text=y_title), **(_log_ticks(ys) if log_y else {})),
+        legend=dict(orientation="h", x=0, xanchor="left", y=-0.22, yanchor="top", font=dict(size=12)),
+    )
+    return go.Figure(dict(data=data, layout=layout), _validate=False)
+
+
+_DASH_WORD = {"solid": "solid", "dot": "dotted", "dash": "dashed", "dashdot": "dash-dot", "longdash": "long dash"}
+
+
+def curves_of(sw: Sweep, recorded: list[tuple[str, list[dict]]], batch: int) -> list[Curve]:
+    """Live points (solid) and each committed set (its own dash), one Curve per backend and source."""
+    out = [Curve(b, f"measured now on {short_device(sw.device)}, B={batch}", "solid", rs) for b, rs in _grouped(sw.points).items()]
+    for i, (label, recs) in enumerate(recorded):
+        dash = RECORDED_DASHES[i % len(RECORDED_DASHES)]
+        out += [Curve(b, label, dash, rs) for b, rs in _grouped(recs).items()]
+    return out
+
+
+def sweep_figures(sw: Sweep, recorded: Optional[list[tuple[str, list[dict]]]] = None, batch: int = 1,
+                  g: Optional[Preset] = None):
+    """Time (median, bars min..max over the repeats), memory, speed-up over naive (beside the bound
+    skipping alone gives, when the geometry `g` is known) and error; measured points solid, committed
+    curves dotted, one colour per backend."""
+    curves = curves_of(sw, recorded or [], batch)
+    time_fig = benchmark_figure(curves, lambda r: r["median_ms"], bars=True, y_title="ms",
+                                title="Time per attention call (median; bars: min–max of the repeats)")
+    ooms = [r for r in sw.records if r["status"] == "oom"]
     if ooms:                        # out of memory is a result too: drawn where the curve would go on
-        top = max([r["max_ms"] or r["median_ms"] for r in live] or [1.0])
+        top = max([r["max_ms"] or r["median_ms"] for r in sw.points] or [1.0])
         time_fig.add_trace(go.Scatter(x=[r["T"] for r in ooms], y=[top] * len(ooms), mode="markers+text",
                                       marker=dict(symbol="x", size=14, color="#D55E00"),
                                       text=[f"{r['backend']}: out of memory" for r in ooms],
                                       textposition="top center", name="out of memory (measured now)"))
-    mem_fig = fig(lambda r: max(r["peak_mem_bytes"], 1) / 2**20, "Peak memory of one call (above its inputs)", "MiB")
-    naive = {(lab, r["T"]): r["median_ms"] for lab, rs in [("now", live)] + recorded for r in rs
-             if r["backend"] == "naive"}
-    speed_rows = []
-    for name, rs in all_rows:
-        lab = next((label for label, _ in recorded if name.endswith(label)), "now")
-        kept = [r for r in rs if (lab, r["T"]) in naive]
+    mem_fig = benchmark_figure(curves, lambda r: max(r["peak_mem_bytes"], 1) / 2**20, y_title="MiB",
+                               title="Peak memory of one call (above its inputs)")
+    speed = []
+    for c in curves:
+        naive = {r["T"]: r["median_ms"] for cc in curves if cc.source == c.source and cc.backend == "naive"
+                 for r in cc.records}
+        kept = [dict(r, speedup=naive[r["T"]] / r["median_ms"]) for r in c.records if r["T"] in naive]
         if kept:
-            speed_rows.append((name, [dict(r, speedup=naive[(lab, r["T"])] / r["median_ms"]) for r in kept]))
-    speed_fig = fig(lambda r: r["speedup"], "Speed-up over naive (same run, same T)", "x naive", log_y=False,
-                    rows=speed_rows)
-    err_rows = [(n, [r for r in rs if r.get("max_abs_err") is not None]) for n, rs in all_rows if "measured now" in n]
-    err_fig = fig(lambda r: r["max_abs_err"], "Max |error| vs naive on the same inputs", "max abs error",
-                  log_y=False, rows=[(n, rs) for n, rs in err_rows if rs])
+            speed.append(replace(c, records=kept))
+    speed_fig = benchmark_figure(speed, lambda r: r["speedup"], y_title="× naive", log_y=False,
+                                 title="Speed-up over naive (same run, same T)")
+    lengths = sorted({r["T"] for c in speed for r in c.records})
+    if g is not None and lengths:
+        bound = [1 / max(1 - work_skipped(g.masks[0], T, g.num_candidates)["skip_elements"], 1e-9) for T in lengths]
+        speed_fig.add_trace(go.Scatter(x=lengths, y=bound, mode="lines", name="if time followed the work "
+                                       f"{FLEX_BLOCK}×{FLEX_BLOCK} tiles skip", line=dict(color="#999999", width=3),
+                                       hovertemplate="skipping alone: at most %{y:.2f}× at T %{x}<extra></extra>"))
+    err = [Curve(c.backend, c.source, c.dash, [r for r in c.records if r.get("max_abs_err") is not None])
+           for c in curves if c.dash == "solid"]
+    err_fig = benchmark_figure([c for c in err if c.records], lambda r: r["max_abs_err"], log_y=False,
+                               y_title="max abs error", title="Max |error| vs naive on the same inputs")
     return time_fig, mem_fig, speed_fig, err_fig
 
 
@@ -295,7 +589,7 @@ def recorded_view(s: Settings) -> tuple[go.Figure, go.Figure, go.Figure, str]:
     found = next(((g, dt, geometry(s, g, dt)) for g, dt in choices if recorded_records(geometry(s, g, dt))), None)
     name, dt, g = found or (*choices[0], geometry(s, *choices[0]))
     recorded = recorded_records(g)
-    time_fig, mem_fig, speed_fig, _ = sweep_figures(Sweep(device_name(device())), recorded, batch=g.B)
+    time_fig, mem_fig, speed_fig, _ = sweep_figures(Sweep(device_name(device())), recorded, batch=g.B, g=g)
     shapes = (f"the '{name}' geometry ({g.Hq} query heads sharing {g.Hkv} KV heads, head dim {g.head_dim}, "
               f"mask '{g.masks[0]}', cap '{g.cap_methods[0]}', {dt})")
     if not recorded:
@@ -311,5 +605,5 @@ def timing_view(s: Settings, geometry_name: Optional[str] = None, dtype: Optiona
     """The tab's figures before any live run (and in exports): the committed curves for this geometry."""
     name, dt = geometry_name or geometries()[0], dtype or dtypes()[0]
     g = geometry(s, name, dt)
-    return sweep_figures(Sweep(device_name(device())), recorded_records(g), batch=g.B)
+    return sweep_figures(Sweep(device_name(device())), recorded_records(g), batch=g.B, g=g)
 

@@ -73,14 +73,76 @@ def test_sweep_measures_against_naive_with_interleaved_repeats():
     assert not sw.stopped
 
 
-def test_a_cancelled_sweep_keeps_what_it_measured():
-    run = timing.Run()
+def test_a_cancelled_sweep_keeps_what_it_measured_and_says_how_far_it_got():
+    run = timing.LiveRun(total=0)
     states = []
     for sw in timing.sweep(S, request("16, 24, 32, 48"), run):
         states.append(len(sw.points))
-        run.cancel()                           # Stop pressed after the first length
+        if sw.points:
+            run.cancel()                       # Stop pressed after the first length
+    assert states[0] == 0                      # drawn at once: recorded curves and progress, nothing measured
     assert states[-1] == 2 and sw.points[0]["T"] == 16
-    assert "cancelled" in sw.stopped and "T = 16" in sw.stopped
+    assert sw.stopped == "Stopped after 1 of 4 lengths (Stop was pressed): the measured points are kept (T = 16)."
+    assert (run.done, run.total) == (1, 4)
+
+
+def test_progress_names_the_length_being_measured_and_a_t_squared_eta():
+    sw = timing.Sweep("cpu", lengths=(64, 128, 256))
+    assert sw.progress().startswith("Measuring T = 64 (1 of 3 lengths)") and sw.eta_s() is None
+    sw.records = [record("naive", 64, 1.0)]
+    sw.elapsed_s = 2.0
+    assert sw.eta_s() == pytest.approx(2.0 * (128**2 + 256**2) / 64**2)      # T² scaling of the time so far
+    assert sw.progress().startswith("Measuring T = 128 (2 of 3 lengths), about 40 s left")
+    sw.done = True
+    assert sw.progress() == ""
+
+
+def test_timing_runs_stop_a_visitors_run_and_say_how_far_it_got():
+    runs = timing.TimingRuns()
+    mine, theirs = runs.start("a", budget_s=None), runs.start("b", budget_s=None)
+    mine.total, mine.done = 4, 1
+    assert runs.running() == 2
+    assert runs.cancel("a") == "Stopped after 1 of 4 lengths: the measured points are kept."
+    assert mine.stopped() == "cancelled" and theirs.stopped() is None
+    runs.end("a", mine)
+    assert runs.running() == 1 and runs.cancel("a") == ""
+    later = runs.start("a", budget_s=None)          # a new run has its own flag: never un-stops the old
+    assert later.stopped() is None and mine.stopped() == "cancelled"
+    with runs.measuring():
+        assert runs.threads == 1
+    assert runs.threads == 0
+
+
+def test_defaults_on_cpu_tick_the_backends_that_win_here_and_say_why():
+    """On CPU flex (compiled, skips empty tiles) is the exact backend that wins: ticked by default;
+    structured (separate dense calls) is not. Every backend has a line saying why it is fast or slow."""
+    usable = [b for b, why in timing.backend_options(S, timing.SETTINGS_GEOMETRY, "float32").items() if why is None]
+    assert timing.default_backends(usable) == ["naive", "flex"]
+    notes = timing.backend_notes(S, timing.SETTINGS_GEOMETRY, "float32")
+    for b in usable:
+        assert f"- **{b}**: " in notes
+    assert "skips empty" in notes and "no fused kernel on CPU" in notes
+    assert "~~flash_attn~~: " in notes and "CUDA" in notes
+    assert set(timing.BACKEND_COLORS) == set(timing.BACKENDS)
+    assert len(set(timing.BACKEND_COLORS.values())) == len(timing.BACKEND_COLORS)
+
+
+def test_default_lengths_exceed_the_candidates():
+    assert timing.default_lengths(timing.SETTINGS_GEOMETRY, 3) == "64, 128, 256, 512"
+    assert timing.default_lengths(timing.SETTINGS_GEOMETRY, 64) == "128, 256, 512, 1024"
+    timing.parse_lengths(timing.default_lengths(timing.SETTINGS_GEOMETRY, 64), 64)
+
+
+def test_production_presets_time_their_attention_shapes_on_cpu():
+    """phoenix-2026's model does not fit a CPU, but its attention shapes need no model."""
+    s = parse_query("preset=phoenix-2026", need_model=False)
+    req = timing.check_request(s, timing.SETTINGS_GEOMETRY, "float32",
+                               timing.default_lengths(timing.SETTINGS_GEOMETRY, s.num_candidates).split(",")[0],
+                               ["naive"])
+    assert (req.geometry.Hq, req.geometry.num_candidates) == (s.num_q_heads, s.num_candidates)
+    assert timing.describe(req.geometry, timing.SETTINGS_GEOMETRY).startswith("the sidebar's model: B = 1, ")
+    sw = timing.measure(s, req)
+    assert [r["backend"] for r in sw.points] == ["naive"] and not sw.stopped
 
 
 def test_the_budget_ends_the_sweep_and_says_so():
@@ -100,16 +162,16 @@ def test_figures_show_spread_out_of_memory_and_recorded_curves_beside_live_point
                                            record("flex", 128, 3.0)])
     recorded = [("recorded on GPU X, 2026-01-01, B=8", [record("naive", 64, 0.5), record("flex", 64, 0.1)])]
     time_fig, mem_fig, speed_fig, err_fig = timing.sweep_figures(sw, recorded)
-    names = [t.name for t in time_fig.data]
+    names = [t.meta for t in time_fig.data]
     assert "naive · measured now on CPU test, B=1" in names
     assert "flex · recorded on GPU X, 2026-01-01, B=8" in names
-    live = next(t for t in time_fig.data if t.name.startswith("flex · measured now"))
+    live = next(t for t in time_fig.data if (t.meta or "").startswith("flex · measured now"))
     assert list(live.error_y.array) == pytest.approx([0.5, 1.5]) and list(live.error_y.arrayminus) == pytest.approx([0.2, 0.6])
-    dotted = [t for t in time_fig.data if "recorded on" in (t.name or "")]
+    dotted = [t for t in time_fig.data if "recorded on" in (t.meta or t.name or "")]
     assert dotted and all(t.line.dash == "dot" for t in dotted)
     oom = next(t for t in time_fig.data if "out of memory" in t.name)
     assert list(oom.x) == [128] and "naive: out of memory" in oom.text[0]
-    speed = {t.name: list(t.y) for t in speed_fig.data}
+    speed = {t.meta: list(t.y) for t in speed_fig.data}
     assert speed["flex · measured now on CPU test, B=1"] == [2.0]          # against naive of the same run
     assert speed["flex · recorded on GPU X, 2026-01-01, B=8"] == [5.0]      # against the file's own naive
 
@@ -119,6 +181,48 @@ def test_timing_log_axes_are_labelled_in_plain_numbers():
     time_fig = timing.sweep_figures(sw)[0]
     assert list(time_fig.layout.xaxis.ticktext) == ["64", "128", "256"]
     assert list(time_fig.layout.yaxis.ticktext)[0] in ("0.2", "0.5")
+
+
+def test_one_colour_per_backend_in_every_figure_line_style_for_measured_or_recorded():
+    """The defect: a backend's colour followed its position in the legend, so recorded naive was blue
+    before a run and teal after, and 'flex recorded' and 'structured measured' shared orange."""
+    recorded = [("recorded on CPU X, 2026-01-01, B=8", [record("naive", 64, 0.5), record("flex", 64, 0.1),
+                                                        record("structured", 64, 0.7)])]
+    before = timing.sweep_figures(timing.Sweep("cpu"), recorded)
+    after = timing.sweep_figures(timing.Sweep("cpu", records=[record("structured", 64, 2.0),
+                                                              record("naive", 64, 1.0)]), recorded)
+    for figs in (before, after):
+        for fig in figs[:3]:
+            for t in fig.data:
+                if t.meta:
+                    backend, source = t.meta.split(" · ")
+                    assert t.line.color == timing.BACKEND_COLORS[backend]
+                    assert t.line.dash == ("solid" if source.startswith("measured") else "dot")
+    for fig in before + after:          # the legend sits under the plot: never over the title
+        assert fig.layout.legend.y < 0 and fig.layout.legend.yanchor == "top"
+
+
+def test_close_lengths_never_overprint_their_ticks():
+    ticks = timing.thinned_log_ticks([64, 128, 256, 512, 1024, 1088, 2048])
+    assert 1088 not in ticks and 1024 in ticks and 2048 in ticks
+    assert all(b / a >= 10 ** 0.12 for a, b in zip(ticks, ticks[1:]))
+
+
+def test_work_skipped_beside_time_saved():
+    """The mask's hidden FLOPs and the tiles a block-sparse kernel skips, from models.masks: nothing to
+    skip while the layout is one tile; at T = 1088 with 64 candidates the candidate block's empty tiles."""
+    small = timing.work_skipped("recsys", 64, 3)
+    assert small["tiles"] == 1 and small["skip_tiles"] == 0 and small["flops_hidden"] > 0.4
+    big = timing.work_skipped("recsys", 1088, 64)
+    nq = -(-1088 // 128)
+    assert big["tiles"] == nq * nq and 0 < big["skip_elements"] < big["flops_hidden"] < 1
+    sw = timing.Sweep("cpu", records=[record("naive", 64, 2.0), record("flex", 64, 1.0)])
+    g = timing.geometry(S, timing.SETTINGS_GEOMETRY, "float32")
+    note = timing.work_note(sw, g)
+    assert "| 64 | 1 of 1 | 0% |" in note and "50% (flex)" in note
+    speed = timing.sweep_figures(sw, g=g)[2]
+    bound = next(t for t in speed.data if (t.name or "").startswith("if time followed"))
+    assert list(bound.y) == [1.0]
 
 
 def results_file(tmp_path, device_name, date, records):
@@ -164,9 +268,9 @@ def test_exports_draw_the_committed_curves_and_never_measure(monkeypatch):
                  if r["status"] == "ok" and (r["Hq"], r["Hkv"], r["head_dim"], r["mask"], r.get("cap_method"),
                                              r["dtype"]) == (4, 2, 16, "recsys", "tanh", "float32")}
     assert committed, "the lecture geometry has committed CPU curves"
-    drawn = {(t.name.split(" · ")[0], T): y for t in fig.data for T, y in zip(t.x, t.y)}
+    drawn = {(t.meta.split(" · ")[0], T): y for t in fig.data if t.meta for T, y in zip(t.x, t.y)}
     assert drawn and all(committed[k] == v for k, v in drawn.items())
-    assert all("recorded on" in t.name for t in fig.data)
+    assert all("recorded on" in t.meta for t in fig.data if t.meta)
     assert "not measured for this export" in caption and "recorded on CPU" in caption
     assert "Peak memory" in figs["timing_memory"][1] and "over naive" in figs["timing_speedup"][1]
 
