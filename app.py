@@ -230,8 +230,9 @@ def timing_step(steps):
 
 def timing_outputs(sw: timing.Sweep, req: timing.Request, recorded) -> tuple:
     g = req.geometry
-    note = [f"**{sw.progress() or sw.stopped or 'Done.'}** Measuring on **{sw.device}**, "
-            f"{timing.describe(g, req.geometry_name)}; 5 interleaved repeats per point."]
+    status = sw.progress() or sw.stopped or f"Done: {len(sw.measured_lengths)} lengths in {sw.elapsed_s:.1f} s."
+    note = [f"**{status}** Measured now on **{sw.device}**, {timing.describe(g, req.geometry_name)}; "
+            "5 interleaved repeats per point."]
     note += [timing.work_note(sw, g)] if sw.points else []
     note += [timing.throughput_note(sw)] if sw.points else []
     note += [f"{b}: {why}" for b, why in sw.skipped.items()]

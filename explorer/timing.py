@@ -244,6 +244,8 @@ class Sweep:
         if self.done or self.stopped or not self.lengths:
             return ""
         k, n = len(self.measured_lengths), len(self.lengths)
+        if k >= n:
+            return ""
         eta = self.eta_s()
         left = f", about {eta:.0f} s left (T² scaling of the {self.elapsed_s:.1f} s so far)" if eta is not None \
             else " (the first length includes compiling and warm-up)"

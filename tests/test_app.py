@@ -2,6 +2,7 @@
 input comes back as an error naming the field, and the server keeps serving afterwards."""
 import base64
 import json
+import re
 import urllib.error
 import urllib.request
 from urllib.parse import parse_qs
@@ -162,10 +163,11 @@ def test_settings_and_preset_endpoints_write_the_query(client):
 def test_timing_endpoint_measures_and_labels_the_device(client):
     time_fig, mem_fig, speed_fig, err_fig, note = client.predict(
         LECTURE, "16, 32", ["naive", "structured"], api_name="/timing")
-    live = {t["name"].split(" · ")[0]: t for t in plot_data(time_fig) if "measured now" in t["name"]}
+    live = {t["meta"].split(" · ")[0]: t for t in plot_data(time_fig) if "measured now" in t.get("meta", "")}
     assert set(live) == {"naive", "structured"} and list(array(live["naive"]["x"])) == [16, 32]
     assert array(plot_data(err_fig)[1]["y"]).max() < 1e-4
-    assert "Measured now on" in note and "5 interleaved repeats" in note
+    assert "Measured now on" in note and "5 interleaved repeats" in note and "Done: 2 lengths" in note
+    assert "the sidebar's model: B = 1, 4 query heads sharing 2 KV heads" in note
 
 
 def test_timing_refuses_a_backend_this_device_does_not_run_before_running(client):
@@ -411,7 +413,7 @@ def test_stop_then_run_again_stops_the_old_sweep_within_one_point():
 
     took, old_outs, new_outs = asyncio.run(main())
     assert took < 10, f"the old sweep ran {took:.1f} s past Stop"
-    assert "Stopped: cancelled" in old_outs[-1][-1]           # and it says so, keeping its partial figures
+    assert re.search(r"Stopped after \d of 6 lengths \(Stop was pressed\)", old_outs[-1][-1])   # and says so
     assert "Stopped" not in new_outs[-1][-1] and "T = 16" in new_outs[-1][-1]
     assert app.TIMING_RUNS.running() == 0
 
@@ -590,7 +592,7 @@ def test_every_view_answers_for_both_families(client, family, view):
         assert f"| **{bug}** |" in bug_text
     elif view == "timing":
         *_, note = client.predict(query, "16, 32", ["naive", "structured"], api_name="/timing")
-        assert f"{kind} mask" in note
+        assert f"mask '{kind}'" in note
     else:
         path = client.predict(query, "anatomy_steps", "png", api_name="/export_figure")
         assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
