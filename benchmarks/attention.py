@@ -1,6 +1,7 @@
 """Attention benchmark CLI: every available backend on grok.py's attention, swept over sequence length.
 
-    python -m benchmarks.attention --preset lecture|phoenix-prod|phoenix-prod-b256|long [--device cpu|cuda]
+    python -m benchmarks.attention --preset lecture|phoenix-prod|phoenix-prod-b256|phoenix-2026|long
+                                   [--device cpu|cuda]
                                    [--budget-s N] [--repeats 5] [--note "shared 2-core machine"]
 
 Measures through explorer.measure (the library the app's timing tab shares) together with dense matmul
@@ -147,13 +148,14 @@ def main(argv=None):
             records.append(r)
             if r["status"] == "ok":
                 print(f"{r['preset']:>12} {r['backend']:>14} {r['mask']:>20} cap {r['cap_method']:>4} "
-                      f"B {r['B']:>2} T {r['T']:>6}: {r['median_ms']:9.3f} ms "
+                      f"{'padded' if r['padded'] else 'dense '} B {r['B']:>2} T {r['T']:>6} tiles {r['tiles']}: "
+                      f"{r['median_ms']:9.3f} ms "
                       f"[{r['min_ms']:.3f}-{r['max_ms']:.3f}] x{r['repeats']}  "
                       f"{r['peak_mem_bytes'] / 2**20:9.1f} MiB  {r['tflops']:7.3f} TFLOP/s  "
                       f"err {r['max_abs_err'] if r['max_abs_err'] is not None else float('nan'):.1e}", flush=True)
             elif r["status"] != "skipped: time budget spent":
                 print(f"{r['preset']:>12} {r['backend']:>14} {r['mask']:>20} cap {r['cap_method']:>4} "
-                      f"T {r['T']:>6}: {r['status']}", flush=True)
+                      f"{'padded' if r['padded'] else 'dense '} T {r['T']:>6}: {r['status']}", flush=True)
     conditions = dict(cores=os.cpu_count(), threads=torch.get_num_threads(), load_average_before=load_before,
                       load_average_after=os.getloadavg()[0], wall_s=round(time.perf_counter() - start, 1),
                       repeats=a.repeats, note=a.note)

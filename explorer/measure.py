@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
 import json
 import math
 import os
@@ -29,7 +30,7 @@ import torch
 
 from benchmarks.runinfo import RESULTS_DIR, device_name
 from models.attention import BACKENDS, attend, unavailable_reason
-from models.masks import AttentionMask
+from models.masks import KERNEL_TILINGS, AttentionMask
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # backends that hold [B, H, T, T] scores in memory (on CPU, a point that cannot fit is skipped, not tried:
@@ -51,6 +52,7 @@ class Preset:
     masks: tuple = ("recsys",)
     cap_methods: tuple = ("tanh", "none")     # grok.py's tanh cap, and off (where SDPA can run)
     cap: float = 30.0
+    paddings: tuple = (False,)                # True: key padding in the history (padded_valid), timed too
 
 
 PRESETS: dict[str, Preset] = {
@@ -60,10 +62,16 @@ PRESETS: dict[str, Preset] = {
     "phoenix-prod": Preset("phoenix ranking prod: B 32, 20 q / 4 kv heads, head dim 128, "
                            "1 user + 1023 history + 64 candidates",
                            B=32, Hq=20, Hkv=4, head_dim=128, dtype="bfloat16", seq_lens=(1088,),
-                           num_candidates=64, masks=("recsys", "recsys-bidirectional")),
+                           num_candidates=64, masks=("recsys", "recsys-bidirectional"), paddings=(False, True)),
     "phoenix-prod-b256": Preset("phoenix ranking prod at the production batch: B 256, otherwise as phoenix-prod",
                                 B=256, Hq=20, Hkv=4, head_dim=128, dtype="bfloat16", seq_lens=(1088,),
                                 num_candidates=64, masks=("recsys", "recsys-bidirectional")),
+    "phoenix-2026": Preset("phoenix ranking 2026 serving layout (PRODUCTION.md §1, §6): B 32, 20 q / 4 kv heads, "
+                           "head dim 128, qk_norm and no cap, P 2 + L 1022 = 1024, 64 candidates in 128 slots "
+                           "(T padded to 1152)",
+                           B=32, Hq=20, Hkv=4, head_dim=128, dtype="bfloat16", seq_lens=(1152,),
+                           num_candidates=128, masks=("recsys-bidirectional",), cap_methods=("none",),
+                           paddings=(False, True)),
     "long": Preset("long histories: prod heads, 64 candidates, T = 512 ... 32768",
                    B=1, Hq=20, Hkv=4, head_dim=128, dtype="bfloat16",
                    seq_lens=(512, 1024, 2048, 4096, 8192, 16384, 32768), num_candidates=64),
@@ -74,8 +82,9 @@ PRESETS: dict[str, Preset] = {
 # Each new (T, mask, cap) is a fresh FlexAttention compile (~10-30 s on CPU), so CPU runs keep one mask.
 CPU_REDUCTIONS = {
     "lecture": dict(masks=("recsys",)),
-    "phoenix-prod": dict(B=1, dtype="float32", masks=("recsys",)),
+    "phoenix-prod": dict(B=1, dtype="float32", masks=("recsys",), paddings=(False,)),
     "phoenix-prod-b256": dict(B=2, dtype="float32", masks=("recsys",)),
+    "phoenix-2026": dict(B=1, dtype="float32", paddings=(False,)),
     "long": dict(dtype="float32", seq_lens=(512, 1024, 2048, 4096)),   # naive stops at 2048 (scores limit)
 }
 
@@ -97,6 +106,32 @@ def useful_pairs(kind: str, T: int, candidate_start_offset: int) -> int:
 def useful_flops(kind, B, Hq, head_dim, T, num_candidates) -> int:
     """QK^T and PV: 2 multiply-adds of head_dim per allowed pair -> 4 * head_dim FLOPs."""
     return 4 * B * Hq * head_dim * useful_pairs(kind, T, T - num_candidates)
+
+
+def padded_valid(B: int, T: int, candidate_start_offset: int, device=None) -> torch.Tensor:
+    """[B, T] bool key padding for a padded point, built on `device`: row b's history ends with
+    ((b % 4) + 1) / 8 of the prefix padded (1/8 ... 1/2, as histories of different lengths are), at
+    least one slot; candidates and the first token stay valid."""
+    off = candidate_start_offset
+    pad = torch.clamp((torch.arange(B, device=device) % 4 + 1) * off // 8, min=1, max=max(0, off - 1))   # [B]
+    idx = torch.arange(T, device=device)[None, :]
+    return ~((idx >= off - pad[:, None]) & (idx < off))
+
+
+TILING = KERNEL_TILINGS["fa4"]       # the 128 x 128 tiles a record's tile counts refer to
+
+
+def tile_counts(mask: AttentionMask, device) -> dict:
+    """Batch row 0's tiles under the 128 x 128 block-sparse tiling: full / partial / empty (skipped)."""
+    return TILING.tiles(mask, device).counts(0)
+
+
+def mask_flops(mask: AttentionMask, B: int, Hq: int, head_dim: int, num_candidates: int, device) -> int:
+    """Useful FLOPs of one call: the structure's count, or with padding every row's allowed pairs
+    (read from the tile map, outside any timed call)."""
+    if not mask.padded:
+        return useful_flops(mask.kind, B, Hq, head_dim, mask.seq_len, num_candidates)
+    return 4 * Hq * head_dim * int(TILING.tiles(mask, device).allowed.sum())
 
 
 # --- timing and memory ------------------------------------------------------------------
@@ -267,7 +302,7 @@ def measure_shape(backends: list[str], *, mask: str = "recsys", B: int = 1, Hq: 
                   head_dim: int = 16, T: int = 64, num_candidates: int = 3, dtype: str = "float32",
                   device: str = "cpu", cap: float = 30.0, cap_method: str = "tanh", preset: str = "custom",
                   repeats: int = 5, min_block_ms: Optional[float] = None, run: Optional[Run] = None,
-                  skip: Optional[dict] = None, seed: int = 0) -> list[dict]:
+                  skip: Optional[dict] = None, seed: int = 0, padded: bool = False) -> list[dict]:
     """Time every backend on the same inputs -> one record per backend, naive first (the reference).
 
     Each backend is first warmed up (FlexAttention compiles, masks are built and cached: none of it
@@ -275,23 +310,27 @@ def measure_shape(backends: list[str], *, mask: str = "recsys", B: int = 1, Hq: 
     its own. Then `repeats` rounds time the backends interleaved (A B C, A B C, ...), so a slow spell of
     a shared machine falls on all of them alike; each record keeps repeats, median, min and max ms.
     `run` is checked before every warm-up and every timed block. `skip`: backend -> why not to run it.
+    `padded`: the history carries key padding (padded_valid), so backends run their padded paths.
+    Each record carries the point's 128 x 128 tile counts (full / partial / empty) beside its times.
     A failure (out of memory, an error) is the record's status, never an exception."""
     run = run or Run()
     names = ["naive"] + [b for b in backends if b != "naive"]
+    valid = padded_valid(B, T, T - num_candidates, device) if padded else None
+    attn_mask = AttentionMask(mask, T, T - num_candidates, valid)
     point = dict(preset=preset, mask=mask, dtype=dtype, B=B, Hq=Hq, Hkv=Hkv, head_dim=head_dim, T=T,
-                 num_candidates=num_candidates, cap_method=cap_method)
+                 num_candidates=num_candidates, cap_method=cap_method, padded=padded,
+                 tiles=tile_counts(attn_mask, device))
     records = {b: empty_record(b, **point) for b in names}
     min_block_ms = min_block_ms if min_block_ms is not None else (10.0 if device == "cuda" else 20.0)
     ready: dict[str, tuple[Callable[[], torch.Tensor], int]] = {}    # backend -> (call, calls per block)
     times: dict[str, list[float]] = {}
     try:
         with torch.no_grad():
-            inputs, attn_mask = None, AttentionMask(mask, T, T - num_candidates)
-            reference = None
+            inputs, reference = None, None
             for b in names:
                 why = (run.stopped() or (skip or {}).get(b)
                        or unavailable_reason(b, device=device, dtype=dtype, cap=cap, cap_method=cap_method,
-                                             mask_kind=mask, head_dim=head_dim)
+                                             mask_kind=mask, padding=padded, head_dim=head_dim)
                        or _ram_shortfall(b, device, B, Hq, T))
                 if why:
                     records[b]["status"] = f"skipped: {why}"
@@ -332,7 +371,7 @@ def measure_shape(backends: list[str], *, mask: str = "recsys", B: int = 1, Hq: 
     finally:
         ready.clear()
         _free(device)
-    flops = useful_flops(mask, B, Hq, head_dim, T, num_candidates)
+    flops = mask_flops(attn_mask, B, Hq, head_dim, num_candidates, device)
     for b, ts in times.items():
         r = records[b]
         if ts and r["status"] == "ok":
@@ -352,7 +391,7 @@ def sweep(preset: "str | Preset" = "lecture", device: str = "cpu", *, budget_s: 
           backends: Optional[list[str]] = None, run: Optional[Run] = None,
           seq_lens: Optional[list[int]] = None, repeats: int = 5,
           min_block_ms: Optional[float] = None) -> Iterator[dict]:
-    """Yield one record per (T, mask, cap, backend), naive first at each shape (the error reference).
+    """Yield one record per (T, mask, cap, padding, backend), naive first at each shape (the error reference).
 
     Once the run stops (its budget spent, or cancelled), the remaining points are yielded (cheaply)
     as 'skipped: time budget spent' / 'skipped: cancelled', so every result file lists the whole grid.
@@ -364,12 +403,12 @@ def sweep(preset: "str | Preset" = "lecture", device: str = "cpu", *, budget_s: 
     oom_at: dict[str, int] = {}
     for T in sorted(seq_lens or p.seq_lens):
         for mask in p.masks:
-            for cap_method in p.cap_methods:
+            for cap_method, padded in itertools.product(p.cap_methods, p.paddings):
                 skip = {b: f"ran out of memory at T = {t}" for b, t in oom_at.items()}
                 for r in measure_shape(names, mask=mask, B=p.B, Hq=p.Hq, Hkv=p.Hkv, head_dim=p.head_dim, T=T,
                                        num_candidates=p.num_candidates, dtype=p.dtype, device=device, cap=p.cap,
                                        cap_method=cap_method, preset=preset, repeats=repeats,
-                                       min_block_ms=min_block_ms, run=run, skip=skip):
+                                       min_block_ms=min_block_ms, run=run, skip=skip, padded=padded):
                     if r["status"] == "oom":
                         oom_at.setdefault(r["backend"], T)
                     yield r
@@ -409,4 +448,4 @@ NOT_REACHED = ("skipped: time budget spent", "skipped: cancelled")
 
 def point_key(r: dict) -> tuple:
     return tuple(r.get(k) for k in ("preset", "backend", "mask", "cap_method", "dtype", "B", "Hq", "Hkv",
-                                    "head_dim", "T", "num_candidates"))
+                                    "head_dim", "T", "num_candidates")) + (bool(r.get("padded")),)

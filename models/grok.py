@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import CAP_METHODS, BACKENDS, AttentionOutput, attend
-from .masks import PREFIX_MODES, AttentionMask, make_recsys_attn_mask, model_mask_kind  # noqa: F401  (grok.py's name)
+from .masks import PREFIX_MODES, AttentionMask, key_padding, make_recsys_attn_mask, model_mask_kind  # noqa: F401  (grok.py's name)
 
 ROPE_MODES = ("sequential", "shared", "none")
 INIT_MODES = ("zeros", "random")
@@ -263,33 +263,31 @@ class Transformer(nn.Module):
         self.config = config
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
 
-    def attention_mask(self, mask: torch.Tensor, candidate_start_offset: Optional[int],
-                       mask_kind: Optional[str] = None) -> AttentionMask:
+    def attention_mask(self, mask: Optional[torch.Tensor], candidate_start_offset: Optional[int],
+                       mask_kind: Optional[str] = None, seq_len: Optional[int] = None) -> AttentionMask:
         """grok.py: recsys mask when an offset is given (its prefix per config.prefix), causal otherwise;
-        padding on keys. A mask on the CPU with no padded slot is dropped (reading it costs no device
-        sync); one on a GPU is kept as padding without being read: exact either way, no host sync."""
-        T = mask.shape[1]
+        padding on keys, dropped when nothing is padded (models.masks.key_padding: a host mask is read
+        on the host, a device mask is kept unread, None is unpadded), so no forward makes a host sync."""
         if mask_kind is None:
             mask_kind = "causal" if candidate_start_offset is None else model_mask_kind(self.config.prefix)
-        valid = mask.bool()
-        if valid.device.type == "cpu" and bool(valid.all()):
-            valid = None
-        return AttentionMask(mask_kind, T, candidate_start_offset, valid)
+        T = mask.shape[1] if mask is not None else seq_len
+        return AttentionMask(mask_kind, T, candidate_start_offset, key_padding(mask))
 
-    def forward(self, embeddings: torch.Tensor, mask: torch.Tensor,
+    def forward(self, embeddings: torch.Tensor, mask: Optional[torch.Tensor],
                 candidate_start_offset: Optional[int] = None, *, backend: str = "naive",
                 record: bool = False, mask_kind: Optional[str] = None) -> TransformerOutput:
-        """embeddings [B, T, D]; mask [B, T] bool (True = valid) -> TransformerOutput([B, T, D])."""
+        """embeddings [B, T, D]; mask [B, T] bool (True = valid), or None when nothing is padded
+        -> TransformerOutput([B, T, D])."""
         if embeddings.dim() != 3 or embeddings.shape[-1] != self.config.emb_size:
             raise ValueError(f"embeddings: got shape {tuple(embeddings.shape)}; allowed: "
                              f"[B, T, {self.config.emb_size}] (emb_size)")
         B, T, _ = embeddings.shape
-        if tuple(mask.shape) != (B, T):
+        if mask is not None and tuple(mask.shape) != (B, T):
             raise ValueError(f"mask: got shape {tuple(mask.shape)}; allowed: [{B}, {T}] "
                              f"(the embeddings' batch and sequence length)")
         if candidate_start_offset is not None and not 0 <= candidate_start_offset <= T:
             raise ValueError(f"candidate_start_offset: got {candidate_start_offset}; allowed: [0, {T}]")
-        attn_mask = self.attention_mask(mask, candidate_start_offset, mask_kind)
+        attn_mask = self.attention_mask(mask, candidate_start_offset, mask_kind, T)
         positions = rope_positions(self.config, B, T, candidate_start_offset, embeddings.device)
         h = embeddings
         traces = [] if record else None

@@ -204,6 +204,19 @@ def tile_map(mask_mod: MaskMod, seq_len: int, block_q: int, block_kv: int, batch
 
 # --- the description backends receive --------------------------------------------------
 
+def key_padding(valid: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """A forward's [B, T] bool key padding, or None when no slot is padded (the unpadded fast paths).
+    A mask on the host is read there, which costs no device sync, and dropped when all valid; a mask
+    already on a device is kept unread (exact either way, and no sync); None means nothing is padded."""
+    if valid is None:
+        return None
+    valid = valid.bool()
+    if valid.device.type == "cpu" and bool(valid.all()):
+        return None
+    return valid
+
+
+
 @dataclass(frozen=True, eq=False)
 class AttentionMask:
     """Everything a backend may need to know about the mask, from which it builds its own form.

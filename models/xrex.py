@@ -50,10 +50,13 @@ from .attention import CAP_METHODS, attend
 from .grok import (LayerTrace, Linear, RecordedAttention, RotaryEmbedding, TransformerOutput, _positive_int,
                    init_params)
 from .grok import RMSNorm as GrokRMSNorm
-from .masks import AttentionMask
+from .masks import AttentionMask, key_padding
 from .weights import checked_arrays, flatten   # the haiku-mapping checks grok.py's loader uses
 
 NUMERICS = ("fp32", "bf16")
+# how attention treats padded keys (XrexRanker.attention_mask): hidden, or attended as production's serving
+# kernels attend them (they take only the bound (0, P+L, P+L, T); the FA3 path passes no segment ids)
+ATTENTION_PADDING = ("masked", "serving-kernel")
 PARAMS_FIELD = "params"
 
 
@@ -83,6 +86,7 @@ class XrexConfig:
     rope_base_exponent: int = 10000
     output_vocab_size: int = 64
     num_continuous_actions: int = 8
+    attention_padding: str = "masked"   # padded keys: "masked" (hidden) | "serving-kernel" (attended, as served)
 
     def __post_init__(self):
         for name in ("emb_size", "num_layers", "num_q_heads", "num_kv_heads", "key_size", "output_vocab_size",
@@ -109,6 +113,8 @@ class XrexConfig:
         if isinstance(self.rope_base_exponent, bool) or not isinstance(self.rope_base_exponent, int) \
                 or self.rope_base_exponent < 2:
             raise ValueError(f"rope_base_exponent: got {self.rope_base_exponent!r}; allowed: an integer >= 2")
+        if self.attention_padding not in ATTENTION_PADDING:
+            raise ValueError(f"attention_padding: got {self.attention_padding!r}; allowed: {', '.join(ATTENTION_PADDING)}")
         for name in ("qk_norm", "primer_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: got {getattr(self, name)!r}; allowed: True or False")
@@ -296,19 +302,25 @@ class XrexRanker(nn.Module):
         self.unembeddings = nn.Parameter(torch.zeros(c.emb_size, c.output_vocab_size))
         self.continuous_unembeddings = nn.Parameter(torch.zeros(c.emb_size, c.num_continuous_actions))
 
-    def attention_mask(self, padding_mask: torch.Tensor, mask_kind: Optional[str] = None,
-                       candidate_start_offset: Optional[int] = None) -> AttentionMask:
-        """Key j is visible to query i when j is a valid prefix / history token, or j == i (a padded
-        key is never visible, so nothing in padding reaches a valid output). `mask_kind`: another
-        models.masks kind instead, for probes that compare production's mask with one that leaks."""
-        return AttentionMask(mask_kind or "recsys-bidirectional", padding_mask.shape[1],
+    def attention_mask(self, padding_mask: Optional[torch.Tensor], mask_kind: Optional[str] = None,
+                       candidate_start_offset: Optional[int] = None, seq_len: Optional[int] = None) -> AttentionMask:
+        """Key j is visible to query i when j is a prefix / history token, or j == i. Padded keys per
+        ``config.attention_padding``: "masked" (the default) hides them, so nothing in padding reaches a
+        valid output; "serving-kernel" does as production's ranker kernels do, which take only the bound
+        (0, P+L, P+L, T) and never mask a padded history slot. A padding mask with nothing padded is
+        dropped (models.masks.key_padding). `mask_kind`: another models.masks kind instead, for probes
+        that compare production's mask with one that leaks."""
+        T = padding_mask.shape[1] if padding_mask is not None else seq_len
+        valid = key_padding(padding_mask) if self.config.attention_padding == "masked" else None
+        return AttentionMask(mask_kind or "recsys-bidirectional", T,
                              self.config.candidate_start_offset if candidate_start_offset is None
-                             else candidate_start_offset, padding_mask)
+                             else candidate_start_offset, valid)
 
     def forward(self, embeddings: torch.Tensor, padding_mask: torch.Tensor, *, numerics: str = "fp32",
                 backend: str = "naive", record: bool = False, mask_kind: Optional[str] = None,
                 history_seq_len: Optional[int] = None) -> XrexOutput:
-        """embeddings float [B, T, D] (the trunk's input), padding_mask bool [B, T] (True = valid), T >= P + L."""
+        """embeddings float [B, T, D] (the trunk's input), padding_mask bool [B, T] (True = valid) or None when
+        nothing is padded, T >= P + L."""
         c = self.config if history_seq_len is None else self.config.replace(history_seq_len=history_seq_len)
         if numerics not in NUMERICS:
             raise ValueError(f"numerics: got {numerics!r}; allowed: {', '.join(NUMERICS)}")
@@ -319,11 +331,14 @@ class XrexRanker(nn.Module):
         if T < c.candidate_start_offset:
             raise ValueError(f"embeddings: got T = {T}; allowed: T >= {c.candidate_start_offset} "
                              f"(num_user_prefix_tokens + history_seq_len)")
-        if not isinstance(padding_mask, torch.Tensor) or tuple(padding_mask.shape) != (B, T):
+        if padding_mask is not None and (not isinstance(padding_mask, torch.Tensor)
+                                         or tuple(padding_mask.shape) != (B, T)):
             shape = tuple(padding_mask.shape) if isinstance(padding_mask, torch.Tensor) else type(padding_mask).__name__
             raise ValueError(f"padding_mask: got {shape}; allowed: a bool tensor [{B}, {T}] (the embeddings' "
                              f"batch and sequence length)")
-        padding_mask = padding_mask.bool().to(embeddings.device)
+        padding_mask = key_padding(padding_mask)           # read on the host when it is there; None: unpadded
+        padding_mask = (torch.ones(B, T, dtype=torch.bool, device=embeddings.device) if padding_mask is None
+                        else padding_mask.to(embeddings.device))
         dtype = torch.bfloat16 if numerics == "bf16" else torch.float32
         positions = right_anchored_positions(padding_mask, c.num_user_prefix_tokens, c.history_seq_len)
         mask = self.attention_mask(padding_mask, mask_kind, c.candidate_start_offset)

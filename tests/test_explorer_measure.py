@@ -7,7 +7,8 @@ from models.masks import MASK_KINDS, AttentionMask
 
 TINY = dict(B=1, Hq=4, Hkv=2, head_dim=8, T=12, num_candidates=3, min_block_ms=0.0)
 RECORD_KEYS = {"preset", "backend", "mask", "dtype", "B", "Hq", "Hkv", "head_dim", "T", "num_candidates",
-               "repeats", "median_ms", "min_ms", "max_ms", "peak_mem_bytes", "tflops", "max_abs_err", "status"}
+               "repeats", "median_ms", "min_ms", "max_ms", "peak_mem_bytes", "tflops", "max_abs_err", "status",
+               "padded", "tiles"}
 
 
 @pytest.mark.parametrize("kind", list(MASK_KINDS))
@@ -87,7 +88,7 @@ def test_the_budget_holds_within_one_call(monkeypatch):
 def test_sweep_stops_at_budget_and_lists_the_whole_grid():
     records = list(bench.sweep("lecture", "cpu", budget_s=0.0, seq_lens=[9, 64]))
     p = bench.preset_for("lecture", "cpu")
-    assert len(records) == 2 * len(p.masks) * len(p.cap_methods) * len(bench.BACKENDS)
+    assert len(records) == 2 * len(p.masks) * len(p.cap_methods) * len(p.paddings) * len(bench.BACKENDS)
     assert all(r["status"] == "skipped: time budget spent" for r in records)
 
 
@@ -142,3 +143,28 @@ def test_no_dense_mask_is_built_inside_the_timed_calls(monkeypatch):
     assert built and seen
     timed = at_call[4:]                      # after naive's and sdpa's warm-up + memory calls
     assert len(timed) >= 10 and len(set(timed)) == 1
+
+
+def test_padded_point_runs_the_padded_paths_and_counts_only_valid_keys():
+    unpadded, padded = (bench.measure_shape(["structured"], cap_method="tanh", padded=p, **TINY) for p in (False, True))
+    assert [r["padded"] for r in unpadded + padded] == [False, False, True, True]
+    assert padded[1]["status"] == "ok" and padded[1]["max_abs_err"] < 1e-5
+    valid = bench.padded_valid(1, 12, 9)
+    assert not bool(valid.all()) and bool(valid[:, 0]) and bool(valid[:, 9:].all())
+    mask = AttentionMask("recsys", 12, 9, valid)
+    flops = bench.mask_flops(mask, 1, 4, 8, 3, "cpu")
+    assert flops == 4 * 4 * 8 * int(mask.dense().sum()) < bench.useful_flops("recsys", 1, 4, 8, 12, 3)
+
+
+def test_2026_serving_layout_is_a_geometry_with_its_tile_counts():
+    """P 2 + L 1022 = 1024, 64 candidates in 128 slots, T 1152: 128 x 128 tiles, 73 of 81 run (72 full,
+    the candidate tile's diagonal partial), the prefix rows' 8 candidate tiles skipped (PRODUCTION.md §6)."""
+    p = bench.PRESETS["phoenix-2026"]
+    assert (p.seq_lens, p.seq_lens[0] - p.num_candidates, p.dtype, p.masks, p.cap_methods) == (
+        (1152,), 1024, "bfloat16", ("recsys-bidirectional",), ("none",))
+    assert set(p.paddings) == {False, True}
+    assert bench.tile_counts(AttentionMask("recsys-bidirectional", 1152, 1024), "cpu") == dict(empty=8, partial=1,
+                                                                                                full=72)
+    r = bench.measure_shape(["structured"], mask="recsys-bidirectional", B=1, Hq=4, Hkv=2, head_dim=8, T=1152,
+                            num_candidates=128, cap_method="none", run=bench.Run(0.0))[0]
+    assert r["tiles"] == dict(empty=8, partial=1, full=72) and r["status"] == "skipped: time budget spent"

@@ -245,3 +245,16 @@ def test_mask_shape_mismatch_rejected():
         model(torch.from_numpy(x), torch.from_numpy(valid[:, :10]), offset)
     with pytest.raises(ValueError, match=r"embeddings: .*emb_size"):
         model(torch.from_numpy(x[..., :32]), torch.from_numpy(valid), offset)
+
+
+def test_an_all_valid_mask_takes_the_unpadded_path():
+    """A host mask with nothing padded is dropped (the unpadded fast paths, on every device: reading it on
+    the host costs no device sync); None means the same; a padded one is kept; the outputs agree."""
+    model = init_params(Transformer(TransformerConfig(64, 16, 4, 2, 2)), "random", seed=0)
+    x = torch.randn(2, 9, 64, generator=torch.Generator().manual_seed(0))
+    full, padded = torch.ones(2, 9, dtype=torch.bool), torch.ones(2, 9, dtype=torch.bool)
+    padded[0, 4] = False
+    assert model.attention_mask(full, 6).valid is None and model.attention_mask(None, 6, seq_len=9).valid is None
+    assert model.attention_mask(padded, 6).padded
+    with torch.no_grad():
+        assert torch.equal(model(x, full, 6).embeddings, model(x, None, 6).embeddings)

@@ -184,6 +184,38 @@ def test_padding_content_never_reaches_a_valid_output():
     assert torch.equal(a.trunk[v], b.trunk[v])
 
 
+@pytest.mark.parametrize("backend", ["naive", "structured"])
+def test_serving_kernel_padding_lets_padded_history_reach_valid_candidates(backend):
+    """Production's serving kernels take only the bound (0, P+L, P+L, T): under attention_padding
+    "serving-kernel" what sits in a padded history slot moves every valid candidate's output; under the
+    default "masked" not a bit moves. With nothing padded the two are the same function, bit for bit."""
+    masked = random_model(2)
+    kernel = XrexRanker(masked.config.replace(attention_padding="serving-kernel"))
+    kernel.load_state_dict(masked.state_dict())
+    x, valid = inputs(1)
+    junk = x.copy()
+    junk[0, P + 4:P + L] += np.random.default_rng(0).normal(0, 3, junk[0, P + 4:P + L].shape).astype(np.float32)
+    assert not valid[0, P + 4:P + L].any() and valid[0, P + L:P + L + 2].all()
+    a, b = run(masked, x, valid, backend=backend), run(masked, junk, valid, backend=backend)
+    assert torch.equal(a.logits[0, :2], b.logits[0, :2])
+    a, b = run(kernel, x, valid, backend=backend), run(kernel, junk, valid, backend=backend)
+    assert (a.logits[0, :2] - b.logits[0, :2]).abs().min() > 1e-4
+    full = np.ones_like(valid)
+    assert torch.equal(run(masked, x, full, backend=backend).logits, run(kernel, x, full, backend=backend).logits)
+
+
+def test_an_all_valid_mask_takes_the_unpadded_path():
+    """A host mask with nothing padded is dropped before the forward (the unpadded fast paths on every
+    device); None means the same; a padded one is kept."""
+    model = random_model(0)
+    x, valid = inputs(0)
+    full = torch.ones(valid.shape, dtype=torch.bool)
+    assert model.attention_mask(full).valid is None and model.attention_mask(None, seq_len=valid.shape[1]).valid is None
+    assert model.attention_mask(torch.from_numpy(valid)).padded
+    with torch.no_grad():
+        assert torch.equal(model(torch.from_numpy(x), full).logits, model(torch.from_numpy(x), None).logits)
+
+
 def test_prefix_is_bidirectional():
     """Production's user and history attend both ways: the first token depends on the last history event."""
     model = random_model(3)
@@ -353,7 +385,7 @@ def test_primer_tree_needs_post_norms_and_flagship_refuses_them():
     (dict(num_q_heads=5, num_kv_heads=2), "num_q_heads"), (dict(key_size=15), "key_size"),
     (dict(attn_logit_cap_method="clip"), "attn_logit_cap_method"), (dict(history_seq_len=-1), "history_seq_len"),
     (dict(widening_factor=0.0), "widening_factor"), (dict(qk_norm="yes"), "qk_norm"),
-    (dict(emb_size=0), "emb_size")])
+    (dict(emb_size=0), "emb_size"), (dict(attention_padding="none"), "attention_padding")])
 def test_bad_config_names_the_field(changes, field):
     with pytest.raises(ValueError, match=f"^{field}: got .*; allowed: "):
         config(**changes)
