@@ -8,7 +8,7 @@ field names; API clients keep explorer.settings' field-named refusals.
 from __future__ import annotations
 
 import re
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any, Mapping, Optional
 
 from explorer.settings import MAX_BATCH, Settings, ValidationError, parse_settings
@@ -112,3 +112,23 @@ def last_valid_note(problems: Optional[Mapping[str, str]]) -> str:
         return ""
     names = ", ".join(f"**{short_label(f)}**" for f in problems)
     return f"⚠ The figures show the last valid settings: {names} {'is' if len(problems) == 1 else 'are'} marked."
+
+
+# presentation mode's keys: what each steps, and by how much
+STEPS = {"query+": ("query", 1), "query-": ("query", -1), "head+": ("head", 1), "head-": ("head", -1),
+         "layer+": ("layer", 1), "layer-": ("layer", -1)}
+
+
+def step_view(s: Settings, key: str) -> Settings:
+    """One keyboard step of the view: the query row through the sequence, the head through 'all heads'
+    (-1) and each head, the layer through the layers; each stops at its ends."""
+    if key not in STEPS:
+        raise ValidationError("key", key, ", ".join(STEPS))
+    field, delta = STEPS[key]
+    if field == "query":
+        value, lo, hi = s.query_position + delta, 0, s.seq_len - 1
+    elif field == "head":
+        value, lo, hi = s.head + delta, -1, s.num_q_heads - 1
+    else:
+        value, lo, hi = s.layer + delta, 0, s.num_layers - 1
+    return replace(s, **{field: min(hi, max(lo, value))})

@@ -85,3 +85,17 @@ def test_a_bug_of_the_other_family_names_the_family_to_switch_to():
 
 def test_every_control_has_a_label():
     assert set(LABELS) == set(asdict(RANDOM))
+
+
+def test_keyboard_steps_stay_inside_the_model_and_the_sequence():
+    from explorer.controls import step_view
+    s = RANDOM                                   # lecture: T = 9, 4 query heads, 2 layers; query -1 = C0 (6)
+    assert step_view(s, "query+").query == 7 and step_view(s, "query-").query == 5
+    assert step_view(replace(s, query=8), "query+").query == 8 and step_view(replace(s, query=0), "query-").query == 0
+    assert step_view(s, "head+").head == 0 and step_view(s, "head-").head == -1
+    assert step_view(replace(s, head=3), "head+").head == 3
+    assert step_view(s, "layer+").layer == 1 and step_view(replace(s, layer=1), "layer+").layer == 1
+    for key in ("query+", "head+", "layer+", "query-", "head-", "layer-"):
+        assert parse_settings(asdict(step_view(s, key)), need_model=False) == step_view(s, key)    # still valid
+    with pytest.raises(ValidationError, match="key: got"):
+        step_view(s, "sideways")

@@ -1,0 +1,164 @@
+"""The guided lesson: the app's two stories as an ordered list of views, each a link of the app's own
+query string and tab with a one-line claim shown under its figure.
+
+A claim about numbers has a check: a function of the step's settings that reads the model's (or the
+mask's) own outputs and says whether the claim holds; tests/test_lesson.py runs every one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable, Optional
+
+import numpy as np
+
+from explorer import runs, views
+from explorer.settings import Settings, parse_query
+from models.masks import KERNEL_TILINGS, kernel_work
+
+STORIES = {"isolation": "Candidates never see each other", "flash": "What flash attention skips"}
+# the figure each tab shows first (its elem_id): what presentation mode fills the screen with
+MAIN_FIGURE = {"mask": "mask-plot", "attention": "attention-plot", "anatomy": "anatomy-plot",
+               "isolation": "isolation-plot", "invariance": "invariance-plot", "variants": "variants-plot",
+               "timing": "time-plot"}
+
+
+@dataclass(frozen=True)
+class Step:
+    story: str                  # a key of STORIES
+    title: str
+    query: str                  # the app's query string (explorer.settings.to_query's form)
+    tab: str
+    claim: str                  # one line, shown under the figure
+    figure: str = ""            # elem_id of the figure the claim is about ('' = the tab's main figure)
+    check: Optional[Callable[[Settings], bool]] = None    # True when the claim's numbers hold
+
+    def settings(self) -> Settings:
+        return parse_query(self.query)
+
+    def link(self, index: int) -> str:
+        return f"?{self.query}&tab={self.tab}&step={index}"
+
+    def shown_figure(self) -> str:
+        return self.figure or MAIN_FIGURE[self.tab]
+
+
+# --- the checks: each reads the outputs the step's figure is drawn from --------------------------------
+
+def _candidate_rows(s: Settings) -> range:
+    return range(s.candidate_start_offset, s.seq_len - s.candidate_padding)
+
+
+def only_itself_among_candidates(s: Settings) -> bool:
+    """The model's mask: each candidate row allows itself and no other candidate; the causal mask lets
+    every later candidate see the earlier ones."""
+    ours, causal, off = views.mask_dense(s, s.mask_kind), views.mask_dense(s, "causal"), s.candidate_start_offset
+    rows = _candidate_rows(s)
+    own = all(set(np.flatnonzero(ours[i, off:]) + off) == {i} for i in rows)
+    leaks = all(causal[i, off:i].all() for i in rows)
+    return own and leaks and len(rows) > 1
+
+
+def zero_weight_on_other_candidates(s: Settings) -> bool:
+    """In the recorded forward, the query row's softmax weight on every other candidate is exactly 0, in
+    every layer and head."""
+    others = [c for c in _candidate_rows(s) if c != s.query_position]
+    probs = [t.probs[s.row, :, s.query_position, others] for t in runs.forward(s).trunk.layers]
+    return s.query_position in _candidate_rows(s) and bool(others) and all(bool((p == 0).all()) for p in probs)
+
+
+def masked_logits_become_exact_zeros(s: Settings) -> bool:
+    """The anatomy row: every masked key (the other candidates among them) gets weight exactly 0 and the
+    allowed keys' weights sum to 1."""
+    a = views.row_anatomy(s)
+    others = [c for c in _candidate_rows(s) if c != s.query_position]
+    return (not a.allowed[others].any() and bool((a.probs[~a.allowed] == 0).all())
+            and abs(float(a.probs[a.allowed].sum()) - 1) < 1e-5)
+
+
+def isolated_exactly_and_leaks_without_the_mask(s: Settings) -> bool:
+    """Perturbing candidate j: no other candidate's output moves at all under the model's mask; under the
+    causal mask a later candidate's does."""
+    ours, causal = views.isolation_reading(s), views.isolation_reading(s, "causal")
+    return ours.largest_other == 0.0 and causal.largest_other > 0.0
+
+
+def invariant_with_shared_or_no_positions(s: Settings) -> bool:
+    """Reversing the candidates: scores move with sequential RoPE positions, stay within fp32 rounding
+    with shared or no positions."""
+    def largest(mode):
+        before, after, _ = views.invariance(replace(s, rope_mode=mode))
+        return float(np.abs(after - before).max())
+    return (largest("sequential") > views.FP32_TOLERANCE
+            and largest("shared") <= views.FP32_TOLERANCE and largest("none") <= views.FP32_TOLERANCE)
+
+
+def masked_share_of_pairs(s: Settings) -> bool:
+    """11% of production's 1152 x 1152 pairs are masked: the history sees no candidate, a candidate no other."""
+    dense, off, T = views.mask_dense(s, s.mask_kind), s.candidate_start_offset, s.seq_len
+    stats = views.mask_stats(views.layout_mask(s, s.mask_kind))
+    block = dense[off:, off:]
+    return (T == 1152 and round(stats["skip_elements"] * 100) == 11 and not dense[:off, off:].any()
+            and not (block & ~np.eye(T - off, dtype=bool)).any())
+
+
+def fa4_tile_counts(s: Settings) -> bool:
+    """FA4's 128 x 128 tiles over the model's mask: 72 run in full, 1 with a mask, 8 skipped."""
+    w = kernel_work(KERNEL_TILINGS["fa4"], views.layout_mask(s, s.mask_kind))
+    return (w["full"], w["partial"], w["empty"]) == (72, 1, 8)
+
+
+def skipped_work_share(s: Settings) -> bool:
+    """The skipped tiles are 9.9% of the work against 11.1% of pairs masked: the candidate tile computes
+    its hidden pairs and masks them."""
+    mask = views.layout_mask(s, s.mask_kind)
+    w = kernel_work(KERNEL_TILINGS["fa4"], mask)
+    return (f"{w['skip_elements']:.1%}", f"{views.mask_stats(mask)['skip_elements']:.1%}") == ("9.9%", "11.1%")
+
+
+NANO = "preset=phoenix-2026-nano"
+LESSON: tuple[Step, ...] = (
+    Step("isolation", "The mask pair", "preset=lecture&compare=causal", "mask",
+         "Each candidate row sees the user, the history and itself — no other candidate; under the causal mask "
+         "beside it every later candidate sees the earlier ones.", check=only_itself_among_candidates),
+    Step("isolation", "A candidate's row", "preset=lecture&layer=1&head=3&query=7", "attention",
+         "Candidate C1's row (layer 1, head 3) puts exactly 0 weight on C0 and C2 — in every layer and head.",
+         check=zero_weight_on_other_candidates),
+    Step("isolation", "Its anatomy", "preset=lecture&layer=1&head=3&query=7", "anatomy",
+         "The other candidates' logits are set to −∞ before the softmax: their weight is exactly 0, not small.",
+         check=masked_logits_become_exact_zeros),
+    Step("isolation", "The isolation verdict", "preset=lecture&candidate=1", "isolation",
+         "Perturbing C1 moves no other candidate's output by even one bit; under the causal mask C2 moves.",
+         check=isolated_exactly_and_leaks_without_the_mask),
+    Step("isolation", "Invariance", "preset=lecture&operation=permute", "invariance",
+         "Reversing the candidates moves their scores with sequential RoPE positions; with shared or no positions "
+         "they stay put (at most fp32 rounding).", check=invariant_with_shared_or_no_positions),
+    Step("flash", "The element mask", NANO, "mask",
+         "At production's 1152 positions 11% of the query–key pairs are masked: the history sees no candidate, "
+         "a candidate no other candidate.", check=masked_share_of_pairs),
+    Step("flash", "The kernel's tile map", NANO, "mask",
+         "FA4 works in 128 × 128 tiles: 72 run in full, the candidate tile runs with its diagonal masked, and the "
+         "8 history-to-candidate tiles are skipped without being loaded.", figure="kernel-plot",
+         check=fa4_tile_counts),
+    Step("flash", "The work skipped", NANO + "&zoom=candidates", "mask",
+         "Skipping is per tile: the 8 skipped tiles are 9.9% of the work, against 11.1% of pairs masked — the "
+         "candidate tile computes its hidden pairs, then masks them.", figure="kernel-plot",
+         check=skipped_work_share),
+    Step("flash", "Timing", NANO, "timing",
+         "Whether skipping pays is measured, never assumed: Run times naive attention against the kernels at "
+         "growing T on this machine, beside the committed measurements."),
+)
+
+
+def as_data() -> list[dict]:
+    """The lesson for the page's script (static/present.js): one dict per step."""
+    return [dict(story=STORIES[st.story], title=st.title, link=st.link(i), claim=st.claim, tab=st.tab,
+                 figure=st.shown_figure()) for i, st in enumerate(LESSON)]
+
+
+def index_markdown() -> str:
+    """Every step as a link, by story, for the page's lesson list."""
+    lines = []
+    for key, name in STORIES.items():
+        lines.append(f"**{name}**")
+        lines += [f"- step {i + 1}: [{st.title}]({st.link(i)})" for i, st in enumerate(LESSON) if st.story == key]
+    return "\n".join(lines)

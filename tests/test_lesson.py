@@ -1,0 +1,55 @@
+"""The guided lesson: every step opens as a link of the app, and every claim about numbers holds against
+the model's (or the mask's) own outputs at that step's settings — and fails where the claim would be false."""
+from dataclasses import replace
+from urllib.parse import parse_qsl
+
+import pytest
+
+from explorer import lesson
+from explorer.controls import from_link
+from explorer.lesson import LESSON, MAIN_FIGURE, STORIES
+
+TABS = ("mask", "attention", "anatomy", "isolation", "invariance", "variants", "timing", "export")
+
+
+@pytest.mark.parametrize("index", range(len(LESSON)), ids=[st.title for st in LESSON])
+def test_every_step_is_a_link_the_app_opens_and_its_claim_holds(index):
+    st = LESSON[index]
+    params = dict(parse_qsl(st.link(index).lstrip("?")))
+    assert params["tab"] == st.tab in TABS and params["step"] == str(index) and st.story in STORIES
+    s, problems = from_link(params)
+    assert problems == {} and s == st.settings()
+    assert st.shown_figure() in MAIN_FIGURE.values() or st.figure == "kernel-plot"
+    assert len(st.claim) <= 200 and "\n" not in st.claim                    # one line under the figure
+    if st.tab != "timing":                                                  # every claim but timing's has numbers
+        assert st.check is not None and st.check(s), st.claim
+
+
+def test_both_stories_in_their_order():
+    assert [st.story for st in LESSON] == ["isolation"] * 5 + ["flash"] * 4
+    assert [st.tab for st in LESSON if st.story == "isolation"] == ["mask", "attention", "anatomy", "isolation",
+                                                                    "invariance"]
+    assert [st.shown_figure() for st in LESSON if st.story == "flash"][:3] == ["mask-plot", "kernel-plot",
+                                                                               "kernel-plot"]
+
+
+def test_the_checks_fail_where_their_claims_would_be_false():
+    """The same checks at settings where the claim is untrue: a history row (it is no candidate), the last
+    candidate (under the causal mask no candidate follows it to leak into), the lecture layout's tiles, a
+    single candidate (nothing to reorder)."""
+    by_title = {st.title: st for st in LESSON}
+    row = by_title["A candidate's row"].settings()
+    assert not lesson.zero_weight_on_other_candidates(replace(row, query=2))
+    verdict = by_title["The isolation verdict"].settings()
+    assert not lesson.isolated_exactly_and_leaks_without_the_mask(replace(verdict, candidate=2))   # nothing after C2
+    assert not lesson.fa4_tile_counts(row) and not lesson.masked_share_of_pairs(row)
+    invariance = by_title["Invariance"].settings()
+    assert not lesson.invariant_with_shared_or_no_positions(replace(invariance, operation="add", candidate=0,
+                                                                    num_candidates=1))
+
+
+def test_the_page_gets_every_step_and_the_index_links_them_all():
+    data = lesson.as_data()
+    assert [d["link"] for d in data] == [st.link(i) for i, st in enumerate(LESSON)]
+    index = lesson.index_markdown()
+    assert all(f"]({st.link(i)})" in index for i, st in enumerate(LESSON))
