@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import os
 import re
@@ -24,7 +25,7 @@ from gradio.data_classes import FileData
 from gradio_client.utils import is_file_obj_with_meta
 from pydantic import model_validator
 
-from explorer import controls, export, runs, timing, views
+from explorer import controls, export, lesson, runs, timing, views
 from explorer.controls import CONTROL_FIELDS, LABELS
 from explorer.settings import (COLOR_SCALES, FAMILIES, INVARIANCE_OPS, LANES, MAX_BATCH, PERTURBATIONS, PRESETS,
                                QUEUE_MAX, VALUE_KINDS, XREX_ROPE, ZOOMS, Settings, ValidationError, check_admission,
@@ -387,6 +388,17 @@ def source_change_on_page(query: str, tab: str, request=None) -> list:
 
 
 @guarded
+def present_key_on_page(query: str, keys: str, tab: str, request: gr.Request = None):
+    """Presentation mode's keys, comma-separated (those pressed since the last answer): the view stepped
+    (explorer.controls.step_view), every control set from it and the visible tab redrawn."""
+    s = settings_of(query, request, need_model=False)
+    for key in str(keys or "").split(",")[:64]:
+        if key:
+            s = controls.step_view(s, key)
+    return source_change_on_page(to_query(s), tab, request)
+
+
+@guarded
 def preset_on_page(preset: str, tab: str, request: gr.Request = None):
     return source_change_on_page(preset_endpoint(preset), tab, request)
 
@@ -573,7 +585,10 @@ def weights_file(**kw) -> gr.File:
 # The page's own scripts and styles: every static/*.js goes into the page's <head> once (each defines
 # functions on window.explorer, which the events below call by name), every static/*.css into its styles.
 STATIC = Path(__file__).resolve().parent / "static"
-HEAD = "".join(f"<script>\n{p.read_text()}\n</script>\n" for p in sorted(STATIC.glob("*.js")))
+# The lesson (explorer/lesson.py) goes first, as data for static/present.js; "</" escaped inside the script.
+LESSON_DATA = json.dumps({"steps": lesson.as_data(), "main": lesson.MAIN_FIGURE}).replace("</", "<\\/")
+HEAD = (f"<script>\nwindow.explorer = window.explorer || {{}};\nexplorer.lessonData = {LESSON_DATA};\n</script>\n"
+        + "".join(f"<script>\n{p.read_text()}\n</script>\n" for p in sorted(STATIC.glob("*.js"))))
 CSS_PATHS = sorted(STATIC.glob("*.css"))
 WRITE_URL = "(q, tab) => explorer.writeUrl(q, tab)"
 PICK_ROW = "() => explorer.pickRow()"
@@ -616,13 +631,16 @@ DELETE_CACHE = (900, 3600)
 # tab returns its outputs in its endpoint's order. ----------------------------------------------------
 
 def page_header(d: Settings) -> SimpleNamespace:
-    gr.Markdown("# Attention explorer for recommendation transformers\n"
+    gr.Markdown(elem_id="page-header", value="# Attention explorer for recommendation transformers\n"
                 "Faithful PyTorch ports of X's phoenix rankers — the 2025 open-source `grok.py` and the 2026 "
                 "production trunk (`phoenix-2026*` presets, *model family*): masks, heatmaps from the model's "
                 "own forward, candidate isolation, batch invariance, RoPE and live kernel timings.")
     return SimpleNamespace(
         query=gr.Textbox(label="Link to this view (query string)", value=to_query(d), buttons=["copy"],
                          interactive=False, elem_id="query"),
+        present=gr.Button("Present: the figure full-screen, keys step it (Esc leaves)", size="sm",
+                          elem_id="present-btn"),
+        key=gr.Button("key", elem_id="present-key"),     # clicked by static/present.js with the keys pressed
         # the visible tab; a hidden Textbox, not gr.State, so API calls can name the tab to redraw
         tab_state=gr.Textbox("mask", visible=False),
         marked=gr.State([]),            # the controls marked invalid, to clear when they are fixed
@@ -843,6 +861,18 @@ def wire_navigation(demo: gr.Blocks, page: SimpleNamespace, c: dict) -> None:
     demo.unload(forget_uploads)
 
 
+def wire_presentation(page: SimpleNamespace, c: dict) -> None:
+    """Presentation mode (static/present.js): the Present button enters it in the browser; the keys pressed
+    step the view on the server in one round trip (controls set, visible tab redrawn, link moved)."""
+    outputs = [page.query, page.limit_md] + [c[f] for f in CONTROL_FIELDS] + page.view_outputs
+    page.key.click(present_key_on_page, [page.query, page.hidden_out, page.tab_state], outputs,
+                   js="(q, keys, tab) => [q, explorer.present.pendingKey, tab]", api_name="present_key",
+                   **figures_of(outputs), **HIDDEN, **FORWARD, **RAW) \
+        .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **HIDDEN) \
+        .then(None, None, None, js="() => explorer.present.done()", **HIDDEN)
+    page.present.click(None, None, None, js="() => explorer.present.enter()", api_name="present", **HIDDEN)
+
+
 def wire_view_api(page: SimpleNamespace, outputs: dict) -> None:
     """The API: one endpoint per view, the configuration as a query string."""
     for name in TAB_OUTPUTS:
@@ -883,8 +913,10 @@ def build_app() -> gr.Blocks:
     with gr.Blocks(title="Attention explorer for recommendation transformers", delete_cache=DELETE_CACHE) as demo:
         page = page_header(d)
         with gr.Row():
-            with gr.Column(scale=1, min_width=300):
+            with gr.Column(scale=1, min_width=300, elem_id="sidebar"):
                 source_controls(d, c, page)
+                with gr.Accordion("lesson: two stories, step by step", open=False):
+                    gr.Markdown(lesson.index_markdown())
                 layout_controls(d, c)
                 model_controls(d, c)
             with gr.Column(scale=4):
@@ -899,6 +931,7 @@ def build_app() -> gr.Blocks:
         wire_controls(page, c)
         wire_sources(page, c)
         wire_navigation(demo, page, c)
+        wire_presentation(page, c)
         wire_view_api(page, built)
         wire_timing(page, built["timing"])
         wire_export(page, built["export"])

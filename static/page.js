@@ -10,7 +10,8 @@ window.explorer = window.explorer || {};
 explorer.writeUrl = (q, tab) => {
     const before = window.location.href.split('#')[0];
     const u = new URL(window.location);
-    u.search = q + (tab && tab !== 'mask' ? '&tab=' + encodeURIComponent(tab) : '');
+    u.search = q + (tab && tab !== 'mask' ? '&tab=' + encodeURIComponent(tab) : '')
+        + (explorer.pageParams ? explorer.pageParams() : '');     // presentation mode's (static/present.js)
     window.history.replaceState(null, '', u);
     const now = u.href.split('#')[0];
     if (now !== before) {
