@@ -866,7 +866,7 @@ def wire_presentation(page: SimpleNamespace, c: dict) -> None:
     step the view on the server in one round trip (controls set, visible tab redrawn, link moved)."""
     outputs = [page.query, page.limit_md] + [c[f] for f in CONTROL_FIELDS] + page.view_outputs
     page.key.click(present_key_on_page, [page.query, page.hidden_out, page.tab_state], outputs,
-                   js="(q, keys, tab) => [q, explorer.present.pendingKey, tab]", api_name="present_key",
+                   js="(q, keys, tab) => [q, explorer.present.pendingKey, tab]", api_name="render_after_key",
                    **figures_of(outputs), **HIDDEN, **FORWARD, **RAW) \
         .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **HIDDEN) \
         .then(None, None, None, js="() => explorer.present.done()", **HIDDEN)
