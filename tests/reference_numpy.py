@@ -256,10 +256,3 @@ def retrieval_candidates(params, cand_post_emb, cand_author_emb):
     hidden = x @ np.asarray(tower["candidate_tower_projection_1"], np.float64)
     hidden = hidden / (1.0 + np.exp(-hidden))                                   # SiLU
     return l2_normalise(hidden @ np.asarray(tower["candidate_tower_projection_2"], np.float64))[0]
-
-
-def relative_error(actual, expected, valid):
-    """max |actual - expected| on valid positions, relative to the largest |expected| there."""
-    a = np.asarray(actual, dtype=np.float64)[np.asarray(valid, bool)]
-    e = np.asarray(expected, dtype=np.float64)[np.asarray(valid, bool)]
-    return float(np.abs(a - e).max() / np.abs(e).max())

@@ -159,9 +159,3 @@ def xrex_forward(params, x, valid, *, P, L, num_q_heads, num_kv_heads, key_size,
     normed = rms_norm(h, params[f"{HEAD}/final_layer_norm"]["scale"])
     logits = normed[:, P + L:] @ params[HEAD]["unembeddings"] * (np.sqrt(512.0 / D) * 2.0)
     return h, logits
-
-
-def relative_error(got, expected, valid):
-    """max |got - expected| / max |expected| over valid rows ([B, T] or [B, C] mask)."""
-    got, expected = np.asarray(got, np.float64), np.asarray(expected, np.float64)
-    return float(np.abs(got - expected)[valid].max() / max(np.abs(expected)[valid].max(), 1e-30))

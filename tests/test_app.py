@@ -13,6 +13,7 @@ import torch
 
 from explorer.views import variant_training_report
 from scripts.serve import running_app
+from tolerances import rounding_bound
 
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client import Client, handle_file  # noqa: E402
@@ -116,7 +117,7 @@ def test_attention_endpoint_returns_the_models_probabilities(client):
     fig, bars, text = client.predict(LECTURE + "&head=1", api_name="/attention")
     z = array(plot_data(fig)[0]["z"])
     assert z.shape == (9, 9)
-    np.testing.assert_allclose(z.sum(-1), 1.0, atol=1e-5)         # rows of probabilities
+    assert np.abs(z.sum(-1) - 1).max() <= rounding_bound(torch.float32, 9)   # rows of fp32 probabilities
     assert np.triu(z[:6, :6], 1).max() == 0.0                       # causal prefix
     assert "Query **C0**" in text
 
@@ -578,7 +579,7 @@ def test_every_view_answers_for_both_families(client, family, view):
     elif view == "anatomy":
         _, steps, _, text = client.predict(query + "&head=0&query=8", api_name="/anatomy")
         weights = array(plot_data(steps)[-1]["y"])
-        assert np.allclose(weights, own_probs(query)[8], atol=1e-7) and "differ from the ones it used" in text
+        assert np.array_equal(weights, own_probs(query)[8]) and "differ from the ones it used" in text
         assert ("× scale" in text) == (family == "xrex")
     elif view == "isolation":
         _, _, text = client.predict(query, api_name="/isolation")

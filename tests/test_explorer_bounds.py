@@ -15,6 +15,7 @@ from models.bugzoo import with_bug
 from models.grok import Transformer
 from models.probes import capped_layout, perturb, causality_probe, run_probe
 from models.recsys import RecsysModel
+from tolerances import forward_bound
 
 # --- the parameter estimate is the model's own count ------------------------------------------
 
@@ -114,8 +115,12 @@ def test_batched_causality_probe_agrees_with_one_forward_per_position(chunk):
     buggy = with_bug(model, "unmasked-decoder")
     with torch.no_grad():
         expected = one_at_a_time(buggy, x, mask, off)
-    assert expected > 1e-3
-    assert causality_probe(buggy, x, mask, off, chunk=chunk) == pytest.approx(expected, rel=1e-4)
+        scale = buggy(x, mask, off).embeddings.abs().max().item()
+    # batching changes only how fp32 sums are blocked: each of the two outputs a change compares may round
+    c = model.config
+    bound = 2 * forward_bound(c.num_layers, c.emb_size, c.ffn_hidden, x.shape[1]) * scale
+    assert expected > bound
+    assert abs(causality_probe(buggy, x, mask, off, chunk=chunk) - expected) <= bound
 
 
 def test_capped_layout_keeps_prefix_and_candidates():

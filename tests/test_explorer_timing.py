@@ -8,6 +8,7 @@ import pytest
 
 from explorer import timing
 from explorer.settings import ValidationError, parse_query
+from tolerances import randn_attention_abs_bound
 
 S = parse_query("preset=lecture&weights=random")
 NO_CAP = parse_query("preset=lecture&weights=random&cap_method=none")
@@ -69,7 +70,7 @@ def test_sweep_measures_against_naive_with_interleaved_repeats():
     assert got == {("naive", 16), ("naive", 24), ("structured", 16), ("structured", 24)}
     for r in sw.points:
         assert r["repeats"] >= 5 and 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"]
-        assert r["max_abs_err"] < 1e-5
+        assert r["max_abs_err"] <= randn_attention_abs_bound(max(r["T"], r["head_dim"]))
     assert not sw.stopped
 
 
