@@ -142,10 +142,17 @@ def main(argv=None):
     matmul = matmul_tflops(a.device)
     print(f"{device_name(a.device)}: dense matmul {matmul:.2f} TFLOP/s")
     records = []
+
+    def conditions():
+        return dict(cores=os.cpu_count(), threads=torch.get_num_threads(), load_average_before=load_before,
+                    load_average_after=os.getloadavg()[0], wall_s=round(time.perf_counter() - start, 1),
+                    repeats=a.repeats, note=a.note)
     for preset in a.preset or ["lecture"]:
         left = None if a.budget_s is None else max(0.0, a.budget_s - (time.perf_counter() - start))
         for r in sweep(preset, a.device, budget_s=left, backends=backends, seq_lens=seq_lens, repeats=a.repeats):
             records.append(r)
+            if r["status"] not in NOT_REACHED:       # on disk as measured: a run killed later keeps it
+                write_results(records, a.device, matmul, a.out_dir, conditions())
             if r["status"] == "ok":
                 print(f"{r['preset']:>12} {r['backend']:>14} {r['mask']:>20} cap {r['cap_method']:>4} "
                       f"{'padded' if r['padded'] else 'dense '} B {r['B']:>2} T {r['T']:>6} tiles {r['tiles']}: "
@@ -156,10 +163,7 @@ def main(argv=None):
             elif r["status"] != "skipped: time budget spent":
                 print(f"{r['preset']:>12} {r['backend']:>14} {r['mask']:>20} cap {r['cap_method']:>4} "
                       f"{'padded' if r['padded'] else 'dense '} T {r['T']:>6}: {r['status']}", flush=True)
-    conditions = dict(cores=os.cpu_count(), threads=torch.get_num_threads(), load_average_before=load_before,
-                      load_average_after=os.getloadavg()[0], wall_s=round(time.perf_counter() - start, 1),
-                      repeats=a.repeats, note=a.note)
-    path = write_results(records, a.device, matmul, a.out_dir, conditions)
+    path = write_results(records, a.device, matmul, a.out_dir, conditions())
     print(f"wrote {path}")
     if not a.no_plot:
         for p in write_plots(path, json.loads(path.read_text())):

@@ -1,123 +1,143 @@
 #!/usr/bin/env bash
-# The GPU half of issue 9, verified in two device calls on an H100 / H200 (image: torch 2.11 + CUDA 13,
-# Triton, no network, no plotly / gradio). What the next session with a GPU runs, in this order:
+# The GPU session: FlashAttention-4 and every other backend tested and timed on one device machine.
+# NOT YET RUN ON A GPU: no session so far has had one; everything below is checked on CPU only (the wheel
+# set by tests/test_gpu_wheels.py, the GPU tests' failure checks by tests/test_attention.py).
 #
-#   0. Here, on a machine with PyPI, from the repo root (about 110 MB in .whl/, git-ignored, never committed):
+#   0. Here, on a machine with the package registry, from the repo root (about 210 MB in .whl/, git-ignored):
 #        bash benchmarks/gpu_session.sh fetch
-#      It downloads, as CPython 3.12 manylinux wheels, flash-attn-4==4.0.0b36 (FlashAttention-4, CuTe DSL;
-#      the version whose interface models/attention.py was written against), nvidia-cutlass-dsl==4.8.1 with
-#      its libs-base and libs-cu13 (CUDA 13 driver on the image), apache-tvm-ffi, torch-c-dlpack-ext,
-#      quack-kernels, and plotly (for the explorer-view GPU tests). The CuTe DSL compiler wheel alone is
-#      92 MB and a call carries at most 64 MiB, so the wheels are split into .whl/part1 and .whl/part2.
-#   1. run(command="bash benchmarks/gpu_session.sh call1", carry=[".whl/part1"], timeout_s=600)
-#      parks part 1 in /tmp on the machine, runs every GPU test (FA4 not yet installed: it is skipped with
-#      its reason), then the benchmark for the backends on the image.
-#   2. At once (a machine stays warm ~30 s after a call; /tmp survives only on the same machine):
-#      run(command="bash benchmarks/gpu_session.sh call2", carry=[".whl/part2"], timeout_s=600)
-#      joins and installs the wheels, reruns every GPU test with fa4 present, then fa4's benchmark points
-#      (plus naive, the error reference), merged into call 1's results file.
-#   3. Back here: copy the JSON from each call's files_at into benchmarks/results/, then
+#      downloads benchmarks/gpu-wheels.txt (FlashAttention-4 and what pip's resolver adds for CPython 3.12:
+#      the CuTe DSL compiler and its libs, einops, cuda-bindings, protobuf ...) as one tar cut into .whl/part1
+#      ... .whl/partN, each small enough to carry (a call carries at most 64 MiB with the working tree).
+#   1. For each part but the last, straight after one another (a machine stays warm only ~30 s):
+#        run(command="bash benchmarks/gpu_session.sh park", carry=[".whl/partI"], timeout_s=120)
+#      parks the part in /tmp on the machine.
+#   2. run(command="bash benchmarks/gpu_session.sh all", carry=[".whl/partN"], timeout_s=600)
+#      checks the device's Python is 3.12 (the wheels are cp312), joins the parts, installs them into a venv
+#      with --system-site-packages (the image's torch; .pth files such as the CuTe DSL's are processed),
+#      runs every GPU test with ATTN_REQUIRE_BACKENDS=fa4 (fa4 not loading, or loading and not running,
+#      fails), then the benchmark. Every result lands in $OUT as it is produced: the session log, the test
+#      log and JUnit file (with the measured softcap tanh error), and the results JSON after each record.
+#      The whole call is budgeted from its start: CALL_BUDGET_S (default 540 of the 600 s limit) less a margin
+#      for a FlexAttention / CuTe compile, which cannot be interrupted. "tests" and "bench" run one half.
+#   3. Back here: copy $OUT's results JSON into benchmarks/results/, then
 #        python -m benchmarks.attention --replot benchmarks/results/<file>.json && python scripts/readme_tables.py
-#      and commit the results (device, date and commit are in the file) with the regenerated README.
-#
-# Benchmark cases (bf16, recsys mask with causal and bidirectional prefix, tanh cap and cap off):
-# phoenix-prod at B=32 and at the production batch B=256 (preset phoenix-prod-b256, when the benchmark
-# module has it), and the long sweep T = 512 ... 32768 (naive's OOM recorded, the flash paths continue).
-# flash-attn 2 is not built here (source only, tens of minutes); its varlen path is covered by CPU
-# stand-in tests until a session carries a build.
+#      and commit it (device, date and commit are in the file) with the regenerated README.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:-}:$PWD"
 step=${1:-}
-park=/tmp/gpu-session          # survives between the two calls on a warm machine
-site=/tmp/site                 # carried wheels are installed here
+start=$(date +%s)
+budget=${CALL_BUDGET_S:-540}     # of the device tool's 600 s per call: the rest is the margin
+park=/tmp/gpu-session            # survives between calls on a warm machine
+venv=/tmp/gpu-session/venv
+out=${OUT:-$park/out}
+PART_BYTES=56000000              # + the working tree (~5 MB) stays under the 64 MiB a call carries
+
+left() { echo $(( start + budget - $(date +%s) )); }
 
 fetch() {
     git check-ignore -q .whl/x || { echo ".whl/ must be git-ignored (it is in .gitignore)"; return 1; }
-    rm -rf .whl && mkdir -p .whl/all .whl/part1 .whl/part2
-    local plat="--python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
-                --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64
-                --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64"
-    # shellcheck disable=SC2086
-    python3 -m pip download -q --pre --no-deps --only-binary=:all: $plat -d .whl/all \
-        flash-attn-4==4.0.0b36 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1 \
-        nvidia-cutlass-dsl-libs-cu13==4.8.1 'apache-tvm-ffi>=0.1.11,<0.2' torch-c-dlpack-ext==0.1.5 \
-        quack-kernels==0.6.5 plotly==6.5.0 || return 1
-    # part1: the first 48 MB of the compiler wheel + plotly; part2: the rest of it + every other wheel
-    split -b 48000000 .whl/all/nvidia_cutlass_dsl_libs_cu13-*.whl .whl/part1/libs-cu13.chunk.
-    mv .whl/part1/libs-cu13.chunk.ab .whl/part2/
-    basename .whl/all/nvidia_cutlass_dsl_libs_cu13-*.whl > .whl/part2/libs-cu13.name
-    mv .whl/all/plotly-*.whl .whl/part1/
-    find .whl/all -name '*.whl' ! -name 'nvidia_cutlass_dsl_libs_cu13-*' -exec mv {} .whl/part2/ \;
-    rm -rf .whl/all
-    local tree; tree=$(git ls-files -z --cached --others --exclude-standard | du -cb --files0-from=- | tail -1 | cut -f1)
-    for part in part1 part2; do
-        local bytes=$(( $(du -sb .whl/$part | cut -f1) + tree ))
-        echo "$part + working tree: $(( bytes / 1048576 )) MiB (a call carries at most 64)"
-        [ "$bytes" -lt $(( 64 * 1048576 )) ] || { echo "$part is too large to carry"; return 1; }
+    rm -rf .whl && mkdir -p .whl/all
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
+        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl/all -r benchmarks/gpu-wheels.txt \
+        || return 1
+    tar -C .whl/all -cf .whl/wheels.tar . && rm -rf .whl/all
+    split -b "$PART_BYTES" -d -a 2 .whl/wheels.tar .whl/wheels.tar.
+    local chunks=(.whl/wheels.tar.??) i=1
+    local sum; sum=$(sha256sum .whl/wheels.tar | cut -d' ' -f1)
+    for c in "${chunks[@]}"; do
+        mkdir -p ".whl/part$i" && mv "$c" ".whl/part$i/" && echo "${#chunks[@]} $sum" > ".whl/part$i/manifest"
+        i=$(( i + 1 ))
     done
+    rm .whl/wheels.tar
+    local tree; tree=$(git ls-files -z --cached --others --exclude-standard | du -cb --files0-from=- | tail -1 | cut -f1)
+    [ $(( PART_BYTES + tree )) -lt $(( 64 * 1048576 )) ] || { echo "a part + the working tree exceeds 64 MiB"; return 1; }
+    echo "${#chunks[@]} parts: park .whl/part1 .. part$(( ${#chunks[@]} - 1 )), then run 'all' with .whl/part${#chunks[@]}"
+}
+
+park_parts() {   # copy whatever part this call carried to /tmp
+    mkdir -p "$park"
+    for d in .whl/part*; do [ -d "$d" ] && cp "$d"/* "$park/"; done
+    ls "$park"/wheels.tar.?? 2>/dev/null | wc -l | xargs echo "parts parked on this machine:"
 }
 
 header() {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-    python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'capability', torch.cuda.get_device_capability())"
+    python3 -c "import sys, torch; print('python', sys.version.split()[0], '| torch', torch.__version__, '| cuda', torch.version.cuda, '| capability', torch.cuda.get_device_capability())"
 }
 
-install_wheels() {   # $@: wheel files
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$@" \
-        && export PYTHONPATH="$site:$PYTHONPATH"
+install_fa4() {   # -> 0 and $PY set to the venv's python when FlashAttention-4 is installed
+    PY=python3
+    local pyver; pyver=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    if [ "$pyver" != "3.12" ]; then
+        echo "NOT INSTALLED: the device's Python is $pyver and the carried wheels are cp312"; return 1
+    fi
+    case "$(cat "$park/installed" 2>/dev/null)" in      # an earlier call on this machine installed them
+    venv) PY=$venv/bin/python; return 0 ;;
+    site) export PYTHONPATH="$park/boot:$PYTHONPATH"; return 0 ;;
+    esac
+    [ -f "$park/manifest" ] || { echo "NOT INSTALLED: no wheels parked here (run 'park' for each part first)"; return 1; }
+    read -r n sum < "$park/manifest"
+    local have; have=$(ls "$park"/wheels.tar.?? 2>/dev/null | wc -l)
+    [ "$have" -eq "$n" ] || { echo "NOT INSTALLED: $have of $n parts on this machine (a fresh one: park them again)"; return 1; }
+    cat "$park"/wheels.tar.?? > "$park/wheels.tar"
+    [ "$(sha256sum "$park/wheels.tar" | cut -d' ' -f1)" = "$sum" ] || { echo "NOT INSTALLED: the joined wheels differ from the fetched ones"; return 1; }
+    mkdir -p "$park/wheels" && tar -C "$park/wheels" -xf "$park/wheels.tar"
+    # The wheels' .pth files (the CuTe DSL's puts `cutlass` on the path) run only from a site dir, never from
+    # PYTHONPATH: a venv over the image's packages, or else site.addsitedir from a sitecustomize.
+    if python3 -m venv --system-site-packages --without-pip "$venv" && "$venv/bin/python" -c "import torch"; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --target "$venv/lib/python3.12/site-packages" \
+            "$park"/wheels/*.whl || { echo "NOT INSTALLED: pip could not install the wheels"; return 1; }
+        PY=$venv/bin/python
+        echo venv > "$park/installed.new"
+    else
+        echo "no venv over the image's torch here: site.addsitedir from $park/boot/sitecustomize.py instead"
+        rm -rf "$venv"
+        python3 -c "import sitecustomize" 2>/dev/null && echo "warning: the image's own sitecustomize is shadowed"
+        python3 -m pip install -q --no-index --no-deps --no-compile --target "$park/site" "$park"/wheels/*.whl \
+            || { echo "NOT INSTALLED: pip could not install the wheels"; return 1; }
+        mkdir -p "$park/boot" && echo "import site; site.addsitedir('$park/site')" > "$park/boot/sitecustomize.py"
+        export PYTHONPATH="$park/boot:$PYTHONPATH"
+        echo site > "$park/installed.new"
+    fi
+    "$PY" -c "import cutlass, flash_attn.cute" || { echo "NOT LOADED: the wheels are installed but do not import"; return 1; }
+    mv "$park/installed.new" "$park/installed"
 }
 
-gpu_tests() {
-    python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_attention.py tests/test_device.py -rs
+gpu_tests() {   # $1: seconds
+    echo "== GPU tests ($1 s at most)"
+    timeout "$1" "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_attention.py tests/test_device.py -rs \
+        --junitxml "$out/gpu-tests.xml" 2>&1 | tee "$out/gpu-tests.log"
 }
 
-bench() {   # $1: backends; $2: seconds for the whole set
-    local stop=$(( $(date +%s) + $2 )) presets=(phoenix-prod)
-    python3 -m benchmarks.attention --help | grep -q phoenix-prod-b256 && presets+=(phoenix-prod-b256)
-    presets+=(long)
-    for p in "${presets[@]}"; do
-        local left=$(( stop - $(date +%s) ))
-        [ "$left" -gt 20 ] || { echo "no time left for $p"; continue; }
-        python3 -m benchmarks.attention --device cuda --preset "$p" --backends "$1" --no-plot \
-            --budget-s $(( left / 2 > 60 ? left / 2 : left ))
+bench() {   # benchmark presets until the call's budget is spent, results to $out/results as produced
+    local margin=90               # one uninterruptible compile, and the time to write what was measured
+    for p in phoenix-2026 phoenix-prod phoenix-prod-b256 long; do
+        local l; l=$(left)
+        [ "$l" -gt $(( margin + 30 )) ] || { echo "no time left for $p ($l s)"; break; }
+        echo "== benchmark $p ($(( l - margin )) s)"
+        timeout $(( l - 15 )) "$PY" -m benchmarks.attention --device cuda --preset "$p" --no-plot \
+            --out-dir "$out/results" --budget-s $(( l - margin )) --note "gpu_session.sh, $(date -u +%FT%TZ)"
     done
 }
 
-collect() {
-    mkdir -p "$park/results"
-    find benchmarks/results -name '*.json' -newer "$park/start" -exec cp {} "$park/results/" \;
-    if [ -n "${OUT:-}" ]; then cp "$park"/results/*.json "$OUT"/ 2>/dev/null; cp "$park"/*.log "$OUT"/ 2>/dev/null; fi
-    ls -la "$park/results"
-}
-
 case "$step" in
-fetch)
-    fetch ;;
-call1)
-    mkdir -p "$park" && touch "$park/start"
-    exec > >(tee -a "$park/call1.log") 2>&1
+fetch) fetch ;;
+park) park_parts ;;
+all|tests|bench)
+    mkdir -p "$out/results" "$park"
+    exec > >(tee -a "$out/session.log") 2>&1
     header
-    cp .whl/part1/* "$park/"                                    # for call 2
-    install_wheels "$park"/plotly-*.whl || echo "plotly not installed: the explorer-view GPU test skips"
-    gpu_tests
-    bench naive,sdpa,sdpa-flash,sdpa-efficient,sdpa-cudnn,flex,structured 420
-    collect ;;
-call2)
-    exec > >(tee -a "$park/call2.log") 2>&1
-    header
-    if ! ls "$park"/libs-cu13.chunk.aa >/dev/null 2>&1; then
-        echo "part 1 of the wheels is not on this machine (a fresh one: call 1 ran elsewhere or too long ago)."
-        echo "Run call 1 again and call 2 straight after it."
-        exit 1
-    fi
-    cp "$park"/results/*.json benchmarks/results/ 2>/dev/null          # merge into call 1's file
-    touch "$park/start"
-    cat "$park"/libs-cu13.chunk.aa .whl/part2/libs-cu13.chunk.ab > "$park/$(cat .whl/part2/libs-cu13.name)"
-    install_wheels "$park"/plotly-*.whl "$park"/nvidia_cutlass_dsl_libs_cu13-*.whl .whl/part2/*.whl || exit 1
-    python3 -c "from models.attention import fa4_missing; print('fa4:', fa4_missing() or 'available')"
-    gpu_tests
-    bench naive,fa4 480
-    collect ;;
+    park_parts
+    install_fa4 || echo "the GPU tests will fail on fa4 with the reason it does not load"
+    export ATTN_REQUIRE_BACKENDS=fa4      # fa4 not loading, or loading and never run, fails the tests
+    "$PY" -c "from models.attention import fa4_missing; print('fa4:', fa4_missing() or 'available')"
+    case "$step" in
+    all) gpu_tests $(( $(left) / 2 )); bench ;;
+    tests) gpu_tests $(( $(left) - 15 )) ;;
+    bench) bench ;;
+    esac
+    echo "== done in $(( $(date +%s) - start )) s; in \$OUT: $(cd "$out" && find . -type f | tr '\n' ' ')" ;;
 *)
-    sed -n '2,30p' "$0"; exit 2 ;;
+    sed -n '2,26p' "$0"; exit 2 ;;
 esac

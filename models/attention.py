@@ -23,8 +23,10 @@ Nothing here reads a tensor back to the host: whether a mask is padded is Attent
 mask (models.masks), so a forward makes no host sync and a timed call builds no mask.
 
 Each backend's entry in BACKENDS says what it runs (device, dtype, mask kind, cap, padding, head dim);
-unavailable_reason() says in plain words why a combination is refused. attend() never approximates:
-it runs an exact backend or raises with that reason. A query with no allowed key (only ever a padded
+unavailable_reason() says in plain words why a combination is refused. attend() runs a backend that
+computes this function or raises with that reason; the one approximation is the flash kernels' own:
+flash_attn's and fa4's tanh softcap uses the GPU's fast tanh (tanh.approx.f32, ~5e-4 relative).
+Neither flash backend has run on a GPU yet; both are tested on CPU against stand-ins for their calls. A query with no allowed key (only ever a padded
 position) gets uniform weights from naive/sdpa (grok.py's -1e30) and zeros from the others.
 """
 from __future__ import annotations
@@ -525,7 +527,7 @@ def unavailable_reason(backend: str, *, device: str = "cpu", dtype: str = "float
                        padding: bool = False, head_dim: Optional[int] = None,
                        need_weights: bool = False) -> Optional[str]:
     """None if `backend` can run this exactly, else why not in plain words (shown in the app).
-    No backend is ever run on something it would only approximate."""
+    No backend is run on something it would only approximate (the flash kernels' fast tanh aside)."""
     if backend not in BACKENDS:
         return f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}"
     dev = torch.device(device).type

@@ -8,6 +8,7 @@ from typing import NamedTuple, Optional
 import pytest
 import torch
 
+import gpu_backends
 from models import attention as A
 from models.attention import BACKENDS, attend, unavailable_reason
 from models.grok import Transformer, init_params
@@ -440,6 +441,7 @@ def test_attend_raises_rather_than_approximates():
 # --- GPU: bf16 / fp16 against naive in fp32 on the same inputs -----------------------------
 
 # a compile per case (Triton for flex, CuTe DSL for fa4): checked on a few cases, not the whole grid
+GPU_RAN: set = set()       # every backend a GPU case ran in this session (test_gpu_every_loaded_backend_ran)
 GPU_COMPILED = {"flex": {(torch.bfloat16, "recsys", True, "tanh")},
                 "fa4": {(torch.bfloat16, "recsys", True, "tanh"), (torch.float16, "recsys-bidirectional", False, "none"),
                         (torch.bfloat16, "causal", True, "none")}}
@@ -468,4 +470,55 @@ def test_gpu_backends_match_naive(dtype, kind, padding):
             err = relative_error(attend(q, k, v, mask, backend=backend, **kw).out, ref, valid)
             assert err <= GPU_TOL, (backend, method, err)
             ran.append(backend)
+            GPU_RAN.add(backend)
     assert "naive" in ran and "structured" in ran
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_every_loaded_backend_ran():
+    """Runs after the cases above (file order): a backend whose package loads, or that the GPU session
+    requires, and that none of them ran is a failure, not a skip."""
+    assert GPU_RAN, "run the whole file: no GPU case above ran in this session"
+    assert gpu_backends.unexercised(GPU_RAN) == []
+
+
+def test_gpu_backend_check_fails_on_a_loaded_backend_that_did_not_run(monkeypatch):
+    """The check itself, on CPU: fa4 loading but never run, or required but not loading, is reported."""
+    monkeypatch.setitem(A.BACKENDS, "fa4", A.replace(A.BACKENDS["fa4"], available=lambda: None))
+    cuda_backends = [b for b, x in A.BACKENDS.items() if "cuda" in x.devices and x.available() is None]
+    assert gpu_backends.unexercised(cuda_backends) == []
+    assert gpu_backends.unexercised(set(cuda_backends) - {"fa4"}) == ["fa4 loads here but no GPU test ran it"]
+    monkeypatch.setitem(A.BACKENDS, "fa4", A.replace(A.BACKENDS["fa4"], available=lambda: "flash-attn-4 not installed"))
+    monkeypatch.setenv(gpu_backends.REQUIRE_ENV, "fa4")
+    assert gpu_backends.unexercised(cuda_backends) == [
+        "fa4 is required (ATTN_REQUIRE_BACKENDS) but does not load: flash-attn-4 not installed"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("backend", ["flash_attn", "fa4"])
+def test_gpu_flash_softcap_tanh_is_approximate_by_a_measured_amount(backend, record_property):
+    """FA2's and FA4's softcap use a fast tanh (tanh.approx.f32, ~5e-4 relative): measured on the kernel's
+    own fp32 log-sum-exp, which for a causal query 0 (one key) is the capped logit itself, against
+    cap * tanh(s / cap) in float64 from the same bf16 inputs. Recorded in the JUnit file as
+    softcap_tanh_rel_err; bounded well above the documented 5e-4, well below what a wrong cap would give."""
+    if A.BACKENDS[backend].available():
+        pytest.skip(A.BACKENDS[backend].available())
+    B, T, H, K, cap, scale = 4, 128, 4, 128, 30.0, 128 ** -0.5
+    q, k, v = qkv(B=B, T=T, Hq=H, Hkv=H, K=K, dtype=torch.bfloat16, device="cuda")
+    q = q * 4                                             # logits spread over the cap's bend
+    if backend == "flash_attn":
+        _, lse, _ = A._flash_attn_funcs()[0](q, k, v, softmax_scale=scale, causal=True, softcap=cap,
+                                             return_attn_probs=True)
+    else:
+        _, lse = A._fa4_func()[0](q, k, v, softmax_scale=scale, causal=True, softcap=cap)
+    lse = lse.float() if lse.shape[1] == H else lse.float().transpose(1, 2)        # [B, H, T]
+    s = torch.einsum("bthd,bshd->bhts", q.double(), k.double()) * scale
+    capped = cap * torch.tanh(s / cap)
+    causal = torch.ones(T, T, dtype=torch.bool, device="cuda").tril()
+    exact = torch.logsumexp(capped.masked_fill(~causal, float("-inf")), dim=-1)        # [B, H, T]
+    one_key = ((lse[..., 0] - exact[..., 0]).abs() / exact[..., 0].abs().clamp_min(1e-3)).max().item()
+    record_property("softcap_tanh_rel_err", one_key)
+    record_property("softcap_lse_abs_err", (lse - exact).abs().max().item())
+    assert one_key <= 2e-3, (backend, one_key)

@@ -25,3 +25,20 @@ def test_results_merge_point_by_point(tmp_path):
     assert len(records) == len(first) + len(later)            # T=12 added, nothing duplicated
     kept = {bench.point_key(r): r for r in records}
     assert all(kept[bench.point_key(r)]["status"] == r["status"] for r in first)   # not overwritten
+
+
+def test_each_record_is_on_disk_as_it_is_measured(tmp_path, monkeypatch):
+    """A run killed mid-sweep (a device call's time limit) keeps every record measured before it."""
+    real = list(bench.sweep("lecture", "cpu", seq_lens=[9], backends=["naive"], min_block_ms=0.0))
+
+    def killed_after_the_first(*args, **kwargs):
+        yield real[0]
+        raise KeyboardInterrupt("the call's time limit")
+    monkeypatch.setattr(cli, "sweep", killed_after_the_first)
+    monkeypatch.setattr(cli, "matmul_tflops", lambda device: 0.1)
+    try:
+        cli.main(["--device", "cpu", "--out-dir", str(tmp_path), "--no-plot"])
+    except KeyboardInterrupt:
+        pass
+    (path,) = tmp_path.glob("*.json")
+    assert [r["backend"] for r in json.loads(path.read_text())["records"]] == ["naive"]

@@ -10,6 +10,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import gpu_backends
 from models import attention as A
 from models.bugzoo import bug_names, with_bug
 from models.grok import Transformer, init_params
@@ -102,6 +103,7 @@ def test_isolation_probe_keeps_every_tensor_on_the_model_device():
 GPU_PRESETS = ["lecture", "phoenix-nano", "phoenix-prod"]
 MODEL_TOL = 3e-2     # bf16 through every layer of the trunk, against naive in bf16 on the same inputs
 COMPILED = {"flex", "fa4"}
+CUDA_RAN: set = set()         # every backend a trunk case ran in this session
 
 
 def cuda_trunk_inputs(preset: str, B: int = 2, **changes):
@@ -138,17 +140,29 @@ def test_cuda_trunk_every_backend_matches_naive(preset, cap_method, prefix):
             err = float((out - ref)[valid].abs().max() / ref[valid].abs().max())
             assert err <= MODEL_TOL, (backend, err)
             ran.append(backend)
+            CUDA_RAN.add(backend)
     assert "structured" in ran
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("backend", ["naive", "structured", "sdpa", "flash_attn"])
+def test_cuda_trunk_every_loaded_backend_ran():
+    """After the trunk cases above (file order): every backend that loads here, or that the GPU session
+    requires, ran through the whole model at least once."""
+    assert CUDA_RAN, "run the whole file: no trunk case above ran in this session"
+    assert gpu_backends.unexercised(CUDA_RAN) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("backend", list(A.BACKENDS))
 def test_cuda_forward_makes_no_host_sync(backend):
     """torch.cuda.set_sync_debug_mode('error') raises on any synchronising call (.item(), bool(), nonzero())."""
-    model, emb, valid, off = cuda_trunk_inputs("phoenix-nano", cap_method="none" if backend == "sdpa" else "tanh")
-    if A.unavailable_reason(backend, device="cuda", dtype="bfloat16", cap=model.config.logit_cap,
-                            cap_method=model.config.cap_method, padding=True, head_dim=model.config.key_size):
+    cap_method = "none" if backend.startswith("sdpa") else "tanh"
+    model, emb, valid, off = cuda_trunk_inputs("phoenix-nano", cap_method=cap_method)
+    c = model.config
+    if A.unavailable_reason(backend, device="cuda", dtype="bfloat16", cap=c.logit_cap, cap_method=c.cap_method,
+                            mask_kind=model.attention_mask(valid, off).kind, padding=True, head_dim=c.key_size):
         pytest.skip(f"{backend} unavailable here")
     with torch.no_grad():
         model(emb, valid, off, backend=backend)          # warm-up: kernels load, caches fill
