@@ -25,12 +25,12 @@ from gradio.data_classes import FileData
 from gradio_client.utils import is_file_obj_with_meta
 from pydantic import model_validator
 
-from explorer import controls, export, lesson, runs, timing, views
+from explorer import admission, controls, export, lesson, runs, timing, views
+from explorer.admission import LANES, QUEUE_MAX, visitor_of
 from explorer.controls import CONTROL_FIELDS, LABELS
-from explorer.settings import (COLOR_SCALES, FAMILIES, INVARIANCE_OPS, LANES, MAX_BATCH, PERTURBATIONS, PRESETS,
-                               QUEUE_MAX, VALUE_KINDS, XREX_ROPE, ZOOMS, Settings, ValidationError, check_admission,
-                               check_model_fits, device, parse_query, parse_settings, retired_note, sweep_budget_s,
-                               to_query, with_family)
+from explorer.settings import (COLOR_SCALES, FAMILIES, INVARIANCE_OPS, MAX_BATCH, PERTURBATIONS, PRESETS,
+                               VALUE_KINDS, XREX_ROPE, ZOOMS, Settings, ValidationError, check_model_fits, device,
+                               parse_query, parse_settings, retired_note, sweep_budget_s, to_query, with_family)
 from models.attention import CAP_METHODS
 from models.grok import ROPE_MODES
 from models.masks import MASK_KINDS, PREFIX_MODES
@@ -53,43 +53,59 @@ TAB_OUTPUTS = {"mask": (4, 1), "attention": (3, 2), "anatomy": (4, 3), "isolatio
 VIEW_OUTPUTS = sum(n for n, _ in TAB_OUTPUTS.values())
 # Every event that runs the ranking model (control changes, tab redraws, the view endpoints) queues in
 # one lane: at most LANES["forward"].running forwards at once across all of them, whichever event
-# asked. Exports (one kaleido browser), uploads and timing sweeps have their own lanes of 1. Each lane
-# also bounds how many may wait, and how many of them one visitor's (explorer.settings.LANES): a
-# request over a bound is refused by name when it is pushed, before it takes a place in the queue.
+# asked. The mask view (no model, milliseconds) has its own; exports (one kaleido browser), uploads
+# and timing sweeps have lanes of 1. Each lane bounds how many may wait, and how many of them one
+# visitor's (explorer.admission): a request over a bound is refused by name when it is pushed.
+ADMISSION = admission.Admission()
+
+
 def lane(name: str) -> dict:
     """The event keywords of lane `name`: its concurrency group and its admission check."""
-    return dict(concurrency_id=name, concurrency_limit=LANES[name].running, validator=admission(name))
+    return dict(concurrency_id=name, concurrency_limit=LANES[name].running, validator=admit_to(name))
 
 
-def queued_visitors(request, lane_name: str) -> list:
-    """The visitors (session hashes) of the events waiting in a lane now, one entry per event.
-    Gradio 6 has no public reader of its queue: this is the one place that reads its internals
-    (Queue.event_queue_per_concurrency_id); tests/test_app.py fails if they move."""
+def watch_lanes(demo: gr.Blocks) -> None:
+    """Gradio 6 has no public hook on its queue: this is the one place that touches its internals
+    (Queue.event_queue_per_concurrency_id, EventQueue.queue). Each lane's queue is made up front as
+    an admission.WatchedQueue, so a request's ticket ends the moment it is queued (atomic bounds);
+    tests/test_app.py fails if they move."""
+    from gradio.queueing import EventQueue
+    queues = demo._queue.event_queue_per_concurrency_id
+    for name, bound in LANES.items():
+        queues[name] = EventQueue(name, bound.running)
+        queues[name].queue = admission.WatchedQueue(name, ADMISSION)
+
+
+def lane_now(request, lane_name: str) -> tuple[list, list]:
+    """(waiting, running): (visitor key, session) of each event in a lane now."""
     try:
-        waiting = request.request.app.get_blocks()._queue.event_queue_per_concurrency_id.get(lane_name)
-        return [event.session_hash for event in waiting.queue] if waiting is not None else []
+        queue = request.request.app.get_blocks()._queue
+        waiting = queue.event_queue_per_concurrency_id.get(lane_name)
+        running = [e for job in list(queue.active_jobs) if job for e in job if e.concurrency_id == lane_name]
+        return ([visitor_of(e) for e in list(waiting.queue)] if waiting is not None else [],
+                [visitor_of(e) for e in running])
     except AttributeError:              # a Gradio that moved them: admit (logged), never refuse everyone
         log.warning("cannot read Gradio's queue: admission bounds are off", exc_info=True)
-        return []
+        return [], []
 
 
-def admission(lane_name: str):
+def admit_to(lane_name: str):
     """Gradio's `validator=` for a lane: it runs when an event is pushed, before it is queued, and
     refuses it by name ("queue: got ...") when a bound of the lane would be passed. In the timing
     lane a new Run replaces the visitor's running sweep (which stops within one timed block)."""
     def admit(request: gr.Request, *inputs):
-        # Gradio wants one gr.validate per input; the refusal is shown on the first
-        visitor = session_of(request)
+        # Gradio wants one gr.validate per input, the refusal shown on the first; with one input it
+        # reads the value itself (a 1-tuple would be taken for a valid answer: the check skipped)
         verdicts = [gr.validate(True, "") for _ in inputs]
         try:
-            check_admission(lane_name, queued_visitors(request, lane_name), visitor)
+            ADMISSION.admit(lane_name, visitor_of(request), lambda: lane_now(request, lane_name))
         except ValidationError as e:
             log.info("refused at admission (%s): %s", lane_name, e)
-            verdicts[0] = gr.validate(False, as_text(str(e)))
-            return tuple(verdicts)
-        if lane_name == "timing":
-            TIMING_RUNS.cancel(visitor)
-        return tuple(verdicts)
+            verdicts[0] = gr.validate(False, str(e))
+        else:
+            if lane_name == "timing":
+                TIMING_RUNS.cancel(session_of(request))
+        return verdicts[0] if len(verdicts) == 1 else tuple(verdicts)
     admit.__name__ = f"admit_{lane_name}"
     return admit
 
@@ -97,44 +113,56 @@ def admission(lane_name: str):
 FORWARD = lane("forward")
 TIMING = lane("timing")
 EXPORT = lane("export")
-# Uploads: their own lane of 1, with no admission check: a validator sees Gradio's preprocessed
-# inputs, and the file check in that preprocessing ("weights file: got ...") would then reach the
-# visitor as a bare HTTP 400. Gradio's upload size limit and QUEUE_MAX bound them.
-UPLOAD = dict(concurrency_id="upload", concurrency_limit=1)
 # The mask view runs no model (a few ms): its own lane, so a lecture's /mask never queues behind
 # four probe passes on phoenix-nano.
-LIGHT = dict(concurrency_id="light", concurrency_limit=4)
+LIGHT = lane("light")
+# Uploads: their own lane of 1, with no admission check: a validator sees Gradio's preprocessed
+# inputs, and the file check in that preprocessing ("weights file: got ...") would then reach the
+# visitor as a bare HTTP 400. The raw upload route's per-visitor share and QUEUE_MAX bound them.
+UPLOAD = dict(concurrency_id="upload", concurrency_limit=1)
 
 
 MAX_MESSAGE_CHARS = 2000
 
 
+def for_api_client() -> bool:
+    """The event being answered comes from an API client (gradio_client and the JS client send
+    x-gradio-user: api, MCP mcp; the page sends app), which shows messages as plain text."""
+    from gradio.context import LocalContext
+    request = LocalContext.request.get(None)
+    return (getattr(request, "headers", None) or {}).get("x-gradio-user") in ("api", "mcp")
+
+
 def as_text(message: str) -> str:
     """A message for a toast, shown as the text it is. Gradio renders gr.Error / gr.Warning messages as
-    (sanitised) HTML, and messages echo what a visitor sent — a shared link's `?seed=<a href=...>`
-    would become a link in someone else's toast, `<img src=...>` a request to an outside host. With
-    < and > as entities no element can start; & stays, so API clients read `a&b` unchanged."""
+    (sanitised) HTML on the page, and messages echo what a visitor sent — a shared link's
+    `?seed=<a href=...>` would become a link in someone else's toast, `<img src=...>` a request to an
+    outside host. For the page (or an unknown caller) < and > become entities, so no element can
+    start; API clients read the words as they are."""
     if len(message) > MAX_MESSAGE_CHARS:
         message = message[:MAX_MESSAGE_CHARS - 3] + "..."
-    return message.replace("<", "&lt;").replace(">", "&gt;")
+    return message if for_api_client() else message.replace("<", "&lt;").replace(">", "&gt;")
 
 
 def as_markdown_text(text: str) -> str:
     """`text` (e.g. an uploaded file's name) inside a gr.Markdown value, shown literally: Markdown's
-    punctuation backslash-escaped, so no link, image or code span can be made of it."""
-    return as_text(re.sub(r"([\\`*_{}\[\]()#+\-.!|~])", r"\\\1", text))
+    punctuation backslash-escaped and < > as entities, so no link, image, element or code span can be
+    made of it."""
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!|~])", r"\\\1", text[:MAX_MESSAGE_CHARS]).replace("<", "&lt;") \
+        .replace(">", "&gt;")
 
 
 def guarded(fn):
-    """No traceback reaches the page: validation problems become gr.Error with the field named,
-    CUDA out-of-memory frees the caches, anything else is logged here and answered in one line."""
+    """No traceback reaches the page: the validation layer's refusals (ValidationError) become gr.Error
+    with the field named, CUDA out-of-memory frees the caches, anything else — a bug — is logged with
+    its traceback and answered "internal error (logged)"."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except gr.Error:
             raise
-        except ValueError as e:        # ValidationError and the models' own ValueErrors name the field
+        except ValidationError as e:
             raise gr.Error(as_text(str(e)), print_exception=False) from None
         except torch.OutOfMemoryError:
             runs.clear_caches()
@@ -142,8 +170,7 @@ def guarded(fn):
                            "sequence or a smaller model", print_exception=False) from None
         except Exception:
             log.exception("unexpected error in %s", fn.__name__)
-            raise gr.Error(f"internal error in {fn.__name__}; it was logged on the server",
-                           print_exception=False) from None
+            raise gr.Error(f"{fn.__name__}: internal error (logged)", print_exception=False) from None
     return wrapper
 
 
@@ -936,6 +963,7 @@ def build_app() -> gr.Blocks:
         wire_timing(page, built["timing"])
         wire_export(page, built["export"])
     demo.queue(default_concurrency_limit=4, max_size=QUEUE_MAX)
+    watch_lanes(demo)
     return demo
 
 

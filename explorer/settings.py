@@ -139,50 +139,6 @@ def max_request_flops() -> float:
     return GPU_MAX_REQUEST_FLOPS if device() == "cuda" else CPU_MAX_REQUEST_FLOPS
 
 
-# --- admission: how many requests may wait, before any of them waits -------------------------
-
-@dataclass(frozen=True)
-class Lane:
-    """A queue of the server: `running` at once, at most `waiting` behind them (all visitors), of
-    which at most `per_visitor` from one visitor.
-    A request over a bound is refused by name at once instead of filling the server's one queue
-    (then a lecture's /mask would get Gradio's "Queue is full"), so one visitor cannot sink the rest."""
-    name: str
-    what: str            # in messages: "model views"
-    running: int
-    waiting: int
-    per_visitor: int
-
-
-# Forwards at once: 4 on a GPU; on a CPU one per core (each forward runs one torch thread, see
-# explorer.runs.configure_threads): more only time-share the cores, and the cheap mask view then
-# waits for its share behind them (abuse soak on 2 cores: lecture /mask p95 1.02 s with 4, see
-# benchmarks/results/load-abuse-*.json for the run with this rule).
-FORWARDS_AT_ONCE = 4 if torch.cuda.is_available() else max(1, min(4, os.cpu_count() or 1))
-
-LANES: dict[str, Lane] = {lane.name: lane for lane in (
-    Lane("forward", "model views", running=FORWARDS_AT_ONCE, waiting=24, per_visitor=4),
-    Lane("timing", "timing sweeps", running=1, waiting=4, per_visitor=1),
-    Lane("export", "exports", running=1, waiting=4, per_visitor=1),
-)}
-# Gradio's own bound on everything queued; above the lanes' sum, so only a flood of the cheap events
-# (mask, control syncs: milliseconds each) could reach it.
-QUEUE_MAX = 256
-
-
-def check_admission(lane: str, waiting: list, visitor: str) -> None:
-    """Raise ValidationError("queue", ...) when one more request of `visitor` in `lane` would pass a
-    bound. `waiting`: the visitors of the requests queued in the lane now, one entry per request."""
-    bound = LANES[lane]
-    if len(waiting) >= bound.waiting:
-        raise ValidationError("queue", f"{len(waiting)} {bound.what} waiting",
-                              f"{bound.waiting} at once; the server is busy, try again in a moment")
-    mine = sum(1 for v in waiting if v == visitor)
-    if mine >= bound.per_visitor:
-        raise ValidationError("queue", f"{mine} of your {bound.what} waiting",
-                              f"{bound.per_visitor} per visitor; wait for it to start (or Stop it)")
-
-
 @dataclass(frozen=True)
 class Settings:
     preset: str = "lecture"

@@ -505,24 +505,25 @@ def test_the_queue_refuses_by_name_past_a_lanes_bounds_and_the_mask_keeps_answer
     from dataclasses import replace
 
     import app
-    from explorer import settings
-    monkeypatch.setitem(settings.LANES, "timing", replace(settings.LANES["timing"], waiting=2))
+    from explorer import admission
+    monkeypatch.setitem(admission.LANES, "timing", replace(admission.LANES["timing"], waiting=2))
+    monkeypatch.setenv(admission.TRUSTED_PROXIES_ENV, "1")
     demo = app.build_app()
     _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=None, quiet=True)
     try:
-        a, b, c, d = (Client(url, verbose=False) for _ in range(4))
+        a, b, c, d = (Client(url, verbose=False, headers={"X-Forwarded-For": f"192.0.2.{i}"}) for i in range(4))
         running = a.submit(*LONG_SWEEP, api_name="/timing")
         deadline = time.monotonic() + 60
         while not app.TIMING_RUNS.running() and time.monotonic() < deadline:
             time.sleep(0.05)
         queued = [b.submit(LECTURE, "16", ["naive"], api_name="/timing")]
-        while app.queued_visitors(fake_request(demo), "timing") == [] and time.monotonic() < deadline:
+        while app.lane_now(fake_request(demo), "timing")[0] == [] and time.monotonic() < deadline:
             time.sleep(0.05)
         t0 = time.monotonic()
         with pytest.raises(Exception, match=r"queue: got '1 of your timing sweeps waiting'; allowed: 1 per visitor"):
             b.predict(LECTURE, "16", ["naive"], api_name="/timing")
         queued.append(c.submit(LECTURE, "16", ["naive"], api_name="/timing"))
-        while len(app.queued_visitors(fake_request(demo), "timing")) < 2 and time.monotonic() < deadline:
+        while len(app.lane_now(fake_request(demo), "timing")[0]) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         with pytest.raises(Exception, match=r"queue: got '2 timing sweeps waiting'; allowed: 2 at once"):
             d.predict(LECTURE, "16", ["naive"], api_name="/timing")
@@ -532,6 +533,62 @@ def test_the_queue_refuses_by_name_past_a_lanes_bounds_and_the_mask_keeps_answer
         for job in queued:                                              # the admitted ones still run
             assert "T = 16" in job.result(timeout=120)[-1]
     finally:
+        demo.close()
+
+
+VIEW_APIS = ("mask", "attention", "anatomy", "isolation", "invariance", "variants")
+
+
+def join(url: str, fn_index: int, data: list, session: str, address: str) -> tuple[int, str]:
+    """POST /gradio_api/queue/join as any HTTP client can, from `address` (as the proxy forwards it)."""
+    body = json.dumps({"data": data, "fn_index": fn_index, "session_hash": session, "event_data": None,
+                       "trigger_id": None}).encode()
+    req = urllib.request.Request(f"{url}gradio_api/queue/join", data=body, headers={
+        "Content-Type": "application/json", "X-Forwarded-For": f"1.1.1.1, {address}"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_every_computing_endpoint_refuses_one_session_over_its_share_at_the_http_layer(monkeypatch):
+    """Issue 19: the admission check ran but was ignored for one-input endpoints (Gradio reads a
+    1-tuple of verdicts as a valid answer). With every view held running, one session joins each view
+    endpoint 12 times: only its share is queued, the rest answered HTTP 422 naming the bound, and
+    another address is still admitted."""
+    import threading
+    import time
+
+    import app
+    from explorer import admission, views
+    monkeypatch.setenv(admission.TRUSTED_PROXIES_ENV, "1")
+    gate = threading.Event()
+    for fn in ("mask_view", "attention_view", "anatomy_view", "isolation_view", "invariance_view", "variant_view"):
+        monkeypatch.setattr(views, fn, lambda s, *a, **k: gate.wait(60))
+    demo = app.build_app()
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=None, quiet=True)
+    try:
+        fn_index = {d.api_name: i for i, d in enumerate(demo.fns.values())}
+        for k, api in enumerate(VIEW_APIS):
+            gate.clear()
+            lane = admission.LANES["light" if api == "mask" else "forward"]
+            attacker = f"198.51.100.{k}"
+            answers = [join(url, fn_index[api], [LECTURE], f"attacker-{api}", attacker) for _ in range(12)]
+            accepted = [a for a in answers if a[0] == 200]
+            refused = [a for a in answers if a[0] == 422]
+            assert len(accepted) == lane.per_visitor and len(refused) == 12 - lane.per_visitor, (api, answers)
+            assert all("queue: got" in body and "per visitor" in body for _, body in refused), (api, refused)
+            # fresh session hashes from the same address: only up to the address's share
+            minted = [join(url, fn_index[api], [LECTURE], f"minted-{api}-{i}", attacker)[0] for i in range(12)]
+            assert minted.count(200) == lane.per_address - lane.per_visitor, (api, minted)
+            assert join(url, fn_index[api], [LECTURE], f"honest-{api}", f"203.0.113.{k}")[0] == 200, api
+            gate.set()                                  # the admitted ones run; the lane drains
+            deadline = time.monotonic() + 60
+            while any(app.lane_now(fake_request(demo), lane.name)) and time.monotonic() < deadline:
+                time.sleep(0.05)
+    finally:
+        gate.set()
         demo.close()
 
 

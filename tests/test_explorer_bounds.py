@@ -283,25 +283,6 @@ def test_memory_ceiling_from_the_environment(monkeypatch):
         settings.memory_ceiling()
 
 
-# --- admission: how many may wait, checked when a request is pushed -----------------------------
-
-def test_admission_bounds_the_lane_and_each_visitor_by_name():
-    timing = settings.LANES["timing"]
-    settings.check_admission("timing", ["b"] * (timing.per_visitor - 1), "b")       # room left: admitted
-    with pytest.raises(ValidationError, match=r"^queue: got '1 of your timing sweeps waiting'; allowed: 1 per"):
-        settings.check_admission("timing", ["b"], "b")
-    settings.check_admission("timing", ["b"], "c")                                   # another visitor: fine
-    full = [f"v{i}" for i in range(timing.waiting)]
-    with pytest.raises(ValidationError, match=r"^queue: got '4 timing sweeps waiting'; allowed: 4 at once"):
-        settings.check_admission("timing", full, "new")
-
-
-def test_the_lanes_fit_under_gradios_own_queue_bound():
-    """Gradio refuses everything ("Queue is full", no field named) once QUEUE_MAX events wait: the
-    bounded lanes together must leave room for the cheap events (a lecture's /mask)."""
-    assert sum(lane.waiting for lane in settings.LANES.values()) <= settings.QUEUE_MAX // 2
-
-
 def test_an_idle_server_shrinks_its_caches_and_returns_the_memory(monkeypatch):
     """After load the caches may hold up to the ceiling; once no request has run for IDLE_TRIM_S
     they shrink to IDLE_KEEP_BYTES, least recently used first, and only once per idle spell."""

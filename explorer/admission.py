@@ -1,0 +1,214 @@
+"""Who a visitor is, and how much of the server one visitor may hold: the lanes requests queue in,
+their admission (checked when a request is pushed, before it waits), and per-visitor byte and rate
+shares (uploads). Plain Python: app.py hands in the request objects and Gradio's queue.
+
+A visitor is keyed on what the client cannot mint: an HF-signed-in user where present, else the
+client address as the proxy in front forwards it (the address it appends to X-Forwarded-For, not the
+entries the client sent), else the peer address. Session hashes (chosen by the client) only tell
+apart the tabs of one visitor.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional
+
+import torch
+
+from .settings import ValidationError
+
+# --- who is asking ----------------------------------------------------------------------------
+
+# Proxies in front of the server that append the address they received from to X-Forwarded-For.
+# A Hugging Face Space sits behind one (its ingress); a local run behind none.
+TRUSTED_PROXIES_ENV = "EXPLORER_TRUSTED_PROXIES"
+
+
+def trusted_proxies() -> int:
+    """How many X-Forwarded-For entries, from the right, the server's own proxies wrote (env
+    EXPLORER_TRUSTED_PROXIES; default 1 on a Space, where SPACE_ID is set, else 0)."""
+    raw = os.environ.get(TRUSTED_PROXIES_ENV, "")
+    if not raw.strip():
+        return 1 if os.environ.get("SPACE_ID") else 0
+    if not raw.strip().isdigit() or int(raw) > 8:
+        raise ValidationError(TRUSTED_PROXIES_ENV, raw, "an integer in [0, 8]")
+    return int(raw)
+
+
+def client_address(headers: Mapping[str, str], peer: Optional[str], hops: int) -> str:
+    """The address the outermost trusted proxy received the request from: the `hops`-th entry of
+    X-Forwarded-For from the right (each trusted proxy appends one; what is left of them the client
+    wrote and can make up). With no trusted proxy, or a header too short to have passed them, the
+    peer address of the connection."""
+    if hops > 0:
+        forwarded = [a.strip() for a in (headers.get("x-forwarded-for") or "").split(",") if a.strip()]
+        if len(forwarded) >= hops:
+            return forwarded[-hops]
+    return peer or "unknown"
+
+
+def visitor_key(headers: Mapping[str, str], peer: Optional[str], username: Optional[str] = None,
+                hops: Optional[int] = None) -> str:
+    """'user:<name>' for a signed-in visitor, else 'addr:<client address>'."""
+    if username:
+        return f"user:{username}"
+    return f"addr:{client_address(headers, peer, trusted_proxies() if hops is None else hops)}"
+
+
+def visitor_of(request: Any) -> tuple[str, str]:
+    """(visitor key, session hash) of a gr.Request, a Starlette request or a queued Gradio event
+    (anything with `headers`, `client`, perhaps `username`, `session_hash` or a `request` holding
+    them). No request: an in-process call."""
+    if request is None:
+        return "local", "local"
+    session = getattr(request, "session_hash", None) or "api"
+    inner = getattr(request, "request", None)
+    if inner is not None and hasattr(inner, "headers"):
+        http = inner
+    else:
+        http = request
+    headers = getattr(http, "headers", None) or {}
+    client = getattr(http, "client", None)
+    peer = getattr(client, "host", None) if client is not None else None
+    return visitor_key(headers, peer, getattr(request, "username", None)), session
+
+
+# --- lanes: how many requests may wait, and how many of them one visitor's ---------------------
+
+@dataclass(frozen=True)
+class Lane:
+    """A queue of the server: `running` at once, at most `waiting` behind them (all visitors). One
+    visitor (a page or API client: a session) may hold at most `per_visitor` of its requests, one
+    visitor key (an address or a signed-in user, which may hold many sessions: a class behind one NAT,
+    or one client minting session hashes) `per_address`; held = waiting, plus running where
+    `count_running`. A request over a bound is refused by name at once instead of filling the
+    server's one queue, so one visitor cannot sink the rest."""
+    name: str
+    what: str            # in messages: "model views"
+    running: int
+    waiting: int
+    per_visitor: int
+    per_address: int
+    count_running: bool = True
+
+
+# Forwards at once: 4 on a GPU; on a CPU one per core (each forward runs one torch thread, see
+# explorer.runs.configure_threads): more only time-share the cores.
+FORWARDS_AT_ONCE = 4 if torch.cuda.is_available() else max(1, min(4, os.cpu_count() or 1))
+
+LANES: dict[str, Lane] = {lane.name: lane for lane in (
+    Lane("forward", "model views", running=FORWARDS_AT_ONCE, waiting=48, per_visitor=4, per_address=12),
+    # the mask view (no model): one address holds fewer than run at once, so others always find a slot
+    Lane("light", "mask views", running=6, waiting=64, per_visitor=3, per_address=4),
+    # a new Run replaces the visitor's running sweep, so only waiting ones count
+    Lane("timing", "timing sweeps", running=1, waiting=4, per_visitor=1, per_address=1, count_running=False),
+    Lane("export", "exports", running=1, waiting=4, per_visitor=1, per_address=2),
+)}
+# Gradio's own bound on everything queued; above the lanes' sum, so only a flood of the cheap
+# unbounded events (control syncs: milliseconds each) could reach it.
+QUEUE_MAX = 256
+
+
+def check_admission(lane: str, waiting: list, visitor: tuple, running: list = ()) -> None:
+    """Raise ValidationError("queue", ...) when one more request of `visitor` (key, session) in `lane`
+    would pass a bound. `waiting` / `running`: the (key, session) of each request waiting / running
+    in the lane now."""
+    bound = LANES[lane]
+    if len(waiting) >= bound.waiting:
+        raise ValidationError("queue", f"{len(waiting)} {bound.what} waiting",
+                              f"{bound.waiting} at once; the server is busy, try again in a moment")
+    held = [tuple(v) for v in (*waiting, *(running if bound.count_running else ()))]
+    state = "waiting or running" if bound.count_running else "waiting"
+    mine = sum(1 for v in held if v == tuple(visitor))
+    if mine >= bound.per_visitor:
+        raise ValidationError("queue", f"{mine} of your {bound.what} {state}",
+                              f"{bound.per_visitor} per visitor; wait for one to finish (or Stop it)")
+    ours = sum(1 for v in held if v[0] == visitor[0])
+    if ours >= bound.per_address:
+        raise ValidationError("queue", f"{ours} {bound.what} {state} from your address",
+                              f"{bound.per_address} per address; wait for one to finish")
+
+
+@dataclass
+class Ticket:
+    lane: str
+    visitor: tuple       # (key, session)
+    issued: float
+
+
+class Admission:
+    """Atomic admission: a request admitted to a lane holds a ticket from its check until it is in
+    the lane's queue (`queued`), so checks that run at once count each other and none races past a
+    bound. A ticket whose request never reached the queue (refused later, dropped) lapses after
+    `ticket_ttl_s`."""
+
+    def __init__(self, ticket_ttl_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
+        self.lock = threading.Lock()
+        self.tickets: list[Ticket] = []
+        self.ticket_ttl_s, self.clock = ticket_ttl_s, clock
+
+    def admit(self, lane: str, visitor: tuple, lane_now: Callable[[], tuple[list, list]]) -> None:
+        """Admit one request of `visitor` (key, session) to `lane` or raise ValidationError naming the
+        bound. `lane_now()`: (waiting, running), the (key, session) of each request in the lane now."""
+        with self.lock:
+            now = self.clock()
+            self.tickets = [t for t in self.tickets if now - t.issued < self.ticket_ttl_s]
+            pending = [t.visitor for t in self.tickets if t.lane == lane]
+            waiting, running = lane_now()
+            check_admission(lane, list(waiting) + pending, visitor, running)
+            self.tickets.append(Ticket(lane, tuple(visitor), now))
+
+    def entered(self, lane: str, session: Optional[str]) -> None:
+        """A request of `session` entered `lane`'s queue (call under self.lock): its ticket is spent."""
+        for i, t in enumerate(self.tickets):
+            if t.lane == lane and t.visitor[1] == session:
+                del self.tickets[i]
+                return
+
+
+class WatchedQueue(list):
+    """A lane's queue list that tells `admission` when a request enters it (Gradio appends to it)."""
+
+    def __init__(self, lane: str, admission: Admission, items=()):
+        super().__init__(items)
+        self.lane, self.admission = lane, admission
+
+    def append(self, event) -> None:
+        with self.admission.lock:       # the entry and its ticket's end are one step for every check
+            super().append(event)
+            self.admission.entered(self.lane, getattr(event, "session_hash", None))
+
+
+# --- byte and rate shares per visitor ----------------------------------------------------------
+
+class RateShare:
+    """Per visitor: at most `max_bytes` within any `window_s` and `max_calls` calls in it. `take`
+    raises ValidationError naming `field` when one more would pass a share."""
+
+    def __init__(self, field: str, max_bytes: int, max_calls: int, window_s: float,
+                 clock: Callable[[], float] = time.monotonic):
+        self.field, self.max_bytes, self.max_calls, self.window_s, self.clock = field, max_bytes, max_calls, window_s, clock
+        self.lock = threading.Lock()
+        self.log: dict[str, collections.deque] = {}
+
+    def take(self, visitor: str, nbytes: int) -> None:
+        with self.lock:
+            now = self.clock()
+            for v in list(self.log):                  # forget windows that have passed
+                q = self.log[v]
+                while q and now - q[0][0] >= self.window_s:
+                    q.popleft()
+                if not q:
+                    del self.log[v]
+            q = self.log.setdefault(visitor, collections.deque())
+            used = sum(n for _, n in q)
+            if len(q) >= self.max_calls:
+                raise ValidationError(self.field, f"{len(q)} uploads in {self.window_s / 60:.0f} minutes",
+                                      f"{self.max_calls} per visitor per {self.window_s / 60:.0f} minutes")
+            if used + nbytes > self.max_bytes:
+                raise ValidationError(self.field, f"{used + nbytes:,} bytes in {self.window_s / 60:.0f} minutes",
+                                      f"{self.max_bytes:,} bytes per visitor per {self.window_s / 60:.0f} minutes")
+            q.append((now, nbytes))

@@ -1,0 +1,130 @@
+"""Admission: who a visitor is (what the client cannot mint), the lanes' bounds checked atomically, and
+per-visitor byte / rate shares."""
+import threading
+
+import pytest
+
+from explorer import admission
+from explorer.admission import (LANES, QUEUE_MAX, Admission, RateShare, WatchedQueue, check_admission, client_address,
+                                visitor_key)
+from explorer.settings import ValidationError
+
+
+# --- who is asking -----------------------------------------------------------------------------
+
+def test_the_address_is_the_one_the_trusted_proxy_appended_not_what_the_client_wrote():
+    minted = {"x-forwarded-for": "1.2.3.4, 5.6.7.8, 203.0.113.9"}      # the client wrote the first two
+    assert client_address(minted, "10.0.0.1", hops=1) == "203.0.113.9"
+    assert client_address(minted, "10.0.0.1", hops=2) == "5.6.7.8"
+    assert client_address(minted, "10.0.0.1", hops=0) == "10.0.0.1"     # no proxy: the connection's peer
+    assert client_address({}, "10.0.0.1", hops=1) == "10.0.0.1"         # did not pass the proxy
+    assert client_address({"x-forwarded-for": " , "}, None, hops=1) == "unknown"
+
+
+def test_a_signed_in_user_is_the_visitor_whatever_the_address():
+    assert visitor_key({}, "10.0.0.1", "alice", hops=0) == "user:alice"
+    assert visitor_key({"x-forwarded-for": "9.9.9.9"}, "10.0.0.1", None, hops=1) == "addr:9.9.9.9"
+
+
+def test_trusted_proxies_default_to_one_on_a_space(monkeypatch):
+    monkeypatch.delenv(admission.TRUSTED_PROXIES_ENV, raising=False)
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    assert admission.trusted_proxies() == 0
+    monkeypatch.setenv("SPACE_ID", "someone/explorer")
+    assert admission.trusted_proxies() == 1
+    monkeypatch.setenv(admission.TRUSTED_PROXIES_ENV, "many")
+    with pytest.raises(ValidationError, match="EXPLORER_TRUSTED_PROXIES: got 'many'"):
+        admission.trusted_proxies()
+
+
+def test_minted_session_hashes_share_their_addresss_bound():
+    """One client with a fresh session hash per call is still one address: its share of the lane ends."""
+    lane = LANES["forward"]
+    minted = [("addr:a", f"s{i}") for i in range(lane.per_address)]
+    with pytest.raises(ValidationError, match=rf"^queue: got '{lane.per_address} model views waiting or running "
+                                              rf"from your address'; allowed: {lane.per_address} per address"):
+        check_admission("forward", minted, ("addr:a", "fresh"))
+    check_admission("forward", minted, ("addr:b", "fresh"))          # another address: admitted
+
+
+# --- the lanes' bounds ---------------------------------------------------------------------------
+
+def test_admission_bounds_the_lane_and_each_visitor_by_name():
+    timing = LANES["timing"]
+    b = ("addr:b", "b")
+    check_admission("timing", [b] * (timing.per_visitor - 1), b)       # room left: admitted
+    with pytest.raises(ValidationError, match=r"^queue: got '1 of your timing sweeps waiting'; allowed: 1 per"):
+        check_admission("timing", [b], b)
+    check_admission("timing", [b], ("addr:c", "c"))                    # another visitor: fine
+    full = [(f"addr:v{i}", f"v{i}") for i in range(timing.waiting)]
+    with pytest.raises(ValidationError, match=r"^queue: got '4 timing sweeps waiting'; allowed: 4 at once"):
+        check_admission("timing", full, ("addr:new", "new"))
+    check_admission("timing", [], b, running=[b])                      # a new Run replaces the running sweep
+
+
+def test_running_requests_count_against_a_visitors_share_in_the_lanes_that_say_so():
+    light = LANES["light"]
+    me = ("addr:a", "a")
+    with pytest.raises(ValidationError, match="of your mask views waiting or running"):
+        check_admission("light", [], me, running=[me] * light.per_visitor)
+    assert light.per_address < light.running       # one address never holds every mask slot
+
+
+def test_the_lanes_fit_under_gradios_own_queue_bound():
+    """Gradio refuses everything ("Queue is full", no field named) once QUEUE_MAX events wait: the
+    bounded lanes together must leave room for the cheap unbounded events."""
+    assert sum(lane.waiting for lane in LANES.values()) <= QUEUE_MAX * 3 // 4
+
+
+def test_checks_that_run_at_once_cannot_race_past_a_bound():
+    """Admission holds a ticket from its check until the request is queued: 64 checks at once from
+    one visitor, none of them queued yet, admit exactly its share."""
+    gate = Admission()
+    admitted, refused = [], []
+    start = threading.Barrier(64)
+
+    def push(i):
+        start.wait()
+        try:
+            gate.admit("forward", ("addr:a", f"s{i % 2}"), lambda: ([], []))
+            admitted.append(i)
+        except ValidationError:
+            refused.append(i)
+    threads = [threading.Thread(target=push, args=(i,)) for i in range(64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(admitted) == 2 * LANES["forward"].per_visitor and len(refused) == 64 - len(admitted)
+
+
+def test_a_ticket_ends_when_its_request_is_queued_or_lapses():
+    now = [0.0]
+    gate = Admission(ticket_ttl_s=10.0, clock=lambda: now[0])
+    queue = WatchedQueue("forward", gate)
+    event = type("Event", (), {"session_hash": "s"})()
+    gate.admit("forward", ("addr:a", "s"), lambda: ([], []))
+    assert len(gate.tickets) == 1
+    queue.append(event)                                  # queued: counted from the queue now, not twice
+    assert gate.tickets == [] and list(queue) == [event]
+    gate.admit("forward", ("addr:a", "s"), lambda: ([], []))   # refused later by Gradio: never queued
+    now[0] = 11.0
+    for _ in range(LANES["forward"].per_visitor):        # the lapsed ticket holds no share
+        gate.admit("forward", ("addr:a", "s"), lambda: ([], []))
+
+
+# --- byte and rate shares ------------------------------------------------------------------------
+
+def test_a_rate_share_bounds_bytes_and_calls_per_visitor_within_its_window():
+    now = [0.0]
+    share = RateShare("upload", max_bytes=100, max_calls=3, window_s=60, clock=lambda: now[0])
+    share.take("a", 60)
+    with pytest.raises(ValidationError, match=r"^upload: got '110 bytes in 1 minutes'; allowed: 100 bytes per visitor"):
+        share.take("a", 50)
+    share.take("b", 90)                                  # another visitor's share is their own
+    share.take("a", 10)
+    share.take("a", 10)
+    with pytest.raises(ValidationError, match=r"^upload: got '3 uploads in 1 minutes'; allowed: 3 per visitor"):
+        share.take("a", 1)
+    now[0] = 61.0
+    share.take("a", 100)                                 # the window passed
