@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import re
+import signal
 import threading
 from dataclasses import fields
 from pathlib import Path
@@ -182,7 +183,15 @@ def session_of(request) -> str:
 def settings_of(query: str, request=None, need_model: bool = True) -> Settings:
     """The validated settings of a query string, for the visitor who sent it (their own uploads).
     `need_model=False`: the layout and view options only (the mask view builds no model)."""
-    return parse_query(query, uploaded=runs.uploads(session_of(request)), need_model=need_model)
+    session = session_of(request)
+    try:
+        return parse_query(query, uploaded=runs.uploads(session), need_model=need_model)
+    except ValidationError as e:
+        why = runs.forgotten(session, str(e.value).removeprefix("upload:")) if e.field == "weights" else None
+        if why:
+            raise ValidationError("weights", e.value, f"an upload the server still holds: these weights were "
+                                  f"forgotten {why}; upload the file again") from None
+        raise
 
 
 def model_limit(s: Settings) -> str:
@@ -275,14 +284,16 @@ async def timing_endpoint(query: str, lengths: str, backends: list, geometry: st
                           request: gr.Request = None):
     """Run a live sweep, streaming the figures after each length. The sweep runs in a worker thread;
     if this event is cancelled (Stop, or a client that cancels its job) the run's flag is set and the
-    event waits for the thread to stop (within one timed block) before its queue slot is freed, so
-    "one sweep at a time" holds however many runs are started and cancelled."""
+    cancellation is answered at once; the thread stops within one timed block, and the next sweep
+    starts measuring only after that, so "one sweep at a time" holds however many are cancelled."""
     s, req = timing_request(query, lengths, backends, geometry or timing.geometries()[0],
                             dtype or timing.dtypes()[0], request)
     session = session_of(request)
+    await TIMING_RUNS.wait_stopped()
     run = TIMING_RUNS.start(session)
     steps = timing.sweep(s, req, run)
     loop = asyncio.get_running_loop()
+    ends_with_thread = False
     try:
         recorded = await loop.run_in_executor(None, timing_recorded_curves, req)
         while True:
@@ -291,20 +302,18 @@ async def timing_endpoint(query: str, lengths: str, backends: list, geometry: st
                 sw = await asyncio.shield(step)
             except asyncio.CancelledError:
                 run.cancel()
-                while not step.done():          # hold the slot until the thread has stopped
-                    try:
-                        await asyncio.shield(step)
-                    except asyncio.CancelledError:
-                        continue
-                    except Exception:           # noqa: BLE001 — already cancelled; its error is moot
-                        break
+                if not step.done():             # the thread ends the run when it stops
+                    ends_with_thread = True
+                    TIMING_RUNS.stopping(step)
+                    step.add_done_callback(lambda _: (TIMING_RUNS.end(session, run), steps.close()))
                 raise
             if sw is None:
                 return
             yield timing_outputs(sw, req, recorded)
     finally:
-        TIMING_RUNS.end(session, run)
-        steps.close()
+        if not ends_with_thread:
+            TIMING_RUNS.end(session, run)
+            steps.close()
 
 
 def stop_timing(request: gr.Request = None):
@@ -366,15 +375,16 @@ def upload_endpoint(query: str, path: str, request: gr.Request = None):
     s = settings_of(query, request)
     if not path:
         raise ValidationError("weights file", path, "a .npz or .safetensors file")
-    name = runs.load_upload(s, path, session_of(request))
+    name = runs.load_upload(s, path, session_of(request), visitor_of(request)[0])
     s = parse_settings({**s.to_dict(), "weights": f"upload:{name}"}, uploaded=runs.uploads(session_of(request)))
     return to_query(s), (f"Loaded {as_markdown_text(os.path.basename(path))}: every shape matches; "
                          "the views now use it (for this visitor only).")
 
 
-def forget_uploads(request: gr.Request = None):
-    """The page was closed: its uploads go now rather than after runs.UPLOAD_TTL_S."""
-    runs.forget_uploads(session_of(request))
+def page_gone(request: gr.Request = None):
+    """The page was closed, or its connection dropped: its uploads go runs.PAGE_GONE_GRACE_S later
+    unless it comes back (any request of the session), rather than after runs.UPLOAD_TTL_S."""
+    runs.page_gone(session_of(request))
 
 
 # --- controls <-> query string --------------------------------------------------------------
@@ -885,7 +895,7 @@ def wire_navigation(demo: gr.Blocks, page: SimpleNamespace, c: dict) -> None:
                     show_progress="hidden", **HIDDEN)
            .then(limit_endpoint, page.query, page.limit_md, api_name="limit_after_load", **HIDDEN), "load")
     demo.load(None, None, None, js=PICK_ROW, api_name="pick_row", **HIDDEN)
-    demo.unload(forget_uploads)
+    demo.unload(page_gone)
 
 
 def wire_presentation(page: SimpleNamespace, c: dict) -> None:
@@ -964,7 +974,34 @@ def build_app() -> gr.Blocks:
         wire_export(page, built["export"])
     demo.queue(default_concurrency_limit=4, max_size=QUEUE_MAX)
     watch_lanes(demo)
+    keep_outputs_out_of_session_state()
     return demo
+
+
+# What Gradio keeps per session: a copy of the page's config (~240 KB) and, by default, the last value
+# of every output (the figures: 17 MB for a heavy mask, 346 MB for a zoomed grid), for 10,000 sessions
+# and an hour after a page closes — outside every ceiling of ours, and a client mints a session per
+# call. This app offers no deep links (the one reader of those values), so none are kept, and at most
+# SESSION_CAPACITY sessions are (oldest dropped first: its page keeps working, the next event of it
+# starts a fresh state; the address bar carries the settings).
+SESSION_CAPACITY = 400
+SESSION_STATE_BYTES = 256 * 2**10       # measured: one SessionState of this page, tracemalloc
+
+
+def keep_outputs_out_of_session_state() -> None:
+    """Gradio's SessionState._update_value_in_config copies each output's value into the session's
+    deep-link config: made a no-op (the one other place, with watch_lanes, that touches Gradio's
+    internals; tests/test_app.py fails if it moves)."""
+    from gradio.state_holder import SessionState
+    SessionState._update_value_in_config = lambda self, key, value: None
+
+
+def launch_options() -> dict:
+    """demo.launch keywords: the front door (body and upload-route bounds per visitor) and the
+    session capacity."""
+    from starlette.middleware import Middleware
+    return dict(show_error=True, max_file_size=f"{runs.MAX_UPLOAD_BYTES}b", head=HEAD, css_paths=CSS_PATHS,
+                state_session_capacity=SESSION_CAPACITY, app_kwargs={"middleware": [Middleware(admission.FrontDoor)]})
 
 
 
@@ -985,8 +1022,17 @@ def warm_up() -> None:
 # show_error=True: our own functions answer every problem as a gr.Error already (`guarded`), so what
 # this adds is Gradio's own refusal of a malformed call — "An event handler (mask_endpoint) didn't
 # receive enough input values (needed: 1, got: 0)" — which show_error=False blanks to {"error": null}.
+def stop_on_sigterm() -> None:
+    """SIGTERM (a Space restarting, `kill`) ends the server like Ctrl-C: Gradio closes it and the
+    interpreter exits normally, so atexit handlers run (export folders in the temp dir are removed)."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
+    stop_on_sigterm()
     runs.configure_threads()            # once, before any worker thread runs a forward
     runs.start_idle_trim()
     warm = threading.Timer(3.0, warm_up)
@@ -994,4 +1040,4 @@ if __name__ == "__main__":
     warm.start()
     build_app().launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                        server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
-                       show_error=True, max_file_size="200mb", head=HEAD, css_paths=CSS_PATHS)
+                       **launch_options())

@@ -10,6 +10,7 @@ apart the tabs of one visitor.
 from __future__ import annotations
 
 import collections
+import json
 import os
 import threading
 import time
@@ -212,3 +213,93 @@ class RateShare:
                 raise ValidationError(self.field, f"{used + nbytes:,} bytes in {self.window_s / 60:.0f} minutes",
                                       f"{self.max_bytes:,} bytes per visitor per {self.window_s / 60:.0f} minutes")
             q.append((now, nbytes))
+
+
+# --- the HTTP front door: bodies and raw uploads per visitor ---------------------------------
+
+MAX_JSON_BODY_BYTES = 1 * 2**20         # the page's largest event (every control at once) is ~20 KB
+MAX_ERROR_BODY_BYTES = 4096             # a refusal that would echo a visitor's inputs is cut to this
+UPLOAD_ROUTE_SHARE = dict(max_bytes=600 * 2**20, max_calls=20, window_s=3600.0)   # per visitor, raw upload route
+
+
+def _json_response(status: int, detail: str) -> tuple[dict, dict]:
+    body = json.dumps({"detail": detail}).encode()
+    return ({"type": "http.response.start", "status": status,
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]},
+            {"type": "http.response.body", "body": body, "more_body": False})
+
+
+class FrontDoor:
+    """ASGI middleware in front of Gradio's app: request bodies over MAX_JSON_BODY_BYTES are refused
+    before they are read (the raw upload route instead takes its bytes from the visitor's
+    UPLOAD_ROUTE_SHARE), and error answers of the queue are cut to MAX_ERROR_BODY_BYTES (Gradio's
+    "didn't receive enough input values" echoes every input it got)."""
+
+    def __init__(self, app, upload_share: Optional[RateShare] = None):
+        self.app = app
+        self.uploads = upload_share or RateShare("upload", **UPLOAD_ROUTE_SHARE)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        try:
+            declared = int(headers.get("content-length", "-1"))
+        except ValueError:
+            declared = -1
+        path = scope.get("path", "")
+        if path.endswith("/upload"):
+            limit = self.uploads.max_bytes
+            try:
+                if declared < 0:
+                    raise ValidationError("upload", "a body without Content-Length", "a declared size")
+                peer = (scope.get("client") or (None,))[0]
+                self.uploads.take(visitor_key(headers, peer), declared)
+            except ValidationError as e:
+                start, body = _json_response(429 if "uploads in" in str(e) else 413, str(e))
+                await send(start)
+                return await send(body)
+        else:
+            limit = MAX_JSON_BODY_BYTES
+            if declared > limit:
+                start, body = _json_response(413, str(ValidationError(
+                    "request body", f"{declared:,} bytes", f"at most {limit:,} bytes")))
+                await send(start)
+                return await send(body)
+        seen = 0
+
+        async def bounded_receive():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > max(limit, declared):         # a body longer than it said, or chunked past the bound
+                raise ValueError(f"request body: more than {max(limit, declared):,} bytes")
+            return message
+        send_out = self._cut_errors(send) if path.endswith("/queue/join") else send
+        return await self.app(scope, bounded_receive, send_out)
+
+    @staticmethod
+    def _cut_errors(send):
+        held = {}
+
+        async def cut(message):
+            if message["type"] == "http.response.start" and message["status"] >= 400:
+                held["start"], held["body"] = message, b""
+                return
+            if "start" not in held:
+                return await send(message)
+            held["body"] += message.get("body", b"")
+            if message.get("more_body"):
+                return
+            body = held["body"]
+            if len(body) > MAX_ERROR_BODY_BYTES:
+                try:
+                    text = str(json.loads(body).get("detail"))
+                except (ValueError, AttributeError):
+                    text = body.decode("utf-8", "replace")
+                start, out = _json_response(held["start"]["status"], text[:MAX_ERROR_BODY_BYTES // 2] + " ... (cut)")
+                await send(start)
+                return await send(out)
+            await send(held["start"])
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+        return cut

@@ -312,13 +312,17 @@ def _initialised(s: Settings) -> RecsysModel | XrexRecsys:
 
 # --- uploaded weights: each visitor's own -----------------------------------------------------
 # Held per session (Gradio's session hash; gradio_client keeps one per Client) and never listed to
-# anyone else; forgotten UPLOAD_TTL_S after their last use, or when the page is closed. A session
-# keeps its newest UPLOADS_PER_SESSION; one visitor's uploads never evict another's: when every
-# session's uploads together fill MAX_UPLOAD_STORE_BYTES, a new upload is refused by name instead.
+# anyone else; forgotten UPLOAD_TTL_S after their last use, or PAGE_GONE_GRACE_S after the page
+# was closed (a dropped heartbeat of an open page is back within seconds). A session keeps its newest
+# UPLOADS_PER_SESSION; the sessions of one visitor key (explorer.admission: an address or a signed-in
+# user) hold at most UPLOAD_SHARE_BYTES together, and nobody's uploads evict another's: when the
+# store (MAX_UPLOAD_STORE_BYTES) is full, a new upload is refused by name instead.
 # Names are the file's content hash, so two sessions holding one name hold the same weights.
 UPLOADS_PER_SESSION = 2
 MAX_UPLOAD_STORE_BYTES = 512 * 2**20        # as fp32 tensors: ~3 models at the CPU's 40M-parameter cap
+UPLOAD_SHARE_BYTES = MAX_UPLOAD_STORE_BYTES * 3 // 8    # one visitor: one cap-sized model, or a few small
 UPLOAD_TTL_S = 3600.0
+PAGE_GONE_GRACE_S = 600.0
 
 
 @dataclass
@@ -327,36 +331,70 @@ class Upload:
     geometry: dict[str, Any]            # the settings its shapes were checked against
     nbytes: int
     used: float                         # time.monotonic() of the last use
+    visitor: str = "local"              # explorer.admission's visitor key of the session that loaded it
 
 
 _UPLOADS: dict[str, dict[str, Upload]] = {}     # session -> name -> upload, oldest first
+_GONE: dict[str, float] = {}                    # session -> when its page was closed
+_FORGOTTEN: dict[str, tuple[set, str]] = {}     # session -> (names forgotten, why), for the next message
 _uploads_lock = threading.Lock()
 
 
 def _expire_uploads(now: float) -> None:
     for session in list(_UPLOADS):
         mine = _UPLOADS[session]
-        for name in [n for n, u in mine.items() if now - u.used > UPLOAD_TTL_S]:
+        gone = _GONE.get(session)
+        if gone is not None and now - gone > PAGE_GONE_GRACE_S:
+            why = f"{PAGE_GONE_GRACE_S / 60:.0f} minutes after the page was closed"
+            expired = list(mine)
+        else:
+            why = f"{UPLOAD_TTL_S / 60:.0f} minutes after their last use"
+            expired = [n for n, u in mine.items() if now - u.used > UPLOAD_TTL_S]
+        for name in expired:
             del mine[name]
+        if expired:
+            names, _ = _FORGOTTEN.get(session, (set(), ""))
+            _FORGOTTEN[session] = (names | set(expired), why)
         if not mine:
             del _UPLOADS[session]
+            _GONE.pop(session, None)
+    while len(_FORGOTTEN) > 10_000:                 # notes for sessions that never came back
+        _FORGOTTEN.pop(next(iter(_FORGOTTEN)))
 
 
 def uploads(session: str) -> dict[str, dict[str, Any]]:
     """This session's uploads: name -> the geometry they fit (explorer.settings' `uploaded`). Asking
-    counts as a use, so weights a visitor is looking at do not expire."""
+    counts as a use (and as the page being open), so weights a visitor is looking at do not expire."""
     now = time.monotonic()
     with _uploads_lock:
         _expire_uploads(now)
+        _GONE.pop(session, None)
         mine = _UPLOADS.get(session, {})
         for u in mine.values():
             u.used = now
         return {name: dict(u.geometry) for name, u in mine.items()}
 
 
+def forgotten(session: str, name: str) -> Optional[str]:
+    """Why this session's upload `name` was forgotten (e.g. '10 minutes after the page was closed'),
+    or None if it never held it."""
+    with _uploads_lock:
+        names, why = _FORGOTTEN.get(session, (set(), ""))
+        return why if name in names else None
+
+
+def page_gone(session: str) -> None:
+    """The page of `session` was closed (or lost its connection): its uploads go after
+    PAGE_GONE_GRACE_S unless it comes back."""
+    with _uploads_lock:
+        if session in _UPLOADS:
+            _GONE[session] = time.monotonic()
+
+
 def forget_uploads(session: str) -> None:
     with _uploads_lock:
         _UPLOADS.pop(session, None)
+        _GONE.pop(session, None)
 
 
 def _upload_state(weights: str) -> dict[str, torch.Tensor]:
@@ -370,7 +408,7 @@ def _upload_state(weights: str) -> dict[str, torch.Tensor]:
     raise ValidationError("weights", weights, "an uploaded file the server still holds; upload it again")
 
 
-def load_upload(s: Settings, path: str, session: str) -> str:
+def load_upload(s: Settings, path: str, session: str, visitor: str = "local") -> str:
     """Check an uploaded .npz / .safetensors file against the current configuration and keep it for
     this session.
 
@@ -411,7 +449,14 @@ def load_upload(s: Settings, path: str, session: str) -> str:
         mine = _UPLOADS.get(session, {})
         mine.pop(name, None)                     # uploaded again: now the newest, with this geometry
         evicted = list(mine)[:max(0, len(mine) - UPLOADS_PER_SESSION + 1)]
-        held = sum(u.nbytes for m in _UPLOADS.values() for n, u in m.items() if m is not mine or n not in evicted)
+        kept = [u for m in _UPLOADS.values() for n, u in m.items() if m is not mine or n not in evicted]
+        ours = sum(u.nbytes for u in kept if u.visitor == visitor)
+        if ours + nbytes > UPLOAD_SHARE_BYTES:
+            raise ValidationError("weights file", f"{ours + nbytes:,} bytes of weights held by your uploads",
+                                  f"{UPLOAD_SHARE_BYTES:,} bytes per visitor (every page and client of one "
+                                  f"address together) — close another page's uploads or wait "
+                                  f"{UPLOAD_TTL_S / 60:.0f} minutes for them to be forgotten")
+        held = sum(u.nbytes for u in kept)
         if held + nbytes > MAX_UPLOAD_STORE_BYTES:
             raise ValidationError("weights file", f"{nbytes:,} bytes of weights",
                                   f"room in the server's upload store ({MAX_UPLOAD_STORE_BYTES - held:,} of "
@@ -419,8 +464,9 @@ def load_upload(s: Settings, path: str, session: str) -> str:
                                   f"{UPLOAD_TTL_S / 60:.0f} minutes after their last use) — try again later")
         for n in evicted:
             del mine[n]
-        mine[name] = Upload(state, geometry, nbytes, now)
+        mine[name] = Upload(state, geometry, nbytes, now, visitor)
         _UPLOADS[session] = mine
+        _FORGOTTEN.pop(session, None)
     return name
 
 

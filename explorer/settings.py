@@ -76,6 +76,11 @@ GPU_MAX_REQUEST_FLOPS = 200e12
 # it). 4 GiB leaves a free 16 GB Space (and the process's own ~1 GB) plenty of headroom.
 MEMORY_CEILING_ENV = "EXPLORER_MEMORY_BYTES"
 DEFAULT_MEMORY_CEILING = 4 * 2**30
+# What a view sends back is bounded before it runs: heatmap cells per figure (a zoomed grid is pooled
+# past it), each ~6 bytes on the wire (float32 as base64 plus the JSON around it), held about three
+# times over while it is serialised (figure, JSON, response) — counted in every view's peak bytes.
+MAX_FIGURE_CELLS = 2_200_000
+FIGURE_PEAK_BYTES = 3 * 6 * MAX_FIGURE_CELLS
 # The timing tab's sequence lengths: memory-bound backends are refused per point by the benchmark's RAM
 # guard, and the sweep by its time budget; on a GPU flash goes on to 32k where naive runs out of memory.
 TIMING_MAX_LEN_CPU = 2048
@@ -620,8 +625,10 @@ def _view_costs(s: Settings) -> dict:
     recorded = forward_cost(s, B, record=True)                # runs.forward: the one recorded forward
     kept = recorded_bytes(s, B)                               # ... which stays while the others run
     return {
-        "mask": Cost(peak_bytes=2 * 9 * s.seq_len ** 2),   # two [T, T] masks, bool and float
+        # two [T, T] masks, bool and float; building them is ~500 operations a cell (T 2048: ~1 s)
+        "mask": Cost(flops=500.0 * s.seq_len ** 2, peak_bytes=2 * 9 * s.seq_len ** 2),
         "attention": recorded,
+        "anatomy": recorded,
         # the recorded forward, the perturbed batch recorded, and both rows again under a causal mask
         "isolation": recorded + forward_cost(s, B, record=True).holding(kept)
         + forward_cost(s, 2, record=True).holding(kept)
@@ -632,7 +639,9 @@ def _view_costs(s: Settings) -> dict:
     }
 
 
-VIEWS = ("mask", "attention", "isolation", "invariance", "variants")
+VIEWS = ("mask", "attention", "anatomy", "isolation", "invariance", "variants")
+# figures each view returns (explorer.views), each bounded by FIGURE_PEAK_BYTES
+VIEW_FIGURES = {"mask": 1, "attention": 2, "anatomy": 3, "isolation": 2, "invariance": 3, "variants": 3}
 
 
 def view_cost(s: Settings, view: str) -> Cost:
@@ -640,7 +649,7 @@ def view_cost(s: Settings, view: str) -> Cost:
     costs = _view_costs(s)
     if view not in costs:
         raise ValidationError("view", view, ", ".join(costs))
-    cost = costs[view]
+    cost = costs[view].holding(VIEW_FIGURES[view] * FIGURE_PEAK_BYTES)
     return cost if view == "mask" else cost.holding(model_bytes(s))
 
 

@@ -315,6 +315,7 @@ class TimingRuns:
         self.lock = threading.Lock()
         self.by_session: dict[str, set] = {}
         self.threads = 0
+        self.unfinished: set = set()        # cancelled sweeps' last steps, still in their threads
 
     def start(self, session: str, budget_s: Optional[float] = None) -> LiveRun:
         run = LiveRun(sweep_budget_s() if budget_s is None else budget_s)
@@ -356,6 +357,20 @@ class TimingRuns:
         notes = [f"Stopped after {r.done} of {r.total} lengths: the measured points are kept."
                  for r in runs_here if isinstance(r, LiveRun) and r.total]
         return " ".join(notes)
+
+    def stopping(self, step) -> None:
+        """A cancelled sweep's last step (an asyncio future), still in its thread: the next sweep waits."""
+        with self.lock:
+            self.unfinished.add(step)
+        step.add_done_callback(lambda done: self.unfinished.discard(done))
+
+    async def wait_stopped(self) -> None:
+        """Until every cancelled sweep's thread has stopped (within one timed block): one sweep measures
+        at a time however many are started and cancelled, and a cancel is answered at once."""
+        import asyncio
+        while self.unfinished:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(next(iter(self.unfinished)))
 
 
 def prewarm(s: Settings) -> None:

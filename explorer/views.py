@@ -27,7 +27,7 @@ from models.xrex import right_anchored_positions
 from . import runs
 from .figures import (DIVERGING, MASK_SCALE, SEGMENT_NAMES, SEQUENTIAL, TILE_SCALE, Panel, bar_figure,
                       grouped_bar_figure, heatmap_figure, line_figure, stacked_bars_figure)
-from .settings import BUG_ZOO_MAX_POSITIONS, Settings
+from .settings import BUG_ZOO_MAX_POSITIONS, MAX_FIGURE_CELLS, Settings
 
 # the mask table's tile column: production's H100 serving tiles (64 query rows x 128 keys)
 BLOCK_Q, BLOCK_KV = KERNEL_TILINGS["h100-serve"].block_q, KERNEL_TILINGS["h100-serve"].block_kv
@@ -80,9 +80,13 @@ def zoom_region(s: Settings) -> tuple[list[int], list[int]]:
     return list(range(T)), list(range(T))
 
 
-def cells(s: Settings, full: int) -> int:
-    """max_cells per axis: zoomed regions are drawn at full resolution."""
-    return full if s.zoom == "all" else max(full, s.seq_len)
+def cells(s: Settings, full: int, panels: int = 1) -> int:
+    """max_cells per axis: zoomed regions at full resolution, as far as the figure stays within
+    MAX_FIGURE_CELLS (explorer.settings: its bytes on the wire are bounded before the work starts);
+    pooled beyond that, never coarser than the whole-sequence view."""
+    if s.zoom == "all":
+        return full
+    return max(full, min(s.seq_len, math.isqrt(MAX_FIGURE_CELLS // max(1, panels))))
 
 
 def _panel(s: Settings, z: np.ndarray, title: str, meta: dict | None = None) -> Panel:
@@ -96,8 +100,11 @@ def _panel(s: Settings, z: np.ndarray, title: str, meta: dict | None = None) -> 
                  [seg[i] for i in rows], [seg[i] for i in cols], row_spans=[(i, i + 1) for i in rows], meta=meta)
 
 
-def zoom_note(s: Settings) -> str:
-    return "" if s.zoom == "all" else f" · zoom: {s.zoom}, full resolution"
+def zoom_note(s: Settings, max_cells: int) -> str:
+    if s.zoom == "all":
+        return ""
+    rows, cols = zoom_region(s)
+    return f" · zoom: {s.zoom}" + (", full resolution" if max(len(rows), len(cols)) <= max_cells else "")
 
 
 # --- 1. mask -------------------------------------------------------------------------------
@@ -107,9 +114,10 @@ def mask_view(s: Settings) -> tuple[go.Figure, str]:
     kinds = [s.mask_kind, s.compare]
     masks = [layout_mask(s, k) for k in kinds]
     panels = [_panel(s, m.dense()[0, 0].numpy().astype(float), k) for k, m in zip(kinds, masks)]
-    fig = heatmap_figure(panels, cols=2, title=f"Who may attend to whom (T = {s.seq_len}){zoom_note(s)}",
+    n = cells(s, SINGLE_MAX_CELLS, len(panels))
+    fig = heatmap_figure(panels, cols=2, title=f"Who may attend to whom (T = {s.seq_len}){zoom_note(s, n)}",
                          value_name="", colorscale=MASK_SCALE, zmin=0, zmax=1,
-                         discrete={1.0: "may attend", 0.0: "masked"}, max_cells=cells(s, SINGLE_MAX_CELLS),
+                         discrete={1.0: "may attend", 0.0: "masked"}, max_cells=n,
                          outline_row=s.query_position)
     rows = ["| mask | allowed pairs | of T² | skipped by an element-wise kernel | "
             f"skipped {BLOCK_Q}×{BLOCK_KV} tiles |", "|---|---|---|---|---|"]
@@ -226,16 +234,18 @@ def attention_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
                  if len(heads) == s.num_q_heads else
                  f"every layer, query heads 0-{heads[-1]} of {s.num_q_heads} ({s.num_q_heads} query heads "
                  f"share {s.num_kv_heads} KV heads; pick a head to see any other)")
-        fig = heatmap_figure(panels, cols=cols, title=f"Attention {s.values}: {shown}{row_note(s)}{zoom_note(s)}",
+        n = cells(s, GRID_MAX_CELLS, sum(p is not None for p in panels))
+        fig = heatmap_figure(panels, cols=cols, title=f"Attention {s.values}: {shown}{row_note(s)}{zoom_note(s, n)}",
                              value_name=value_name, color=s.color, colorscale=scale,
-                             max_cells=cells(s, GRID_MAX_CELLS), column_groups=groups, outline_row=s.query_position,
+                             max_cells=n, column_groups=groups, outline_row=s.query_position,
                              zmin=0 if s.values == "probabilities" else None)
         bar_head = 0
     else:
         vals = attention_values(s, s.layer)
         kv = s.head // G
         fig = heatmap_figure([_panel(s, vals[s.head], "", dict(layer=s.layer, head=s.head))], title=f"Attention {s.values}: layer {s.layer}, "
-                             f"query head {s.head} (KV head {kv}){row_note(s)}{zoom_note(s)}",
+                             f"query head {s.head} (KV head {kv}){row_note(s)}"
+                             f"{zoom_note(s, cells(s, SINGLE_MAX_CELLS))}",
                              value_name=value_name, color=s.color, colorscale=scale,
                              max_cells=cells(s, SINGLE_MAX_CELLS), zmin=0 if s.values == "probabilities" else None,
                              outline_row=s.query_position)
@@ -295,6 +305,7 @@ def row_anatomy(s: Settings) -> RowAnatomy:
         float((probs @ v - out).abs().max()))
 
 
+@runs.bounded("anatomy")
 def anatomy_view(s: Settings) -> tuple[go.Figure, go.Figure, go.Figure, str]:
     """One attention row step by step: q and k after RoPE; q·k per key; times the multiplier; the cap;
     the mask; the softmax; the weighted sum of V. Every number is read from the recorded forward (the

@@ -522,6 +522,9 @@ def _check_safetensors_header(path: str, name: str, max_bytes: int) -> None:
         except (ValueError, UnicodeDecodeError) as e:
             raise ValueError(f"{FILE_FIELD}: {name!r} could not be read as .safetensors (header: "
                              f"{str(e)[:100]})") from None
+        except RecursionError:          # JSON nested thousands deep: no header of weights is
+            raise ValueError(f"{FILE_FIELD}: {name!r} could not be read as .safetensors (header: JSON "
+                             f"nested too deeply; allowed: an object of arrays)") from None
     if not isinstance(header, dict):
         raise ValueError(f"{FILE_FIELD}: {name!r} could not be read as .safetensors (header is no JSON object)")
     entries = {k: v for k, v in header.items() if k != "__metadata__"}

@@ -17,6 +17,8 @@ LECTURE = "preset=lecture&weights=random"
 @pytest.fixture(autouse=True)
 def empty_store(monkeypatch):
     monkeypatch.setattr(runs, "_UPLOADS", {})
+    monkeypatch.setattr(runs, "_GONE", {})
+    monkeypatch.setattr(runs, "_FORGOTTEN", {})
 
 
 def weight_file(tmp_path, query=LECTURE, seed=1):
@@ -72,6 +74,46 @@ def test_uploads_expire_and_closing_the_page_forgets_them(tmp_path, monkeypatch)
     assert runs.uploads("alice") and runs.uploads("bob") == {}
     runs.forget_uploads("alice")
     assert runs._UPLOADS == {}
+
+
+def test_one_visitors_sessions_share_one_part_of_the_store(tmp_path, monkeypatch):
+    """Issue 19: five sessions of one client filled the shared store and refused everyone else's
+    upload for an hour. The sessions of one visitor key hold at most UPLOAD_SHARE_BYTES together."""
+    path = weight_file(tmp_path)[0]
+    runs.load_upload(parse_query(LECTURE), str(path), "probe", "addr:x")
+    size = next(iter(runs._UPLOADS["probe"].values())).nbytes
+    runs._UPLOADS.clear()
+    monkeypatch.setattr(runs, "UPLOAD_SHARE_BYTES", 2 * size)
+    monkeypatch.setattr(runs, "MAX_UPLOAD_STORE_BYTES", 6 * size)
+    for i in range(2):
+        runs.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=i + 1)[0]), f"minted-{i}", "addr:a")
+    with pytest.raises(ValidationError, match=r"^weights file: got .* bytes of weights held by your uploads'; "
+                                              r"allowed: .* bytes per visitor"):
+        runs.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=3)[0]), "minted-2", "addr:a")
+    runs.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=4)[0]), "someone", "addr:b")
+    assert runs.uploads("someone")
+
+
+def test_a_closed_page_keeps_its_uploads_for_a_grace_period_and_says_when_they_went(tmp_path, monkeypatch):
+    """Issue 19: a dropped heartbeat (the page still open) deleted the visitor's weights at once, and the
+    next view said only "allowed: random, zeros, demo". Now they go PAGE_GONE_GRACE_S after the page
+    left, any request of the session brings it back, and a later use names what happened."""
+    import app
+    name = runs.load_upload(parse_query(LECTURE), str(weight_file(tmp_path)[0]), "alice")
+    clock = [runs.time.monotonic()]
+    monkeypatch.setattr(runs.time, "monotonic", lambda: clock[0])
+    runs.page_gone("alice")                              # a blip: the page comes back
+    clock[0] += runs.PAGE_GONE_GRACE_S / 2
+    assert name in runs.uploads("alice")
+    clock[0] += runs.PAGE_GONE_GRACE_S * 0.9             # back within the grace: not gone
+    assert name in runs.uploads("alice")
+    runs.page_gone("alice")
+    clock[0] += runs.PAGE_GONE_GRACE_S + 1
+    page = type("Request", (), {"session_hash": "alice"})()
+    with pytest.raises(ValidationError, match=r"weights: got 'upload:\w+'; allowed: an upload the server still "
+                                              r"holds: these weights were forgotten 10 minutes after the page was "
+                                              r"closed; upload the file again"):
+        app.settings_of(LECTURE.replace("random", f"upload:{name}"), page)
 
 
 def test_a_geometry_change_with_uploaded_weights_is_answered_by_name(tmp_path):

@@ -465,6 +465,10 @@ def test_safetensors_header_limits_are_checked_before_reading(tmp_path):
     path.write_bytes(safetensors_bytes({"k": {"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]}}))
     with pytest.raises(ValueError, match="declares 'k' as dtype 'F32', shape \\[-4\\]; allowed"):
         read_weight_file(path)
+    deep = b"[" * 100_000 + b"]" * 100_000          # nested past Python's recursion limit: named, not a crash
+    path.write_bytes(len(deep).to_bytes(8, "little") + deep)
+    with pytest.raises(ValueError, match="could not be read as .safetensors .*nested too deeply"):
+        read_weight_file(path)
 
 
 @pytest.mark.parametrize("query", ["preset=lecture&weights=random&multiplier=100&logit_cap=0",
