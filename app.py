@@ -982,10 +982,8 @@ def build_app() -> gr.Blocks:
 # of every output (the figures: 17 MB for a heavy mask, 346 MB for a zoomed grid), for 10,000 sessions
 # and an hour after a page closes — outside every ceiling of ours, and a client mints a session per
 # call. This app offers no deep links (the one reader of those values), so none are kept, and at most
-# SESSION_CAPACITY sessions are (oldest dropped first: its page keeps working, the next event of it
-# starts a fresh state; the address bar carries the settings).
-SESSION_CAPACITY = 400
-SESSION_STATE_BYTES = 256 * 2**10       # measured: one SessionState of this page, tracemalloc
+# admission.SESSION_CAPACITY sessions are (oldest dropped first: its page keeps working, the next event
+# of it starts a fresh state; the address bar carries the settings).
 
 
 def keep_outputs_out_of_session_state() -> None:
@@ -1001,7 +999,7 @@ def launch_options() -> dict:
     session capacity."""
     from starlette.middleware import Middleware
     return dict(show_error=True, max_file_size=f"{runs.MAX_UPLOAD_BYTES}b", head=HEAD, css_paths=CSS_PATHS,
-                state_session_capacity=SESSION_CAPACITY, app_kwargs={"middleware": [Middleware(admission.FrontDoor)]})
+                state_session_capacity=admission.SESSION_CAPACITY, app_kwargs={"middleware": [Middleware(admission.FrontDoor)]})
 
 
 

@@ -330,6 +330,270 @@ def main_abuse(a) -> dict:
     return report
 
 
+# --- the soak (issue 19): honest visitors beside one attacker running findings 1-6 -------------------
+
+SOAK_TARGETS = dict(peak_rss_gb=6.0, rss_after_gb=1.5, after_s=30.0, honest_mask_p95_s=1.0, honest_failures=0)
+ATTACKER = "198.51.100.66"              # the address the (simulated) proxy forwards for the attacker
+HEAVY_MASK = "preset=lecture&num_history=1535&num_candidates=512&zoom=candidates"
+FULL_MASK = "preset=lecture&num_history=1535&num_candidates=512&zoom=history tail"
+ZOOMED_GRID = ("preset=lecture&weights=random&num_layers=16&num_q_heads=8&num_kv_heads=8&num_history=80&"
+               "num_candidates=512&zoom=candidates&head=-1")
+# finding -> what the attacker does in a loop (one thread each, all from ATTACKER)
+ATTACKS = {
+    "1 fresh session per heavy result": "/mask (T 2048) and a zoomed 16 x 8 attention grid, a new session hash each",
+    "2 one session floods /isolation": "12 joins at once from one session, again every 2 s",
+    "3 minted sessions take a lane": "8 /attention and 4 /export_figure joins, a new session hash each",
+    "4 uploads fill the store": "phoenix-nano weights (45 MB) from 5 sessions in turn",
+    "5 huge results": "/mask at T 2048 with the history tail at full resolution, in a loop",
+    "6 raw upload route": "50 MB bodies to /gradio_api/upload in a loop",
+}
+
+
+def _refusal(text: str) -> bool:
+    return ": got " in text and "; allowed: " in text and "internal error" not in text
+
+
+class RawClient:
+    """Joins and reads Gradio's queue over plain HTTP with any session hash, as a hostile client does."""
+
+    def __init__(self, url: str, address: str):
+        import httpx
+        from gradio_client import Client
+        self.url, self.address = url, address
+        deps = Client(url, verbose=False).config["dependencies"]
+        self.fn = {d["api_name"]: d["id"] for d in deps if d.get("api_name")}
+        self.http = httpx.Client(timeout=120)
+
+    def headers(self) -> dict:
+        import uuid
+        return {"X-Forwarded-For": f"10.{uuid.uuid4().int % 250}.0.1, {self.address}"}   # the left part is made up
+
+    def join(self, api: str, data: list, session: str) -> tuple[int, str]:
+        r = self.http.post(f"{self.url}gradio_api/queue/join", headers=self.headers(),
+                           json={"data": data, "fn_index": self.fn[api], "session_hash": session,
+                                 "event_data": None, "trigger_id": None})
+        return r.status_code, r.text[:300]
+
+    def call(self, api: str, data: list, session: str) -> Optional[str]:
+        """Join and wait for the answer -> None, or the error / refusal text."""
+        code, text = self.join(api, data, session)
+        if code != 200:
+            return f"HTTP {code}: {text}"
+        with self.http.stream("GET", f"{self.url}gradio_api/queue/data", params={"session_hash": session},
+                              headers=self.headers()) as stream:
+            for line in stream.iter_lines():
+                if line.startswith("data:"):
+                    msg = json.loads(line[5:])
+                    if msg.get("msg") == "process_completed":
+                        out = msg.get("output") or {}
+                        return None if msg.get("success") else str(out.get("error") or out)[:300]
+        return "stream ended"
+
+
+def attacker(kind: str, url: str, stop_at: list, records: list, lock: threading.Lock, tmp: Path,
+             start: threading.Barrier) -> None:
+    import uuid
+    raw = RawClient(url, ATTACKER)
+    fresh = lambda: uuid.uuid4().hex[:11]       # noqa: E731
+    upload_file = None
+    if kind.startswith("4"):
+        from explorer.settings import parse_query
+        from models.recsys import RecsysModel, init_recsys
+        from models.weights import save_weights
+        upload_file = tmp / "nano.safetensors"
+        save_weights(init_recsys(RecsysModel(parse_query("preset=phoenix-nano&weights=random").recsys_config()),
+                                 "random", 7), upload_file)
+    start.wait()
+    i = 0
+
+    def note(what, answer, t0):
+        refused = answer is not None and _refusal(answer)
+        with lock:
+            records.append(dict(side="attacker", kind=kind, what=what, latency_s=time.perf_counter() - t0,
+                                refused=answer[:200] if refused else None,
+                                error=answer[:200] if answer and not refused else None))
+    while time.monotonic() < stop_at[0]:
+        i += 1
+        t0 = time.perf_counter()
+        try:
+            if kind.startswith("1"):
+                api, query = ("/mask", HEAVY_MASK) if i % 2 else ("/attention", ZOOMED_GRID)
+                note(api, raw.call(api.lstrip("/"), [query], fresh()), t0)
+            elif kind.startswith("2"):
+                session = fresh()
+                answers = [raw.join("isolation", ["preset=phoenix-nano&seed=1"], session) for _ in range(12)]
+                for code, text in answers:
+                    note("/isolation join", None if code == 200 else f"HTTP {code}: {text}", t0)
+                time.sleep(2.0)
+            elif kind.startswith("3"):
+                for _ in range(8):
+                    code, text = raw.join("attention", ["preset=phoenix-nano&head=-1"], fresh())
+                    note("/attention join", None if code == 200 else f"HTTP {code}: {text}", t0)
+                for _ in range(4):
+                    code, text = raw.join("export_figure", [LECTURE_Q, "attention", "png", "16:9"], fresh())
+                    note("/export_figure join", None if code == 200 else f"HTTP {code}: {text}", t0)
+                time.sleep(1.0)
+            elif kind.startswith("4"):
+                from gradio_client import Client, handle_file
+                client = Client(url, verbose=False, headers={"X-Forwarded-For": ATTACKER})
+                try:
+                    client.predict("preset=phoenix-nano&weights=random", handle_file(str(upload_file)),
+                                   api_name="/upload_weights")
+                    note("upload", None, t0)
+                except Exception as e:          # noqa: BLE001 — a refusal or not, recorded either way
+                    note("upload", f"{type(e).__name__}: {e}", t0)
+            elif kind.startswith("5"):
+                note("/mask", raw.call("mask", [FULL_MASK], fresh()), t0)
+            else:
+                r = raw.http.post(f"{url}gradio_api/upload", headers=raw.headers(),
+                                  files={"files": ("big.npz", b"\0" * (50 * 2**20))})
+                if r.status_code == 200:
+                    RAW_UPLOADS.extend(json.loads(r.text))
+                note("raw upload", None if r.status_code == 200 else f"HTTP {r.status_code}: {r.text[:200]}", t0)
+        except Exception as e:                  # noqa: BLE001 — the attacker's own failures are data too
+            note(kind, f"{type(e).__name__}: {str(e)[:200]}", t0)
+
+
+LECTURE_Q = "preset=lecture&weights=random"
+RAW_UPLOADS: list = []                          # files the attacker left in Gradio's cache, removed afterwards
+
+
+def honest(url: str, index: int, start: threading.Barrier, stop_at: list, records: list, lock: threading.Lock,
+           seed: int) -> None:
+    from gradio_client import Client
+    rng = random.Random(seed * 1000 + index)
+    client = Client(url, verbose=False, headers={"X-Forwarded-For": f"10.1.{index // 250}.{index % 250 + 1}"})
+    views, weights = zip(*((v, w) for v, (_, w) in MIX.items()))
+    start.wait()
+    while time.monotonic() < stop_at[0]:
+        view = rng.choices(views, weights)[0]
+        args = request_args(view, rng)
+        t0 = time.perf_counter()
+        error = refused = None
+        try:
+            out = client.predict(*args, api_name=MIX[view][0])
+            error = None if out is not None and out[0] is not None else "empty answer"
+        except Exception as e:                      # noqa: BLE001 — every failure counts, whatever its type
+            text = f"{type(e).__name__}: {str(e)[:300]}"
+            refused, error = (text, None) if _refusal(text) else (None, text)
+        with lock:
+            records.append(dict(side="honest", kind=view, what=MIX[view][0], latency_s=time.perf_counter() - t0,
+                                error=error, refused=refused))
+
+
+def run_soak(url: str, honest_n: int, duration_s: float, seed: int) -> dict:
+    import tempfile
+    from gradio_client import Client
+    pid = server_pid(url)
+    if pid is None:
+        raise RuntimeError(f"no app.py process found serving {url} (the soak reads the server's memory from /proc)")
+    warm = Client(url, verbose=False)
+    rng = random.Random(seed)
+    for view, (api, _) in MIX.items():
+        warm.predict(*request_args(view, rng), api_name=api)
+    time.sleep(2.0)
+    rss_start = rss_bytes(pid)
+    samples, sampling = [], threading.Event()
+
+    def sample():
+        while not sampling.is_set():
+            with contextlib.suppress(OSError):
+                samples.append((time.monotonic(), rss_bytes(pid)))
+            time.sleep(0.2)
+    records, lock = [], threading.Lock()
+    stop_at = [float("inf")]
+    start = threading.Barrier(honest_n + len(ATTACKS) + 1)
+    with tempfile.TemporaryDirectory(prefix="load-soak-") as tmp:
+        threads = [threading.Thread(target=honest, args=(url, i, start, stop_at, records, lock, seed), daemon=True)
+                   for i in range(honest_n)]
+        threads += [threading.Thread(target=attacker, args=(kind, url, stop_at, records, lock, Path(tmp), start),
+                                     daemon=True) for kind in ATTACKS]
+        for t in threads:
+            t.start()
+        start.wait()
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        t0 = time.monotonic()
+        stop_at[0] = t0 + duration_s
+        for t in threads:
+            t.join(timeout=max(1.0, stop_at[0] + 150 - time.monotonic()))
+        load_end = time.monotonic()
+        time.sleep(SOAK_TARGETS["after_s"])
+        rss_after = rss_bytes(pid)
+        sampling.set()
+        sampler.join()
+    for path in RAW_UPLOADS:                        # the attacker's files in Gradio's cache (same machine)
+        with contextlib.suppress(OSError):
+            os.remove(path)
+    during = [r for t, r in samples if t <= load_end]
+    sides = {}
+    for side, kinds in (("honest", list(MIX)), ("attacker", list(ATTACKS))):
+        sides[side] = {}
+        for kind in kinds:
+            rs = [r for r in records if r["side"] == side and r["kind"] == kind]
+            lat = sorted(r["latency_s"] for r in rs)
+            sides[side][kind] = dict(requests=len(rs), failures=sum(bool(r["error"]) for r in rs),
+                                     refused_by_name=sum(bool(r["refused"]) for r in rs),
+                                     p50_s=round(percentile(lat, 50), 3), p95_s=round(percentile(lat, 95), 3),
+                                     max_s=round(lat[-1], 3) if lat else None)
+    honest_records = [r for r in records if r["side"] == "honest"]
+    result = dict(
+        wall_s=round(load_end - t0, 2), clients_still_running=sum(t.is_alive() for t in threads),
+        honest=sides["honest"], attacker=sides["attacker"],
+        honest_total=dict(requests=len(honest_records), failures=sum(bool(r["error"]) for r in honest_records),
+                          refused_by_name=sum(bool(r["refused"]) for r in honest_records)),
+        attacker_refusals=sorted({r["refused"] for r in records if r["side"] == "attacker" and r["refused"]})[:12],
+        attacker_errors=sorted({r["error"] for r in records if r["side"] == "attacker" and r["error"]})[:12],
+        honest_errors=sorted({r["error"] or r["refused"] for r in honest_records if r["error"] or r["refused"]})[:12],
+        memory=dict(rss_start_gb=round(rss_start / 1e9, 3), peak_rss_gb=round(max(during, default=0) / 1e9, 3),
+                    rss_after_gb=round(rss_after / 1e9, 3), after_s=SOAK_TARGETS["after_s"],
+                    timeline_gb=[(round(t - t0, 1), round(r / 1e9, 3)) for t, r in samples[::10]]))
+    m, mask_p95 = result["memory"], sides["honest"]["mask"]["p95_s"]
+    result["honest_mask_p95_s"] = mask_p95
+    result["targets"] = dict(SOAK_TARGETS, met=dict(
+        peak_rss_gb=m["peak_rss_gb"] < SOAK_TARGETS["peak_rss_gb"],
+        rss_after_gb=m["rss_after_gb"] < SOAK_TARGETS["rss_after_gb"],
+        honest_mask_p95_s=mask_p95 < SOAK_TARGETS["honest_mask_p95_s"],
+        honest_failures=result["honest_total"]["failures"] <= SOAK_TARGETS["honest_failures"],
+        attacker_refused_by_name=all(r["refused_by_name"] > 0 for k, r in sides["attacker"].items()
+                                     if not k.startswith("1"))))
+    return result
+
+
+def main_soak(a) -> dict:
+    from explorer.admission import TRUSTED_PROXIES_ENV, memory_budget
+    os.environ[TRUSTED_PROXIES_ENV] = "1"       # the server sits behind one (simulated) proxy: X-Forwarded-For
+    when = dt.datetime.now(dt.timezone.utc)
+    info = dict(kind="soak", date=when.isoformat(timespec="seconds"), git_commit=git_commit(), device=machine(),
+                parameters=dict(duration_s=a.duration, honest_visitors=a.sessions, attacker_address=ATTACKER,
+                                attacks=ATTACKS, honest_mix={v: dict(api=api, weight=w) for v, (api, w) in MIX.items()},
+                                memory_budget_bytes=memory_budget(),
+                                latency="end to end per request, queue wait included",
+                                rss="server process VmRSS sampled every 0.2 s; 'after' 30 s after the load stops",
+                                addresses="every client sends X-Forwarded-For; the server trusts one proxy hop, "
+                                          "so each honest visitor has its own address and the attacker one",
+                                conditions=a.conditions))
+    if a.url:
+        result = run_soak(a.url, a.sessions, a.duration, a.seed)
+    else:
+        with running_app() as url:
+            result = run_soak(url, a.sessions, a.duration, a.seed)
+    report = {**info, **result}
+    report["device"]["load_average_after"] = os.getloadavg()[0]
+    out = a.out or RESULTS_DIR / f"load-soak-{when.date().isoformat()}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    for side in ("honest", "attacker"):
+        print(f"{side:<36}{'requests':>9}{'failed':>8}{'refused':>8}{'p50 s':>9}{'p95 s':>9}")
+        for kind, r in report[side].items():
+            print(f"  {kind:<34}{r['requests']:>9}{r['failures']:>8}{r['refused_by_name']:>8}{r['p50_s']:>9.3f}"
+                  f"{r['p95_s']:>9.3f}")
+    m = report["memory"]
+    print(f"RSS start {m['rss_start_gb']} GB, peak {m['peak_rss_gb']} GB, {m['after_s']:g} s after {m['rss_after_gb']} GB;"
+          f" targets met: {report['targets']['met']} -> {out}")
+    return report
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", help="a running app; default: launch app.py on a free localhost port")
@@ -338,12 +602,17 @@ def main(argv=None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--abuse", action="store_true", help="the hostile-visitor mix instead (issue 14)")
+    ap.add_argument("--soak", action="store_true", help="--sessions honest visitors beside one attacker running "
+                    "issue 19's findings 1-6 (up to 120 s)")
     ap.add_argument("--conditions", default="", help="--abuse: a note on the machine's state, kept in the file")
     a = ap.parse_args(argv)
     if not 1 <= a.sessions <= 200:
         ap.error(f"--sessions: got {a.sessions}; allowed: 1..200")
-    if not 0 < a.duration <= 60:
-        ap.error(f"--duration: got {a.duration}; allowed: (0, 60] seconds")
+    longest = 120 if a.soak else 60
+    if not 0 < a.duration <= longest:
+        ap.error(f"--duration: got {a.duration}; allowed: (0, {longest}] seconds")
+    if a.soak:
+        return main_soak(a)
     if a.abuse:
         return main_abuse(a)
     when = dt.datetime.now(dt.timezone.utc)

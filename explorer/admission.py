@@ -103,7 +103,7 @@ FORWARDS_AT_ONCE = 4 if torch.cuda.is_available() else max(1, min(4, os.cpu_coun
 LANES: dict[str, Lane] = {lane.name: lane for lane in (
     Lane("forward", "model views", running=FORWARDS_AT_ONCE, waiting=48, per_visitor=4, per_address=12),
     # the mask view (no model): one address holds fewer than run at once, so others always find a slot
-    Lane("light", "mask views", running=6, waiting=64, per_visitor=3, per_address=4),
+    Lane("light", "mask views", running=4, waiting=64, per_visitor=2, per_address=3),
     # a new Run replaces the visitor's running sweep, so only waiting ones count
     Lane("timing", "timing sweeps", running=1, waiting=4, per_visitor=1, per_address=1, count_running=False),
     Lane("export", "exports", running=1, waiting=4, per_visitor=1, per_address=2),
@@ -183,6 +183,28 @@ class WatchedQueue(list):
             self.admission.entered(self.lane, getattr(event, "session_hash", None))
 
 
+# --- the process's memory budget ----------------------------------------------------------------
+
+# Gradio's per-session state (a copy of the page's config; app.py keeps no outputs in it): sessions kept
+SESSION_CAPACITY = 400
+SESSION_STATE_BYTES = 256 * 2**10       # one SessionState of this page, measured with tracemalloc
+PROCESS_BASE_BYTES = 1_100_000_000      # interpreter, torch, gradio, plotly, the demo models: RSS at start
+
+
+def memory_budget() -> dict[str, int]:
+    """What the server process may hold, part by part (bytes): the ceiling of caches and running
+    requests (figures on their way out included, explorer.settings.view_cost), small requests let
+    past it, every visitor's uploads, Gradio's session states, and the process itself."""
+    from . import runs
+    from .settings import memory_ceiling
+    parts = {"caches and running requests (EXPLORER_MEMORY_BYTES)": memory_ceiling(),
+             "small requests past the ceiling (mask lane)": LANES["light"].running * runs.small_request_bytes(),
+             "uploaded weights (every visitor)": runs.MAX_UPLOAD_STORE_BYTES,
+             "Gradio session states": SESSION_CAPACITY * SESSION_STATE_BYTES,
+             "the process at start": PROCESS_BASE_BYTES}
+    return {**parts, "total": sum(parts.values())}
+
+
 # --- byte and rate shares per visitor ----------------------------------------------------------
 
 class RateShare:
@@ -219,6 +241,7 @@ class RateShare:
 
 MAX_JSON_BODY_BYTES = 1 * 2**20         # the page's largest event (every control at once) is ~20 KB
 MAX_ERROR_BODY_BYTES = 4096             # a refusal that would echo a visitor's inputs is cut to this
+DRAIN_BYTES = 256 * 2**20               # a refused body up to this is read (and dropped) before the answer
 UPLOAD_ROUTE_SHARE = dict(max_bytes=600 * 2**20, max_calls=20, window_s=3600.0)   # per visitor, raw upload route
 
 
@@ -256,16 +279,12 @@ class FrontDoor:
                 peer = (scope.get("client") or (None,))[0]
                 self.uploads.take(visitor_key(headers, peer), declared)
             except ValidationError as e:
-                start, body = _json_response(429 if "uploads in" in str(e) else 413, str(e))
-                await send(start)
-                return await send(body)
+                return await self._refuse(receive, send, 429 if "uploads in" in str(e) else 413, str(e), declared)
         else:
             limit = MAX_JSON_BODY_BYTES
             if declared > limit:
-                start, body = _json_response(413, str(ValidationError(
-                    "request body", f"{declared:,} bytes", f"at most {limit:,} bytes")))
-                await send(start)
-                return await send(body)
+                return await self._refuse(receive, send, 413, str(ValidationError(
+                    "request body", f"{declared:,} bytes", f"at most {limit:,} bytes")), declared)
         seen = 0
 
         async def bounded_receive():
@@ -277,6 +296,20 @@ class FrontDoor:
             return message
         send_out = self._cut_errors(send) if path.endswith("/queue/join") else send
         return await self.app(scope, bounded_receive, send_out)
+
+    @staticmethod
+    async def _refuse(receive, send, status: int, detail: str, declared: int) -> None:
+        """Answer `detail` by name. A body up to DRAIN_BYTES is read and dropped first (held nowhere),
+        so the client, still sending, reads the answer instead of a broken pipe."""
+        if 0 <= declared <= DRAIN_BYTES:
+            seen, more = 0, True
+            while more and seen <= DRAIN_BYTES:
+                message = await receive()
+                seen += len(message.get("body", b""))
+                more = message.get("more_body", False) and message["type"] == "http.request"
+        start, body = _json_response(status, detail)
+        await send(start)
+        await send(body)
 
     @staticmethod
     def _cut_errors(send):

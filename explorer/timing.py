@@ -9,6 +9,7 @@ in every figure (live, recorded, exported); line style tells measured (solid) fr
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -367,7 +368,6 @@ class TimingRuns:
     async def wait_stopped(self) -> None:
         """Until every cancelled sweep's thread has stopped (within one timed block): one sweep measures
         at a time however many are started and cancelled, and a cancel is answered at once."""
-        import asyncio
         while self.unfinished:
             with contextlib.suppress(Exception):
                 await asyncio.shield(next(iter(self.unfinished)))

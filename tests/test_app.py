@@ -727,13 +727,13 @@ def test_no_session_keeps_a_copy_of_its_outputs(front_door_server):
     """Issue 19: Gradio kept each session's last outputs (17 MB per heavy /mask) for 10,000 sessions an
     hour; a client minting a session per call filled 7 GB. Now no output is kept in session state and
     the number of sessions kept is bounded."""
-    import app
+    from explorer import admission
     demo, url = front_door_server
     for i in range(3):
         Client(url, verbose=False, headers={"X-Forwarded-For": f"192.0.2.{i}"}).predict(HEAVY_MASK, api_name="/mask")
-    assert demo.state_session_capacity == app.SESSION_CAPACITY <= 1000
+    assert demo.state_session_capacity == admission.SESSION_CAPACITY <= 1000
     kept = {sid: len(json.dumps(state.config_values, default=str)) for sid, state in demo.state_holder.session_data.items()}
-    assert kept and max(kept.values()) < app.SESSION_STATE_BYTES, kept
+    assert kept and max(kept.values()) < admission.SESSION_STATE_BYTES, kept
 
 
 def upload(url: str, payload: bytes, address: str) -> tuple[int, str]:
