@@ -429,6 +429,9 @@ def test_a_cancelled_sweep_answers_at_once_and_the_next_waits_for_its_thread():
     import app
 
     async def main():
+        deadline = time.monotonic() + 120
+        while (app.TIMING_RUNS.threads or app.TIMING_RUNS.unfinished) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)                    # an earlier test's sweep in this process stops first
         task = asyncio.create_task(consume(app.timing_endpoint(LONG_SWEEP[0], "2048", ["naive"]), []))
         while not app.TIMING_RUNS.threads:              # inside its one long step (seconds)
             await asyncio.sleep(0.01)
@@ -444,7 +447,7 @@ def test_a_cancelled_sweep_answers_at_once_and_the_next_waits_for_its_thread():
         return answered, still_measuring, outs, app.TIMING_RUNS.running()
 
     answered, still_measuring, outs, running = asyncio.run(main())
-    assert answered < 0.5 and still_measuring == 1        # answered while the old block still ran
+    assert answered < 1.0 and still_measuring == 1        # answered while the old block still ran
     assert "T = 16" in outs[-1][-1] and running == 0
 
 
