@@ -411,22 +411,27 @@ def bar_figure(labels: Sequence[str], values: Sequence[float], *, title: str, va
                  text=[f"{v:.3g}" for v in values] if text and len(values) <= 40 else None,
                  textposition="outside", cliponaxis=False,
                  hovertemplate="%{x}<br>" + value_name + " %{y:.8g}<extra></extra>")]
-    if segments:   # legend entries for the segment colours
-        data += [dict(type="bar", x=[None], y=[None], marker=dict(color=SEGMENT_COLORS[seg]), name=name)
-                 for seg, name in (("U", "user"), ("H", "history"), ("C", "candidate"), ("P", "pad"))
-                 if seg in segments]
+    data += segment_legend(segments)
     return _figure(data, title, height, barmode="overlay", showlegend=bool(segments),
                    xaxis=dict(type="category", tickangle=-60),
                    yaxis=dict(title=dict(text=value_name), type="log" if log else "linear"))
 
 
+def segment_legend(segments: Optional[Sequence[str]], **trace) -> list[dict]:
+    """Legend entries (empty bar traces) for the segment colours that occur in `segments`."""
+    return [dict(type="bar", x=[None], y=[None], marker=dict(color=SEGMENT_COLORS[seg]), name=name, **trace)
+            for seg, name in (("U", "user"), ("H", "history"), ("C", "candidate"), ("P", "pad"))
+            if segments and seg in segments]
+
+
 def stacked_bars_figure(labels: Sequence[str], steps: Sequence[tuple[str, Sequence[float]]], *, title: str,
                         segments: Optional[Sequence[str]] = None, height_per_step: int = 170) -> go.Figure:
-    """Several bar panels over the same x (one per step of a computation), each titled, exact
-    values on hover and, for short axes, printed on the bars. NaN draws no bar (a masked key)."""
+    """Several bar panels over the same x (one per step of a computation), each titled and with its keys
+    labelled, exact values on hover and, for short axes, printed on the bars; the segment colours in a
+    legend. NaN draws no bar (a masked key)."""
     n = len(steps)
     colours = [SEGMENT_COLORS.get(seg, OKABE_ITO[0]) for seg in segments] if segments else OKABE_ITO[0]
-    gap = 0.45 / n
+    gap = 0.55 / n                                # room for each panel's key labels and the next one's title
     h = (1.0 - gap * (n - 1)) / n
     data, layout, annotations = [], {}, []
     for k, (name, values) in enumerate(steps):
@@ -443,12 +448,14 @@ def stacked_bars_figure(labels: Sequence[str], steps: Sequence[tuple[str, Sequen
         layout[f"yaxis{ax}"] = dict(domain=[top - h, top], anchor=f"x{ax}", gridcolor="#E5E5E5",
                                     zerolinecolor="#888", automargin=True,
                                     range=[lo - (pad if lo < 0 else 0), hi + pad])
-        layout[f"xaxis{ax}"] = dict(anchor=f"y{ax}", type="category", tickangle=-60, showticklabels=k == n - 1,
+        layout[f"xaxis{ax}"] = dict(anchor=f"y{ax}", type="category", tickangle=-60, showticklabels=True,
                                     **({"matches": "x"} if k else {}), tickfont=dict(size=11),
                                     **_sparse_ticks(list(labels), list(segments) if segments else None, 1))
         annotations.append(dict(text=name, x=0, y=top, xref="paper", yref="paper", xanchor="left",
                                 yanchor="bottom", showarrow=False, font=dict(size=14)))
-    return _figure(data, title, 140 + height_per_step * n, annotations=annotations, **layout)
+    data += segment_legend(segments, xaxis="x", yaxis="y")
+    return _figure(data, title, 140 + height_per_step * n, annotations=annotations, showlegend=bool(segments),
+                   barmode="overlay", **layout)
 
 
 def grouped_bar_figure(categories: Sequence[str], series: dict[str, Sequence[float]], *, title: str,
@@ -461,14 +468,17 @@ def grouped_bar_figure(categories: Sequence[str], series: dict[str, Sequence[flo
                    yaxis=dict(title=dict(text=value_name)))
 
 
+LINE_STYLES = ("solid", "dash", "dot")
+
+
 def line_figure(series: dict[str, tuple[Sequence[float], Sequence[float]]], *, title: str, x_title: str,
                 y_title: str, log_x: bool = False, log_y: bool = False, height: int = 420,
                 markers: bool = True) -> go.Figure:
     data = [dict(type="scatter", x=[float(v) for v in x], y=[float(v) for v in y], name=name,
                  mode="lines+markers" if markers else "lines",
-                 # past eight series the colours repeat: dashes keep the lines apart
-                 line=dict(color=OKABE_ITO[i % len(OKABE_ITO)],
-                           dash=("solid", "dash", "dot")[i // len(OKABE_ITO) % 3]),
+                 # a line style per series beside its colour (3 styles x 8 colours: 24 distinct pairs), so
+                 # series that share a colour past the eighth, or in greyscale, stay apart
+                 line=dict(color=OKABE_ITO[i % len(OKABE_ITO)], dash=LINE_STYLES[i % len(LINE_STYLES)]),
                  hovertemplate=f"{name}<br>{x_title} %{{x}}<br>{y_title} %{{y:.6g}}<extra></extra>")
             for i, (name, (x, y)) in enumerate(series.items())]
     xs = [float(v) for _, (x, _) in series.items() for v in x]

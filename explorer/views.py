@@ -27,7 +27,7 @@ from models.xrex import right_anchored_positions
 from . import runs
 from .figures import (DIVERGING, MASK_SCALE, SEGMENT_NAMES, SEQUENTIAL, TILE_SCALE, Panel, bar_figure,
                       grouped_bar_figure, heatmap_figure, line_figure, stacked_bars_figure)
-from .settings import BUG_ZOO_MAX_POSITIONS, MAX_FIGURE_CELLS, Settings
+from .settings import BUG_ZOO_MAX_POSITIONS, INVARIANCE_OPS, MAX_FIGURE_CELLS, Settings
 
 # the mask table's tile column: production's H100 serving tiles (64 query rows x 128 keys)
 BLOCK_Q, BLOCK_KV = KERNEL_TILINGS["h100-serve"].block_q, KERNEL_TILINGS["h100-serve"].block_kv
@@ -537,6 +537,7 @@ def invariance_view(s: Settings) -> tuple[go.Figure, str]:
     fig = grouped_bar_figure(cats, {f"RoPE {m}": v for m, v in per_mode.items()},
                              title=f"Batch invariance: |score change| per candidate after '{s.operation}' "
                                    f"(max over actions){row_note(s)}", value_name="max |Δ logit|")
+    rounding_floor(fig, per_mode.values())
     head = ("| candidate | " + " | ".join(runs.action_names(s)[:4])
             + " (before → after) | max abs diff |")
     rows = [head, "|---|" + "---|" * 5]
@@ -548,12 +549,41 @@ def invariance_view(s: Settings) -> tuple[go.Figure, str]:
         f"{m}: {v:.3g}" + (" (bit for bit: invariant)" if v == 0 else " (fp32 rounding: invariant)"
                            if v < FP32_TOLERANCE else " (moves)")
         for m, v in largest.items()) + f"; current mode: **{s.rope_mode}**.\n\n"
+        + WHAT_OPERATION_DOES[s.operation].format(candidate=labels[s.candidate]) + "\n\n"
         + (WHY_RIGHT_ANCHORED if s.family == "xrex" else WHY_ROPE) + "\n\n" + "\n".join(rows))
     return fig, summary
 
 
+def rounding_floor(fig: go.Figure, values) -> None:
+    """Changes below FP32_TOLERANCE are rounding, not change: the axis reaches at least 1e-3 (rounding
+    noise is never drawn full-height), and such bars say '~0' (or '0' when bit for bit equal)."""
+    top = max((float(np.max(v)) for v in values if np.size(v)), default=0.0)
+    fig.update_yaxes(range=[0, max(1.15 * top, 1e-3)])
+    for trace in fig.data:
+        if len(trace.y) <= 16:
+            trace.text = ["0" if y == 0 else "~0" if y < FP32_TOLERANCE else "" for y in trace.y]
+            trace.textposition = "outside"
+    fig.add_annotation(text=f"0: bit for bit · ~0: fp32 rounding (< {FP32_TOLERANCE:g}), not a change",
+                       xref="paper", yref="paper", x=0, y=1.0, xanchor="left", yanchor="bottom", showarrow=False,
+                       font=dict(size=13, color="#555555"))
+
+
 # a different batch shape changes the order of fp32 reductions inside matmuls: ~1e-6, not a real change
 FP32_TOLERANCE = 1e-4
+
+# what each operation does to the batch, and what the mask and RoPE make of it ({candidate}: the one dropped)
+WHAT_OPERATION_DOES = {
+    "permute": "**Permute** reverses the order of the real candidates: each keeps its own inputs and only its "
+               "slot changes. Under the mask it still sees only the user, the history and itself, so only its "
+               "position can move its score.",
+    "drop": "**Drop** removes {candidate}: the candidates before it keep their slots, those after it move one slot "
+            "earlier, and the sequence is one shorter. No candidate ever saw {candidate} (the mask), so only a "
+            "moved slot can change a score; the shorter sequence may change fp32 rounding.",
+    "add": "**Add** puts a new candidate after the real ones: every existing candidate keeps its slot and none of "
+           "them can see the newcomer (the mask), so their scores stay put even with sequential positions — up to "
+           "fp32 rounding from the longer sequence.",
+}
+assert set(WHAT_OPERATION_DOES) == set(INVARIANCE_OPS)
 
 WHY_ROPE = ("**Why.** The mask already stops candidates from seeing each other, so a candidate's score can "
             "depend only on the user, the history and itself — *and on where it sits*. RoPE rotates queries and "

@@ -415,3 +415,36 @@ def test_every_head_grid_caps_its_columns_and_says_which_heads_it_shows():
         cols = len(heads) + sum(1 for i, h in enumerate(heads) if i and h % G == 0)
         assert cols <= views.GRID_MAX_COLS and heads == list(range(len(heads)))
         assert len(heads) == q or cols + min(G, views.GRID_MAX_COLS) + 1 > views.GRID_MAX_COLS
+
+
+def test_invariance_bars_draw_rounding_as_rounding_and_explain_the_operation():
+    """Production's trunk adds a candidate: every change is fp32 rounding (or exactly 0), so the axis keeps
+    its 1e-3 floor instead of stretching the noise to full height; each operation has its own explanation."""
+    fig, text = views.invariance_view(parse_query("preset=lecture&family=xrex&operation=add"))
+    largest = max(max(t.y) for t in fig.data)
+    assert largest < views.FP32_TOLERANCE and fig.layout.yaxis.range[1] >= 1e-3 > 100 * largest
+    assert all(label in ("0", "~0") for t in fig.data for label in t.text)
+    texts = {op: views.invariance_view(parse_query(f"{LECTURE}&operation={op}&candidate=1"))[1]
+             for op in ("permute", "drop", "add")}
+    assert "**Permute**" in texts["permute"] and "**Drop** removes C1" in texts["drop"] and "**Add**" in texts["add"]
+    fig, _ = views.invariance_view(parse_query(f"{LECTURE}&operation=permute"))
+    assert fig.layout.yaxis.range[1] >= max(max(t.y) for t in fig.data)       # a real change is drawn whole
+
+
+def test_every_variant_curve_has_its_own_colour_and_line_style():
+    report = views.variant_training_report()
+    if report is None:
+        pytest.skip("no committed variants-training.json")
+    fig = views.variant_loss_figure(report)
+    styles = [(t.line.color, t.line.dash) for t in fig.data]
+    assert len(styles) == len(report["variants"]) == len(set(styles))
+    by_name = {t.name.split(" · ")[0]: (t.line.color, t.line.dash) for t in fig.data}
+    assert by_name["mqa"] != by_name["din-target-attention"] and by_name["mqa"][1] != by_name["din-target-attention"][1]
+
+
+def test_anatomy_steps_label_their_keys_and_carry_the_segment_legend():
+    _, steps, _, _ = views.anatomy_view(parse_query(LECTURE + "&query=7"))
+    axes = [k for k in steps.layout.to_plotly_json() if k.startswith("xaxis")]
+    assert len(axes) == 5 and all(steps.layout[k].showticklabels for k in axes)
+    assert {t.name for t in steps.data if t.showlegend is not False and t.name} >= {"user", "history", "candidate"}
+    assert steps.layout.showlegend
