@@ -555,8 +555,9 @@ def run_soak(url: str, honest_n: int, duration_s: float, seed: int) -> dict:
         rss_after_gb=m["rss_after_gb"] < SOAK_TARGETS["rss_after_gb"],
         honest_mask_p95_s=mask_p95 < SOAK_TARGETS["honest_mask_p95_s"],
         honest_failures=result["honest_total"]["failures"] <= SOAK_TARGETS["honest_failures"],
+        # findings 1 and 5 are answered within their bounds (pooled figures), the others refused past them
         attacker_refused_by_name=all(r["refused_by_name"] > 0 for k, r in sides["attacker"].items()
-                                     if not k.startswith("1"))))
+                                     if k[0] in "2346")))
     return result
 
 
@@ -644,4 +645,5 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(1 if main()["total"]["failures"] else 0)
+    report = main()
+    sys.exit(1 if (report.get("total") or report["honest_total"])["failures"] else 0)

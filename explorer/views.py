@@ -81,12 +81,11 @@ def zoom_region(s: Settings) -> tuple[list[int], list[int]]:
 
 
 def cells(s: Settings, full: int, panels: int = 1) -> int:
-    """max_cells per axis: zoomed regions at full resolution, as far as the figure stays within
-    MAX_FIGURE_CELLS (explorer.settings: its bytes on the wire are bounded before the work starts);
-    pooled beyond that, never coarser than the whole-sequence view."""
-    if s.zoom == "all":
-        return full
-    return max(full, min(s.seq_len, math.isqrt(MAX_FIGURE_CELLS // max(1, panels))))
+    """max_cells per axis: `full` for the whole sequence, zoomed regions at full resolution, as far as
+    the figure's `panels` stay within MAX_FIGURE_CELLS (explorer.settings: the bytes a view sends are
+    bounded before its work starts); pooled beyond that."""
+    want = full if s.zoom == "all" else max(full, s.seq_len)
+    return max(8, min(want, math.isqrt(MAX_FIGURE_CELLS // max(1, panels))))
 
 
 def _panel(s: Settings, z: np.ndarray, title: str, meta: dict | None = None) -> Panel:

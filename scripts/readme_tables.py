@@ -9,6 +9,8 @@ Blocks (between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``):
 - ``browser-latency``: benchmarks/results/browser-latency-<date>.json (benchmarks/browser_latency.py)
 - ``load-test``: benchmarks/results/load-<date>.json (benchmarks/load_test.py)
 - ``load-abuse``: benchmarks/results/load-abuse-<date>.json (python -m benchmarks.load_test --abuse)
+- ``load-soak``: benchmarks/results/load-soak-<date>.json (python -m benchmarks.load_test --soak), with the
+  server's memory budget it was measured against
 - ``demo``: benchmarks/results/demo-training.json (python -m models.train_demo)
 - ``variants``: the variants registry + benchmarks/results/variants-training.json (python -m models.train_variants)
 - ``bugzoo``: the bug registry, every probe run now on the shipped demo weights
@@ -219,6 +221,43 @@ def load_abuse_block(results_dir: Path = RESULTS_DIR) -> str:
     return "\n".join(lines)
 
 
+def load_soak_block(results_dir: Path = RESULTS_DIR) -> str:
+    found = _newest("load-soak-*.json", results_dir)
+    if not found:
+        return "No soak results are committed yet (`python -m benchmarks.load_test --soak --duration 120`)."
+    name, d = found
+    dev, p, m, t = d["device"], d["parameters"], d["memory"], d["targets"]
+    budget = p["memory_budget_bytes"]
+    met = lambda key: "met" if t["met"][key] else "**not met**"          # noqa: E731
+    h = d["honest_total"]
+    lines = [f"{p['honest_visitors']} honest visitors and one attacker for {p['duration_s']:g} s on {dev['cores']} "
+             f"CPU cores ({dev['cpu']}), clients and server on the same machine, {d['date'][:10]}, commit "
+             f"`{d['git_commit'][:7]}` (`benchmarks/results/{name}`); load average {dev['load_average_before']:.1f} "
+             f"before, {dev['load_average_after']:.1f} after" + (f"; {p['conditions']}" if p.get("conditions") else "")
+             + ".", "", "The server's memory budget (`explorer.admission.memory_budget`), part by part:", "",
+             "| part | bytes |", "|---|---|"]
+    lines += [f"| {part} | {n / 1e9:.2f} GB |" for part, n in budget.items() if part != "total"]
+    lines += [f"| **total** | **{budget['total'] / 1e9:.2f} GB** |", "",
+              "| what | target | measured | |", "|---|---|---|---|",
+              f"| peak server RSS | < {t['peak_rss_gb']:g} GB (budget {budget['total'] / 1e9:.2f} GB) | "
+              f"{m['peak_rss_gb']:.2f} GB | {met('peak_rss_gb')} |",
+              f"| RSS {m['after_s']:g} s after the load | < {t['rss_after_gb']:g} GB | {m['rss_after_gb']:.2f} GB "
+              f"(start {m['rss_start_gb']:.2f}) | {met('rss_after_gb')} |",
+              f"| honest `/mask` p95 | < {t['honest_mask_p95_s']:g} s | {d['honest_mask_p95_s']:.2f} s | "
+              f"{met('honest_mask_p95_s')} |",
+              f"| honest requests failed | {t['honest_failures']} | {h['failures']} of {h['requests']} "
+              f"({h['refused_by_name']} refused by name) | {met('honest_failures')} |",
+              f"| attacker refused by name (findings 2, 3, 4, 6) | every one | "
+              f"{sum(r['refused_by_name'] for r in d['attacker'].values())} refusals | "
+              f"{met('attacker_refused_by_name')} |", "",
+              "| side | what | requests | failed | refused by name | p50 | p95 |", "|---|---|---|---|---|---|---|"]
+    for side in ("honest", "attacker"):
+        for kind, r in d[side].items():
+            lines.append(f"| {side} | {kind} | {r['requests']} | {r['failures']} | {r['refused_by_name']} | "
+                         f"{r['p50_s']:.2f} s | {r['p95_s']:.2f} s |")
+    return "\n".join(lines)
+
+
 def demo_block(results_dir: Path = RESULTS_DIR) -> str:
     path = results_dir / "demo-training.json"
     if not path.exists():
@@ -283,6 +322,7 @@ BLOCKS = {
     "browser-latency": browser_latency_block,
     "load-test": load_test_block,
     "load-abuse": load_abuse_block,
+    "load-soak": load_soak_block,
     "demo": demo_block,
     "variants": variants_block,
     "bugzoo": bugzoo_block,

@@ -448,3 +448,17 @@ def test_anatomy_steps_label_their_keys_and_carry_the_segment_legend():
     assert len(axes) == 5 and all(steps.layout[k].showticklabels for k in axes)
     assert {t.name for t in steps.data if t.showlegend is not False and t.name} >= {"user", "history", "candidate"}
     assert steps.layout.showlegend
+
+
+def test_a_zoomed_grid_is_pooled_to_the_figure_payload_bound(monkeypatch):
+    """Issue 19: with `zoom` set every grid panel was unpooled (16 layers x 8 heads x 512 candidates: a
+    180 MB response). A figure holds at most MAX_FIGURE_CELLS heatmap cells; past it the panels pool
+    and the title no longer claims full resolution. Its bytes are counted in the view's cost."""
+    from explorer import settings
+    monkeypatch.setattr(views, "MAX_FIGURE_CELLS", 50_000)
+    s = parse_query("preset=lecture&weights=random&num_candidates=200&zoom=candidates&head=-1")
+    fig = views.attention_view(s)[0]
+    shown = sum(np.asarray(t.z).size for t in fig.data if t.type == "heatmap")
+    assert shown <= 50_000 and 8 * 200 * 200 > 50_000
+    assert "zoom: candidates" in fig.layout.title.text and "full resolution" not in fig.layout.title.text
+    assert settings.view_cost(s, "attention").peak_bytes >= 2 * settings.FIGURE_PEAK_BYTES
