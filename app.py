@@ -19,6 +19,7 @@ import threading
 from dataclasses import fields
 from pathlib import Path
 from types import SimpleNamespace
+from urllib.parse import parse_qsl
 
 import gradio as gr
 import torch
@@ -544,6 +545,30 @@ def control_change_on_page(request: gr.Request, *args):
     return [query, sorted(problems), note] + updates + views_out
 
 
+PICKED = ("layer", "head", "query")
+
+
+@guarded
+def pick_on_page(request: gr.Request, pick: str, *args):
+    """A click on a heatmap cell (static/page.js writes `layer=1&head=3&query=7`, or only `query` for a
+    panel of no one head): those controls set together, then the usual control change; the layer and
+    query boxes show the values drawn."""
+    *values, tab, last_query, marked = args
+    chosen = dict(parse_qsl(pick if isinstance(pick, str) else "", keep_blank_values=True))
+    if not chosen or set(chosen) - {*PICKED, "n"}:
+        raise ValidationError("pick", pick, "layer=<int>&head=<int>&query=<int> from a click on a heatmap")
+    for f in PICKED:
+        if f in chosen:
+            values[CONTROL_FIELDS.index(f)] = chosen[f]
+    out = control_change_on_page(request, *values, tab, last_query, marked)
+    s = settings_of(out[0], request, need_model=False)
+    first = 3                            # control_change_on_page: query, marked, note, then the controls
+    for f in ("layer", "query"):
+        if f in chosen and f not in out[1]:
+            out[first + CONTROL_FIELDS.index(f)] = gr.update(value=getattr(s, f))
+    return out
+
+
 @guarded
 def limit_endpoint(query: str, request: gr.Request = None) -> str:
     """The note above the tabs for a configuration: '' or the model's device limit."""
@@ -622,14 +647,18 @@ def weights_file(**kw) -> gr.File:
 # The page's own scripts and styles: every static/*.js goes into the page's <head> once (each defines
 # functions on window.explorer, which the events below call by name), every static/*.css into its styles.
 STATIC = Path(__file__).resolve().parent / "static"
-# The lesson (explorer/lesson.py) goes first, as data for static/present.js; "</" escaped inside the script.
+# The lesson (explorer/lesson.py) goes first, as data for static/present.js; "</" escaped inside the script;
+# with it the Settings field order, in which page.js writes a link as the server does.
 LESSON_DATA = json.dumps({"steps": lesson.as_data(), "main": lesson.MAIN_FIGURE}).replace("</", "<\\/")
-HEAD = (f"<script>\nwindow.explorer = window.explorer || {{}};\nexplorer.lessonData = {LESSON_DATA};\n</script>\n"
+HEAD = (f"<script>\nwindow.explorer = window.explorer || {{}};\nexplorer.lessonData = {LESSON_DATA};\n"
+        f"explorer.fields = {json.dumps(CONTROL_FIELDS)};\n</script>\n"
         + "".join(f"<script>\n{p.read_text()}\n</script>\n" for p in sorted(STATIC.glob("*.js"))))
 CSS_PATHS = sorted(STATIC.glob("*.css"))
 WRITE_URL = "(q, tab) => explorer.writeUrl(q, tab)"
 PICK_ROW = "() => explorer.pickRow()"
 COPY_LINK = "() => explorer.copyLink()"
+# display changes the page draws itself from the data it holds: control -> the page.js call (new link)
+IN_BROWSER = {"color": "(kind, q) => explorer.recolour(kind, q)"}
 
 # what to look for, one line per tab
 LOOK_FOR = {
@@ -683,7 +712,9 @@ def page_header(d: Settings) -> SimpleNamespace:
         marked=gr.State([]),            # the controls marked invalid, to clear when they are fixed
         limit_md=gr.Markdown(elem_id="limit-note"),
         # never shown: triggers and outputs for the API-only endpoints
-        hidden_q=gr.Textbox(visible=False), hidden_out=gr.Textbox(visible=False))
+        hidden_q=gr.Textbox(visible=False), hidden_out=gr.Textbox(visible=False),
+        # on the page but hidden by static/page.css: page.js writes a heatmap click here (pick_on_page)
+        pick=gr.Textbox(elem_id="pick", show_label=False, container=False))
 
 
 def source_controls(d: Settings, c: dict, page: SimpleNamespace) -> None:
@@ -848,9 +879,17 @@ def figures_of(outputs: list) -> dict:
 def wire_controls(page: SimpleNamespace, c: dict) -> None:
     """Any control -> validated query string + the visible tab redrawn, in one round trip; an invalid value
     is marked at its control and the rest keeps working. API clients get the same change, refused with
-    the field named. A click on a heatmap cell writes its query row into the query control (PICK_ROW)."""
+    the field named. A click on a heatmap cell sets its layer, head and query row together (PICK_ROW). The
+    colour scale is redrawn in the browser (IN_BROWSER): the next server change reads it from its control."""
     controls = [c[f] for f in CONTROL_FIELDS]
-    gr.on([picked(c[f]) for f in CONTROL_FIELDS if f not in ("preset", "family")], control_change_on_page,
+    page.pick.change(pick_on_page, [page.pick] + controls + [page.tab_state, page.query, page.marked],
+                    [page.query, page.marked, page.limit_md] + controls + page.view_outputs,
+                    api_name="render_after_pick", trigger_mode="always_last", **figures_of(page.view_outputs), **HIDDEN,
+                    **FORWARD, **RAW).then(None, [page.query, page.tab_state], None, js=WRITE_URL, **HIDDEN)
+    for f, js in IN_BROWSER.items():    # no server request: the page redraws and writes the link
+        picked(c[f])(None, [c[f], page.query], [page.query], js=js, api_name=f"{f}_in_browser", **HIDDEN, **RAW) \
+            .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **HIDDEN)
+    gr.on([picked(c[f]) for f in CONTROL_FIELDS if f not in ("preset", "family", *IN_BROWSER)], control_change_on_page,
           controls + [page.tab_state, page.query, page.marked],
           [page.query, page.marked, page.limit_md] + controls + page.view_outputs,
           api_name="render_on_change", trigger_mode="always_last", **figures_of(page.view_outputs), **HIDDEN,
@@ -928,7 +967,9 @@ def wire_timing(page: SimpleNamespace, t: SimpleNamespace) -> None:
     # something is wrong); these helpers stay callable but off the API page
     quiet = dict(api_visibility="undocumented", show_progress="hidden", queue=False, **RAW)
     check = dict(fn=timing_check, inputs=inputs, outputs=[t.message, t.run], **quiet)
-    gr.on([t.geometry.input, t.dtype.input, page.query.change], timing_options,
+    # on opening the tab, not on every change of the link: a display change drawn in the browser
+    # writes the link and must not call the server
+    gr.on([t.geometry.input, t.dtype.input, page.tab["timing"].select], timing_options,
           [page.query, t.geometry, t.dtype, t.backends], [t.backends, t.unavailable],
           api_name="timing_options", **quiet).then(api_name="timing_check_after_options", **check)
     t.geometry.input(timing_lengths, [page.query, t.geometry], t.lengths, api_name="timing_lengths", **quiet) \

@@ -204,6 +204,8 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
         layout["legend"] = dict(orientation="h", y=1.0 + 30 / plot_px, yanchor="bottom", x=1, xanchor="right")
     if column_groups:
         _group_labels(annotations, shapes, column_groups, xdom)
+    if not discrete:        # what the page needs to recolour the figure itself (static/page.js recolour)
+        layout["meta"] = dict(colour=dict(title=title, bar=colorbar_title or value_name, zmin=zmin, zmax=zmax))
     if scale.note() and not discrete:
         title += f"<br><sup>{scale.note()}</sup>"
     layout.update(annotations=annotations, shapes=shapes, showlegend=bool(discrete), hovermode="closest",

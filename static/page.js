@@ -30,11 +30,14 @@ explorer.writeUrl = (q, tab) => {
     return [q, tab];
 };
 
-// Point and see: a click on a cell of the attention or mask heatmap picks its query row. gr.Plot has no
-// click event, so plotly's own plotly_click is heard on each plot as it is drawn; the row's first
-// sequence position (the trace's meta.rows, written by explorer.figures) goes into the query control
-// as if typed, and the usual control change validates it, redraws (the row outlined) and moves the link.
+// Point and see: a click on a cell of the attention or mask heatmap picks its query row and, in a panel
+// of one head, that layer and head. gr.Plot has no click event, so plotly's own plotly_click is heard on
+// each plot as it is drawn; the trace's meta (rows: each row's first sequence position; layer, head;
+// written by explorer.figures) goes as `layer=1&head=3&query=7` into the hidden #pick box, whose change
+// event (a Textbox fires .input on keys only) runs app.pick_on_page: those controls set together, the
+// view redrawn (the row outlined) and the link moved.
 explorer.pickRow = () => {
+    let clicks = 0;
     const listen = () => {
         for (const id of ['attention-plot', 'mask-plot']) {
             const gd = document.querySelector('#' + id + ' .js-plotly-plot');
@@ -42,11 +45,16 @@ explorer.pickRow = () => {
             gd.__pickRow = true;
             gd.on('plotly_click', (ev) => {
                 const pt = ev && ev.points && ev.points[0];
-                const rows = pt && pt.data && pt.data.meta && pt.data.meta.rows;
+                const meta = pt && pt.data && pt.data.meta;
                 const row = pt && (Array.isArray(pt.pointNumber) ? pt.pointNumber[0] : pt.pointNumber);
-                const box = document.querySelector('#query-row input');
-                if (!rows || rows[row] === undefined || !box) return;
-                box.value = String(rows[row]);
+                const box = document.querySelector('#pick textarea, #pick input');
+                if (!meta || !meta.rows || meta.rows[row] === undefined || !box) return;
+                const pick = new URLSearchParams();
+                if (meta.layer !== undefined) pick.set('layer', meta.layer);
+                if (meta.head !== undefined) pick.set('head', meta.head);
+                pick.set('query', meta.rows[row]);
+                pick.set('n', ++clicks);          // the same cell twice is still a new pick
+                box.value = pick.toString();
                 box.dispatchEvent(new Event('input', {bubbles: true}));
             });
         }
@@ -56,3 +64,129 @@ explorer.pickRow = () => {
 };
 
 explorer.copyLink = () => { navigator.clipboard && navigator.clipboard.writeText(window.location.href); };
+
+// --- display changes drawn in the browser: the data is on the page, the server is not asked -----------
+
+// q with `key` set to `value` (left out when it is the default), in the order of the Settings fields
+// (explorer.fields, written by app.py) as the server writes it, so the link reads the same either way.
+explorer.withParam = (q, key, value, dflt) => {
+    const params = new URLSearchParams(q);
+    if (value === dflt) params.delete(key); else params.set(key, value);
+    const order = explorer.fields || [];
+    const rank = (k) => (order.indexOf(k) < 0 ? order.length : order.indexOf(k));
+    const entries = [...params.entries()].sort((a, b) => rank(a[0]) - rank(b[0]));
+    return new URLSearchParams(entries).toString();
+};
+
+// Python's format(v, '.Ng') (and 'g': 6 digits), so the colour bar reads as the server writes it
+explorer.fmtG = (v, digits = 6) => {
+    if (v === 0) return '0';
+    if (!isFinite(v)) return String(v);
+    let [mant, exp] = v.toExponential(digits - 1).split('e');
+    const e = Number(exp);
+    const strip = (s) => (s.includes('.') ? s.replace(/0+$/, '').replace(/\.$/, '') : s);
+    if (e < -4 || e >= digits) return strip(mant) + 'e' + (e < 0 ? '-' : '+') + String(Math.abs(e)).padStart(2, '0');
+    return strip(v.toFixed(Math.max(0, digits - 1 - e)));
+};
+
+// numpy's quantile (linear interpolation) of sorted values
+const quantile = (sorted, q) => {
+    const h = (sorted.length - 1) * q, lo = Math.floor(h), hi = Math.ceil(h);
+    return sorted[lo] + (h - lo) * (sorted[hi] - sorted[lo]);
+};
+
+// The colour scale of explorer.figures.ColourScale, in the browser: fit over every panel's finite
+// values, the transform of a value to its colour coordinate, the colour bar's ticks and the note.
+explorer.colourScale = (kind, values, zmin, zmax) => {
+    const finite = values.filter((v) => isFinite(v));
+    if (!finite.length) finite.push(0);
+    if (kind === 'quantile') {
+        const sorted = Float64Array.from(finite).sort();
+        const rank = (v) => {                     // searchsorted(sorted, v, 'left') / (n - 1)
+            let a = 0, b = sorted.length;
+            while (a < b) { const m = (a + b) >> 1; if (sorted[m] < v) a = m + 1; else b = m; }
+            return Math.min(1, Math.max(0, a / Math.max(sorted.length - 1, 1)));
+        };
+        const values3 = [...new Set([0, 0.25, 0.5, 0.75, 0.9, 0.99, 1].map(
+            (q) => Number(explorer.fmtG(quantile(sorted, q), 3))))].sort((x, y) => x - y);
+        const ticks = [];
+        for (const v of [values3[0], values3[values3.length - 1], ...values3.slice(1, -1)]) {
+            const pos = rank(v);
+            if (ticks.every(([p]) => Math.abs(pos - p) >= 0.07)) ticks.push([pos, v]);
+        }
+        return {lo: 0, hi: 1, transform: (v) => (isFinite(v) ? rank(v) : NaN), suffix: ' (quantile)',
+                tickvals: ticks.map(([p]) => p), ticktext: ticks.map(([, v]) => explorer.fmtG(v, 3)),
+                note: 'colour: quantile — the share of cells with a smaller value (shows structure when a few cells '
+                      + 'hold most weight); the bar\'s ticks give the values'};
+    }
+    let min = Infinity, max = -Infinity;
+    for (const v of finite) { if (v < min) min = v; if (v > max) max = v; }
+    if (kind === 'log' && min < 0) {
+        let big = 0;
+        for (const v of finite) big = Math.max(big, Math.abs(v));
+        big = big || 1;
+        const nonzero = finite.filter((v) => v !== 0).map(Math.abs).sort((x, y) => x - y);
+        const c = Math.max(nonzero.length ? quantile(nonzero, 0.05) : big, big * 1e-6);
+        const top = Math.log10(1 + big / c);
+        const mags = [];
+        for (let e = Math.ceil(Math.log10(c)); e <= Math.floor(Math.log10(10 ** top * (1 - 1e-9))); e++) mags.push(10 ** e);
+        const shown = mags.slice(-4);
+        const ticks = [...shown.map((m) => -m).reverse(), 0, ...shown];
+        const f = (v) => Math.sign(v) * Math.log10(1 + Math.abs(v) / c);
+        const t = explorer.fmtG(c, 2);
+        return {lo: -top, hi: top, transform: f, suffix: ' (symmetric log)', tickvals: ticks.map(f),
+                ticktext: ticks.map((v) => explorer.fmtG(v)),
+                note: `colour: symmetric log, sign(x)·log10(1 + |x|/${t}) — negative values keep their side, `
+                      + `linear within ±${t}`};
+    }
+    if (kind === 'log') {
+        let floor = Infinity;
+        for (const v of finite) if (v > 0 && v < floor) floor = v;
+        floor = Math.max(isFinite(floor) ? floor : 1e-12, 1e-12);
+        const lo = Math.log10(floor), hi = Math.log10(Math.max(max, floor * 10));
+        const ticks = [];
+        for (let e = Math.floor(lo); e <= Math.ceil(hi); e++) ticks.push(e);
+        return {lo, hi, transform: (v) => Math.log10(Math.max(v, 10 ** lo)), suffix: ' (log)',
+                tickvals: ticks, ticktext: ticks.map((e) => `1e${e}`), note: 'colour: log10 of the value'};
+    }
+    const lo = zmin !== null && zmin !== undefined ? zmin : min;
+    const hi = zmax !== null && zmax !== undefined ? zmax : max;
+    return {lo, hi: hi > lo ? hi : lo + 1, transform: null, suffix: '', note: ''};
+};
+
+// A 2-D array as plotly keeps it: rows of numbers, or numpy's base64 typed array as sent
+// ({dtype: 'f4', bdata, shape: '9, 9'}), as rows of numbers.
+const TYPED = {f4: Float32Array, f8: Float64Array, u1: Uint8Array, i1: Int8Array, u2: Uint16Array,
+               i2: Int16Array, u4: Uint32Array, i4: Int32Array};
+const rowsOf = (z) => {
+    if (Array.isArray(z)) return z.map((r) => Array.from(r, (v) => (v === null ? NaN : v)));
+    const bytes = Uint8Array.from(atob(z.bdata), (ch) => ch.charCodeAt(0));
+    const flat = new TYPED[z.dtype.replace(/[<>|=]/, '')](bytes.buffer);
+    const [n, m] = typeof z.shape === 'string' ? z.shape.split(',').map(Number) : z.shape;
+    return Array.from({length: n}, (_, r) => Array.from(flat.subarray(r * m, (r + 1) * m)));
+};
+
+// The colour radio: the attention figure recoloured from the raw values it already holds (the colour
+// coordinates, the colour bar, the title's note, the hover's value), and the query string for the link.
+explorer.recolour = (kind, q) => {
+    const gd = document.querySelector('#attention-plot .js-plotly-plot');
+    const meta = gd && gd.layout && gd.layout.meta && gd.layout.meta.colour;
+    if (meta && gd.data) {
+        const traces = gd.data.map((t, i) => [t, i]).filter(([t]) => t.type === 'heatmap');
+        const raws = traces.map(([t]) => rowsOf(t.customdata !== undefined && t.customdata !== null ? t.customdata : t.z));
+        const all = [];
+        for (const raw of raws) for (const row of raw) for (const v of row) all.push(v);
+        const scale = explorer.colourScale(kind, all, meta.zmin, meta.zmax);
+        const z = raws.map((raw) => (scale.transform ? raw.map((row) => row.map(scale.transform)) : raw));
+        const first = traces.length ? gd.data[traces[0][1]] : null;
+        const bar = {...((first && first.colorbar) || {}), title: {text: meta.bar + scale.suffix, side: 'right'}};
+        if (scale.tickvals) Object.assign(bar, {tickvals: scale.tickvals, ticktext: scale.ticktext, tickmode: 'array'});
+        else Object.assign(bar, {tickvals: null, ticktext: null, tickmode: 'auto'});
+        const hover = traces.map(([t]) => t.hovertemplate.replace(/%\{(customdata|z):\.6g\}/,
+                                                                    scale.transform ? '%{customdata:.6g}' : '%{z:.6g}'));
+        Plotly.restyle(gd, {z, customdata: scale.transform ? raws : traces.map(() => null), zmin: scale.lo, zmax: scale.hi,
+                            hovertemplate: hover, colorbar: traces.map(() => bar)}, traces.map(([, i]) => i));
+        Plotly.relayout(gd, {'title.text': meta.title + (scale.note ? `<br><sup>${scale.note}</sup>` : '')});
+    }
+    return explorer.withParam(q, 'color', kind, 'linear');
+};

@@ -213,3 +213,89 @@ def test_a_link_with_one_bad_value_keeps_the_rest_and_marks_the_bad_control(page
     page.wait_for_function("() => window.location.search.startsWith('?preset=phoenix-2026-nano')", timeout=20_000)
     assert "seed=3" in page.url and "family=grok" not in page.url
     assert page.get_by_role("tab", name="2 · Attention").get_attribute("aria-selected") == "true"
+
+
+# the drag area of the panel drawn for (layer, head), scrolled into view: its trace's meta says which it is
+PANEL_BOX = """([layer, head]) => {
+    const gd = document.querySelector('#attention-plot .js-plotly-plot');
+    const i = gd.data.findIndex((t) => t.meta && t.meta.layer === layer && t.meta.head === head);
+    if (i < 0) return null;
+    const t = gd.data[i], subplot = (t.xaxis || 'x') + (t.yaxis || 'y');
+    const drag = gd.querySelector(`.nsewdrag[data-subplot="${subplot}"]`);
+    drag.scrollIntoView({block: 'center'});              // a click lands only inside the viewport
+    const box = drag.getBoundingClientRect();
+    return {left: box.left, top: box.top, width: box.width, height: box.height, labels: t.y};
+}"""
+
+
+def test_a_click_in_a_panel_sets_its_layer_head_and_row_and_everything_follows(page):
+    """Every-head grid of lecture, a click on row C2 of the panel 'L1 · q head 3': layer 1, head 3 and
+    query C2 together in the controls and the link; the bars and the Anatomy tab read the same."""
+    open_attention(page, "preset=lecture&head=-1")
+    box = page.evaluate(PANEL_BOX, [1, 3])
+    assert box is not None, "no panel for layer 1, head 3 in the grid"
+    row = box["labels"].index("C2")
+    page.mouse.click(box["left"] + box["width"] / 2, box["top"] + (row + 0.5) * box["height"] / len(box["labels"]))
+    page.wait_for_function(f"""() => {{ const q = new URLSearchParams(window.location.search);
+        return q.get('layer') === '1' && q.get('head') === '3' && q.get('query') === '{row}'; }}""", timeout=30_000)
+    assert page.get_by_label("layer", exact=True).input_value() == "1"
+    assert page.get_by_label("head", exact=True).input_value().startswith("head 3")
+    assert page.locator("#query-row input").input_value() == str(row)
+    link = page.locator("#query textarea, #query input").first.input_value()
+    assert "layer=1" in link and "head=3" in link and f"query={row}" in link
+    page.get_by_text("Where query C2 attends (layer 1, head 3)").first.wait_for(timeout=30_000)
+    page.get_by_role("tab", name="2b · Anatomy").click()
+    page.wait_for_function("""() => { const t = document.querySelector('#anatomy-plot .gtitle');
+        return t && t.textContent.includes('layer 1, query head 3') && t.textContent.includes('query C2'); }""",
+                           timeout=60_000)
+
+
+# the attention figure as drawn: each heatmap's colour coordinates (plotly's decoded arrays), the colour
+# bar, the title, the hover
+DRAWN = """() => {
+    const gd = document.querySelector('#attention-plot .js-plotly-plot');
+    const maps = gd._fullData.filter((t) => t.type === 'heatmap');
+    return {z: maps.map((t) => Array.from(t._z || t.z, (row) => Array.from(row, (v) => (isFinite(v) ? v : null)))),
+            ticktext: maps[0].colorbar.ticktext ? Array.from(maps[0].colorbar.ticktext) : null,
+            bar: maps[0].colorbar.title.text, title: gd.layout.title.text,
+            zmin: maps[0].zmin, zmax: maps[0].zmax, hover: maps[0].hovertemplate};
+}"""
+
+
+def server_requests(page) -> list:
+    """The page's requests to the server from now on (the heartbeat stream excluded)."""
+    seen = []
+    page.on("request", lambda r: seen.append(r.url) if "/gradio_api/" in r.url and "heartbeat" not in r.url else None)
+    return seen
+
+
+@pytest.mark.parametrize("query,kind", [("preset=lecture&head=-1&values=capped+logits", "log"),
+                                        ("preset=lecture&head=-1", "quantile"), ("preset=lecture&head=2", "log"),
+                                        ("preset=lecture&head=2&color=quantile", "linear")])
+def test_a_colour_change_is_drawn_in_the_browser_as_the_server_draws_it(page, query, kind):
+    """No request reaches the server, and the figure equals the one the server draws for the new link
+    (colour coordinates to float32 precision, the colour bar's ticks, the title's note)."""
+    import numpy as np
+    from explorer import views
+    from explorer.settings import parse_query
+
+    open_attention(page, query)
+    requests = server_requests(page)
+    page.get_by_label(kind, exact=True).check()
+    page.wait_for_function(f"() => new URLSearchParams(window.location.search).get('color') "
+                           f"{'=== null' if kind == 'linear' else '=== ' + repr(kind)}", timeout=10_000)
+    page.wait_for_timeout(500)                     # anything the change would send has been sent
+    assert requests == [], requests
+    link = urlparse(page.url).query
+    assert page.locator("#query textarea, #query input").first.input_value() == link.split("&tab=")[0]
+    drawn = page.evaluate(DRAWN)
+    fig, _, _ = views.attention_view(parse_query(link.split("&tab=")[0]))
+    maps = [t for t in fig.data if t.type == "heatmap"]
+    for got, want in zip(drawn["z"], maps):
+        want = np.asarray(want.z, dtype=np.float64)
+        got = np.array([[np.nan if v is None else v for v in row] for row in got])
+        np.testing.assert_allclose(got, want, rtol=4 * np.finfo(np.float32).eps, atol=1e-7, equal_nan=True)
+    bar = maps[0].colorbar
+    assert drawn["bar"] == bar.title.text and drawn["title"] == fig.layout.title.text
+    assert drawn["ticktext"] == (list(bar.ticktext) if bar.ticktext is not None else drawn["ticktext"])
+    assert drawn["hover"] == maps[0].hovertemplate
