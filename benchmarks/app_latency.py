@@ -24,8 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.runinfo import RESULTS_DIR, device_name, git_commit, percentile  # noqa: E402
-from scripts.serve import running_app  # noqa: E402
+from explorer.localhost import running_app  # noqa: E402
+from models.runinfo import RESULTS_DIR, device_name, git_commit, percentile  # noqa: E402
 
 TARGETS = dict(cold_start_s=10.0, control_change_p95_ms=150.0, nano_s=3.0)
 

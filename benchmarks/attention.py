@@ -23,8 +23,7 @@ import torch
 
 from explorer.measure import (NOT_REACHED, PRESETS, matmul_tflops, point_key, results_path, sweep)
 from models.attention import BACKENDS
-
-from .runinfo import RESULTS_DIR, device_name, git_commit
+from models.runinfo import RESULTS_DIR, device_name, git_commit
 
 
 def write_results(records: list[dict], device: str, matmul: float, out_dir: Path = RESULTS_DIR,

@@ -28,9 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.runinfo import device_name, git_commit, percentile  # noqa: E402
-from scripts.screenshots import launch_browser, wait_for_plot  # noqa: E402
-from scripts.serve import running_app  # noqa: E402
+from explorer.localhost import launch_browser, running_app, wait_for_plot  # noqa: E402
+from models.runinfo import device_name, git_commit, percentile  # noqa: E402
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 TARGETS_MS = {"lecture": 300.0, "phoenix-nano": 1500.0, "preset switch": 2000.0}

@@ -39,8 +39,8 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.runinfo import RESULTS_DIR, cpu_model, git_commit, percentile  # noqa: E402
-from scripts.serve import running_app  # noqa: E402  (the one localhost launcher)
+from explorer.localhost import running_app  # noqa: E402
+from models.runinfo import RESULTS_DIR, cpu_model, git_commit, percentile  # noqa: E402
 
 # view -> (api name, weight in the mix); the timing sweep is tiny: two short lengths, naive only
 MIX = {

@@ -28,9 +28,9 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
-from benchmarks.runinfo import RESULTS_DIR, device_name
 from models.attention import BACKENDS, attend, unavailable_reason
 from models.masks import KERNEL_TILINGS, AttentionMask
+from models.runinfo import RESULTS_DIR, device_name
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # backends that hold [B, H, T, T] scores in memory (on CPU, a point that cannot fit is skipped, not tried:

@@ -21,9 +21,9 @@ from typing import Iterator, Optional
 
 import plotly.graph_objects as go
 
-from benchmarks.runinfo import RESULTS_DIR, device_name
 from models.attention import BACKENDS, unavailable_reason
 from models.masks import EMPTY, AttentionMask
+from models.runinfo import RESULTS_DIR, device_name
 
 from .figures import FONT, _log_ticks
 from .measure import (PRESETS, Preset, Run, load_results, matmul_tflops, on_gpu, preset_for,

@@ -13,7 +13,6 @@ import numpy as np
 import plotly.graph_objects as go
 import torch
 
-from benchmarks.runinfo import RESULTS_DIR
 from models.attention import apply_cap
 from models.bugzoo import BUGS, bug_report, with_bug
 from models.masks import EMPTY, FULL, KERNEL_TILINGS, AttentionMask, kernel_work, ranker_bounds
@@ -21,6 +20,7 @@ from models.probes import PROBES, capped_layout, other_candidates, perturb
 from models.grok import RotaryEmbedding
 from models.recall import load_trained_variant, recall_example
 from models.recsys import RecsysBatch
+from models.runinfo import RESULTS_DIR
 from models.variants import VARIANTS, VariantConfig, build_variant, variant_inputs
 from models.xrex import right_anchored_positions
 

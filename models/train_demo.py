@@ -15,17 +15,15 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-
 import torch
 import torch.nn.functional as F
-
-from benchmarks.runinfo import RESULTS_DIR, device_name, git_commit
 
 from .demo import (DEMO_WEIGHTS, DEMO_WORLD, HELD_OUT_SEED, XREX_DEMO_WEIGHTS, XREX_HEADS, demo_config, evaluate,
                    load_demo_model, load_xrex_demo_model, xrex_demo_model)
 from .grok import init_params
 from .world import WORLD_ACTIONS
 from .recsys import RecsysModel, SequenceLayout, init_recsys
+from .runinfo import RESULTS_DIR, device_name, git_commit
 
 TRAIN_LAYOUTS = tuple(SequenceLayout(1, s, c, hp, cp) for s, c, hp, cp in
                       ((5, 3, 0, 0), (8, 4, 0, 0), (6, 3, 1, 0), (10, 4, 2, 1), (4, 2, 0, 0), (12, 6, 0, 0)))

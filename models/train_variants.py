@@ -20,9 +20,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from benchmarks.runinfo import RESULTS_DIR
-
 from .recall import TRAINED_WEIGHTS, RecallModel, RecallTask, save_trained
+from .runinfo import RESULTS_DIR
 from .train_demo import run_info
 from .variants import VARIANTS, VariantConfig, parameter_count
 

@@ -65,26 +65,21 @@ import torch
 from torch import nn
 
 from .grok import Transformer, TransformerConfig
+from .haiku_tree import FIELD, checked_arrays, flatten, shown_key, unflatten
 from .recsys import ACTIONS, PhoenixRetrievalModel, RecsysConfig, RecsysModel
 from .world import WORLD_ACTIONS
+from .xrex import XrexConfig, XrexRanker, load_xrex_params, xrex_params
 
-FIELD = "weights"
 FILE_FIELD = "weights file"
 EXTENSIONS = (".npz", ".safetensors")
 CONFIG_KEY = "__config__"            # npz entry (uint8 JSON) / safetensors metadata key "config"
 DEFAULT_MAX_BYTES = 4 * 2**30         # phoenix-prod's trunk alone is ~1.3 GB in fp32
 
-Model = Union[Transformer, RecsysModel, PhoenixRetrievalModel, "XrexRanker"]
-
-
-def _xrex():
-    """models.xrex, imported when used: it imports this module's checks."""
-    from . import xrex
-    return xrex
+Model = Union[Transformer, RecsysModel, PhoenixRetrievalModel, XrexRanker]
 
 
 def _is_xrex(model) -> bool:
-    return isinstance(model, _xrex().XrexRanker)
+    return isinstance(model, XrexRanker)
 
 
 # --- which family's names a mapping holds ------------------------------------------------------
@@ -218,86 +213,12 @@ def param_spec(model: nn.Module) -> dict[str, tuple[str, tuple, str]]:
                      f"PhoenixRetrievalModel")
 
 
-# --- nested haiku mapping <-> flat "module_path/param_name" keys ------------------------------
-
-def flatten(params: Mapping) -> dict:
-    """{module_path: {param_name: array}} -> {"module_path/param_name": array}."""
-    if not isinstance(params, Mapping):
-        raise ValueError(f"{FIELD}: got {type(params).__name__}; allowed: a mapping "
-                         f"{{module_path: {{param_name: array}}}} as haiku's init returns")
-    flat = {}
-    for module, inner in params.items():
-        if not isinstance(inner, Mapping):
-            raise ValueError(f"{FIELD}: {module!r} maps to {type(inner).__name__}; allowed: a mapping "
-                             f"{{param_name: array}}")
-        for name, value in inner.items():
-            flat[f"{module}/{name}"] = value
-    return flat
-
-
-def unflatten(flat: Mapping) -> dict[str, dict]:
-    nested: dict[str, dict] = {}
-    for key, value in flat.items():
-        module, _, name = key.rpartition("/")
-        nested.setdefault(module, {})[name] = value
-    return nested
-
-
-# What a weight may hold. Trained transformer weights are O(1) (variance-scaled init, RMSNorm scales
-# near 1); MAX_ABS_WEIGHT leaves room for any of them and keeps the fp32 forward finite: every matmul
-# reads an embedding or an RMSNorm output (L1 norm <= |scale| * emb_size), so at the explorer's sizes
-# activations stay below ~1e12 before the FFN and ~1e32 after it, under fp32's 3.4e38 (and the norm of
-# a larger row rounds to 0, never NaN). tests/test_weights.py runs the worst case, every weight 1e4.
-# Values are checked after the cast to the model's dtype, where float64's 1e300 is already inf.
-FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
-MAX_ABS_WEIGHT = 1e4
-MAX_LISTED = 8                   # problems spelled out in one message; the rest are counted
-
-
-def _shown(key: str) -> str:
-    """A key as a message shows it: file keys are anyone's text, so long ones are cut."""
-    return key if len(key) <= 100 else key[:97] + "..."
-
-
-def _dtype_name(value) -> str:
-    if isinstance(value, np.ndarray):
-        return value.dtype.name              # '>f4' is float32 too
-    return str(value.dtype).removeprefix("torch.")
-
-
-def _as_tensor(value, shape: tuple, dtype: torch.dtype) -> Union[torch.Tensor, str]:
-    """numpy, jax, torch or anything with __array__ -> a tensor of the model's dtype, or what is wrong
-    with it: not an array, not a real floating dtype (complex, ints and bool are refused, never
-    cast), the wrong shape, or values that are not finite or too large once cast."""
-    if not isinstance(value, torch.Tensor):
-        try:
-            value = np.asarray(value)
-        except (TypeError, ValueError) as e:
-            return f"is not a numeric array ({str(e)[:100]})"
-    if _dtype_name(value) not in FLOAT_DTYPES:
-        return f"has dtype {_dtype_name(value)}; allowed: a real floating dtype ({', '.join(FLOAT_DTYPES)})"
-    if tuple(value.shape) != shape:
-        return f"has shape {list(value.shape)}, expected {list(shape)}"
-    if isinstance(value, np.ndarray):
-        if value.dtype.name == "bfloat16":                  # ml_dtypes (jax): exact in float32
-            value = value.astype(np.float32)
-        value = torch.from_numpy(np.array(value, dtype=value.dtype.newbyteorder("="), copy=True))
-    t = value.detach().to("cpu", dtype)
-    if not torch.isfinite(t).all():
-        return f"contains NaN or infinity as {_dtype_name(t)} (the model's dtype)"
-    largest = t.abs().max().item() if t.numel() else 0.0
-    if largest > MAX_ABS_WEIGHT:
-        return (f"has a value of magnitude {largest:.3g}; allowed: at most {MAX_ABS_WEIGHT:.0e} "
-                f"(larger weights overflow the forward)")
-    return t
-
-
 def haiku_params(model: Model, hash_tables: bool = True) -> dict[str, dict[str, np.ndarray]]:
     """The nested mapping haiku's ``transform(...).init`` returns, as fp32 numpy copies.
     hash_tables=False leaves out the project's own hash tables, as the original's init does.
     An XrexRanker gives production's stacked tree (models.xrex.xrex_params)."""
     if _is_xrex(model):
-        return _xrex().xrex_params(model)
+        return xrex_params(model)
     tensors = dict(model.named_parameters())
     flat = {key: tensors[name].detach().cpu().float().numpy().copy()
             for key, (name, _, _) in param_spec(model).items()
@@ -305,38 +226,10 @@ def haiku_params(model: Model, hash_tables: bool = True) -> dict[str, dict[str, 
     return unflatten(flat)
 
 
-def checked_arrays(spec: Mapping[str, tuple], flat: Mapping, field: str, config: str,
-                   dtype: torch.dtype = torch.float32) -> dict[str, np.ndarray]:
-    """The arrays of a flat ``{key: array}`` mapping, checked against ``spec`` (key -> (target, shape,
-    what the shape is)) and returned in `dtype`, the model's (values are checked after that cast). On
-    any problem one ValueError names the keys at fault (a few, and a count of the rest), against
-    `config` (the geometry in words), so the caller loads nothing. Shared by every loader (grok.py's
-    and xrex's)."""
-    missing = [f"{key} is missing (expected shape {list(spec[key][1])} {spec[key][2]})"
-               for key in sorted(set(spec) - set(flat))]
-    unexpected = [f"{_shown(key)} is unexpected (this model has no such parameter)"
-                  for key in sorted(set(flat) - set(spec))]
-    wrong, arrays = [], {}
-    for key in [k for k in spec if k in flat]:
-        _, shape, why = spec[key]
-        t = _as_tensor(flat[key], shape, dtype)
-        if isinstance(t, str):
-            wrong.append(f"{key} {t}" + (f" {why}" if t.startswith("has shape") else ""))
-        else:
-            arrays[key] = t.numpy()
-    problems = missing + wrong + unexpected          # the least telling last: extra keys
-    if problems:
-        listed = problems[:MAX_LISTED] + ([f"... and {len(problems) - MAX_LISTED:,} more"]
-                                          if len(problems) > MAX_LISTED else [])
-        raise ValueError(f"{field}: {len(problems):,} problem(s) against the config ({config}); nothing was "
-                         f"loaded:\n  " + "\n  ".join(listed))
-    return arrays
-
-
 def _load_flat(model: Model, flat: Mapping, field: str = FIELD) -> None:
     _check_family(model, flat, field)
     if _is_xrex(model):
-        _xrex().load_xrex_params(model, unflatten(flat), field=field)
+        load_xrex_params(model, unflatten(flat), field=field)
         return
     flat = {LEGACY_NAMES.get(k, k): v for k, v in flat.items()}
     # the original keeps no hash tables: without them the model keeps its own
@@ -461,11 +354,11 @@ def _npz_member(z: zipfile.ZipFile, info: zipfile.ZipInfo, name: str, budget: in
                              f"arrays are loaded, never pickle)")
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes > budget:
-            raise _too_large(name, f"declares {_shown(info.filename)!r} of shape {list(shape)} {dtype.name}:",
+            raise _too_large(name, f"declares {shown_key(info.filename)!r} of shape {list(shape)} {dtype.name}:",
                              nbytes, budget)
         data = bytearray(nbytes)
         if f.readinto(data) != nbytes:
-            raise ValueError(f"{_shown(info.filename)!r} is shorter than its shape {list(shape)} declares")
+            raise ValueError(f"{shown_key(info.filename)!r} is shorter than its shape {list(shape)} declares")
     return np.frombuffer(data, dtype).reshape(shape, order="F" if fortran_order else "C")
 
 
@@ -536,13 +429,13 @@ def _check_safetensors_header(path: str, name: str, max_bytes: int) -> None:
         shape = entry.get("shape") if isinstance(entry, dict) else None
         if dtype not in SAFETENSORS_DTYPES or not isinstance(shape, list) or not all(
                 isinstance(n, int) and n >= 0 for n in shape):
-            raise ValueError(f"{FILE_FIELD}: {name!r} declares {_shown(key)!r} as dtype {str(dtype)[:20]!r}, "
+            raise ValueError(f"{FILE_FIELD}: {name!r} declares {shown_key(key)!r} as dtype {str(dtype)[:20]!r}, "
                              f"shape {str(shape)[:60]}; allowed: a dtype of {', '.join(SAFETENSORS_DTYPES)} and "
                              f"a list of sizes")
         nbytes = math.prod(shape) * SAFETENSORS_DTYPES[dtype]
         total += nbytes
         if total > max_bytes:
-            raise _too_large(name, f"declares {_shown(key)!r} of shape {shape} {dtype}, arrays of at least",
+            raise _too_large(name, f"declares {shown_key(key)!r} of shape {shape} {dtype}, arrays of at least",
                              total, max_bytes)
 
 
@@ -568,7 +461,7 @@ def read_weight_file(path, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, np.n
     return _read(path, max_bytes)[0]
 
 
-def _parse_config(config: Optional[str]) -> Optional[Union[TransformerConfig, RecsysConfig, "XrexConfig"]]:
+def _parse_config(config: Optional[str]) -> Optional[Union[TransformerConfig, RecsysConfig, XrexConfig]]:
     if config is None:
         return None
     try:
@@ -581,7 +474,7 @@ def _parse_config(config: Optional[str]) -> Optional[Union[TransformerConfig, Re
         if d.get("model") == "transformer":
             return TransformerConfig(**d["transformer"])
         if d.get("model") == "xrex":
-            return _xrex().XrexConfig(**d["xrex"])
+            return XrexConfig(**d["xrex"])
         raise KeyError("model")
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise ValueError(f"{FILE_FIELD}: its stored config is not valid ({e})") from None
@@ -621,8 +514,8 @@ def model_from_weight_file(path, max_bytes: int = DEFAULT_MAX_BYTES) -> Model:
                          f"build the model with its TransformerConfig and call load_weights")
     if isinstance(config, RecsysConfig):
         model = (PhoenixRetrievalModel if json.loads(stored)["model"] == "retrieval" else RecsysModel)(config)
-    elif isinstance(config, _xrex().XrexConfig):
-        model = _xrex().XrexRanker(config)
+    elif isinstance(config, XrexConfig):
+        model = XrexRanker(config)
     else:
         model = Transformer(config)
     _load_flat(model, arrays, FILE_FIELD)

@@ -50,8 +50,8 @@ from .attention import CAP_METHODS, attend
 from .grok import (LayerTrace, Linear, RecordedAttention, RotaryEmbedding, TransformerOutput, _positive_int,
                    init_params)
 from .grok import RMSNorm as GrokRMSNorm
+from .haiku_tree import checked_arrays, flatten
 from .masks import AttentionMask, key_padding
-from .weights import checked_arrays, flatten   # the haiku-mapping checks grok.py's loader uses
 
 NUMERICS = ("fp32", "bf16")
 # how attention treats padded keys (XrexRanker.attention_mask): hidden, or attended as production's serving

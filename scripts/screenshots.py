@@ -7,31 +7,18 @@ Needs the `chromium` package (apt) and playwright's Python package; no browser i
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scripts.serve import running_app  # noqa: E402  (the one localhost launcher)
+from explorer.localhost import launch_browser, running_app, wait_for_plot  # noqa: E402
 
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 VIEWS = [("mask", "1 · Mask"), ("attention", "2 · Attention"), ("anatomy", "2b · Anatomy"),
          ("isolation", "3 · Isolation"),
          ("invariance", "4 · Invariance & RoPE"), ("variants", "5 · Variants"),
          ("timing", "6 · Flash vs naive"), ("export", "7 · Export")]
-
-
-def launch_browser(playwright):
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if not path:
-        raise RuntimeError("Debian chromium not found (apt-get install chromium)")
-    return playwright.chromium.launch(executable_path=path, args=CHROMIUM_ARGS, headless=True)
-
-
-def wait_for_plot(page, elem_id: str, timeout: float = 30_000):
-    page.wait_for_selector(f"#{elem_id} .js-plotly-plot .main-svg", timeout=timeout, state="attached")
 
 
 def shrink(path: Path) -> None:

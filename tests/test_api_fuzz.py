@@ -14,7 +14,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 gradio_client = pytest.importorskip("gradio_client")
-from scripts.serve import running_app  # noqa: E402  (app.py in a localhost subprocess)
+from explorer.localhost import running_app  # noqa: E402
 from explorer.settings import Settings  # noqa: E402  (the app's own field order)
 
 CONTROL_FIELDS = [f.name for f in fields(Settings)]

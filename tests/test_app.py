@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from explorer.views import variant_training_report
-from scripts.serve import running_app
+from explorer.localhost import running_app
 from tolerances import randn_attention_abs_bound, rounding_bound
 
 gradio_client = pytest.importorskip("gradio_client")

@@ -7,8 +7,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from scripts.screenshots import launch_browser, wait_for_plot
-from scripts.serve import running_app
+from explorer.localhost import launch_browser, running_app, wait_for_plot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

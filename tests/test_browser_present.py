@@ -6,8 +6,7 @@ import shutil
 import pytest
 
 from explorer.lesson import LESSON
-from scripts.screenshots import launch_browser
-from scripts.serve import running_app
+from explorer.localhost import launch_browser, running_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

@@ -253,7 +253,7 @@ def test_exports_draw_the_committed_curves_and_never_measure(monkeypatch):
     """Issue 11 item 9: the timing charts are in the Export tab's list and the lecture pack, drawn from
     the committed benchmark files (no sweep runs) with a caption saying so."""
     from explorer.measure import load_results
-    from benchmarks.runinfo import RESULTS_DIR
+    from models.runinfo import RESULTS_DIR
     from explorer import export
 
     def no_sweep(*a, **k):

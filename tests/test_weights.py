@@ -478,7 +478,7 @@ def test_the_magnitude_bound_keeps_the_worst_case_forward_finite(query):
     """Every parameter at +MAX_ABS_WEIGHT (all products aligned), no logit cap, the largest multiplier:
     the scores are finite, so weights that pass the check cannot overflow the forward."""
     from explorer.settings import parse_query
-    from models.weights import MAX_ABS_WEIGHT
+    from models.haiku_tree import MAX_ABS_WEIGHT
     s = parse_query(query)
     model = RecsysModel(s.recsys_config())
     params = {m: {n: np.full_like(a, MAX_ABS_WEIGHT) for n, a in inner.items()}

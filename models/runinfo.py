@@ -1,9 +1,8 @@
-"""Where and when a result was measured — the one home of what every results file records.
+"""Where and when a result was measured: what every results file records.
 
 ``RESULTS_DIR`` (benchmarks/results/, where every committed measurement lives), ``device_name``,
-``cpu_model``, ``git_commit`` (one "dirty" rule for every report) and ``percentile``. The attention
-benchmark, the app latency and load tests, the training reports and the app's "recorded" labels all
-import them from here.
+``cpu_model``, ``git_commit`` (one "dirty" rule for every report) and ``percentile``. On the lowest floor
+that writes results (the training scripts), so every floor above can read it.
 """
 from __future__ import annotations
 

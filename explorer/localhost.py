@@ -1,5 +1,5 @@
-"""The one localhost launcher: app.py in a subprocess on a free 127.0.0.1 port, for the app tests,
-the browser test, the screenshots and the benchmarks.
+"""The app on localhost, for the app and browser tests, the screenshots and the benchmarks: app.py in a
+subprocess on a free 127.0.0.1 port, and Debian chromium to drive it.
 
     with running_app() as url:       # http://127.0.0.1:<free port>/
         Client(url).predict("preset=lecture", api_name="/mask")
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -22,6 +23,9 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
 
 def free_port() -> int:
@@ -63,3 +67,16 @@ def running_app(startup_timeout_s: float = 120.0, log: Optional[Path] = None) ->
             proc.wait()
         if not keep:
             log_path.unlink(missing_ok=True)
+
+
+def launch_browser(playwright):
+    """Headless Debian chromium through playwright (never a downloaded browser)."""
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not path:
+        raise RuntimeError("Debian chromium not found (apt-get install chromium)")
+    return playwright.chromium.launch(executable_path=path, args=CHROMIUM_ARGS, headless=True)
+
+
+def wait_for_plot(page, elem_id: str, timeout: float = 30_000):
+    """Wait until the plot in the element `elem_id` has drawn."""
+    page.wait_for_selector(f"#{elem_id} .js-plotly-plot .main-svg", timeout=timeout, state="attached")
