@@ -6,7 +6,7 @@ Measures: cold start (process start -> the default view's figure received), the 
 control change on the `lecture` preset (what the page sends: /control_change validates every control
 and redraws the visible tab in one round trip; p50 / p95 over many changes), and phoenix-nano (T = 1087) heatmaps and isolation probe,
 first call and repeated. Writes benchmarks/results/app-latency-<date>.json with device, date, commit.
-Targets (issue 4): cold start < 10 s, p95 control change < 150 ms, phoenix-nano < 3 s.
+Targets: cold start < 10 s, p95 control change < 150 ms, phoenix-nano < 3 s.
 """
 from __future__ import annotations
 

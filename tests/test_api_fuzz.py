@@ -169,7 +169,7 @@ def test_every_control_is_refused_by_name(client, endpoints, api, name, value):
     ("batch_size", 9), ("row", 1),
 ])
 def test_settings_endpoint_component_checks_name_the_field(client, name, value):
-    """Values Gradio's components used to round (2.5 -> 2, True -> 1) or refuse without a field name."""
+    """Values Gradio's components would round (2.5 -> 2, True -> 1) or refuse without a field name."""
     assert_names_field(refused(client, "/settings", *control_values(**{name: value})), name)
 
 

@@ -135,8 +135,8 @@ def test_invariance_endpoint(client):
     assert "q·k depends only on the distance" in rope_text
 
 
-@pytest.mark.parametrize("query", ["preset=lecture&operation=add",                    # issue 11.1
-                                   "preset=lecture&num_candidates=1&operation=drop"])  # issue 14.8
+@pytest.mark.parametrize("query", ["preset=lecture&operation=add",                    # a new candidate
+                                   "preset=lecture&num_candidates=1&operation=drop"])  # drop the only one
 def test_invariance_repros_answer_without_an_internal_error(client, query):
     _, text, _, _, _ = client.predict(query, api_name="/invariance")
     assert "Largest score change" in text or "leaves no candidate" in text
@@ -391,8 +391,8 @@ LONG_SWEEP = ("preset=lecture&weights=random&num_q_heads=16&num_kv_heads=16&key_
 
 
 def test_stop_then_run_again_stops_the_old_sweep_within_one_point():
-    """The defect: the next Run's stop.clear() reset the session's shared flag before the old thread saw
-    it, so the old sweep ran on beside the new one. Each run now has its own flag."""
+    """Stop, then Run at once: each run has its own stop flag, so the new run's start cannot un-stop the
+    earlier sweep before its thread sees the flag, and the two never run side by side."""
     import asyncio
     import time
     from types import SimpleNamespace
@@ -562,10 +562,9 @@ def join(url: str, fn_index: int, data: list, session: str, address: str) -> tup
 
 
 def test_every_computing_endpoint_refuses_one_session_over_its_share_at_the_http_layer(monkeypatch):
-    """Issue 19: the admission check ran but was ignored for one-input endpoints (Gradio reads a
-    1-tuple of verdicts as a valid answer). With every view held running, one session joins each view
-    endpoint 12 times: only its share is queued, the rest answered HTTP 422 naming the bound, and
-    another address is still admitted."""
+    """One-input endpoints too (Gradio reads a 1-tuple of verdicts as a valid answer). With every view
+    held running, one session joins each view endpoint 12 times: only its share is queued, the rest
+    answered HTTP 422 naming the bound, and another address is still admitted."""
     import threading
     import time
 
@@ -629,8 +628,8 @@ def own_probs(query: str, embeddings=None, ranker=None) -> np.ndarray:
 @pytest.mark.parametrize("view", ["mask", "attention", "anatomy", "isolation", "invariance", "variants", "timing",
                                   "export"])
 def test_every_view_answers_for_both_families(client, family, view):
-    """Issue 12: at a small production preset (seqpack: primer_norm, soft_sign 80, no qk_norm) and at
-    lecture, each view answers from its family's own model, not an error."""
+    """At a small production preset (seqpack: primer_norm, soft_sign 80, no qk_norm) and at lecture,
+    each view answers from its family's own model, not an error."""
     from models.bugzoo import bug_names
     query = FAMILY_QUERIES[family]
     kind = "recsys-bidirectional" if family == "xrex" else "recsys"
@@ -704,7 +703,7 @@ def test_presets_and_the_family_control_agree_on_any_device():
     assert back.startswith("preset=phoenix-prod&num_user=2") and "family" not in back
 
 
-# --- issue 19: memory a request leaves behind, the front door, plain words for API clients -----------
+# --- memory a request leaves behind, the front door, plain words for API clients --------------------
 
 @pytest.fixture(scope="module")
 def front_door_server():
@@ -727,9 +726,8 @@ HEAVY_MASK = "preset=lecture&num_history=1535&num_candidates=512&zoom=candidates
 
 
 def test_no_session_keeps_a_copy_of_its_outputs(front_door_server):
-    """Issue 19: Gradio kept each session's last outputs (17 MB per heavy /mask) for 10,000 sessions an
-    hour; a client minting a session per call filled 7 GB. Now no output is kept in session state and
-    the number of sessions kept is bounded."""
+    """No output is kept in session state (a heavy /mask is 17 MB, and a client can mint a session per
+    call), and the number of sessions kept is bounded."""
     from explorer import admission
     demo, url = front_door_server
     for i in range(3):
@@ -753,8 +751,8 @@ def upload(url: str, payload: bytes, address: str) -> tuple[int, str]:
 
 
 def test_the_raw_upload_route_is_bounded_per_visitor_whatever_its_session(front_door_server):
-    """Issue 19: /gradio_api/upload took 10 x 190 MB in 29 s from one client. Each visitor (address)
-    has a share of bytes and calls per hour, refused by name; another address still uploads."""
+    """/gradio_api/upload: each visitor (address) has a share of bytes and calls per hour, refused by
+    name past it; another address still uploads."""
     _, url = front_door_server
     answers = [upload(url, b"\0" * 800, "198.51.100.20") for _ in range(4)]
     assert [code for code, _ in answers] == [200, 200, 200, 413], answers

@@ -38,8 +38,8 @@ def test_estimate_params_of_the_production_family_is_its_models_count(query):
 
 
 def test_a_model_over_the_cap_only_through_num_user_is_refused_by_name():
-    """Issue 14.3: emb 1024 with 8 user tokens is ~55M parameters; the old estimate said 39M (it
-    ignored num_user's projection) and let it through the 40M CPU cap."""
+    """emb 1024 with 8 user tokens is ~55M parameters, over the 40M CPU cap, counting num_user's
+    projection (without it the estimate is 39M)."""
     with pytest.raises(ValidationError, match=r"emb_size: got 1024; allowed: a model of at most 40M .* about 55M"):
         parse_query("preset=phoenix-nano&num_user=8&emb_size=1024&num_history=100")
 
@@ -70,8 +70,8 @@ def test_a_request_past_the_budget_is_refused_by_name_before_it_runs(monkeypatch
 
 
 def test_cap_sized_isolation_is_refused_by_its_memory_and_the_attention_view_is_not():
-    """Issue 14.3's repro: 56 query heads at T 1087 records ~505 MiB per forward; the isolation probe
-    holds several of them at once."""
+    """56 query heads at T 1087 record ~505 MiB per forward; the isolation probe holds several of them
+    at once."""
     s = parse_query("preset=phoenix-nano&num_q_heads=56&num_kv_heads=8&num_layers=1")
     assert check_budget(s, "attention").peak_bytes < settings.max_request_bytes()
     with pytest.raises(ValidationError, match=r"MiB, \d\.\dx this CPU's budget"):
@@ -140,8 +140,8 @@ def test_run_probe_says_how_many_positions_the_capped_probe_saw():
 
 
 def test_bug_zoo_work_is_bounded_whatever_the_length(monkeypatch):
-    """Issue 14.2: the bug zoo ran T-1 full forwards per model (6 models). Count every token row the
-    trunk processes: at T 304 it must stay within a few full forwards' worth."""
+    """Count every token row the trunk processes for the bug zoo (6 models): at T 304 it stays within a
+    few full forwards' worth, not T-1 per model."""
     seen = []
     forward = Transformer.forward
 
@@ -159,7 +159,7 @@ def test_bug_zoo_work_is_bounded_whatever_the_length(monkeypatch):
 # --- invariance: the operations that crashed -------------------------------------------------------
 
 def test_add_draws_the_new_candidate_from_the_models_vocabulary():
-    """Issue 11.1: 'add' on the demo weights indexed past the demo world's vocabulary."""
+    """'add' on the demo weights draws hashes inside the demo world's vocabulary."""
     s = parse_query("preset=lecture&operation=add&rope_mode=none")
     new, pairs = views.changed_batch(s, runs.batch_for(s))
     vocab = runs.build_model(s).config.hash_vocab_size
@@ -169,7 +169,7 @@ def test_add_draws_the_new_candidate_from_the_models_vocabulary():
 
 
 def test_dropping_the_only_candidate_says_so():
-    """Issue 14.8: an empty order list became a float index tensor."""
+    """Dropping the only candidate leaves an empty order: answered in words, not an index error."""
     fig, text = views.invariance_view(parse_query("preset=lecture&num_candidates=1&operation=drop"))
     assert "leaves no candidate" in text
 
@@ -254,7 +254,7 @@ def test_one_lock_per_cache_entry(monkeypatch):
 
 
 def test_views_never_change_the_process_thread_count(monkeypatch):
-    """Issue 13: cpu_threads called torch.set_num_threads from concurrent workers."""
+    """No view calls torch.set_num_threads: concurrent workers share the process's thread count."""
     def forbidden(n):
         raise AssertionError("torch.set_num_threads inside a request")
     runs.clear_caches()

@@ -94,7 +94,7 @@ def test_export_without_a_browser_says_what_to_install(monkeypatch):
 
 
 def test_exports_without_a_folder_keep_only_the_newest_few(s, tmp_path, monkeypatch):
-    """Every export used to leave a mkdtemp folder behind; now the disk holds KEEP_EXPORTS of them."""
+    """Exports without a folder of their own: the disk holds the newest KEEP_EXPORTS of them."""
     monkeypatch.setattr(export.tempfile, "tempdir", str(tmp_path))
     paths = [export.export_figure(s, "mask", "svg") for _ in range(export.KEEP_EXPORTS + 3)]
     left = [p for p in paths if os.path.exists(p)]

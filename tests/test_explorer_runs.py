@@ -77,8 +77,8 @@ def test_uploads_expire_and_closing_the_page_forgets_them(tmp_path, monkeypatch)
 
 
 def test_one_visitors_sessions_share_one_part_of_the_store(tmp_path, monkeypatch):
-    """Issue 19: five sessions of one client filled the shared store and refused everyone else's
-    upload for an hour. The sessions of one visitor key hold at most UPLOAD_SHARE_BYTES together."""
+    """The sessions of one visitor key hold at most UPLOAD_SHARE_BYTES of the store together, so one
+    client's many sessions cannot refuse everyone else's uploads."""
     path = weight_file(tmp_path)[0]
     runs.load_upload(parse_query(LECTURE), str(path), "probe", "addr:x")
     size = next(iter(runs._UPLOADS["probe"].values())).nbytes
@@ -95,9 +95,8 @@ def test_one_visitors_sessions_share_one_part_of_the_store(tmp_path, monkeypatch
 
 
 def test_a_closed_page_keeps_its_uploads_for_a_grace_period_and_says_when_they_went(tmp_path, monkeypatch):
-    """Issue 19: a dropped heartbeat (the page still open) deleted the visitor's weights at once, and the
-    next view said only "allowed: random, zeros, demo". Now they go PAGE_GONE_GRACE_S after the page
-    left, any request of the session brings it back, and a later use names what happened."""
+    """Uploads go PAGE_GONE_GRACE_S after the page left (a dropped heartbeat is not a closed page), any
+    request of the session brings it back, and a later use names what happened."""
     import app
     name = runs.load_upload(parse_query(LECTURE), str(weight_file(tmp_path)[0]), "alice")
     clock = [runs.time.monotonic()]

@@ -160,8 +160,8 @@ def test_production_family_in_the_link_and_its_fixed_values():
 
 
 def test_old_links_with_the_retired_backend_field_open():
-    """Issue 9 item 4: the views' backend control changed nothing and was removed; a link that still
-    carries `backend=` opens (the field is dropped) instead of being refused as an unknown field."""
+    """The views have no backend field; a link that carries `backend=` opens (the field is dropped)
+    instead of being refused as an unknown field."""
     assert "backend" not in Settings.__dataclass_fields__
     for value in ("flash_attn", "sdpa", "nonsense"):
         s = parse_query(f"preset=lecture&backend={value}&head=1")
@@ -191,8 +191,8 @@ def test_a_production_preset_sets_production_family_and_its_geometry(name):
 
 
 def test_production_presets_name_their_device_limit_and_nano_runs_on_cpu():
-    """Issue 11's rule at the new presets: the full-size ones are refused for model views by field,
-    before anything runs; nano (T 1152, over the old 1087 cap) fits the CPU's memory and work budget."""
+    """The full-size production presets are refused for model views by field, before anything runs;
+    nano (T 1152) fits the CPU's memory and work budget."""
     from explorer.settings import VIEWS, check_budget
     for name in ("phoenix-2026", "phoenix-2026-seqpack"):
         with pytest.raises(ValidationError, match=r"emb_size: got 2560; allowed: .*needs a GPU"):

@@ -250,8 +250,8 @@ def test_recorded_summary_names_each_committed_file_with_its_device_and_date(tmp
 
 
 def test_exports_draw_the_committed_curves_and_never_measure(monkeypatch):
-    """Issue 11 item 9: the timing charts are in the Export tab's list and the lecture pack, drawn from
-    the committed benchmark files (no sweep runs) with a caption saying so."""
+    """The timing charts are in the Export tab's list and the lecture pack, drawn from the committed
+    benchmark files (no sweep runs) with a caption saying so."""
     from explorer.measure import load_results
     from models.runinfo import RESULTS_DIR
     from explorer import export

@@ -451,9 +451,9 @@ def test_anatomy_steps_label_their_keys_and_carry_the_segment_legend():
 
 
 def test_a_zoomed_grid_is_pooled_to_the_figure_payload_bound(monkeypatch):
-    """Issue 19: with `zoom` set every grid panel was unpooled (16 layers x 8 heads x 512 candidates: a
-    180 MB response). A figure holds at most MAX_FIGURE_CELLS heatmap cells; past it the panels pool
-    and the title no longer claims full resolution. Its bytes are counted in the view's cost."""
+    """With `zoom` set a figure still holds at most MAX_FIGURE_CELLS heatmap cells (16 layers x 8 heads x
+    512 candidates unpooled is a 180 MB response); past it the panels pool and the title does not claim
+    full resolution. Its bytes are counted in the view's cost."""
     from explorer import settings
     monkeypatch.setattr(views, "MAX_FIGURE_CELLS", 50_000)
     s = parse_query("preset=lecture&weights=random&num_candidates=200&zoom=candidates&head=-1")
