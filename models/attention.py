@@ -69,23 +69,48 @@ class AttentionOutput:
     logits: Optional[torch.Tensor] = None   # [B, Hq, T, S] capped logits before masking
 
 
+def grouped_attention(q, k, v, *, multiplier: float, cap: float = 0.0, cap_method: str = "none",
+                      allowed: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+                      mix_logits: Optional[torch.Tensor] = None, mix_probs: Optional[torch.Tensor] = None,
+                      lse: bool = False):
+    """The one attention core (naive, the decomposition's pieces, the variants, the bug zoo's kernel).
+
+    q [B, Tq, Hq, K]; k, v [B, Tk, Hkv, K]: query head h reads KV head h // G (G = Hq / Hkv).
+    logits = cap(q . k * multiplier) in fp32 -> talking heads' mix_logits [Hq, Hq] -> -1e30 where not
+    `allowed` ([B|1, 1, Tq, Tk] bool; grok.py's value) -> + `bias` (log weights: a kernel's key counts)
+    -> softmax over keys -> mix_probs -> probs @ v. `lse`: masked with -inf and normalised by the
+    log-sum-exp instead (a row with no allowed key gets zeros), which is returned for merging.
+    -> (out [B, Tq, Hq, K], probs [B, Hq, Tq, Tk], logits [B, Hq, Tq, Tk] before the mask, lse [B, Tq, Hq] | None)"""
+    B, Tq, Hq, K = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    logits = torch.einsum("bthgd,bshd->bhgts", q.reshape(B, Tq, Hkv, G, K), k).float() * multiplier
+    logits = apply_cap(logits, cap, cap_method)                                   # [B, Hkv, G, Tq, Tk]
+    if mix_logits is not None:                       # heads talk before the softmax ...
+        logits = torch.einsum("bhts,hg->bgts", logits.reshape(B, Hq, Tq, Tk), mix_logits).reshape(logits.shape)
+    masked = logits
+    if allowed is not None:                          # masked_fill: no second [B, H, Tq, Tk] tensor
+        masked = masked.masked_fill(~allowed[:, :, None], float("-inf") if lse else MASK_VALUE)
+    if bias is not None:
+        masked = masked + bias
+    if lse:
+        log_sum = torch.logsumexp(masked, dim=-1)                                 # [B, Hkv, G, Tq]
+        probs = torch.exp(masked - log_sum[..., None]).nan_to_num(0.0).to(q.dtype)   # empty row -> zeros
+    else:
+        probs = torch.softmax(masked, dim=-1).to(q.dtype)
+    if mix_probs is not None:                        # ... and after it
+        probs = torch.einsum("bhts,hg->bgts", probs.reshape(B, Hq, Tq, Tk), mix_probs).reshape(probs.shape)
+    out = torch.einsum("bhgts,bshd->bthgd", probs, v).reshape(B, Tq, Hq, K)
+    return (out, probs.reshape(B, Hq, Tq, Tk), logits.reshape(B, Hq, Tq, Tk),
+            log_sum.permute(0, 3, 1, 2).reshape(B, Tq, Hq) if lse else None)
+
+
 def naive_attention(q, k, v, mask: AttentionMask, *, multiplier: float, cap: float, cap_method: str,
                     need_weights: bool = False) -> AttentionOutput:
-    """grok.py line for line: materialises the [B, Hkv, G, T, S] logits."""
-    B, T, Hq, K = q.shape
-    Hkv = k.shape[2]
-    G = Hq // Hkv
-    qg = q.reshape(B, T, Hkv, G, K)                                    # [B, T, Hkv, G, K]
-    logits = torch.einsum("bthgd,bshd->bhgts", qg, k).float()          # [B, Hkv, G, T, S]
-    logits = logits * multiplier
-    logits = apply_cap(logits, cap, cap_method)
-    m = mask.dense(q.device)[:, :, None]                               # [B|1, 1, 1, T, S]
-    masked = logits.masked_fill(~m, MASK_VALUE)                        # no second [B, H, T, S] tensor
-    probs = torch.softmax(masked, dim=-1).to(q.dtype)
-    out = torch.einsum("bhgts,bshd->bthgd", probs, v).reshape(B, T, Hq, K)
-    if not need_weights:
-        return AttentionOutput(out)
-    return AttentionOutput(out, probs.reshape(B, Hq, T, -1), logits.reshape(B, Hq, T, -1))
+    """grok.py line for line: materialises the [B, Hq, T, S] logits."""
+    out, probs, logits, _ = grouped_attention(q, k, v, multiplier=multiplier, cap=cap, cap_method=cap_method,
+                                              allowed=mask.dense(q.device))
+    return AttentionOutput(out, probs, logits) if need_weights else AttentionOutput(out)
 
 
 # --- SDPA: torch's fused kernels, one explicit kernel per backend -----------------------
@@ -204,21 +229,16 @@ def flex_attention(q, k, v, mask: AttentionMask, *, multiplier: float, cap: floa
 def math_piece(q, k, v, *, causal: bool, key_valid: Optional[torch.Tensor], multiplier: float,
                cap: float, cap_method: str):
     """One dense block in plain torch: q [B,Tq,Hq,K], k/v [B,S,Hkv,K] -> out [B,Tq,Hq,K], lse [B,Tq,Hq] fp32."""
-    B, Tq, Hq, K = q.shape
-    S, Hkv = k.shape[1], k.shape[2]
-    qg = q.reshape(B, Tq, Hkv, Hq // Hkv, K)                                        # [B, Tq, Hkv, G, K]
-    logits = apply_cap(torch.einsum("bthgd,bshd->bhgts", qg, k).float() * multiplier, cap, cap_method)
+    Tq, S = q.shape[1], k.shape[1]
     allowed = torch.ones(Tq, S, dtype=torch.bool, device=q.device)
     if causal:
         allowed = allowed.tril()
-    allowed = allowed[None, None, None]                                             # [1, 1, 1, Tq, S]
+    allowed = allowed[None, None]                                                   # [1, 1, Tq, S]
     if key_valid is not None:
-        allowed = allowed & key_valid[:, None, None, None, :]
-    logits = logits.masked_fill(~allowed, float("-inf"))
-    lse = torch.logsumexp(logits, dim=-1)                                           # [B, Hkv, G, Tq]
-    probs = torch.exp(logits - lse[..., None]).nan_to_num(0.0)                      # empty row -> zeros
-    out = torch.einsum("bhgts,bshd->bthgd", probs.to(v.dtype), v).reshape(B, Tq, Hq, K)
-    return out, lse.permute(0, 3, 1, 2).reshape(B, Tq, Hq)
+        allowed = allowed & key_valid[:, None, None, :]
+    out, _, _, lse = grouped_attention(q, k, v, multiplier=multiplier, cap=cap, cap_method=cap_method,
+                                       allowed=allowed, lse=True)
+    return out, lse
 
 
 def decomposed_attention(q, k, v, mask: AttentionMask, piece, *, multiplier: float, cap: float,

@@ -1,9 +1,11 @@
 """The course notebooks' real mistakes, as switches on the real trunk.
 
 ``with_bug(model, name)`` returns a deep copy of a ``Transformer`` or ``RecsysModel`` (or, for
-production's serving-kernel quirks, a ``models.xrex`` ranker or trunk) — same
-weights, same parameter names, same ``record=True`` traces — with one sub-module re-wired the way
-a notebook wrote it. The same probes (models/probes.py) then run on the buggy and the correct
+production's serving-kernel quirks, a ``models.xrex`` ranker or trunk) — same weights, same parameter
+names, same ``record=True`` traces — with one bug planted through the model's own extension points: an
+attention function (``attention_fn``), a flag (RoPE's ``interleaved``, ``residual_from_input``,
+``gelu_approximate``, ``attention_padding``). No forward is copied, so a change to the model reaches
+every bug. The same probes (models/probes.py) then run on the buggy and the correct
 model; ``BUGS[name].probe`` names the one that catches it.
 
     buggy = with_bug(model, "unmasked-decoder")
@@ -19,32 +21,30 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import AttentionOutput, apply_cap
-from .grok import DecoderLayer, DenseBlock, LayerTrace, MultiHeadAttention
+from .attention import AttentionOutput, attend, grouped_attention
+from .grok import DecoderLayer, DenseBlock, MultiHeadAttention
 from .masks import AttentionMask
 from .probes import PROBES, run_probe
 from .xrex import MultiHeadAttention as XrexAttention
+from .xrex import XrexRanker
 
 
-def _each(model: nn.Module, cls: type, patch: Callable[[nn.Module], None]) -> None:
+def _each(model: nn.Module, cls: type, plant: Callable[[nn.Module], None]) -> None:
     for module in list(model.modules()):
         if isinstance(module, cls):
-            patch(module)
+            plant(module)
 
 
 # --- 000: the decoder layer never passes its attention mask ---------------------------------
 
-def unmasked_decoder(model: nn.Module) -> None:
+def unmasked_attention(q, k, v, mask: AttentionMask, **kw) -> AttentionOutput:
     """Notebook 000's DecoderLayer calls ``self.attn(h, key_padding_mask=...)`` and drops
     ``attention_mask``: padding still applies, the causal / recsys structure never arrives."""
-    def patch(mha):
-        forward = mha.forward
+    return attend(q, k, v, AttentionMask("full", mask.seq_len, valid=mask.valid), **kw)
 
-        def unmasked(x, mask: AttentionMask, positions, backend="naive", need_weights=False):
-            return forward(x, AttentionMask("full", mask.seq_len, valid=mask.valid), positions, backend,
-                           need_weights)
-        mha.forward = unmasked
-    _each(model, MultiHeadAttention, patch)
+
+def unmasked_decoder(model: nn.Module) -> None:
+    _each(model, MultiHeadAttention, lambda mha: setattr(mha, "attention_fn", unmasked_attention))
 
 
 # --- 000: RoPE over interleaved pairs -------------------------------------------------------
@@ -52,9 +52,7 @@ def unmasked_decoder(model: nn.Module) -> None:
 def rope_interleaved(model: nn.Module) -> None:
     """RoPE rotating pairs (x0, x1), (x2, x3), ... (GPT-J / notebook 000) where grok.py rotates
     (x_i, x_{i+K/2}). Still a rotation by position, still relative — just not grok.py's numbers."""
-    def patch(mha):
-        mha.rotary.interleaved = True
-    _each(model, MultiHeadAttention, patch)
+    _each(model, MultiHeadAttention, lambda mha: setattr(mha.rotary, "interleaved", True))
 
 
 # --- 000: the second residual from the layer input ------------------------------------------
@@ -62,14 +60,7 @@ def rope_interleaved(model: nn.Module) -> None:
 def residual_from_input(model: nn.Module) -> None:
     """Notebook 000 writes ``h = h + x`` after the FFN, x the layer's input: the attention
     sub-layer's contribution is dropped from the residual stream (it only feeds the FFN)."""
-    def patch(layer):
-        def forward(h, mask, positions, backend="naive", record=False):
-            attn, a = layer.multi_head_attention(layer.rms_norm(h), mask, positions, backend, record)
-            after_attention = h + layer.rms_norm_1(attn)
-            out = h + layer.rms_norm_3(layer.dense_block(layer.rms_norm_2(after_attention)))   # should add to after_attention
-            return out, (LayerTrace(a.probs, a.logits, after_attention, out) if record else None)
-        layer.forward = forward
-    _each(model, DecoderLayer, patch)
+    _each(model, DecoderLayer, lambda layer: setattr(layer, "residual_from_input", True))
 
 
 # --- 001: flash_attn_func fed [B, H, T, D], mask dropped ------------------------------------
@@ -82,38 +73,29 @@ def flash_attn_func_cpu(q, k, v, softmax_scale: Optional[float] = None, causal: 
     return out.transpose(1, 2)
 
 
-def flash_layout(model: nn.Module) -> None:
+def flash_layout_attention(q, k, v, mask: AttentionMask, *, multiplier: float, need_weights: bool = False,
+                           **kw) -> AttentionOutput:
     """Notebook 001 transposes to [B, H, T, D] for its regular path and hands the same tensors to
     flash_attn_func, which reads [B, T, H, D]: attention runs over the heads of each token, not
     over tokens, and the mask is never passed. Every token then reads only itself — recorded as
     the identity map, which is what the heatmap shows."""
-    def patch(mha):
-        c = mha.config
+    B, T, Hq, _ = q.shape
+    out = flash_attn_func_cpu(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),       # [B, H, T, D]
+                              softmax_scale=multiplier).transpose(1, 2)                     # -> [B, T, H, D]
+    if not need_weights:
+        return AttentionOutput(out)
+    eye = torch.eye(T, dtype=q.dtype, device=q.device).expand(B, Hq, T, T)
+    return AttentionOutput(out, eye, torch.zeros_like(eye))
 
-        def forward(x, mask: AttentionMask, positions, backend="naive", need_weights=False):
-            B, T, _ = x.shape
-            q = mha.query(x).view(B, T, c.num_q_heads, c.key_size)
-            k = mha.key(x).view(B, T, c.num_kv_heads, c.key_size)
-            v = mha.value(x).view(B, T, c.num_kv_heads, c.key_size)
-            if positions is not None:
-                q, k = mha.rotary(q, positions), mha.rotary(k, positions)
-            out = flash_attn_func_cpu(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),     # [B, H, T, D]
-                                      softmax_scale=c.attn_output_multiplier).transpose(1, 2)     # -> [B, T, H, D]
-            a = AttentionOutput(out)
-            if need_weights:
-                eye = torch.eye(T, dtype=x.dtype, device=x.device).expand(B, c.num_q_heads, T, T)
-                a = AttentionOutput(out, eye, torch.zeros_like(eye))
-            return mha.linear(out.reshape(B, T, c.num_q_heads * c.key_size)), a
-        mha.forward = forward
-    _each(model, MultiHeadAttention, patch)
+
+def flash_layout(model: nn.Module) -> None:
+    _each(model, MultiHeadAttention, lambda mha: setattr(mha, "attention_fn", flash_layout_attention))
 
 
 # --- 003: exact GELU where grok.py uses the tanh approximation ------------------------------
 
 def exact_gelu(model: nn.Module) -> None:
-    def patch(dense):
-        dense.forward = lambda x: dense.linear_1(F.gelu(dense.linear(x)) * dense.linear_v(x))
-    _each(model, DenseBlock, patch)
+    _each(model, DenseBlock, lambda dense: setattr(dense, "gelu_approximate", "none"))
 
 
 # --- production (2026) quirks: the serving kernel, recsys_attention.py PallasRankerAttentionInference --
@@ -136,41 +118,32 @@ def serving_kernel_counts(seq_len: int, candidate_start_offset: int, block_kv: O
 
 
 def serving_kernel_attention(q, k, v, mask: AttentionMask, *, multiplier: float, cap: float, cap_method: str,
-                             block_kv: Optional[int] = 128, need_weights: bool = False) -> AttentionOutput:
+                             block_kv: Optional[int] = 128, need_weights: bool = False, **kw) -> AttentionOutput:
     """The serving kernel's softmax, element by element: each key weighted by how often the kernel adds
     it (a key counted twice gets logit + log 2); the padding mask is never consulted."""
-    B, T, Hq, K = q.shape
-    Hkv = k.shape[2]
-    counts = serving_kernel_counts(T, mask.candidate_start_offset, block_kv, q.device)
-    qg = q.reshape(B, T, Hkv, Hq // Hkv, K)                                          # [B, T, Hkv, G, K]
-    logits = apply_cap(torch.einsum("bthgd,bshd->bhgts", qg, k).float() * multiplier, cap, cap_method)
-    probs = torch.softmax(logits + torch.log(counts.float()), dim=-1).to(q.dtype)    # log 0 = -inf: never seen
-    out = torch.einsum("bhgts,bshd->bthgd", probs, v).reshape(B, T, Hq, K)
-    if not need_weights:
-        return AttentionOutput(out)
-    return AttentionOutput(out, probs.reshape(B, Hq, T, T), logits.reshape(B, Hq, T, T))
+    counts = serving_kernel_counts(q.shape[1], mask.candidate_start_offset, block_kv, q.device)
+    out, probs, logits, _ = grouped_attention(q, k, v, multiplier=multiplier, cap=cap, cap_method=cap_method,
+                                              bias=torch.log(counts.float()))            # log 0 = -inf: never seen
+    return AttentionOutput(out, probs, logits) if need_weights else AttentionOutput(out)
 
 
-def _serving_kernel(block_kv: Optional[int]) -> Callable[[nn.Module], None]:
-    def patch(model: nn.Module) -> None:
+def serving_padding(model: nn.Module) -> None:
+    """Production's serving kernels take only the bound (0, P+L, P+L, T): the ranker's own
+    attention_padding="serving-kernel" (models.xrex), so padded history is attended."""
+    _each(model, XrexRanker, lambda ranker: setattr(ranker, "config",
+                                                    ranker.config.replace(attention_padding="serving-kernel")))
 
-        def swap(mha):
-            c = mha.config
 
-            def attention(q, k, v, mask, backend="naive", need_weights=False):
-                return serving_kernel_attention(q, k, v, mask, multiplier=c.attn_scale, cap=c.attn_logit_cap,
-                                                cap_method=c.attn_logit_cap_method, block_kv=block_kv,
-                                                need_weights=need_weights)
-            mha.attention = attention
-        _each(model, XrexAttention, swap)
-    return patch
+def serving_block_rounding(model: nn.Module) -> None:
+    """The serving kernel's history key blocks of 128 run past P+L when it is not a multiple of 128."""
+    _each(model, XrexAttention, lambda mha: setattr(mha, "attention_fn", serving_kernel_attention))
 
 
 # --- registry -------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Bug:
-    patch: Callable[[nn.Module], None]     # re-wires a (copied) model in place
+    patch: Callable[[nn.Module], None]     # plants the bug in a (copied) model: sets an attention_fn or a flag
     notebook: str
     probe: str                             # the models.probes.PROBES entry that catches it
     symptom: str
@@ -193,11 +166,11 @@ BUGS: dict[str, Bug] = {
     "exact-gelu": Bug(exact_gelu, "003", "parity",
                       "exact GELU where grok.py uses tanh: a small but measurable parity error"),
     # production's own, in its serving kernel (PRODUCTION.md §6); "notebook" names where it lives
-    "serving-padding": Bug(_serving_kernel(None), "xrex serving kernel", "parity",
+    "serving-padding": Bug(serving_padding, "xrex serving kernel", "parity",
                            "the serving kernel masks no padded history slot: whatever sits in padding is "
                            "attended, so outputs move with it (exact when the history has no padding; "
                            "isolation passes)", family="xrex"),
-    "serving-block-rounding": Bug(_serving_kernel(128), "xrex serving kernel", "isolation",
+    "serving-block-rounding": Bug(serving_block_rounding, "xrex serving kernel", "isolation",
                                   "history key blocks of 128 run unmasked past P+L when it is not a multiple of "
                                   "128 (the bench default 130; production's 1024 is): the first candidates see "
                                   "each other and count themselves twice", family="xrex"),

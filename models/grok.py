@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -204,6 +204,8 @@ class MultiHeadAttention(nn.Module):
         self.value = Linear(c.emb_size, c.num_kv_heads * c.key_size)
         self.linear = Linear(c.num_q_heads * c.key_size, c.emb_size)
         self.rotary = RotaryEmbedding(c.key_size, c.rope_base)
+        # the attention function this layer calls, attend's signature: the hook models.bugzoo plants into
+        self.attention_fn: Callable[..., AttentionOutput] = attend
 
     def forward(self, x, mask: AttentionMask, positions, backend="naive", need_weights=False):
         c = self.config
@@ -213,8 +215,8 @@ class MultiHeadAttention(nn.Module):
         v = self.value(x).view(B, T, c.num_kv_heads, c.key_size)     # [B, T, Hkv, K]
         if positions is not None:
             q, k = self.rotary(q, positions), self.rotary(k, positions)
-        a = attend(q, k, v, mask, multiplier=c.attn_output_multiplier, cap=c.logit_cap,
-                   cap_method=c.cap_method, backend=backend, need_weights=need_weights)
+        a = self.attention_fn(q, k, v, mask, multiplier=c.attn_output_multiplier, cap=c.logit_cap,
+                              cap_method=c.cap_method, backend=backend, need_weights=need_weights)
         if need_weights:                # recording: keep what the weights were computed from
             a = RecordedAttention(**vars(a), q=q, k=k, v=v)
         return self.linear(a.out.reshape(B, T, c.num_q_heads * c.key_size)), a
@@ -229,9 +231,10 @@ class DenseBlock(nn.Module):
         self.linear_v = Linear(d, f)
         self.linear = Linear(d, f)
         self.linear_1 = Linear(f, d)
+        self.gelu_approximate = "tanh"        # grok.py's; "none" is exact GELU (the bug zoo's exact-gelu)
 
     def forward(self, x):
-        return self.linear_1(F.gelu(self.linear(x), approximate="tanh") * self.linear_v(x))
+        return self.linear_1(F.gelu(self.linear(x), approximate=self.gelu_approximate) * self.linear_v(x))
 
 
 class DecoderLayer(nn.Module):
@@ -244,16 +247,18 @@ class DecoderLayer(nn.Module):
         self.rms_norm_3 = RMSNorm(d, eps)     # post-FFN
         self.multi_head_attention = MultiHeadAttention(config)
         self.dense_block = DenseBlock(config)
+        # grok.py adds the FFN to the stream after attention; True adds it to the layer's input instead,
+        # dropping attention from the stream (notebook 000's mistake, the bug zoo's residual-from-input)
+        self.residual_from_input = False
 
     def forward(self, h, mask, positions, backend="naive", record=False):
         attn, a = self.multi_head_attention(self.rms_norm(h), mask, positions, backend, record)
-        h = h + self.rms_norm_1(attn)
-        after_attention = h
-        h = h + self.rms_norm_3(self.dense_block(self.rms_norm_2(h)))
+        after_attention = h + self.rms_norm_1(attn)
+        h = (h if self.residual_from_input else after_attention) + \
+            self.rms_norm_3(self.dense_block(self.rms_norm_2(after_attention)))
         trace = None
-        if record:      # an attention swapped in from outside (the bug zoo's) may not record its q, k, v
-            trace = LayerTrace(a.probs, a.logits, after_attention, h, getattr(a, "q", None), getattr(a, "k", None),
-                               getattr(a, "v", None), a.out)
+        if record:
+            trace = LayerTrace(a.probs, a.logits, after_attention, h, a.q, a.k, a.v, a.out)
         return h, trace
 
 

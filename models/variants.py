@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import MASK_VALUE, apply_cap
+from .attention import grouped_attention
 from .grok import Linear, LayerTrace, TransformerOutput, ffn_size, init_params
 
 ATTENTION_KINDS = ("mha", "mqa", "gqa", "gqa-repeat", "mla", "talking-heads")
@@ -71,19 +71,9 @@ def attention_core(q, k, v, allowed=None, *, scale: float, cap: float = 0.0, cap
                    mix_logits=None, mix_probs=None):
     """q [B, Tq, Hq, K]; k, v [B, Tk, Hkv, K] (Hkv divides Hq: query head h reads KV head h // G);
     allowed [B|1, 1, Tq, Tk] bool or None. mix_logits / mix_probs [Hq, Hq]: talking heads.
-    -> (out [B, Tq, Hq, K], probs [B, Hq, Tq, Tk], logits [B, Hq, Tq, Tk])."""
-    B, Tq, Hq, K = q.shape
-    Tk, Hkv = k.shape[1], k.shape[2]
-    G = Hq // Hkv
-    logits = torch.einsum("bthgd,bshd->bhgts", q.reshape(B, Tq, Hkv, G, K), k).reshape(B, Hq, Tq, Tk) * scale
-    logits = apply_cap(logits, cap, cap_method)
-    if mix_logits is not None:                       # heads talk before the softmax ...
-        logits = torch.einsum("bhts,hg->bgts", logits, mix_logits)
-    masked = logits if allowed is None else logits.masked_fill(~allowed, MASK_VALUE)
-    probs = torch.softmax(masked.float(), dim=-1).to(q.dtype)
-    if mix_probs is not None:                        # ... and after it
-        probs = torch.einsum("bhts,hg->bgts", probs, mix_probs)
-    out = torch.einsum("bhgts,bshd->bthgd", probs.reshape(B, Hkv, G, Tq, Tk), v).reshape(B, Tq, Hq, K)
+    -> (out [B, Tq, Hq, K], probs [B, Hq, Tq, Tk], logits [B, Hq, Tq, Tk]): models.attention's one core."""
+    out, probs, logits, _ = grouped_attention(q, k, v, multiplier=scale, cap=cap, cap_method=cap_method,
+                                              allowed=allowed, mix_logits=mix_logits, mix_probs=mix_probs)
     return out, probs, logits
 
 

@@ -39,14 +39,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import CAP_METHODS, attend
+from .attention import CAP_METHODS, AttentionOutput, attend
 from .grok import (LayerTrace, Linear, RecordedAttention, RotaryEmbedding, TransformerOutput, _positive_int,
                    init_params)
 from .grok import RMSNorm as GrokRMSNorm
@@ -194,6 +194,8 @@ class MultiHeadAttention(nn.Module):
             self.k_norm = RMSNorm(c.num_kv_heads * K)
         self.out = Linear(c.num_q_heads * K, c.emb_size)
         self.rotary = RotaryEmbedding(K, float(c.rope_base_exponent))
+        # the attention function this layer calls, attend's signature: the hook models.bugzoo plants into
+        self.attention_fn: Callable[..., AttentionOutput] = attend
 
     def split_qkv(self, x):
         """x [B, T, D] -> q [B, T, Hq, K], k, v [B, T, Hkv, K].
@@ -215,17 +217,12 @@ class MultiHeadAttention(nn.Module):
             q = self.q_norm(q.reshape(B, T, -1)).view_as(q)
             k = self.k_norm(k.reshape(B, T, -1)).view_as(k)
         q, k = self.rotary(q, positions), self.rotary(k, positions)
-        a = self.attention(q, k, v, mask, backend, need_weights)
+        # softmax(cap(q.k * sqrt(128)/key_size) | mask) v through the named backend
+        a = self.attention_fn(q, k, v, mask, multiplier=c.attn_scale, cap=c.attn_logit_cap,
+                              cap_method=c.attn_logit_cap_method, backend=backend, need_weights=need_weights)
         if need_weights:                # recording: keep what the weights were computed from
             a = RecordedAttention(**vars(a), q=q, k=k, v=v)
         return self.out(a.out.reshape(B, T, c.num_q_heads * c.key_size)), a
-
-    def attention(self, q, k, v, mask: AttentionMask, backend="naive", need_weights=False):
-        """softmax(cap(q.k * sqrt(128)/key_size) | mask) v through the named backend (models.bugzoo
-        swaps in production's serving kernel here)."""
-        c = self.config
-        return attend(q, k, v, mask, multiplier=c.attn_scale, cap=c.attn_logit_cap,
-                      cap_method=c.attn_logit_cap_method, backend=backend, need_weights=need_weights)
 
 
 class DenseBlock(nn.Module):

@@ -199,3 +199,45 @@ def test_bug_report_on_the_trained_demo_trunk():
     assert rows["none"]["flagged"] == []
     for bug in bug_names("grok"):
         assert BUGS[bug].probe in rows[bug]["flagged"]
+
+
+def family_model(family):
+    """A small model of each family, its inputs (padded history) and offset."""
+    if family == "grok":
+        model, _ = trunk(0)
+        return model, *inputs(0), OFFSET
+    from models.xrex import XrexConfig, XrexTrunk, init_xrex
+    config = XrexConfig(emb_size=32, num_layers=2, num_q_heads=4, num_kv_heads=2, key_size=8,
+                        num_user_prefix_tokens=2, history_seq_len=6)
+    model = XrexTrunk(config)
+    init_xrex(model.ranker, seed=0)
+    x = torch.randn(2, 12, 32, generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    mask[0, 6:8] = False
+    return model, x, mask, 8
+
+
+@pytest.mark.parametrize("bug", list(BUGS))
+def test_bugs_are_planted_through_the_models_own_extension_points(bug, monkeypatch):
+    """No forward is copied and no method patched: every module of the buggy copy is the model's own
+    class with no instance attribute shadowing a method, and a change to the classes' forwards (here a
+    count of every decoder layer's and attention's calls) reaches the bug."""
+    import models.grok as grok
+    import models.xrex as xrex
+    family = BUGS[bug].family
+    model, x, mask, off = family_model(family)
+    buggy = with_bug(model, bug)
+    for m in buggy.modules():
+        assert type(m).__module__ != "models.bugzoo", type(m)
+        shadowed = [n for n in vars(m) if callable(getattr(type(m), n, None))]
+        assert not shadowed, (type(m).__name__, shadowed)
+    calls = []
+    source = grok if family == "grok" else xrex
+    for cls in (source.DecoderLayer, source.MultiHeadAttention):
+        real = cls.forward
+        monkeypatch.setattr(cls, "forward", lambda self, *a, _real=real, **k: calls.append(type(self)) or
+                            _real(self, *a, **k))
+    with torch.no_grad():
+        buggy(x, mask, off)
+    layers = [m for m in buggy.modules() if isinstance(m, source.DecoderLayer)]
+    assert len(calls) == 2 * len(layers) > 0
