@@ -363,12 +363,14 @@ def timing_recorded(query: str, geometry: str, dtype: str, current, request: gr.
 
 @guarded
 def export_endpoint(query: str, figure: str, fmt: str, aspect: str = "16:9", request: gr.Request = None):
-    return export.export_figure(settings_of(query, request), figure, fmt, aspect=aspect)
+    # mask, tile and timing figures need no model: they export at every preset (export.figure checks
+    # the model for the figures that run it)
+    return export.export_figure(settings_of(query, request, need_model=False), figure, fmt, aspect=aspect)
 
 
 @guarded
 def lecture_pack_endpoint(query: str, aspect: str = "16:9", request: gr.Request = None):
-    return export.lecture_pack(settings_of(query, request), aspect=aspect)
+    return export.lecture_pack(settings_of(query, request, need_model=False), aspect=aspect)
 
 
 @guarded
@@ -838,8 +840,10 @@ def export_tab(d: Settings, c: dict) -> SimpleNamespace:
         e.pack_btn = gr.Button("Lecture pack (zip)", variant="primary")
     gr.Markdown("Figures are drawn again from the current settings in the lecture theme (large fonts, tick labels "
                 "of at least 16 px, colour-blind-safe colours, white background) at the slide shape chosen (16:9: "
-                "1600 × 900); PNG at 3x scale. The lecture pack holds every figure of every tab with a caption "
-                "for each.")
+                "1600 × 900); PNG at 3x scale, named for the preset, layer, head and row shown. The lecture pack "
+                "holds every figure this device can draw at these settings (PNG, SVG and the numbers drawn as NPZ), "
+                "captions made from each figure's settings, a list of what was left out and why, and "
+                "`lesson.html`: every figure interactive in lesson order, offline.")
     e.file = gr.File(label="download", elem_id="export-file")
     return e
 

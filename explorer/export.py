@@ -1,120 +1,271 @@
 """Figures for lectures: every current figure as PNG (3x scale) or SVG through kaleido, sized for a
-slide (16:9 by default) with tick labels of at least 16 px, and a lecture pack (a zip of every figure of
-every tab, the configuration as JSON and a file of captions that describe each figure).
+slide (16:9 by default) with tick labels of at least 16 px, and a lecture pack: a zip of every figure
+that can be drawn here (PNG, SVG and the numbers drawn, as NPZ), captions generated from each figure's
+own settings, what was left out and why, the configuration, and ``lesson.html`` — every figure
+interactive in lesson order, in one file that needs no network.
 
 Figures are rebuilt from the settings (views are deterministic for a configuration and seed), so an
-export is the same picture the page shows, in the lecture theme.
+export is the same picture the page shows, in the lecture theme. File names carry the preset and the
+layer, head, row or bug a figure shows.
 """
 from __future__ import annotations
 
 import atexit
+import base64
 import functools
+import html
 import io
 import itertools
 import json
+import logging
 import os
+import re
 import shutil
 import tempfile
 import threading
 import warnings
 import zipfile
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
+import numpy as np
 import plotly.graph_objects as go
+
+from models.bugzoo import bug_names
 
 from . import timing, views
 from .figures import lecture_theme
-from .settings import Settings, ValidationError, to_query
+from .settings import Settings, ValidationError, check_model_fits, to_query
+
+log = logging.getLogger("explorer")
 
 FORMATS = ("png", "svg")
 # slide shapes: (width, height) in layout pixels; "figure" keeps the figure's own size (1400 wide)
 ASPECTS = {"16:9": (1600, 900), "4:3": (1440, 1080), "figure": None}
 MIN_TICK_PX = 16
+LESSON_MAX_BYTES = 15 << 20
 
 
-# figure name -> (view function, index of the figure in what it returns)
+@dataclass(frozen=True)
+class FigureSpec:
+    """One exportable figure: the view that draws it, its index in what the view returns, whether it
+    runs the sidebar's model (then it needs the model to fit this device), and the settings that
+    change it for the pack (`adjust`: e.g. the bug zoo plants a bug when none is chosen)."""
+    view: Callable
+    index: int
+    model: bool = False
+    adjust: Callable[[Settings], Settings] = lambda s: s
+
+
+def _planted_bug(s: Settings) -> Settings:
+    """The bug-zoo slide shows a bug: the chosen one, else the family's first."""
+    return s if s.bug != "none" else replace(s, bug=bug_names(s.family)[0])
+
+
+def _candidate_zoom(s: Settings) -> Settings:
+    return replace(s, zoom="history tail")
+
+
+# figure name -> how to draw it, in lesson order (the pack and lesson.html keep this order)
 FIGURES = {
-    "mask": (views.mask_view, 0),
-    "kernels": (views.kernel_view, 0),
-    "attention": (views.attention_view, 0),
-    "query_row": (views.attention_view, 1),
-    "anatomy_qk": (views.anatomy_view, 0),
-    "anatomy_steps": (views.anatomy_view, 1),
-    "anatomy_sum": (views.anatomy_view, 2),
-    "isolation": (views.isolation_view, 0),
-    "isolation_logits": (views.isolation_view, 1),
-    "invariance": (views.invariance_view, 0),
-    "rope_angles": (views.rope_view, 0),
-    "rope_qk": (views.rope_view, 1),
-    "variant": (views.variant_view, 0),
-    "variant_loss": (views.variant_view, 1),
-    "bug_zoo": (views.bug_zoo_view, 0),
-    "timing": (timing.recorded_view, 0),
-    "timing_memory": (timing.recorded_view, 1),
-    "timing_speedup": (timing.recorded_view, 2),
+    "mask": FigureSpec(views.mask_view, 0),
+    "kernels": FigureSpec(views.kernel_view, 0),
+    "kernels_candidates": FigureSpec(views.kernel_view, 0, adjust=_candidate_zoom),
+    "attention": FigureSpec(views.attention_view, 0, model=True),
+    "query_row": FigureSpec(views.attention_view, 1, model=True),
+    "anatomy_qk": FigureSpec(views.anatomy_view, 0, model=True),
+    "anatomy_steps": FigureSpec(views.anatomy_view, 1, model=True),
+    "anatomy_sum": FigureSpec(views.anatomy_view, 2, model=True),
+    "isolation": FigureSpec(views.isolation_view, 0, model=True),
+    "isolation_logits": FigureSpec(views.isolation_view, 1, model=True),
+    "invariance": FigureSpec(views.invariance_view, 0, model=True),
+    "rope_angles": FigureSpec(views.rope_view, 0),
+    "rope_qk": FigureSpec(views.rope_view, 1),
+    "variant": FigureSpec(views.variant_view, 0),
+    "variant_loss": FigureSpec(views.variant_view, 1),
+    "bug_zoo": FigureSpec(views.bug_zoo_view, 0, model=True, adjust=_planted_bug),
+    "timing": FigureSpec(timing.recorded_view, 0),
+    "timing_memory": FigureSpec(timing.recorded_view, 1),
+    "timing_speedup": FigureSpec(timing.recorded_view, 2),
 }
 
 
+def check_figure(name) -> FigureSpec:
+    if not isinstance(name, str) or name not in FIGURES:      # a list from an API client is unhashable
+        raise ValidationError("figure", name, ", ".join(FIGURES))
+    return FIGURES[name]
+
+
+def shown(s: Settings, name: str) -> dict[str, str]:
+    """What one figure shows of the settings, each fact as the words its title uses ('layer 0',
+    'query head 1', 'query C2', "bug 'x'"): captions and file names are generated from these."""
+    spec = check_figure(name)
+    s = spec.adjust(s)
+    row = f"query {s.layout.token_labels()[s.query_position]}"
+    if name == "attention":
+        if s.head >= 0:
+            return dict(layer=f"layer {s.layer}", head=f"query head {s.head}")
+        heads = views.grid_heads(s.num_q_heads, s.num_kv_heads)
+        return dict(layer="every layer", head="and head" if len(heads) == s.num_q_heads
+                    else f"query heads 0-{heads[-1]} of {s.num_q_heads}")
+    if name == "query_row":
+        return dict(layer=f"layer {s.layer}", head=f"head {max(s.head, 0)}", row=row)
+    if name.startswith("anatomy"):
+        return dict(layer=f"layer {s.layer}", head=f"query head {max(s.head, 0)}", row=row)
+    if name.startswith("isolation"):
+        label = s.layout.token_labels()[s.candidate_start_offset + s.candidate]
+        return dict(candidate=f"perturbing {label}")
+    if name == "bug_zoo":
+        return dict(layer="layer 0", head="head 0", bug=f"bug '{s.bug}'")
+    if name == "variant":
+        return dict(variant=f"'{s.variant}'")
+    if name == "kernels_candidates":
+        return dict(zoom="zoom: history tail")
+    return {}
+
+
+def file_stem(s: Settings, name: str) -> str:
+    """'attention-lecture-L0-h1', 'query_row-lecture-L0-h0-C2', 'bug_zoo-lecture-L0-h0-bug-<bug>':
+    the figure, the preset, and the layer, head, row, candidate or bug it shows."""
+    parts = [name, s.preset]
+    for key, fact in shown(s, name).items():
+        last = fact.split()[-1]
+        if key == "layer":
+            parts.append("L" + (last if last.isdigit() else "all"))
+        elif key == "head":
+            parts.append("h" + (last if last.isdigit() else fact.split()[2] if " of " in fact else "all"))
+        elif key == "bug":
+            parts.append("bug-" + fact.split("'")[1])
+        elif key == "candidate":
+            parts.append(last)
+        elif key == "zoom":
+            parts.append("zoom")
+        else:                                               # the row's token label, the variant's name
+            parts.append(last.strip("'"))
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", "-".join(parts)).strip("-")
+
+
 def caption(s: Settings, name: str) -> str:
-    """What the figure shows, in a sentence or two a slide can carry."""
+    """What the figure shows, in a sentence or two a slide can carry, from the settings it was drawn
+    with (`shown`): its layer, head, query row, candidate or bug."""
+    spec = check_figure(name)
+    f, chosen, s = shown(s, name), s, spec.adjust(s)
     lay = (f"{s.num_user} user token(s), {s.num_history} history items and {s.num_candidates} candidates "
            f"(T = {s.seq_len})")
-    head = f"head {max(s.head, 0)}" if s.head >= 0 else "every head"
-    row = s.layout.token_labels()[s.query_position]
+    where = ", ".join(v for k, v in f.items() if k in ("layer", "head")).replace(", and head", " and head")
     return {
         "mask": f"Who may attend to whom over {lay}: rows are queries, columns keys; blue cells may attend. "
                 f"Left the model's own mask '{s.mask_kind}', right '{s.compare}' for comparison; dashed lines "
                 "separate user, history and candidates.",
         "kernels": f"The work production's attention kernels do over this layout (T = {s.seq_len}): tiles run in "
                    "full, run with a mask, skipped, and pairs computed that the mask hides.",
-        "attention": f"Attention {s.values} of layer {s.layer}, {head}, from the model's own forward pass "
-                     f"({s.weights} weights) over {lay}; colour scale {s.color}.",
-        "query_row": f"The attention weights of query {row} in layer {s.layer}, {head}: one bar per key, "
-                     "coloured by segment (user, history, candidate).",
-        "anatomy_qk": f"Step 1 for query {row} (layer {s.layer}, {head}): the query vector and every key "
-                      "vector after the rotary position embedding, one row each, one column per dimension.",
-        "anatomy_steps": f"Steps 2–6 for query {row}: the dot product q·k per key, times the attention "
-                         f"{'scale √128/key size' if s.family == 'xrex' else 'multiplier'} {s.attn_scale:.4g}, after the {s.cap_method} cap, with masked keys removed, and after the "
-                         "softmax: the attention weights.",
-        "anatomy_sum": f"Step 7 for query {row}: each key's value vector times its attention weight, and their "
-                       "sum (last row), the head's output.",
-        "isolation": f"How far the residual stream moves, per layer and position, when candidate {s.candidate} is "
-                     f"perturbed ({s.perturbation}): under the '{s.mask_kind}' mask only its own column changes; "
+        "kernels_candidates": f"The same kernel tiles, {f.get('zoom')}: the last history positions and the "
+                              f"{s.num_candidates} candidates at full resolution, where the skipped tiles are.",
+        "attention": f"Attention {s.values} of {where}, from the model's own forward pass ({s.weights} weights) "
+                     f"over {lay}; colour scale {s.color}.",
+        "query_row": f"The attention weights of {f.get('row')} in {where}: one bar per key, coloured by segment "
+                     "(user, history, candidate).",
+        "anatomy_qk": f"Step 1 for {f.get('row')} ({where}): the query vector and every key vector after the "
+                      "rotary position embedding, one row each, one column per dimension.",
+        "anatomy_steps": f"Steps 2–6 for {f.get('row')} ({where}): the dot product q·k per key, times the attention "
+                         f"{'scale √128/key size' if s.family == 'xrex' else 'multiplier'} {s.attn_scale:.4g}, "
+                         f"after the {s.cap_method} cap, with masked keys removed, and after the softmax: the "
+                         "attention weights.",
+        "anatomy_sum": f"Step 7 for {f.get('row')} ({where}): each key's value vector times its attention weight, "
+                       "and their sum (last row), the head's output.",
+        "isolation": f"How far the residual stream moves, per layer and position, after {f.get('candidate')} "
+                     f"({s.perturbation}): under the '{s.mask_kind}' mask only its own column changes; "
                      "under a causal mask the change reaches later candidates.",
-        "isolation_logits": f"The largest change in each candidate's action logits after perturbing candidate "
-                            f"{s.candidate}, for the '{s.mask_kind}' mask and the causal mask.",
+        "isolation_logits": f"The largest change in each candidate's action logits after "
+                            f"{f.get('candidate')}, for the '{s.mask_kind}' mask and the causal mask.",
         "invariance": f"Each kept candidate's score change after '{s.operation}' on the candidate set, for each RoPE "
                       "position mode: zero means the score does not depend on the other candidates or its slot.",
         "rope_angles": f"The rotary embedding's angle (mod 2π) for each dimension pair and position (base "
                        f"{s.rope_base:g}, offset {s.rope_offset}): low pairs turn fast, high pairs slowly.",
         "rope_qk": "q·k for q = k = 1 after rotation, against the distance between the two positions: it depends "
                    "only on the distance, not on the absolute positions.",
-        "variant": f"Attention weights of the '{s.variant}' variant from the course notebooks, trained on "
+        "variant": f"Attention weights of the {f.get('variant')} variant from the course notebooks, trained on "
                    "associative recall; ticks are the tokens of one held-out example, the queried pair outlined.",
         "variant_loss": "Training loss of every attention variant on associative recall; the legend gives "
                         "each one's held-out accuracy.",
-        "bug_zoo": f"Layer-0, head-0 attention weights of the {'production' if s.family == 'xrex' else 'grok.py'} trunk "
-                   f"with the bug '{s.bug}' planted.",
+        "bug_zoo": f"Attention weights in layer 0, head 0 of the {'production' if s.family == 'xrex' else 'grok.py'} "
+                   f"trunk with the {f.get('bug')} planted"
+                   + (" (no bug was chosen: the family's first is shown)." if chosen.bug != s.bug else "."),
         "timing": "Time per attention call, median with min-max bars over the repeats. ",
         "timing_memory": "Peak memory of one attention call above its inputs. ",
-        "timing_speedup": "Speed-up of each backend over naive attention at the same T in the same run. ",
+        "timing_speedup": "Speed-up of each backend over naive attention at the same T in the same run, beside "
+                          "the grey bound of what skipping the mask's empty tiles alone would give. ",
     }[name] + (timing.recorded_view(s)[3] if name.startswith("timing") else "")
 
 
 def figure(s: Settings, name: str) -> go.Figure:
-    if not isinstance(name, str) or name not in FIGURES:      # a list from an API client is unhashable
-        raise ValidationError("figure", name, ", ".join(FIGURES))
-    fn, index = FIGURES[name]
-    return fn(s)[index]
+    """The figure `name` for the settings; one that runs the sidebar's model is refused by name
+    (ValidationError) where that model does not fit this device."""
+    spec = check_figure(name)
+    if spec.model:
+        check_model_fits(s)
+    return spec.view(spec.adjust(s))[spec.index]
 
 
-def all_figures(s: Settings) -> dict[str, tuple[go.Figure, str]]:
-    """name -> (figure, caption) for every view that draws from the model; each view runs once."""
-    outputs = {}
-    for name, (fn, index) in FIGURES.items():
-        if fn not in outputs:
-            outputs[fn] = fn(s)
-    return {name: (outputs[fn][index], caption(s, name)) for name, (fn, index) in FIGURES.items()}
+def all_figures(s: Settings) -> tuple[dict[str, tuple[go.Figure, str]], dict[str, str]]:
+    """({name: (figure, caption)} for every figure that can be drawn here, {name: why not} for the
+    rest); each view runs once per settings it is drawn with."""
+    outputs, drawn, left_out = {}, {}, {}
+    for name, spec in FIGURES.items():
+        key = (spec.view, spec.adjust(s))
+        try:
+            if spec.model:
+                check_model_fits(s)
+            if key not in outputs:
+                outputs[key] = spec.view(key[1])
+        except ValidationError as e:
+            left_out[name] = f"runs the sidebar's model, which does not fit here: {e}" if spec.model else str(e)
+            continue
+        except Exception as e:  # noqa: BLE001 — one figure's failure must not cost the class the pack
+            log.exception("lecture pack: %s failed", name)
+            left_out[name] = f"internal error while drawing it ({type(e).__name__}; logged on the server)"
+            continue
+        drawn[name] = (outputs[key][spec.index], caption(s, name))
+    return drawn, left_out
+
+
+def _array(value) -> np.ndarray:
+    """A trace's x / y / z as numpy: plotly's base64 typed arrays decoded, categories as strings."""
+    if isinstance(value, dict) and "bdata" in value:
+        out = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
+        shape = value.get("shape")
+        return out.reshape([int(n) for n in str(shape).split(",")]) if shape is not None else out
+    arr = np.asarray(value, dtype=object)
+    try:
+        return np.asarray(np.where(arr == None, np.nan, arr), dtype=float)  # noqa: E711 — gaps are None
+    except (TypeError, ValueError):
+        return np.asarray(value, dtype=str)
+
+
+DRAWN_KEYS = ("x", "y", "z", "base")
+
+
+def figure_data(fig: go.Figure) -> dict[str, np.ndarray]:
+    """Exactly the numbers drawn, per trace: 'trace<i>.<x|y|z>' arrays and 'trace<i>.name', plus
+    error bars ('trace<i>.error_plus' / 'error_minus'). Read from the figure itself."""
+    out = {}
+    for i, t in enumerate(fig.to_plotly_json()["data"]):
+        out[f"trace{i}.name"] = np.asarray(str(t.get("name") or t.get("meta") or t.get("type", "")))
+        for key in DRAWN_KEYS:
+            if t.get(key) is not None:
+                out[f"trace{i}.{key}"] = _array(t[key])
+        err = t.get("error_y") or {}
+        if err.get("array") is not None:
+            out[f"trace{i}.error_plus"] = _array(err["array"])
+            out[f"trace{i}.error_minus"] = _array(err.get("arrayminus", err["array"]))
+    return out
+
+
+def npz_bytes(fig: go.Figure) -> bytes:
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **figure_data(fig))
+    return buf.getvalue()
 
 
 @functools.lru_cache(maxsize=None)
@@ -200,29 +351,64 @@ def new_export_folder() -> Path:
 
 
 def export_figure(s: Settings, name: str, fmt: str, out_dir: str | None = None, aspect: str = "16:9") -> str:
+    """One figure as PNG or SVG, named for what it shows (file_stem)."""
     check_format(fmt)                   # before the figure's forward runs
     check_aspect(aspect)
     fig = figure(s, name)
     out = Path(out_dir) if out_dir else new_export_folder()
-    path = out / f"{name}.{fmt}"
+    path = out / f"{file_stem(s, name)}.{fmt}"
     path.write_bytes(figure_bytes(fig, fmt, aspect=aspect))
     return str(path)
 
 
+def lesson_html(s: Settings, figs: dict[str, tuple[go.Figure, str]], left_out: dict[str, str]) -> str:
+    """One self-contained page: plotly.js inlined, every figure interactive (hover, zoom) in lesson
+    order under its caption, what was left out at the end. Opens with no network and no server."""
+    from plotly.offline import get_plotlyjs
+    sections, scripts = [], []
+    for i, (name, (fig, text)) in enumerate(figs.items()):
+        sections.append(f'<section id="{html.escape(name)}"><h2>{i + 1}. {html.escape(name)}</h2>'
+                        f'<p>{html.escape(text)}</p><div class="figure" id="fig-{i}"></div></section>')
+        spec = lecture_theme(fig).to_json()
+        scripts.append(f"Plotly.newPlot('fig-{i}', ...(s => [s.data, s.layout])({spec}), "
+                       "{responsive: true, displaylogo: false});")
+    missing = "".join(f"<li><b>{html.escape(n)}</b>: {html.escape(why)}</li>" for n, why in left_out.items())
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>Attention explorer — lesson ({html.escape(s.preset)})</title>
+<style>body{{font-family:DejaVu Sans,Arial,sans-serif;max-width:1500px;margin:2em auto;padding:0 1em;color:#222}}
+section{{margin:0 0 3em}} .figure{{width:100%}} code{{background:#f2f2f2;padding:0 .2em}}</style>
+<script>{get_plotlyjs()}</script></head><body>
+<h1>Attention explorer — lesson</h1>
+<p>Configuration: <code>?{html.escape(to_query(s))}</code>. Every figure below is interactive (hover for values,
+drag to zoom, double-click to reset); the numbers drawn are in the pack's <code>data/</code> folder.</p>
+{"".join(sections)}
+{f"<section id='left-out'><h2>Left out at this preset</h2><ul>{missing}</ul></section>" if missing else ""}
+<script>{"".join(scripts)}</script></body></html>
+"""
+
+
 def lecture_pack(s: Settings, out_dir: str | None = None, aspect: str = "16:9") -> str:
-    """A zip: every figure as PNG and SVG, config.json (settings + URL query), captions.md."""
+    """A zip: every figure that can be drawn here as PNG, SVG and NPZ (the numbers drawn), named for
+    what it shows; captions.md (with what was left out and why), config.json and lesson.html."""
     check_aspect(aspect)
-    figs = all_figures(s)
+    figs, left_out = all_figures(s)
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
         captions = [f"# Attention explorer — lecture pack\n\nConfiguration: `?{to_query(s)}`\n"]
-        for name, (fig, caption) in figs.items():
+        for name, (fig, text) in figs.items():
+            stem = file_stem(s, name)
             for f in FORMATS:
-                z.writestr(f"figures/{name}.{f}", figure_bytes(fig, f, aspect=aspect))
-            captions.append(f"- **{name}**: {caption}")
-        z.writestr("config.json", json.dumps({"settings": s.to_dict(), "query": to_query(s)}, indent=2))
+                z.writestr(f"figures/{stem}.{f}", figure_bytes(fig, f, aspect=aspect))
+            z.writestr(f"data/{stem}.npz", npz_bytes(fig))
+            captions.append(f"- **{name}** (`figures/{stem}.png`, numbers in `data/{stem}.npz`): {text}")
+        if left_out:
+            captions.append("\n## Left out at this preset\n")
+            captions += [f"- **{name}**: {why}" for name, why in left_out.items()]
+        z.writestr("config.json", json.dumps({"settings": s.to_dict(), "query": to_query(s),
+                                              "left_out": left_out}, indent=2))
         z.writestr("captions.md", "\n".join(captions) + "\n")
+        z.writestr("lesson.html", lesson_html(s, figs, left_out))
     out = Path(out_dir) if out_dir else new_export_folder()
-    path = out / "lecture-pack.zip"
+    path = out / f"lecture-pack-{s.preset}.zip"
     path.write_bytes(buf.getvalue())
     return str(path)

@@ -5,6 +5,7 @@ call them without a browser, app.py only wires them to controls.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, replace
@@ -27,7 +28,7 @@ from models.xrex import right_anchored_positions
 from . import runs
 from .figures import (DIVERGING, MASK_SCALE, SEGMENT_NAMES, SEQUENTIAL, TILE_SCALE, Panel, bar_figure,
                       grouped_bar_figure, heatmap_figure, line_figure, stacked_bars_figure)
-from .settings import BUG_ZOO_MAX_POSITIONS, INVARIANCE_OPS, MAX_FIGURE_CELLS, Settings
+from .settings import BUG_ZOO_MAX_POSITIONS, INVARIANCE_OPS, MAX_FIGURE_CELLS, PRESETS, Settings, parse_settings
 
 # the mask table's tile column: production's H100 serving tiles (64 query rows x 128 keys)
 BLOCK_Q, BLOCK_KV = KERNEL_TILINGS["h100-serve"].block_q, KERNEL_TILINGS["h100-serve"].block_kv
@@ -167,7 +168,7 @@ def kernel_view(s: Settings) -> tuple[go.Figure, str]:
         rows.append(f"| {name} | {k.block_q}×{k.block_kv} | {w['run']} of {w['tiles']} ({w['full']} full, "
                     f"{w['partial']} masked) | {w['empty']} | {w['skip_tiles']:.1%} · {w['skip_elements']:.1%} | "
                     f"{w['leaked']:,} |")
-    fig = heatmap_figure(panels, cols=2, title=f"Kernel work (T = {s.seq_len})",
+    fig = heatmap_figure(panels, cols=2, title=f"Kernel work (T = {s.seq_len}){zoom_note(s)}",
                          value_name="", colorscale=TILE_SCALE, zmin=0, zmax=LEAKED, discrete=TILE_LEGEND,
                          max_cells=SINGLE_MAX_CELLS)
     _, history_end, _, T = ranker_bounds(mask)
@@ -184,7 +185,34 @@ def kernel_view(s: Settings) -> tuple[go.Figure, str]:
     if s.history_padding or s.candidate_padding:
         notes.append("Production's kernels mask no padded key (only the `fa4` backend here does): padded "
                      "history slots are computed like any other.")
+    works = [w for _, w in _kernel_grids(s.mask_kind, s.layout).values()]
+    if all(w["empty"] == 0 for w in works):
+        smallest = min(k.block_q for k in KERNEL_TILINGS.values())
+        where = first_preset_that_skips(s.mask_kind)
+        notes.insert(0, f"**No tile is skipped at this size**: the whole T = {s.seq_len} layout fits in "
+                        f"{'one tile' if s.seq_len <= smallest else 'a few tiles'} of each kernel "
+                        f"({smallest}×{smallest} and larger), so every tile holds some allowed pair. Tiles skip "
+                        "work once the candidate block spans a tile: "
+                        + (f"the smallest preset where they do is **{where[0]}** (T = {where[1]}; {where[2]})."
+                           if where else "no preset here is that large."))
+    elif s.zoom == "all" and s.seq_len > 256:
+        notes.insert(0, "The skipped tiles sit in the candidate block at the bottom right: set **zoom** to "
+                        "'history tail' to see them at full resolution.")
     return fig, "\n".join(rows) + "\n\n" + "\n\n".join(notes)
+
+
+@functools.lru_cache(maxsize=8)
+def first_preset_that_skips(mask_kind: str) -> tuple[str, int, str] | None:
+    """(preset, T, what its kernels skip) for the shortest preset layout where some kernel skips a tile."""
+    layouts = sorted((parse_settings({"preset": name}, need_model=False) for name in PRESETS),
+                     key=lambda p: p.seq_len)
+    for p in layouts:
+        mask = AttentionMask(mask_kind, p.seq_len, p.candidate_start_offset, p.layout.valid()[None])
+        counts = {name: k.tiles(mask).counts() for name, k in KERNEL_TILINGS.items()}     # tiles only: cheap
+        if any(c["empty"] for c in counts.values()):
+            return p.preset, p.seq_len, ", ".join(f"{name} skips {c['empty']} of {sum(c.values())} tiles"
+                                                  for name, c in counts.items())
+    return None
 
 
 # --- 2. attention heatmaps ---------------------------------------------------------------------
@@ -338,7 +366,7 @@ def anatomy_view(s: Settings) -> tuple[go.Figure, go.Figure, go.Figure, str]:
     contrib = a.probs[:, None] * a.v
     fig_out = heatmap_figure([Panel(np.vstack([contrib, a.out[None]]), [f"{p:.3f} × v · {x}" if len(labels) <= 40
                                     else x for p, x in zip(a.probs, labels)] + ["Σ = output"], dims, "")],
-                             title="7 · weighted sum of V: weight × value per key; last row: the head's output",
+                             title=f"7 · weighted sum of V, last row the head's output — {where}",
                              value_name="component",
                              colorscale=DIVERGING, zmin=-(float(np.abs(contrib).max()) or 1.0),
                              zmax=float(np.abs(contrib).max()) or 1.0, row_title="weight × value",
@@ -461,7 +489,7 @@ def isolation_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
     cand_labels = labels[s.candidate_start_offset:]
     bars = grouped_bar_figure(cand_labels, {f"{ours.mask_kind} mask": ours.logit_change,
                                             "causal mask": causal.logit_change},
-                              title=f"|change| in each candidate's logits (max over "
+                              title=f"|change| in each candidate's logits after perturbing {j} (max over "
                                     f"{len(runs.action_names(s))} actions)",
                               value_name="max |Δ logit|")
     text = "\n\n".join(["**" + verdict(ours) + "**", verdict(causal),

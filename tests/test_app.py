@@ -2,6 +2,7 @@
 input comes back as an error naming the field, and the server keeps serving afterwards."""
 import base64
 import json
+import os
 import re
 import urllib.error
 import urllib.request
@@ -174,6 +175,23 @@ def test_timing_endpoint_measures_and_labels_the_device(client):
 def test_timing_refuses_a_backend_this_device_does_not_run_before_running(client):
     with pytest.raises(AppError, match="backends: got 'flash_attn'; allowed: .*needs CUDA"):
         client.predict(LECTURE, "16", ["naive", "flash_attn"], api_name="/timing")
+
+
+def test_production_presets_time_and_export_on_a_cpu(client):
+    """The defect: at phoenix-2026 on a CPU, Run left bare 'Error' badges and even the mask figure
+    could not be exported. Attention shapes and masks need no model; the model's figures say why not."""
+    from explorer.settings import parse_query
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU phoenix-2026's model fits")
+    query = "preset=phoenix-2026"
+    s = parse_query(query, need_model=False)
+    *_, note = client.predict(query, str(s.num_candidates + 16), ["naive"], api_name="/timing")
+    assert "Done: 1 lengths" in note and f"{s.num_q_heads} query heads" in note
+    for name in ("mask", "kernels"):
+        path = client.predict(query, name, "svg", api_name="/export_figure")
+        assert os.path.basename(path).startswith(f"{name}-phoenix-2026") and open(path).read(4) == "<svg"
+    with pytest.raises(AppError, match="emb_size: got"):
+        client.predict(query, "attention", "png", api_name="/export_figure")
 
 
 def test_export_endpoint_png(client):

@@ -1,14 +1,18 @@
-"""Exports are real images of the figure: PNG at 3x scale with the figure's size, SVG with its title;
-the lecture pack holds every figure, the configuration and captions."""
+"""Exports are real images of the figure: PNG at 3x scale with the figure's size, SVG with its title,
+named for what they show; the lecture pack holds every figure drawable here (with the numbers drawn),
+captions made from each figure's settings, what was left out and why, and an offline lesson.html."""
+import io
 import json
 import os
+import shutil
 import struct
 import zipfile
 
+import numpy as np
 import pytest
 
-from explorer import export
-from explorer.settings import parse_query
+from explorer import export, views
+from explorer.settings import PRESETS, parse_query
 
 pytestmark = pytest.mark.slow     # kaleido starts chromium
 
@@ -23,8 +27,14 @@ def s():
     return parse_query("preset=lecture&weights=random&head=1")
 
 
+@pytest.fixture(scope="module")
+def pack(s, tmp_path_factory):
+    return export.lecture_pack(s, str(tmp_path_factory.mktemp("pack")))
+
+
 def test_png_is_three_times_the_slide_size(s, tmp_path):
     path = export.export_figure(s, "mask", "png", str(tmp_path))
+    assert os.path.basename(path) == "mask-lecture.png"
     assert png_size(open(path, "rb").read()) == (3 * 1600, 3 * 900)            # 16:9 by default
     fig = export.figure(s, "mask")
     path = export.export_figure(s, "mask", "png", str(tmp_path), aspect="figure")
@@ -33,7 +43,7 @@ def test_png_is_three_times_the_slide_size(s, tmp_path):
 
 def test_every_figure_fits_a_slide_with_legible_ticks(s):
     """16:9 (or 4:3) at export, every axis' and colour bar's tick labels at least 16 px."""
-    for name, (fig, caption) in export.all_figures(s).items():
+    for name, (fig, caption) in export.all_figures(s)[0].items():
         for aspect, (w, h) in (("16:9", (1600, 900)), ("4:3", (1440, 1080))):
             slide = export.slide_figure(fig, aspect)
             assert (slide.layout.width, slide.layout.height) == (w, h)
@@ -49,7 +59,8 @@ def test_every_figure_fits_a_slide_with_legible_ticks(s):
 
 
 def test_captions_describe_every_figure_of_every_tab(s):
-    figures = export.all_figures(s)
+    figures, left_out = export.all_figures(s)
+    assert not left_out
     assert {"mask", "attention", "query_row", "anatomy_qk", "anatomy_steps", "anatomy_sum", "isolation",
             "isolation_logits", "invariance", "rope_angles", "rope_qk", "variant", "variant_loss",
             "bug_zoo"} <= set(figures)
@@ -71,17 +82,135 @@ def test_unknown_figure_is_refused(s):
         export.export_figure(s, "nope", "png")
 
 
-def test_lecture_pack_has_every_figure_config_and_captions(s, tmp_path):
-    path = export.lecture_pack(s, str(tmp_path))
-    with zipfile.ZipFile(path) as z:
+def test_lecture_pack_has_every_figure_config_and_captions(s, pack):
+    figures, _ = export.all_figures(s)
+    with zipfile.ZipFile(pack) as z:
         names = set(z.namelist())
-        for fig in export.all_figures(s):
-            assert f"figures/{fig}.png" in names and f"figures/{fig}.svg" in names
+        for fig in figures:
+            stem = export.file_stem(s, fig)
+            assert {f"figures/{stem}.png", f"figures/{stem}.svg", f"data/{stem}.npz"} <= names
         config = json.loads(z.read("config.json"))
         assert parse_query(config["query"]) == s and config["settings"]["head"] == 1
         captions = z.read("captions.md").decode()
-        assert all(f"**{fig}**" in captions for fig in export.all_figures(s))
-        png_size(z.read("figures/isolation.png"))
+        assert all(f"**{fig}**" in captions for fig in figures) and "Left out" not in captions
+        png_size(z.read("figures/isolation-lecture-C0.png"))
+        assert "lesson.html" in names
+
+
+@pytest.mark.parametrize("query", ["preset=lecture&weights=random&head=1&layer=1&query=7",
+                                   "preset=lecture&weights=random&head=-1"])
+def test_captions_and_file_names_carry_the_settings_each_figure_shows(query):
+    """The defect: 'layer 0, every head' under a grid of L0 and L1, 'every head' under query head 0, and
+    the bug zoo exported with bug 'none'. Each fact a caption states is in its figure's own title."""
+    s = parse_query(query)
+    figures, _ = export.all_figures(s)
+    for name, (fig, caption) in figures.items():
+        title = fig.layout.title.text.lower()
+        for fact in export.shown(s, name).values():
+            assert fact.lower() in title, (name, fact, title)
+            assert fact in caption or fact.replace("every layer", "every layer and head") in caption, (name, fact)
+    if s.head >= 0:
+        assert export.file_stem(s, "anatomy_qk") == "anatomy_qk-lecture-L1-h1-C1"
+        assert "query C1" in figures["query_row"][1] and "layer 1, head 1" in figures["query_row"][1]
+    else:
+        assert export.file_stem(s, "attention") == "attention-lecture-Lall-hall"
+        assert "every layer and head" in figures["attention"][0].layout.title.text
+    bug = figures["bug_zoo"][0].layout.title.text
+    assert "'none'" not in bug and "no bug was chosen" in figures["bug_zoo"][1]
+
+
+def _decoded(value):
+    """The test's own reading of a plotly array (typed base64 or a list)."""
+    import base64
+    if isinstance(value, dict):
+        a = np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
+        return a.reshape(eval(f"({value['shape']},)")) if "shape" in value else a
+    return np.asarray(value)
+
+
+def test_a_data_file_per_figure_holds_exactly_the_numbers_drawn(s, pack):
+    figures, _ = export.all_figures(s)
+    with zipfile.ZipFile(pack) as z:
+        for name, (fig, _) in figures.items():
+            data = np.load(io.BytesIO(z.read(f"data/{export.file_stem(s, name)}.npz")))
+            drawn = fig.to_plotly_json()["data"]
+            for i, trace in enumerate(drawn):
+                for key in ("x", "y", "z"):
+                    if trace.get(key) is None:
+                        continue
+                    want = _decoded(trace[key])
+                    got = data[f"trace{i}.{key}"]
+                    if want.dtype.kind in "OUS":
+                        assert [str(v) for v in want.ravel()] == [str(v) for v in got.ravel()] or \
+                            np.allclose(got.astype(float), want.astype(float), equal_nan=True), (name, i, key)
+                    else:
+                        np.testing.assert_array_equal(got, want.astype(got.dtype), err_msg=f"{name} {i} {key}")
+        # and they are the model's own numbers: the single head's weights at layer 0, head 1
+        attn = np.load(io.BytesIO(z.read(f"data/{export.file_stem(s, 'attention')}.npz")))
+        np.testing.assert_allclose(attn["trace0.z"], views.attention_values(s, 0)[1], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_mask_and_kernel_figures_export_at_every_preset(preset, tmp_path):
+    """They need no model: at production presets on a CPU they export too (the model figures are
+    refused by name)."""
+    s = parse_query(f"preset={preset}", need_model=False)
+    for name in ("mask", "kernels", "kernels_candidates"):
+        path = export.export_figure(s, name, "svg", str(tmp_path))
+        assert os.path.basename(path).startswith(f"{name}-{preset}") and open(path).read(4) == "<svg"
+
+
+def test_the_pack_at_a_production_preset_lists_what_it_left_out_and_why(tmp_path, monkeypatch):
+    from explorer import settings
+    monkeypatch.setattr(settings, "max_params", lambda: 1)      # as a CPU meets phoenix-2026
+    s = parse_query("preset=lecture&weights=random", need_model=False)
+    monkeypatch.setattr(export, "FORMATS", ("svg",))
+    with zipfile.ZipFile(export.lecture_pack(s, str(tmp_path))) as z:
+        captions = z.read("captions.md").decode()
+        left = json.loads(z.read("config.json"))["left_out"]
+        names = z.namelist()
+    assert set(left) == {n for n, spec in export.FIGURES.items() if spec.model}
+    assert all("emb_size: got" in why for why in left.values())
+    assert "## Left out at this preset" in captions and "- **attention**: runs the sidebar's model" in captions
+    assert "figures/mask-lecture.svg" in names and "figures/timing-lecture.svg" in names
+    with pytest.raises(ValueError, match="^emb_size: got"):
+        export.figure(s, "attention")
+
+
+def test_lesson_html_is_offline_interactive_and_small(s, pack, tmp_path):
+    """lesson.html opens in Chromium with every request blocked: none is attempted besides the file
+    itself, and every figure of the pack is drawn by the inlined plotly.js."""
+    from playwright.sync_api import sync_playwright
+
+    from scripts.screenshots import launch_browser
+    figures, _ = export.all_figures(s)
+    with zipfile.ZipFile(pack) as z:
+        lesson = z.read("lesson.html")
+    assert len(lesson) < export.LESSON_MAX_BYTES
+    path = tmp_path / "lesson.html"
+    path.write_bytes(lesson)
+    if not shutil.which("chromium"):
+        pytest.fail("Debian chromium is required (apt-get install chromium)")
+    attempted = []
+    with sync_playwright() as p:
+        browser = launch_browser(p)
+        page = browser.new_page(viewport={"width": 1280, "height": 720})
+        def block(route):               # the file itself loads; anything else is recorded and refused
+            if route.request.url == path.as_uri():
+                return route.continue_()
+            attempted.append(route.request.url)
+            return route.abort()
+        page.route("**/*", block)
+        page.on("request", lambda r: attempted.append(r.url))
+        page.goto(path.as_uri())
+        page.wait_for_function(f"document.querySelectorAll('.figure .main-svg').length >= {len(figures)}",
+                               timeout=60_000)
+        drawn = page.eval_on_selector_all(".figure.js-plotly-plot", "els => els.length")
+        sections = page.eval_on_selector_all("section h2", "els => els.map(e => e.textContent)")
+        browser.close()
+    assert drawn == len(figures)
+    assert [h.split(". ", 1)[1] for h in sections] == list(figures)          # lesson order
+    assert {u for u in attempted if not u.startswith(("data:", "blob:"))} <= {path.as_uri()}, attempted
 
 
 def test_export_without_a_browser_says_what_to_install(monkeypatch):
