@@ -121,7 +121,7 @@ def shown(s: Settings, name: str) -> dict[str, str]:
     if name == "variant":
         return dict(variant=f"'{s.variant}'")
     if name == "kernels_candidates":
-        return dict(zoom="zoom: history tail")
+        return dict(zoom="zoom: history tail")              # views.zoom_note's words
     return {}
 
 

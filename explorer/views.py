@@ -168,7 +168,7 @@ def kernel_view(s: Settings) -> tuple[go.Figure, str]:
         rows.append(f"| {name} | {k.block_q}×{k.block_kv} | {w['run']} of {w['tiles']} ({w['full']} full, "
                     f"{w['partial']} masked) | {w['empty']} | {w['skip_tiles']:.1%} · {w['skip_elements']:.1%} | "
                     f"{w['leaked']:,} |")
-    fig = heatmap_figure(panels, cols=2, title=f"Kernel work (T = {s.seq_len}){zoom_note(s)}",
+    fig = heatmap_figure(panels, cols=2, title=f"Kernel work (T = {s.seq_len}){zoom_note(s, SINGLE_MAX_CELLS)}",
                          value_name="", colorscale=TILE_SCALE, zmin=0, zmax=LEAKED, discrete=TILE_LEGEND,
                          max_cells=SINGLE_MAX_CELLS)
     _, history_end, _, T = ranker_bounds(mask)

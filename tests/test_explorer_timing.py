@@ -262,7 +262,7 @@ def test_exports_draw_the_committed_curves_and_never_measure(monkeypatch):
     monkeypatch.setattr(timing, "measure", no_sweep)
     for name in ("timing", "timing_memory", "timing_speedup"):
         assert name in export.FIGURES
-    figs = {n: v for n, v in export.all_figures(S).items() if n.startswith("timing")}
+    figs = {n: v for n, v in export.all_figures(S)[0].items() if n.startswith("timing")}
     fig, caption = figs["timing"]
     # every curve is a committed file's points for this geometry: medians equal the file's, per backend
     committed = {(r["backend"], r["T"]): r["median_ms"] for _, d in load_results(RESULTS_DIR) for r in d["records"]
