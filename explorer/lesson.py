@@ -118,8 +118,8 @@ def skipped_work_share(s: Settings) -> bool:
 NANO = "preset=phoenix-2026-nano"
 LESSON: tuple[Step, ...] = (
     Step("isolation", "The mask pair", "preset=lecture&compare=causal", "mask",
-         "Each candidate row sees the user, the history and itself — no other candidate; under the causal mask "
-         "beside it every later candidate sees the earlier ones.", check=only_itself_among_candidates),
+         "Each candidate sees the user, the history and itself — no other candidate; under the causal mask "
+         "beside it later candidates see earlier ones.", check=only_itself_among_candidates),
     Step("isolation", "A candidate's row", "preset=lecture&layer=1&head=3&query=7", "attention",
          "Candidate C1's row (layer 1, head 3) puts exactly 0 weight on C0 and C2 — in every layer and head.",
          check=zero_weight_on_other_candidates),
@@ -136,16 +136,16 @@ LESSON: tuple[Step, ...] = (
          "At production's 1152 positions 11% of the query–key pairs are masked: the history sees no candidate, "
          "a candidate no other candidate.", check=masked_share_of_pairs),
     Step("flash", "The kernel's tile map", NANO, "mask",
-         "FA4 works in 128 × 128 tiles: 72 run in full, the candidate tile runs with its diagonal masked, and the "
-         "8 history-to-candidate tiles are skipped without being loaded.", figure="kernel-plot",
+         "FA4 works in 128 × 128 tiles: 72 run in full, the candidate tile with its diagonal masked, and the 8 "
+         "history-to-candidate tiles are skipped unread.", figure="kernel-plot",
          check=fa4_tile_counts),
     Step("flash", "The work skipped", NANO + "&zoom=candidates", "mask",
-         "Skipping is per tile: the 8 skipped tiles are 9.9% of the work, against 11.1% of pairs masked — the "
-         "candidate tile computes its hidden pairs, then masks them.", figure="kernel-plot",
+         "Skipping is per tile: the 8 skipped tiles are 9.9% of the work against 11.1% of pairs masked — the "
+         "candidate tile computes its hidden pairs.", figure="kernel-plot",
          check=skipped_work_share),
     Step("flash", "Timing", NANO, "timing",
-         "Whether skipping pays is measured, never assumed: Run times naive attention against the kernels at "
-         "growing T on this machine, beside the committed measurements."),
+         "Whether skipping pays is measured, never assumed: Run times naive attention against the kernels on "
+         "this machine, beside the committed runs."),
 )
 
 

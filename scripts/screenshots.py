@@ -1,6 +1,9 @@
 """Screenshots of every view for the README, taken with headless Debian chromium (never hand-made).
 
     python scripts/screenshots.py            # starts the app, writes docs/screenshots/*.png
+    python scripts/screenshots.py --only present-attention present-lesson     # just these
+
+At a projector's 1280 x 720 (the page's full height); the present-* shots are presentation mode's first screen.
 
 Needs the `chromium` package (apt) and playwright's Python package; no browser is downloaded.
 """
@@ -19,6 +22,12 @@ VIEWS = [("mask", "1 · Mask"), ("attention", "2 · Attention"), ("anatomy", "2b
          ("isolation", "3 · Isolation"),
          ("invariance", "4 · Invariance & RoPE"), ("variants", "5 · Variants"),
          ("timing", "6 · Flash vs naive"), ("export", "7 · Export")]
+# presentation mode (static/present.js): name -> (link, text the drawn figure's title holds); the lesson's
+# kernel tile-map step is explorer.lesson's
+PRESENT = {"present-attention": ("?preset=lecture&layer=1&head=3&query=7&tab=attention&present=1",
+                                 "layer 1, query head 3"),
+           "present-lesson": (None, "T = 1152")}
+VIEWPORT = {"width": 1280, "height": 720}
 
 
 def shrink(path: Path) -> None:
@@ -45,16 +54,21 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "docs" / "screenshots"))
     ap.add_argument("--query", default="preset=lecture")
+    ap.add_argument("--only", nargs="*", help="names of the shots to take (default: all)",
+                    choices=[name for name, _ in VIEWS] + list(PRESENT))
     args = ap.parse_args(argv)
+    wanted = set(args.only or [name for name, _ in VIEWS] + list(PRESENT))
     from playwright.sync_api import sync_playwright
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with running_app() as url, sync_playwright() as p:
         browser = launch_browser(p)
-        page = browser.new_page(viewport={"width": 1500, "height": 1100}, device_scale_factor=1)
+        page = browser.new_page(viewport=VIEWPORT, device_scale_factor=1)
         page.goto(url + "?" + args.query)
         wait_for_plot(page, "mask-plot")
         for name, label in VIEWS:
+            if name not in wanted:
+                continue
             page.get_by_role("tab", name=label).click()
             if name == "timing":
                 page.get_by_role("button", name="Run", exact=True).click()
@@ -69,7 +83,34 @@ def main(argv=None):
             page.screenshot(path=str(path), full_page=True)
             shrink(path)
             print("wrote", path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
+        for name, (link, title) in PRESENT.items():
+            if name in wanted:
+                present_shot(browser, url, link or lesson_link("kernel-plot"), title, out / f"{name}.png")
         browser.close()
+
+
+def lesson_link(figure: str) -> str:
+    """The first lesson step whose claim is about `figure`, in presentation mode."""
+    from explorer.lesson import LESSON
+    i = next(i for i, st in enumerate(LESSON) if st.shown_figure() == figure)
+    return LESSON[i].link(i) + "&present=1"
+
+
+def present_shot(browser, url: str, link: str, title: str, path: Path) -> None:
+    """Presentation mode's first screen, once the link's figure (its title holds `title`) is drawn in
+    lecture fonts."""
+    page = browser.new_page(viewport=VIEWPORT, device_scale_factor=1)
+    page.goto(url + link)
+    page.wait_for_selector(".present-focus .js-plotly-plot .main-svg", timeout=90_000, state="attached")
+    page.wait_for_function("(title) => { const gd = document.querySelector('.present-focus .js-plotly-plot');"
+                           " return gd && gd.layout && gd.layout.font && gd.layout.font.size === 16"
+                           " && (gd.querySelector('.gtitle') || {}).textContent.includes(title); }",
+                           arg=title, timeout=90_000)
+    page.wait_for_timeout(1500)
+    page.screenshot(path=str(path))
+    page.close()
+    shrink(path)
+    print("wrote", path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
 
 
 if __name__ == "__main__":

@@ -36,17 +36,20 @@ window.explorer = window.explorer || {};
     // top of the figure, a legend under it and the panel titles under that, never on top of each other.
     P.lectureLayout = (gd, width, height) => {
         const L = gd.layout || {};
+        // room above the plot: the title, then a legend or column-group labels, then the panel titles
+        const crowded = L.showlegend !== false || (L.annotations || []).some((a) => a.yshift);
+        const top = crowded ? 118 : 76;
         const u = {width: width, height: height, autosize: false, 'font.size': FONT, 'title.font.size': TITLE,
                    'title.yref': 'container', 'title.y': 1, 'title.yanchor': 'top', 'title.pad.t': 8,
-                   'margin.t': 118, 'margin.b': 80, 'legend.font.size': 14};
+                   'margin.t': top, 'margin.b': 80, 'legend.font.size': 14};
         Object.keys(L).filter((k) => /^[xy]axis\d*$/.test(k)).forEach((k) => {
             u[k + '.tickfont.size'] = FONT;
             if (L[k] && L[k].title && typeof L[k].title === 'object') u[k + '.title.font.size'] = FONT;
         });
         (L.annotations || []).forEach((a, i) => { u['annotations[' + i + '].font.size'] = FONT; });
-        spreadRows(L, u, height - 118 - 80);
+        spreadRows(L, u, height - top - 80);
         if (L.showlegend !== false) {
-            const plotHeight = Math.max(100, height - 118 - 80);
+            const plotHeight = Math.max(100, height - top - 80);
             Object.assign(u, {'legend.orientation': 'h', 'legend.x': 1, 'legend.xanchor': 'right',
                               'legend.yanchor': 'bottom', 'legend.y': 1 + 30 / plotHeight});
         }
@@ -187,8 +190,9 @@ window.explorer = window.explorer || {};
             }
         }
         if (P.on) {
-            bar.append(text('div', 'present-keys', '← → query row · ↑ ↓ head · PgUp PgDn layer'
-                                                   + (data().steps.length ? ' · N P lesson' : '') + ' · Esc leave'));
+            const keys = text('div', 'present-keys', '← → query row · ↑ ↓ head · PgUp PgDn layer');
+            keys.append(document.createElement('br'), (data().steps.length ? 'N P lesson step · ' : '') + 'Esc leave');
+            bar.append(keys);
         } else {
             const b = text('button', 'present-nav', 'Present');
             b.onclick = P.enter;

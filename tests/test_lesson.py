@@ -20,7 +20,7 @@ def test_every_step_is_a_link_the_app_opens_and_its_claim_holds(index):
     s, problems = from_link(params)
     assert problems == {} and s == st.settings()
     assert st.shown_figure() in MAIN_FIGURE.values() or st.figure == "kernel-plot"
-    assert len(st.claim) <= 200 and "\n" not in st.claim                    # one line under the figure
+    assert len(st.claim) <= 150 and "\n" not in st.claim                    # one line under the figure
     if st.tab != "timing":                                                  # every claim but timing's has numbers
         assert st.check is not None and st.check(s), st.claim
 
