@@ -33,7 +33,8 @@ times the output scale. Logits come back as float32 either way.
 
 Attention runs through ``models.attention.attend`` (the same backends and ``record=True`` traces as
 grok.py's trunk): production's attention is grok.py's function with multiplier sqrt(128)/key_size, the
-chosen cap, and the ``recsys-bidirectional`` mask with padded keys hidden.
+chosen cap, and the ``recsys-bidirectional`` mask with padded keys hidden — or, with
+``attention_padding="serving-kernel"``, attended as production's serving kernels attend them.
 """
 from __future__ import annotations
 
@@ -286,7 +287,9 @@ class XrexOutput:
 
 class XrexRanker(nn.Module):
     """recsys_model.py RecsysAggregatedModel from the trunk's input on: trunk -> final_layer_norm ->
-    candidate rows -> unembeddings * output_scale."""
+    candidate rows -> unembeddings * output_scale. Padded keys are hidden by default
+    (config.attention_padding "masked": nothing in padding reaches a valid output, the property the probes
+    check); "serving-kernel" runs production's serving mask, the bound (0, P+L, P+L, T) with padding unmasked."""
 
     def __init__(self, config: XrexConfig):
         super().__init__()
