@@ -27,8 +27,8 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:-}:$PWD"
 step=${1:-}
 start=$(date +%s)
 budget=${CALL_BUDGET_S:-540}     # of the device tool's 600 s per call: the rest is the margin
-park=/tmp/gpu-session            # survives between calls on a warm machine
-venv=/tmp/gpu-session/venv
+park=${GPU_SESSION_DIR:-/tmp/gpu-session}   # survives between calls on a warm machine
+venv=$park/venv
 out=${OUT:-$park/out}
 PART_BYTES=56000000              # + the working tree (~5 MB) stays under the 64 MiB a call carries
 

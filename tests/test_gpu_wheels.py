@@ -4,6 +4,7 @@ may add nothing the list lacks (beyond what the image has) and must pick every p
 import base64
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -68,3 +69,25 @@ def test_wheel_set_resolves_for_python_312_with_nothing_missing(tmp_path):
     assert not missing, f"pip needs wheels benchmarks/gpu-wheels.txt lacks: {missing}"
     differ = {n: (pins()[n], resolved.get(n)) for n in pins() if resolved.get(n) != pins()[n]}
     assert not differ, f"pinned vs resolved: {differ}"
+
+
+@pytest.mark.slow
+def test_gpu_session_writes_its_results_to_out_as_it_goes(tmp_path):
+    """The device call, run here without a GPU (a stand-in nvidia-smi): it says why fa4 is not installed,
+    runs the GPU tests (skipped here) and leaves its log, the test log and the JUnit file in $OUT, within
+    the call's budget."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'no GPU: a test stand-in'\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')      # this interpreter
+    (bin_dir / "python3").chmod(0o755)
+    out = tmp_path / "out"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(out), "CALL_BUDGET_S": "240",
+           "GPU_SESSION_DIR": str(tmp_path / "park")}
+    done = subprocess.run(["bash", str(LOCK.parent / "gpu_session.sh"), "tests"], cwd=LOCK.parent.parent, env=env,
+                          capture_output=True, text=True, timeout=300)
+    log = (out / "session.log").read_text()
+    assert "NOT INSTALLED" in log and "fa4: " in log and "== done in" in log, log[-2000:]
+    assert (out / "gpu-tests.log").stat().st_size > 0 and "<testsuite" in (out / "gpu-tests.xml").read_text()
+    assert done.returncode == 0, done.stderr[-2000:]
