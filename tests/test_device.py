@@ -17,7 +17,7 @@ from models.grok import Transformer, init_params
 from models.masks import AttentionMask
 from models.probes import isolation_probe
 from models.recsys import RecsysModel, SequenceLayout, get_preset, init_recsys, synthetic_batch
-from models.xrex import XrexConfig, XrexRanker, XrexTrunk, init_xrex
+from models.xrex import XrexConfig, XrexRanker, XrexRecsys, XrexTrunk, init_xrex
 
 META = torch.device("meta")
 
@@ -258,7 +258,22 @@ def xrex_forwards():
         yield f"xrex {bug}", lambda m=with_bug(trunk, bug): m(emb, valid, 8, record=True)
 
 
-@pytest.mark.parametrize("name,forward", [pytest.param(n, f, id=n) for n, f in (*grok_forwards(), *xrex_forwards())])
+def ranker_forwards():
+    """The rankers from hashes: grok.py's RecsysModel and production's XrexRecsys on one meta batch."""
+    preset = get_preset("lecture")
+    config = preset.recsys_config(preset.transformer.replace(prefix="bidirectional"))
+    batch = synthetic_batch(config, SequenceLayout(1, 6, 4, history_padding=2, candidate_padding=1), seed=5, batch=2)
+    batch = type(batch)(*(getattr(batch, f).to(META) for f in batch.__dataclass_fields__))
+    grok_ranker = init_recsys(RecsysModel(config), "random", seed=2).to(META)
+    yield "grok ranker", lambda: grok_ranker(batch, record=True)
+    xrex_config = XrexConfig(emb_size=32, num_layers=2, num_q_heads=4, num_kv_heads=2, key_size=8,
+                             num_user_prefix_tokens=2, history_seq_len=6)
+    xrex_ranker = init_params(XrexRecsys(xrex_config, hash_vocab_size=config.hash_vocab_size), "random", seed=2).to(META)
+    yield "xrex ranker", lambda: xrex_ranker(batch, record=True)
+
+
+@pytest.mark.parametrize("name,forward", [pytest.param(n, f, id=n) for n, f in
+                                          (*grok_forwards(), *xrex_forwards(), *ranker_forwards())])
 def test_no_host_tensor_enters_a_forward(name, forward):
     assert host_tensors_entering(forward) == [], name
 
