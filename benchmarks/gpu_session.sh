@@ -139,5 +139,5 @@ all|tests|bench)
     esac
     echo "== done in $(( $(date +%s) - start )) s; in \$OUT: $(cd "$out" && find . -type f | tr '\n' ' ')" ;;
 *)
-    sed -n '2,26p' "$0"; exit 2 ;;
+    sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2 ;;
 esac
