@@ -1,5 +1,7 @@
 """The trunk computes grok.py's function: checked against an independent NumPy forward
-(tests/reference_numpy.py) on the same haiku params, plus the properties the explorer shows."""
+(tests/reference_numpy.py) on the same haiku params, plus the properties the explorer shows. Parity, GQA
+against repeated heads and RoPE's relative rotation are exact in real arithmetic (within the rounding bound
+of tests/tolerances.py); candidate isolation and the zero init are bit-exact by construction (torch.equal)."""
 import math
 
 import numpy as np

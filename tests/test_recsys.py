@@ -1,7 +1,9 @@
 """The original's models around the trunk: the ranker and the retrieval model give the same numbers
 as an independent NumPy recsys_model.py / recsys_retrieval_model.py on parameters named and shaped as
 the original's init returns them, with embeddings given from outside or looked up in the project's
-tables; batch invariance under shared / no RoPE; the retrieval towers' contracts."""
+tables; batch invariance under shared / no RoPE; the retrieval towers' contracts. Parity and invariance
+are exact in real arithmetic (within the rounding bound of tests/tolerances.py); isolation and lookups are
+bit-exact by construction (torch.equal)."""
 import math
 from dataclasses import replace
 
@@ -30,8 +32,6 @@ def ranker(seed=0, layout=None, **transformer_changes):
     return load_haiku_params(model, params), params, layout or preset.layout
 
 
-# The ranker and the towers are exact in real arithmetic against the float64 reference and under candidate
-# reordering: compared within fp32's rounding bound. Isolation and lookups are bit-exact by construction.
 def embed_tolerance(model):
     """Rounding bound of the embedding stage: the action projection, then the widest input projection."""
     widest = max(m.w.shape[0] for m in model.modules() if isinstance(m, Linear))

@@ -1,4 +1,5 @@
-"""Every variant records the trunk's instrumentation, and each one computes what it claims."""
+"""Every variant records the trunk's instrumentation, and each one computes what it claims. Two groupings
+of the same sums agree within the rounding bound of tests/tolerances.py; causality is bit-exact."""
 import pytest
 import torch
 

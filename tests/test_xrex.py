@@ -1,7 +1,9 @@
 """The production Phoenix port (models/xrex.py) computes production's function: checked against an
 independent float64 NumPy forward written from PRODUCTION.md (tests/reference_xrex.py), plus the
 properties that set it apart from grok.py's trunk (right-anchored RoPE, bidirectional prefix,
-isolation, batch invariance) and the loader's contract on production's stacked parameter tree."""
+isolation, batch invariance) and the loader's contract on production's stacked parameter tree. Parity,
+batch invariance and backend agreement are exact in real arithmetic (within the rounding bound of
+tests/tolerances.py); isolation and padding are bit-exact by construction (torch.equal)."""
 import math
 
 import numpy as np
