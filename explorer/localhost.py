@@ -35,8 +35,11 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_app(startup_timeout_s: float = 120.0, log: Optional[Path] = None) -> Iterator[str]:
-    """Start app.py, wait until it answers, yield its URL; stop it (by its own pid) afterwards."""
+def running_app(startup_timeout_s: float = 120.0, log: Optional[Path] = None,
+                root: Optional[Path] = None) -> Iterator[str]:
+    """Start app.py (of `root`, another checkout, when given), wait until it answers, yield its URL; stop
+    it (by its own pid) afterwards."""
+    root = Path(root) if root else ROOT
     port = free_port()
     env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port),
            "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
@@ -44,7 +47,7 @@ def running_app(startup_timeout_s: float = 120.0, log: Optional[Path] = None) ->
     log_path = Path(log) if keep else Path(tempfile.mkstemp(prefix="explorer-app-", suffix=".log")[1])
     url = f"http://127.0.0.1:{port}/"
     with open(log_path, "wb") as out:
-        proc = subprocess.Popen([sys.executable, str(ROOT / "app.py")], cwd=ROOT, env=env,
+        proc = subprocess.Popen([sys.executable, str(root / "app.py")], cwd=root, env=env,
                                 stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + startup_timeout_s

@@ -184,9 +184,10 @@ explorer.recolour = (kind, q) => {
         else Object.assign(bar, {tickvals: null, ticktext: null, tickmode: 'auto'});
         const hover = traces.map(([t]) => t.hovertemplate.replace(/%\{(customdata|z):\.6g\}/,
                                                                     scale.transform ? '%{customdata:.6g}' : '%{z:.6g}'));
-        Plotly.restyle(gd, {z, customdata: scale.transform ? raws : traces.map(() => null), zmin: scale.lo, zmax: scale.hi,
-                            hovertemplate: hover, colorbar: traces.map(() => bar)}, traces.map(([, i]) => i));
-        Plotly.relayout(gd, {'title.text': meta.title + (scale.note ? `<br><sup>${scale.note}</sup>` : '')});
+        Plotly.update(gd, {z, customdata: scale.transform ? raws : traces.map(() => null), zmin: scale.lo,
+                           zmax: scale.hi, hovertemplate: hover, colorbar: traces.map(() => bar)},
+                      {'title.text': meta.title + (scale.note ? `<br><sup>${scale.note}</sup>` : '')},
+                      traces.map(([, i]) => i));            // one redraw for data and title
     }
     return explorer.withParam(q, 'color', kind, 'linear');
 };

@@ -101,3 +101,18 @@ def test_browser_latency_block_has_a_row_per_control_kind_from_the_file(tmp_path
     assert "| radio (values) | `lecture` | 120 ms | 180 ms | < 300 ms | met |" in md
     assert "| preset switch | `lecture <-> phoenix-nano` | 1800 ms | 2600 ms | < 2000 ms | **missed** |" in md
     assert "abc1234" in md and "browser-latency-2026-11-22.json" in md
+
+
+def test_browser_latency_block_shows_both_versions_and_each_control_kind(tmp_path):
+    row = dict(n=12, p50_ms=60.0, p95_ms=90.0, min_ms=50.0, max_ms=95.0, mean_ms=65.0, driver_p95_ms=300.0)
+    records = [dict(control="radio (colour)", control_kind="display", preset="lecture", target_p95_ms=100.0,
+                    must_p95_ms=150.0, version=v, version_commit=c, **{**row, "p95_ms": p95})
+               for v, c, p95 in (("before", "1b1412f", 343.0), ("after", "abc1234", 90.0))]
+    (tmp_path / "browser-latency-2026-11-23.json").write_text(json.dumps(dict(
+        device="CPU X (2 threads)", date="2026-11-23", commit="abc1234", repeats=12, records=records,
+        load_average_1min=dict(before=3.0, after=4.5), cores=2)))
+    md = readme_tables.browser_latency_block(tmp_path)
+    assert "| version | control | kind | preset |" in md
+    assert "| before | radio (colour) | display | `lecture` | 60 ms | 343 ms | < 100 ms (must 150) | **missed** |" in md
+    assert "| after | radio (colour) | display | `lecture` | 60 ms | 90 ms | < 100 ms (must 150) | met |" in md
+    assert "**before** = commit `1b1412f`" in md and "load average 3.0 before, 4.5 after" in md
