@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from explorer.measure import (NOT_REACHED, PRESETS, matmul_tflops, point_key, results_path, sweep)
+from explorer.measure import PRESETS, Status, matmul_tflops, point_key, results_path, sweep, with_status
 from models.attention import BACKENDS
 from models.runinfo import RESULTS_DIR, device_name, git_commit
 
@@ -34,10 +34,10 @@ def write_results(records: list[dict], device: str, matmul: float, out_dir: Path
     was while measuring (load, other users), kept with the numbers."""
     date = dt.date.today().isoformat()
     path = results_path(device, date, out_dir)
-    old = json.loads(path.read_text()).get("records", []) if path.exists() else []
+    old = [with_status(r) for r in json.loads(path.read_text()).get("records", [])] if path.exists() else []
     merged = {point_key(r): r for r in old}
     for r in records:
-        if r["status"] not in NOT_REACHED or point_key(r) not in merged:
+        if r["status"] != Status.NOT_REACHED or point_key(r) not in merged:
             merged[point_key(r)] = r
     data = dict(device_name=device_name(device), torch=torch.__version__, cuda=torch.version.cuda,
                 commit=git_commit(), date=date, matmul_tflops=matmul,
@@ -150,7 +150,7 @@ def main(argv=None):
         left = None if a.budget_s is None else max(0.0, a.budget_s - (time.perf_counter() - start))
         for r in sweep(preset, a.device, budget_s=left, backends=backends, seq_lens=seq_lens, repeats=a.repeats):
             records.append(r)
-            if r["status"] not in NOT_REACHED:       # on disk as measured: a run killed later keeps it
+            if r["status"] != Status.NOT_REACHED:       # on disk as measured: a run killed later keeps it
                 write_results(records, a.device, matmul, a.out_dir, conditions())
             if r["status"] == "ok":
                 print(f"{r['preset']:>12} {r['backend']:>14} {r['mask']:>20} cap {r['cap_method']:>4} "
@@ -159,9 +159,9 @@ def main(argv=None):
                       f"[{r['min_ms']:.3f}-{r['max_ms']:.3f}] x{r['repeats']}  "
                       f"{r['peak_mem_bytes'] / 2**20:9.1f} MiB  {r['tflops']:7.3f} TFLOP/s  "
                       f"err {r['max_abs_err'] if r['max_abs_err'] is not None else float('nan'):.1e}", flush=True)
-            elif r["status"] != "skipped: time budget spent":
+            elif r["status"] != Status.NOT_REACHED:
                 print(f"{r['preset']:>12} {r['backend']:>14} {r['mask']:>20} cap {r['cap_method']:>4} "
-                      f"{'padded' if r['padded'] else 'dense '} T {r['T']:>6}: {r['status']}", flush=True)
+                      f"{'padded' if r['padded'] else 'dense '} T {r['T']:>6}: {r['status']}: {r['reason']}", flush=True)
     path = write_results(records, a.device, matmul, a.out_dir, conditions())
     print(f"wrote {path}")
     if not a.no_plot:

@@ -7,7 +7,7 @@ interleaved (A B C, A B C, ...) for at least 5 repeats, each repeat a block of c
 (CUDA events on GPU; perf_counter on CPU, where every op is synchronous). Each record keeps repeats,
 median / min / max ms, peak memory above the inputs (torch.cuda.max_memory_allocated / sampled RSS on
 CPU), TFLOP/s counting only unmasked (useful) FLOPs, max |error| vs naive on the same inputs, and a
-status: ok / oom / skipped: why / error: what. A ``Run`` (its own stop flag and deadline) is checked
+``Status`` (ok / oom / skipped / error / not reached) and, for all but ok, a ``reason``. A ``Run`` (its own stop flag and deadline) is checked
 before every timed block.
 """
 from __future__ import annotations
@@ -23,6 +23,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, replace
+from enum import Enum
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
@@ -283,8 +284,22 @@ def _is_oom(e: BaseException) -> bool:
     return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
 
 
-def _failure(e: BaseException) -> str:
-    return "oom" if _is_oom(e) else f"error: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+class Status(str, Enum):
+    """What became of one point; the record's `reason` says why for every status but OK."""
+    OK = "ok"
+    OOM = "oom"                         # out of memory (reason: the backend's error)
+    SKIPPED = "skipped"                 # the backend does not run this point (reason: why not)
+    ERROR = "error"                     # it raised (reason: the error)
+    NOT_REACHED = "not reached"         # the run stopped first (reason: Run.stopped(): cancelled / budget)
+
+    def __str__(self) -> str:           # json.dumps and f-strings write the plain value
+        return self.value
+
+
+def _failure(e: BaseException) -> dict:
+    """The status and reason fields of a record whose backend raised."""
+    text = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    return dict(status=Status.OOM if _is_oom(e) else Status.ERROR, reason=text)
 
 
 def _free(device):
@@ -295,7 +310,7 @@ def _free(device):
 def empty_record(backend: str, **point) -> dict:
     """A record of the results file's schema with nothing measured yet."""
     return dict(backend=backend, **point, repeats=0, median_ms=None, min_ms=None, max_ms=None,
-                peak_mem_bytes=None, tflops=None, max_abs_err=None, status="ok")
+                peak_mem_bytes=None, tflops=None, max_abs_err=None, status=Status.OK, reason="")
 
 
 def measure_shape(backends: list[str], *, mask: str = "recsys", B: int = 1, Hq: int = 4, Hkv: int = 2,
@@ -328,12 +343,15 @@ def measure_shape(backends: list[str], *, mask: str = "recsys", B: int = 1, Hq: 
         with torch.no_grad():
             inputs, reference = None, None
             for b in names:
-                why = (run.stopped() or (skip or {}).get(b)
+                if run.stopped():
+                    records[b].update(status=Status.NOT_REACHED, reason=run.stopped())
+                    continue
+                why = ((skip or {}).get(b)
                        or unavailable_reason(b, device=device, dtype=dtype, cap=cap, cap_method=cap_method,
                                              mask_kind=mask, padding=padded, head_dim=head_dim)
                        or _ram_shortfall(b, device, B, Hq, T))
                 if why:
-                    records[b]["status"] = f"skipped: {why}"
+                    records[b].update(status=Status.SKIPPED, reason=why)
                     continue
                 try:
                     if inputs is None:
@@ -345,7 +363,7 @@ def measure_shape(backends: list[str], *, mask: str = "recsys", B: int = 1, Hq: 
                     peak = peak_memory_bytes(call, device)
                     one_call_ms = (time.perf_counter() - t0) * 1e3
                 except Exception as e:  # noqa: BLE001 — every failure becomes a recorded status
-                    records[b]["status"] = _failure(e)
+                    records[b].update(_failure(e))
                     _free(device)
                     continue
                 if b == "naive":
@@ -363,7 +381,7 @@ def measure_shape(backends: list[str], *, mask: str = "recsys", B: int = 1, Hq: 
                     try:
                         times[b].append(time_block_ms(call, device, number))
                     except Exception as e:  # noqa: BLE001
-                        records[b]["status"] = _failure(e)
+                        records[b].update(_failure(e))
                         ready.pop(b)
                         _free(device)
                 if run.stopped():
@@ -377,7 +395,8 @@ def measure_shape(backends: list[str], *, mask: str = "recsys", B: int = 1, Hq: 
         if ts and r["status"] == "ok":
             r.update(spread(ts), tflops=flops / (statistics.median(ts) * 1e-3) / 1e12)
         elif r["status"] == "ok":         # warmed up, then stopped before its first timed block
-            r.update(peak_mem_bytes=None, max_abs_err=None, status=f"skipped: {run.stopped() or 'not timed'}")
+            r.update(peak_mem_bytes=None, max_abs_err=None, status=Status.NOT_REACHED,
+                     reason=run.stopped() or "not timed")
     return [records[b] for b in names]
 
 
@@ -394,7 +413,7 @@ def sweep(preset: "str | Preset" = "lecture", device: str = "cpu", *, budget_s: 
     """Yield one record per (T, mask, cap, padding, backend), naive first at each shape (the error reference).
 
     Once the run stops (its budget spent, or cancelled), the remaining points are yielded (cheaply)
-    as 'skipped: time budget spent' / 'skipped: cancelled', so every result file lists the whole grid.
+    as Status.NOT_REACHED with the reason, so every result file lists the whole grid.
     A backend out of memory at some T is skipped at every longer T; the others go on."""
     # a name from PRESETS (reduced on CPU), or the app's own Preset(...) geometry, run as given
     p, preset = (preset, "custom") if isinstance(preset, Preset) else (preset_for(preset, device), preset)
@@ -409,7 +428,7 @@ def sweep(preset: "str | Preset" = "lecture", device: str = "cpu", *, budget_s: 
                                        num_candidates=p.num_candidates, dtype=p.dtype, device=device, cap=p.cap,
                                        cap_method=cap_method, preset=preset, repeats=repeats,
                                        min_block_ms=min_block_ms, run=run, skip=skip, padded=padded):
-                    if r["status"] == "oom":
+                    if r["status"] == Status.OOM:
                         oom_at.setdefault(r["backend"], T)
                     yield r
 
@@ -431,8 +450,28 @@ def load_results(results_dir: Path = RESULTS_DIR) -> list[tuple[str, dict]]:
         except (OSError, ValueError):
             continue
         if isinstance(data, dict) and isinstance(data.get("records"), list) and "device_name" in data:
+            data["records"] = [with_status(r) for r in data["records"]]
             out.append((path.name, data))
     return out
+
+
+_LEGACY = {"skipped: time budget spent": (Status.NOT_REACHED, "time budget spent"),
+           "skipped: cancelled": (Status.NOT_REACHED, "cancelled")}
+
+
+def with_status(r: dict) -> dict:
+    """A record as read from a file, its status a Status and its reason apart. Files written before
+    statuses had reasons held one string ('skipped: <why>', 'error: <what>'): split here, once."""
+    raw = str(r.get("status", ""))
+    if raw in _LEGACY:
+        status, reason = _LEGACY[raw]
+    else:
+        head, _, rest = raw.partition(": ")
+        if head in Status._value2member_map_:
+            status, reason = Status(head), r.get("reason") or rest or ("out of memory" if head == "oom" else "")
+        else:
+            status, reason = Status.ERROR, r.get("reason") or raw
+    return dict(r, status=status, reason=reason)
 
 
 def on_gpu(data: dict) -> bool:
@@ -441,9 +480,6 @@ def on_gpu(data: dict) -> bool:
 
 def results_path(device: str, date: str, out_dir: Path = RESULTS_DIR) -> Path:
     return out_dir / f"{slug(device_name(device))}-{date}.json"
-
-
-NOT_REACHED = ("skipped: time budget spent", "skipped: cancelled")
 
 
 def point_key(r: dict) -> tuple:

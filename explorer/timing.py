@@ -26,7 +26,7 @@ from models.masks import EMPTY, AttentionMask
 from models.runinfo import RESULTS_DIR, device_name
 
 from .figures import FONT, _log_ticks
-from .measure import (PRESETS, Preset, Run, load_results, matmul_tflops, on_gpu, preset_for,
+from .measure import (PRESETS, Preset, Run, Status, load_results, matmul_tflops, on_gpu, preset_for,
                       sweep as benchmark_sweep)
 from .settings import Settings, ValidationError, device, sweep_budget_s, timing_max_len
 
@@ -104,7 +104,8 @@ def geometry(s: Settings, name: str, dtype: str) -> Preset:
                       dtype=dtype, seq_lens=(), num_candidates=s.num_candidates)
     else:
         base = preset_for(name, device())
-    return replace(base, dtype=dtype, masks=(s.mask_kind,), cap_methods=(s.cap_method,), cap=s.logit_cap)
+    return replace(base, dtype=dtype, masks=(s.mask_kind,), cap_methods=(s.cap_method,), cap=s.logit_cap,
+                   paddings=(False,))
 
 
 def default_lengths(name: str, num_candidates: int = 3) -> str:
@@ -226,9 +227,8 @@ class Sweep:
         """backend -> why it did not run (its first refusal, out of memory or error)."""
         out: dict[str, str] = {}
         for r in self.records:
-            if r["status"] != "ok" and not r["status"].startswith("skipped: cancelled") \
-                    and "time budget" not in r["status"]:
-                out.setdefault(r["backend"], f"{r['status']} at T = {r['T']}")
+            if r["status"] not in (Status.OK, Status.NOT_REACHED):
+                out.setdefault(r["backend"], f"{r['status']}: {r['reason']} at T = {r['T']}")
         return out
 
     def eta_s(self) -> Optional[float]:
@@ -443,7 +443,7 @@ def recorded_records(g: Preset) -> list[tuple[str, list[dict]]]:
     [(label "recorded on <device>, <date>, B=<n>", records)], one entry per file and batch size."""
     out = []
     for name, data in load_results(RESULTS_DIR):
-        same = [r for r in data["records"] if r["status"] == "ok" and r.get("median_ms")
+        same = [r for r in data["records"] if r["status"] == Status.OK and r.get("median_ms") and not r.get("padded")
                 and (r["Hq"], r["Hkv"], r["head_dim"], r["mask"], r.get("cap_method"), r["dtype"])
                 == (g.Hq, g.Hkv, g.head_dim, g.masks[0], g.cap_methods[0], g.dtype)]
         for B in sorted({r["B"] for r in same}):
@@ -534,7 +534,7 @@ def sweep_figures(sw: Sweep, recorded: Optional[list[tuple[str, list[dict]]]] = 
     curves = curves_of(sw, recorded or [], batch)
     time_fig = benchmark_figure(curves, lambda r: r["median_ms"], bars=True, y_title="ms",
                                 title="Time per attention call (median; bars: min–max of the repeats)")
-    ooms = [r for r in sw.records if r["status"] == "oom"]
+    ooms = [r for r in sw.records if r["status"] == Status.OOM]
     if ooms:                        # out of memory is a result too: drawn where the curve would go on
         top = max([r["max_ms"] or r["median_ms"] for r in sw.points] or [1.0])
         time_fig.add_trace(go.Scatter(x=[r["T"] for r in ooms], y=[top] * len(ooms), mode="markers+text",

@@ -75,7 +75,7 @@ def file_table(name: str, data: dict) -> list[str]:
         ok = [r for r in rs if r["status"] == "ok" and r["backend"] != "naive"]
         best = min(ok, key=lambda r: r["median_ms"]) if ok else None
         n_ok = naive is not None and naive["status"] == "ok"
-        naive_ms = _ms(naive) if n_ok else (naive["status"].removeprefix("skipped: ") if naive else "—")
+        naive_ms = _ms(naive) if n_ok else (naive["reason"] or str(naive["status"]) if naive else "—")
         cells = [preset, mask, cap, dtype, str(B), f"{rs[0]['Hq']}/{rs[0]['Hkv']}", str(T), naive_ms,
                  _mib(naive["peak_mem_bytes"]) if n_ok else "—"]
         if best:

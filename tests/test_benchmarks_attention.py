@@ -18,7 +18,7 @@ def test_results_file_schema(tmp_path):
 def test_results_merge_point_by_point(tmp_path):
     first = list(bench.sweep("lecture", "cpu", seq_lens=[9], backends=["naive", "structured"], min_block_ms=0.0))
     cli.write_results(first, "cpu", 0.1, tmp_path)
-    not_reached = [dict(r, status="skipped: time budget spent", median_ms=None) for r in first]
+    not_reached = [dict(r, status=bench.Status.NOT_REACHED, reason="time budget spent", median_ms=None) for r in first]
     later = list(bench.sweep("lecture", "cpu", seq_lens=[12], backends=["naive"], min_block_ms=0.0))
     path = cli.write_results(not_reached + later, "cpu", 0.1, tmp_path)
     records = json.loads(path.read_text())["records"]

@@ -28,7 +28,7 @@ def test_measure_shape_records_a_real_measurement_with_its_spread():
 
 def test_refused_point_says_why_and_is_not_timed():
     r = bench.measure_shape(["sdpa"], cap_method="tanh", **TINY)[1]
-    assert r["status"] == "skipped: sdpa: SDPA has no logit cap (exact only with the cap off)"
+    assert (r["status"], r["reason"]) == (bench.Status.SKIPPED, "sdpa: SDPA has no logit cap (exact only with the cap off)")
     assert r["median_ms"] is None and r["repeats"] == 0
 
 
@@ -36,7 +36,7 @@ def test_out_of_memory_is_a_status_not_a_crash(monkeypatch):
     def boom(*a, **k):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 40 GiB")
     monkeypatch.setattr(bench, "attend", boom)
-    assert [r["status"] for r in bench.measure_shape(["structured"], **TINY)] == ["oom", "oom"]
+    assert [r["status"] for r in bench.measure_shape(["structured"], **TINY)] == [bench.Status.OOM] * 2
 
 
 def recording_calls(monkeypatch, after=None):
@@ -84,14 +84,14 @@ def test_the_budget_holds_within_one_call(monkeypatch):
     records = list(bench.sweep("lecture", "cpu", run=bench.Run(1.0), seq_lens=[9, 16, 32, 64],
                                backends=["naive", "structured"], min_block_ms=0.0))
     assert time.perf_counter() - start < 1.0 + 0.6
-    assert any(r["status"] == "skipped: time budget spent" for r in records)
+    assert any((r["status"], r["reason"]) == (bench.Status.NOT_REACHED, "time budget spent") for r in records)
 
 
 def test_sweep_stops_at_budget_and_lists_the_whole_grid():
     records = list(bench.sweep("lecture", "cpu", budget_s=0.0, seq_lens=[9, 64]))
     p = bench.preset_for("lecture", "cpu")
     assert len(records) == 2 * len(p.masks) * len(p.cap_methods) * len(p.paddings) * len(bench.BACKENDS)
-    assert all(r["status"] == "skipped: time budget spent" for r in records)
+    assert all((r["status"], r["reason"]) == (bench.Status.NOT_REACHED, "time budget spent") for r in records)
 
 
 def test_sweep_is_cancellable():
@@ -102,7 +102,7 @@ def test_sweep_is_cancellable():
         run.cancel()                            # the user pressed stop after the first shape
     first = [r for r in records if r["T"] == 9 and r["cap_method"] == "tanh"]
     assert all(r["status"] == "ok" for r in first) and len(records) > len(first)
-    assert all(r["status"] == "skipped: cancelled" for r in records[len(first):])
+    assert all((r["status"], r["reason"]) == (bench.Status.NOT_REACHED, "cancelled") for r in records[len(first):])
 
 
 def test_a_backend_out_of_memory_is_skipped_at_longer_lengths_and_the_others_go_on(monkeypatch):
@@ -116,7 +116,8 @@ def test_a_backend_out_of_memory_is_skipped_at_longer_lengths_and_the_others_go_
     records = list(bench.sweep("lecture", "cpu", seq_lens=[16, 24, 32], backends=["structured"], min_block_ms=0.0))
     status = {(r["backend"], r["T"], r["cap_method"]): r["status"] for r in records}
     assert status[("naive", 24, "tanh")] == "oom"
-    assert status[("naive", 32, "tanh")] == "skipped: ran out of memory at T = 24"
+    assert status[("naive", 32, "tanh")] == bench.Status.SKIPPED
+    assert {r["reason"] for r in records if (r["backend"], r["T"]) == ("naive", 32)} == {"ran out of memory at T = 24"}
     assert status[("structured", 32, "tanh")] == "ok"
 
 
@@ -169,4 +170,22 @@ def test_2026_serving_layout_is_a_geometry_with_its_tile_counts():
                                                                                                 full=72)
     r = bench.measure_shape(["structured"], mask="recsys-bidirectional", B=1, Hq=4, Hkv=2, head_dim=8, T=1152,
                             num_candidates=128, cap_method="none", run=bench.Run(0.0))[0]
-    assert r["tiles"] == dict(empty=8, partial=1, full=72) and r["status"] == "skipped: time budget spent"
+    assert r["tiles"] == dict(empty=8, partial=1, full=72) and (r["status"], r["reason"]) == (bench.Status.NOT_REACHED, "time budget spent")
+
+
+def test_statuses_are_an_enum_with_a_reason_and_old_files_read_the_same(tmp_path):
+    """No free string matched by prefix: a record's status is a Status and its reason apart. A file
+    written before (status 'skipped: <why>') reads as the same status and reason."""
+    import json
+    r = bench.measure_shape(["sdpa"], T=12, cap_method="tanh", repeats=1, min_block_ms=0.0)[1]
+    assert isinstance(r["status"], bench.Status) and json.loads(json.dumps(r))["status"] == "skipped"
+    legacy = [dict(r, status="skipped: sdpa: SDPA has no logit cap (exact only with the cap off)"),
+              dict(r, status="skipped: time budget spent"), dict(r, status="error: RuntimeError: boom"),
+              dict(r, status="oom"), dict(r, status="ok")]
+    for rec in legacy:
+        rec.pop("reason")
+    (tmp_path / "cpu-old.json").write_text(json.dumps(dict(device_name="CPU old", records=legacy)))
+    (_, data), = bench.load_results(tmp_path)
+    assert [(x["status"], x["reason"]) for x in data["records"]] == [
+        (bench.Status.SKIPPED, r["reason"]), (bench.Status.NOT_REACHED, "time budget spent"),
+        (bench.Status.ERROR, "RuntimeError: boom"), (bench.Status.OOM, "out of memory"), (bench.Status.OK, "")]

@@ -243,7 +243,7 @@ def test_recorded_summary_names_each_committed_file_with_its_device_and_date(tmp
     # and its curve is drawn for the same attention shape, labelled with device and date
     g = timing.geometry(S, timing.SETTINGS_GEOMETRY, "float32")
     (label, recs), = timing.recorded_records(g)
-    assert label == "recorded on CPU Example (1 threads), 2026-01-02, B=8" and recs == [point]
+    assert label == "recorded on CPU Example (1 threads), 2026-01-02, B=8" and recs == [dict(point, reason="")]
     other = timing.geometry(parse_query("preset=lecture&weights=random&num_q_heads=8&num_kv_heads=2"),
                             timing.SETTINGS_GEOMETRY, "float32")
     assert timing.recorded_records(other) == []
