@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import itertools
 import json
 import os
 import time
@@ -22,7 +21,6 @@ from typing import Optional
 import torch
 
 from explorer.measure import PRESETS, Status, matmul_tflops, point_key, results_path, sweep, with_status
-from models.attention import BACKENDS
 from models.runinfo import RESULTS_DIR, device_name, git_commit
 
 
@@ -48,53 +46,10 @@ def write_results(records: list[dict], device: str, matmul: float, out_dir: Path
     return path
 
 
-def figure(data: dict):
-    """One row per preset: time and memory against T (log-log). Colour = backend, dash = cap, one line per
-    backend x mask x cap."""
-    import plotly.express as px
-    from plotly.subplots import make_subplots
-    ok = [r for r in data["records"] if r["status"] == "ok"]
-    presets = [p for p in PRESETS if any(r["preset"] == p for r in ok)] or ["(none)"]
-    fig = make_subplots(rows=len(presets), cols=2, vertical_spacing=0.12 / max(1, len(presets) - 1) + 0.05,
-                        subplot_titles=[f"{p}: {what}" for p in presets
-                                        for what in ("median time per call (ms)", "peak memory (MiB)")])
-    colour = dict(zip(BACKENDS, itertools.cycle(px.colors.qualitative.D3)))    # an 11th backend reuses one
-    lines: dict[tuple, list[dict]] = {}
-    for r in ok:
-        lines.setdefault((r["preset"], r["backend"], r["mask"], r["cap_method"]), []).append(r)
-    shown = set()
-    for (preset, backend, mask, cap), rs in sorted(lines.items()):
-        rs.sort(key=lambda r: r["T"])
-        row = presets.index(preset) + 1
-        name = f"{backend} · cap {cap}" + ("" if mask == "recsys" else f" · {mask}")
-        style = dict(color=colour.get(backend), dash="solid" if cap != "none" else "dot")
-        T = [r["T"] for r in rs]
-        for col, y in ((1, [r["median_ms"] for r in rs]), (2, [r["peak_mem_bytes"] / 2**20 for r in rs])):
-            fig.add_scatter(x=T, y=y, name=name, legendgroup=name, line=style, mode="lines+markers",
-                            error_y=min_max_bars(rs) if col == 1 else None,
-                            showlegend=name not in shown, row=row, col=col)
-            shown.add(name)
-    fig.update_xaxes(type="log", title_text="sequence length T")
-    fig.update_yaxes(type="log")
-    fig.update_layout(title=f"Attention backends on {data['device_name']} — torch {data['torch']}, "
-                            f"{data['date']}, commit {data['commit']} (solid: tanh cap, dotted: no cap; "
-                            "bars: min-max over the repeats)",
-                      height=330 * len(presets) + 120, width=1300)
-    return fig
-
-
-def min_max_bars(records: list[dict]) -> Optional[dict]:
-    """plotly error_y spanning each point's min..max ms around its median (None for files from before
-    min/max were kept)."""
-    if not all(r.get("min_ms") is not None and r.get("max_ms") is not None for r in records):
-        return None
-    return dict(type="data", symmetric=False, array=[r["max_ms"] - r["median_ms"] for r in records],
-                arrayminus=[r["median_ms"] - r["min_ms"] for r in records], thickness=1.2, width=3)
-
-
 def write_plots(path: Path, data: dict) -> list[Path]:
     try:
-        fig = figure(data)
+        from explorer.timing import results_figure     # the one plotter of benchmark results
+        fig = results_figure(data)
     except ImportError as e:                          # e.g. a GPU machine without plotly: JSON only
         print(f"plots not written ({e})")
         return []

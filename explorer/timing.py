@@ -517,6 +517,41 @@ def benchmark_figure(curves: list[Curve], key, *, title: str, y_title: str, log_
 _DASH_WORD = {"solid": "solid", "dot": "dotted", "dash": "dashed", "dashdot": "dash-dot", "longdash": "long dash"}
 
 
+def results_figure(data: dict) -> go.Figure:
+    """A results file drawn whole (the benchmark CLI's plot): one row per preset, time | memory against
+    T, through benchmark_figure (the tab's plotter): colour = backend, line style = mask, cap, padding."""
+    from plotly.subplots import make_subplots
+    ok = [r for r in data["records"] if r["status"] == Status.OK and r.get("median_ms")]
+    presets = list(dict.fromkeys(r["preset"] for r in ok)) or ["(none)"]
+    variants = list(dict.fromkeys((r["mask"], r["cap_method"], bool(r.get("padded"))) for r in ok))
+    dashes = ("solid",) + RECORDED_DASHES
+    fig = make_subplots(rows=len(presets), cols=2, vertical_spacing=0.3 / len(presets),
+                        subplot_titles=[f"{p}: {what}" for p in presets
+                                        for what in ("median ms per call (bars: min–max)", "peak MiB")])
+    shown: set = set()
+    for row, preset in enumerate(presets, 1):
+        curves = [Curve(b, f"{mask}, cap {cap}" + (", padded" if padded else ""),
+                        dashes[variants.index((mask, cap, padded)) % len(dashes)], rs)
+                  for (mask, cap, padded) in variants
+                  for b, rs in _grouped([r for r in ok if (r["preset"], r["mask"], r["cap_method"],
+                                                           bool(r.get("padded"))) == (preset, mask, cap, padded)]).items()]
+        for col, (key, y_title, bars) in enumerate(((lambda r: r["median_ms"], "ms", True),
+                                                    (lambda r: max(r["peak_mem_bytes"] or 1, 1) / 2**20, "MiB",
+                                                     False)), 1):
+            part = benchmark_figure(curves, key, title="", y_title=y_title, bars=bars)
+            for t in part.data:
+                t.showlegend = t.showlegend is not False and t.name not in shown
+                shown.add(t.name)
+                fig.add_trace(t, row=row, col=col)
+            fig.update_xaxes(part.layout.xaxis, row=row, col=col)
+            fig.update_yaxes(part.layout.yaxis, row=row, col=col)
+    fig.update_layout(title=f"Attention backends on {data['device_name']} — torch {data.get('torch')}, "
+                            f"{data.get('date')}, commit {data.get('commit')}",
+                      font=FONT, height=360 * len(presets) + 160, width=1300, paper_bgcolor="white",
+                      plot_bgcolor="white", legend=dict(orientation="h", x=0, y=-0.08, yanchor="top"))
+    return fig
+
+
 def curves_of(sw: Sweep, recorded: list[tuple[str, list[dict]]], batch: int) -> list[Curve]:
     """Live points (solid) and each committed set (its own dash), one Curve per backend and source."""
     out = [Curve(b, f"measured now on {short_device(sw.device)}, B={batch}", "solid", rs) for b, rs in _grouped(sw.points).items()]

@@ -281,3 +281,21 @@ def test_export_caption_says_when_no_committed_curve_matches(monkeypatch):
     monkeypatch.setattr(timing, "recorded_records", lambda g: [])
     cap = export.caption(S, "timing")
     assert "No committed benchmark file matches" in cap and "nothing was measured" in cap
+
+
+def test_the_cli_plots_results_files_through_the_same_plotter():
+    """One plotter: a results file drawn whole keeps the tab's colour per backend; line style tells the
+    mask / cap apart; every point drawn is the file's."""
+    data = dict(device_name="CPU X", torch="2.13", date="2026-01-01", commit="abc", records=[
+        dict(record("naive", 64, 2.0), preset="lecture", mask="recsys", cap_method="tanh"),
+        dict(record("flex", 64, 1.0), preset="lecture", mask="recsys", cap_method="tanh"),
+        dict(record("flex", 64, 0.5), preset="lecture", mask="recsys", cap_method="none"),
+        dict(record("flex", 128, None, status="oom"), preset="lecture", mask="recsys", cap_method="none")])
+    fig = timing.results_figure(data)
+    lines = [t for t in fig.data if t.meta]
+    assert all(t.line.color == timing.BACKEND_COLORS[t.meta.split(" · ")[0]] for t in lines)
+    assert {t.meta: t.line.dash for t in lines if t.meta.startswith("flex")} == {
+        "flex · recsys, cap tanh": "solid", "flex · recsys, cap none": "dot"}
+    times = {(t.meta, x): y for t in lines if t.xaxis == "x" for x, y in zip(t.x, t.y)}
+    assert times == {("naive · recsys, cap tanh", 64): 2.0, ("flex · recsys, cap tanh", 64): 1.0,
+                     ("flex · recsys, cap none", 64): 0.5}
