@@ -66,9 +66,10 @@ def file_table(name: str, data: dict) -> list[str]:
     if not groups:
         return [head, "", "No phoenix-prod, phoenix-2026 or long points in this file.", ""]
     lines = [head, "",
-             "| preset | mask | cap | dtype | B | heads q/kv | T | naive ms | naive MiB | fastest exact other "
+             "| preset | mask | cap | dtype | B | heads q/kv | T | 128² tiles full/partial/skipped | naive ms "
+             "| naive MiB | fastest exact other "
              "| its ms | × naive | its TFLOP/s" + (" (% of matmul)" if on_gpu(data) else "") + " | its MiB | max abs err |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     order = lambda kv: (TABLE_PRESETS.index(kv[0][0]), kv[0][5], kv[0][1:])  # noqa: E731
     for (preset, mask, cap, dtype, B, T), rs in sorted(groups.items(), key=order):
         naive = next((r for r in rs if r["backend"] == "naive"), None)
@@ -76,7 +77,9 @@ def file_table(name: str, data: dict) -> list[str]:
         best = min(ok, key=lambda r: r["median_ms"]) if ok else None
         n_ok = naive is not None and naive["status"] == "ok"
         naive_ms = _ms(naive) if n_ok else (naive["reason"] or str(naive["status"]) if naive else "—")
-        cells = [preset, mask, cap, dtype, str(B), f"{rs[0]['Hq']}/{rs[0]['Hkv']}", str(T), naive_ms,
+        tiles = rs[0].get("tiles")
+        cells = [preset, mask, cap, dtype, str(B), f"{rs[0]['Hq']}/{rs[0]['Hkv']}", str(T),
+                 f"{tiles['full']}/{tiles['partial']}/{tiles['empty']}" if tiles else "—", naive_ms,
                  _mib(naive["peak_mem_bytes"]) if n_ok else "—"]
         if best:
             # the yardstick share only where it means something: a GPU run (CPU cores here are shared)
