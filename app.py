@@ -823,9 +823,11 @@ def timing_tab(d: Settings, c: dict) -> SimpleNamespace:
     t.message = gr.Markdown(elem_id="timing-check")
     text = gr.Markdown(timing.recorded_summary())
     with gr.Row():
-        time_fig, mem_fig = gr.Plot(label="time", elem_id="time-plot"), gr.Plot(label="memory")
+        # no label badge: it would sit over the figure's own title
+        time_fig = gr.Plot(label="time", elem_id="time-plot", show_label=False)
+        mem_fig = gr.Plot(label="memory", show_label=False)
     with gr.Row():
-        speed_fig, err_fig = gr.Plot(label="speed-up"), gr.Plot(label="error")
+        speed_fig, err_fig = gr.Plot(label="speed-up", show_label=False), gr.Plot(label="error", show_label=False)
     t.figures = [time_fig, mem_fig, speed_fig, err_fig, text]
     return t
 

@@ -503,7 +503,8 @@ def benchmark_figure(curves: list[Curve], key, *, title: str, y_title: str, log_
     ys = [key(r) for c in curves for r in c.records]
     axis = dict(gridcolor="#E5E5E5", zerolinecolor="#BBBBBB", linecolor="#444", automargin=True)
     layout = dict(
-        title=dict(text=title, x=0.01, xanchor="left", y=0.97, yanchor="top", font=dict(size=FONT["size"] + 2)),
+        title=dict(text=title, x=0, xref="paper", xanchor="left", y=0.97, yanchor="top",
+                   font=dict(size=FONT["size"] + 2)),
         font=FONT, height=height, paper_bgcolor="white", plot_bgcolor="white",
         margin=dict(l=70, r=20, t=50, b=40),
         xaxis=dict(**axis, title=dict(text="sequence length T"), type="log", tickmode="array", tickvals=xs,
@@ -568,7 +569,7 @@ def sweep_figures(sw: Sweep, recorded: Optional[list[tuple[str, list[dict]]]] = 
     curves dotted, one colour per backend."""
     curves = curves_of(sw, recorded or [], batch)
     time_fig = benchmark_figure(curves, lambda r: r["median_ms"], bars=True, y_title="ms",
-                                title="Time per attention call (median; bars: min–max of the repeats)")
+                                title="Time per call (median; bars: min–max)")
     ooms = [r for r in sw.records if r["status"] == Status.OOM]
     if ooms:                        # out of memory is a result too: drawn where the curve would go on
         top = max([r["max_ms"] or r["median_ms"] for r in sw.points] or [1.0])
@@ -577,7 +578,7 @@ def sweep_figures(sw: Sweep, recorded: Optional[list[tuple[str, list[dict]]]] = 
                                       text=[f"{r['backend']}: out of memory" for r in ooms],
                                       textposition="top center", name="out of memory (measured now)"))
     mem_fig = benchmark_figure(curves, lambda r: max(r["peak_mem_bytes"], 1) / 2**20, y_title="MiB",
-                               title="Peak memory of one call (above its inputs)")
+                               title="Peak memory of one call, above its inputs")
     speed = []
     for c in curves:
         naive = {r["T"]: r["median_ms"] for cc in curves if cc.source == c.source and cc.backend == "naive"
@@ -596,7 +597,8 @@ def sweep_figures(sw: Sweep, recorded: Optional[list[tuple[str, list[dict]]]] = 
     err = [Curve(c.backend, c.source, c.dash, [r for r in c.records if r.get("max_abs_err") is not None])
            for c in curves if c.dash == "solid"]
     err_fig = benchmark_figure([c for c in err if c.records], lambda r: r["max_abs_err"], log_y=False,
-                               y_title="max abs error", title="Max |error| vs naive on the same inputs")
+                               y_title="max abs error", title="Max |error| vs naive, same inputs")
+    err_fig.update_yaxes(exponentformat="e", tickformat=".1e")
     return time_fig, mem_fig, speed_fig, err_fig
 
 

@@ -72,7 +72,9 @@ def main(argv=None):
             page.get_by_role("tab", name=label).click()
             if name == "timing":
                 page.get_by_role("button", name="Run", exact=True).click()
-                page.wait_for_selector("#time-plot .js-plotly-plot .main-svg", timeout=90_000, state="attached")
+                # the run's last state: its points, the work-skipped table and the stop / done line
+                page.wait_for_function("() => /Done: \\d+ lengths|Stopped after/.test(document.body.innerText)",
+                                       timeout=240_000)
             elif name == "export":
                 page.get_by_role("button", name="Export figure").click()
                 page.wait_for_selector("#export-file a", timeout=90_000, state="attached")
