@@ -391,12 +391,6 @@ def page_gone(session: str) -> None:
             _GONE[session] = time.monotonic()
 
 
-def forget_uploads(session: str) -> None:
-    with _uploads_lock:
-        _UPLOADS.pop(session, None)
-        _GONE.pop(session, None)
-
-
 def _upload_state(weights: str) -> dict[str, torch.Tensor]:
     """The tensors behind "upload:<name>": the validation layer has checked that the asking session
     holds that name, and equal names are equal files, so any session's copy serves."""

@@ -72,7 +72,9 @@ def test_uploads_expire_and_closing_the_page_forgets_them(tmp_path, monkeypatch)
     assert runs.uploads("alice")                     # a use keeps it
     clock[0] += runs.UPLOAD_TTL_S * 0.75
     assert runs.uploads("alice") and runs.uploads("bob") == {}
-    runs.forget_uploads("alice")
+    runs.page_gone("alice")
+    clock[0] += runs.PAGE_GONE_GRACE_S + 1
+    runs._expire_uploads(clock[0])
     assert runs._UPLOADS == {}
 
 
