@@ -347,7 +347,10 @@ def _grid_domains(panels, rows: int, cols: int):
 
 
 def _theme_layout(title: str, height: int) -> dict:
-    return dict(title=dict(text=title, x=0.01, xanchor="left", font=dict(size=FONT["size"] + 4)), font=FONT,
+    # the title near the top of the figure (below the page's label badge): legends and column labels sit just
+    # above the plot, under it
+    return dict(title=dict(text=title, x=0.01, xanchor="left", yref="container", y=1, yanchor="top", pad=dict(t=32),
+                           font=dict(size=FONT["size"] + 4)), font=FONT,
                 height=height, paper_bgcolor="white", plot_bgcolor="white", colorway=OKABE_ITO,
                 margin=dict(l=70, r=30, t=110, b=70))
 
@@ -415,7 +418,8 @@ def bar_figure(labels: Sequence[str], values: Sequence[float], *, title: str, va
                  hovertemplate="%{x}<br>" + value_name + " %{y:.8g}<extra></extra>")]
     data += segment_legend(segments)
     return _figure(data, title, height, barmode="overlay", showlegend=bool(segments),
-                   xaxis=dict(type="category", tickangle=-60),
+                   xaxis=dict(type="category", tickangle=-60,
+                              **_sparse_ticks(list(labels), list(segments) if segments else None, 1)),
                    yaxis=dict(title=dict(text=value_name), type="log" if log else "linear"))
 
 
