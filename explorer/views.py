@@ -85,8 +85,11 @@ def cells(s: Settings, full: int, panels: int = 1) -> int:
     """max_cells per axis: `full` for the whole sequence, zoomed regions at full resolution, as far as
     the figure's `panels` stay within MAX_FIGURE_CELLS (explorer.settings: the bytes a view sends are
     bounded before its work starts); pooled beyond that."""
-    want = full if s.zoom == "all" else max(full, s.seq_len)
-    return max(8, min(want, math.isqrt(MAX_FIGURE_CELLS // max(1, panels))))
+    rows, cols = zoom_region(s)
+    r, c = len(rows), len(cols)
+    f = max(1, math.ceil(math.sqrt(r * c * max(1, panels) / MAX_FIGURE_CELLS)))   # keeps r*c*panels within the bound
+    want = full if s.zoom == "all" else max(r, c)
+    return max(8, min(want, math.ceil(max(r, c) / f)))
 
 
 def _panel(s: Settings, z: np.ndarray, title: str, meta: dict | None = None) -> Panel:
