@@ -19,7 +19,8 @@ NUMBER_FIELDS = {f.name for f in fields(Settings) if f.type in ("int", "float")}
 # every control's label on the page (app.py builds the controls with these)
 LABELS = {
     "preset": "preset", "family": "model family", "weights": "weights", "seed": "seed (weights and inputs)",
-    "num_user": "user tokens", "num_history": "history length", "num_candidates": "candidates",
+    "num_user": "user tokens", "num_history": "history length",
+    "num_candidates": "candidates (slots, padded ones included)",
     "history_padding": "padded history slots", "candidate_padding": "padded candidate slots",
     "batch_size": f"batch size (1–{MAX_BATCH})", "row": "batch row shown",
     "emb_size": "emb size", "key_size": "key size", "num_q_heads": "query heads", "num_kv_heads": "KV heads",
