@@ -299,6 +299,8 @@ def slide_figure(fig: go.Figure, aspect: str = "16:9") -> go.Figure:
         if key.startswith(("xaxis", "yaxis")):
             axis = fig.layout[key]
             axis.tickfont.size = max(axis.tickfont.size or 0, MIN_TICK_PX)
+    if fig.layout.legend.font.size is not None:             # a legend sized for the page: slide size too
+        fig.layout.legend.font.size = max(fig.layout.legend.font.size, MIN_TICK_PX)
     for trace in fig.data:
         if getattr(trace, "colorbar", None) is not None and trace.type == "heatmap":
             trace.colorbar.tickfont.size = max(trace.colorbar.tickfont.size or 0, MIN_TICK_PX)
