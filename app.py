@@ -361,6 +361,10 @@ def timing_recorded(query: str, geometry: str, dtype: str, current, request: gr.
             f"now.\n\n{timing.recorded_summary()}")
 
 
+def timing_recorded_on_link(tab: str, query: str, geometry: str, dtype: str, current, request: gr.Request = None):
+    return timing_recorded(query, geometry, dtype, current, request) if tab == "timing" else [gr.skip()] * 5
+
+
 @guarded
 def export_endpoint(query: str, figure: str, fmt: str, aspect: str = "16:9", request: gr.Request = None):
     # mask, tile and timing figures need no model: they export at every preset (export.figure checks
@@ -983,6 +987,9 @@ def wire_timing(page: SimpleNamespace, t: SimpleNamespace) -> None:
     gr.on([t.lengths.input, t.backends.input], api_name="timing_check", trigger_mode="always_last", **check)
     page.tab["timing"].select(timing_recorded, [page.query, t.geometry, t.dtype, t.figures[0]], t.figures,
                               api_name="timing_recorded", **{**quiet, "queue": True})
+    # a link that opens on this tab (the lesson's timing step) draws the committed curves as well
+    page.tab_state.change(timing_recorded_on_link, [page.tab_state, page.query, t.geometry, t.dtype, t.figures[0]],
+                          t.figures, api_name="timing_recorded_on_link", **{**quiet, "queue": True})
 
 
 def wire_export(page: SimpleNamespace, e: SimpleNamespace) -> None:

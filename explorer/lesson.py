@@ -144,8 +144,8 @@ LESSON: tuple[Step, ...] = (
          "candidate tile computes its hidden pairs.", figure="kernel-plot",
          check=skipped_work_share),
     Step("flash", "Timing", NANO, "timing",
-         "Whether skipping pays is measured, never assumed: Run times naive attention against the kernels on "
-         "this machine, beside the committed runs."),
+         "Whether skipping pays is measured, never assumed: R (or Run) times naive attention against the kernels "
+         "at this shape, live on this machine."),
 )
 
 

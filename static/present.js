@@ -156,6 +156,11 @@ window.explorer = window.explorer || {};
         if (ev.key === 'Escape') { ev.preventDefault(); P.leave(); return; }
         if (ev.key === 'n' || ev.key === 'N') { ev.preventDefault(); P.go(1); return; }
         if (ev.key === 'p' || ev.key === 'P') { ev.preventDefault(); P.go(-1); return; }
+        if ((ev.key === 'r' || ev.key === 'R') && tab() === 'timing') {      // the Timing tab's Run, measured live
+            const run = [...document.querySelectorAll('button')].find((b) => b.textContent.trim() === 'Run');
+            if (run && !run.disabled) { ev.preventDefault(); run.click(); }
+            return;
+        }
         if (KEYS[ev.key]) {
             ev.preventDefault();
             P.queue.push(KEYS[ev.key]);
@@ -191,7 +196,8 @@ window.explorer = window.explorer || {};
         }
         if (P.on) {
             const keys = text('div', 'present-keys', '← → query row · ↑ ↓ head · PgUp PgDn layer');
-            keys.append(document.createElement('br'), (data().steps.length ? 'N P lesson step · ' : '') + 'Esc leave');
+            keys.append(document.createElement('br'), (tab() === 'timing' ? 'R run · ' : '')
+                        + (data().steps.length ? 'N P lesson step · ' : '') + 'Esc leave');
             bar.append(keys);
         } else {
             const b = text('button', 'present-nav', 'Present');
