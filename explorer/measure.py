@@ -147,12 +147,22 @@ class Run:
     later run can clear it) and a deadline. Checked before every timed block, so a run ends within one
     block (or one backend's warm-up) of either."""
 
-    def __init__(self, budget_s: Optional[float] = None):
+    def __init__(self, budget_s: Optional[float] = None, compile_allowance_s: float = 0.0):
         self.flag = threading.Event()
         self.deadline = None if budget_s is None else time.perf_counter() + budget_s
+        self.compile_left = compile_allowance_s      # warm-up time (compiles) that does not spend the budget
 
     def cancel(self) -> None:
         self.flag.set()
+
+    def warmed_up(self, seconds: float) -> None:
+        """A backend's warm-up took `seconds` (a FlexAttention compile: ~20-40 s on a CPU): up to the
+        run's compile allowance, the deadline moves by as much, so a first compile does not use up
+        the budget of the measurements themselves."""
+        extra = min(max(seconds, 0.0), self.compile_left)
+        self.compile_left -= extra
+        if self.deadline is not None:
+            self.deadline += extra
 
     def stopped(self) -> Optional[str]:
         """None while the run may go on, else why it ends: 'cancelled' or 'time budget spent'."""
@@ -357,8 +367,10 @@ def measure_shape(backends: list[str], *, mask: str = "recsys", B: int = 1, Hq: 
                     if inputs is None:
                         inputs = make_inputs(B, Hq, Hkv, head_dim, T, dtype, device, seed=seed)
                     call = functools.partial(_call, b, *inputs, attn_mask, head_dim ** -0.5, cap, cap_method)
+                    warm = time.perf_counter()
                     out = call()                  # warm-up: compilation and mask caches happen here
                     _sync(device)
+                    run.warmed_up(time.perf_counter() - warm)
                     t0 = time.perf_counter()
                     peak = peak_memory_bytes(call, device)
                     one_call_ms = (time.perf_counter() - t0) * 1e3

@@ -189,3 +189,18 @@ def test_statuses_are_an_enum_with_a_reason_and_old_files_read_the_same(tmp_path
     assert [(x["status"], x["reason"]) for x in data["records"]] == [
         (bench.Status.SKIPPED, r["reason"]), (bench.Status.NOT_REACHED, "time budget spent"),
         (bench.Status.ERROR, "RuntimeError: boom"), (bench.Status.OOM, "out of memory"), (bench.Status.OK, "")]
+
+
+def test_a_warm_up_within_the_compile_allowance_does_not_spend_the_budget():
+    """A first FlexAttention compile (~20-40 s on a CPU) must not use up a live run's budget before
+    anything is timed: warm-up time moves the deadline, up to the run's allowance, and no further."""
+    run = bench.Run(budget_s=10.0, compile_allowance_s=5.0)
+    start = run.deadline
+    run.warmed_up(3.0)
+    assert run.deadline == pytest.approx(start + 3.0) and run.compile_left == pytest.approx(2.0)
+    run.warmed_up(4.0)                                  # only what is left of the allowance
+    assert run.deadline == pytest.approx(start + 5.0) and run.compile_left == 0
+    plain = bench.Run(budget_s=10.0)                    # the CLI's runs: warm-ups count as they always did
+    before = plain.deadline
+    plain.warmed_up(3.0)
+    assert plain.deadline == before
