@@ -298,3 +298,20 @@ def test_a_colour_change_is_drawn_in_the_browser_as_the_server_draws_it(page, qu
     assert drawn["bar"] == bar.title.text and drawn["title"] == fig.layout.title.text
     assert drawn["ticktext"] == (list(bar.ticktext) if bar.ticktext is not None else drawn["ticktext"])
     assert drawn["hover"] == maps[0].hovertemplate
+
+
+def test_an_emptied_or_non_numeric_number_box_is_marked_not_silently_reset(page):
+    open_attention(page)
+    seed = page.get_by_label("seed (weights and inputs)")
+    for typed in ("", "1e"):             # "1e": what a number box holds mid-typing; its value is not a number
+        seed.fill("")
+        seed.press_sequentially(typed)
+        seed.press("Enter")
+        marked = page.locator(".invalid")
+        marked.first.wait_for(timeout=20_000)
+        assert marked.count() == 1 and "seed: empty (or not a number)" in marked.first.inner_text()
+        assert "last valid settings" in page.locator("#limit-note").inner_text()
+    seed.fill("3")
+    seed.press("Enter")
+    page.wait_for_function("() => !document.querySelector('.invalid') && window.location.search.includes('seed=3')",
+                           timeout=20_000)
