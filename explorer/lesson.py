@@ -159,6 +159,7 @@ def index_markdown() -> str:
     """Every step as a link, by story, for the page's lesson list."""
     lines = []
     for key, name in STORIES.items():
-        lines.append(f"**{name}**")
+        lines += [f"**{name}**", ""]
         lines += [f"- step {i + 1}: [{st.title}]({st.link(i)})" for i, st in enumerate(LESSON) if st.story == key]
+        lines.append("")
     return "\n".join(lines)
