@@ -343,7 +343,7 @@ ATTACKS = {
     "1 fresh session per heavy result": "/mask (T 2048) and a zoomed 16 x 8 attention grid, a new session hash each",
     "2 one session floods /isolation": "12 joins at once from one session, again every 2 s",
     "3 minted sessions take a lane": "8 /attention and 4 /export_figure joins, a new session hash each",
-    "4 uploads fill the store": "phoenix-nano weights (45 MB) from 5 sessions in turn",
+    "4 uploads fill the store": "phoenix-nano weights (45 MB), a new session each",
     "5 huge results": "/mask at T 2048 with the history tail at full resolution, in a loop",
     "6 raw upload route": "50 MB bodies to /gradio_api/upload in a loop",
 }
@@ -433,15 +433,16 @@ def attacker(kind: str, url: str, stop_at: list, records: list, lock: threading.
                     code, text = raw.join("export_figure", [LECTURE_Q, "attention", "png", "16:9"], fresh())
                     note("/export_figure join", None if code == 200 else f"HTTP {code}: {text}", t0)
                 time.sleep(1.0)
-            elif kind.startswith("4"):
-                from gradio_client import Client, handle_file
-                client = Client(url, verbose=False, headers={"X-Forwarded-For": ATTACKER})
-                try:
-                    client.predict("preset=phoenix-nano&weights=random", handle_file(str(upload_file)),
-                                   api_name="/upload_weights")
-                    note("upload", None, t0)
-                except Exception as e:          # noqa: BLE001 — a refusal or not, recorded either way
-                    note("upload", f"{type(e).__name__}: {e}", t0)
+            elif kind.startswith("4"):       # the file through the raw route, then the upload event
+                r = raw.http.post(f"{url}gradio_api/upload", headers=raw.headers(),
+                                  files={"files": ("nano.safetensors", upload_file.read_bytes())})
+                if r.status_code != 200:
+                    note("upload", f"HTTP {r.status_code}: {r.text[:200]}", t0)
+                    continue
+                path = json.loads(r.text)[0]
+                RAW_UPLOADS.append(path)
+                note("upload", raw.call("upload_weights", ["preset=phoenix-nano&weights=random", {
+                    "path": path, "orig_name": "nano.safetensors", "meta": {"_type": "gradio.FileData"}}], fresh()), t0)
             elif kind.startswith("5"):
                 note("/mask", raw.call("mask", [FULL_MASK], fresh()), t0)
             else:

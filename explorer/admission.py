@@ -103,7 +103,7 @@ FORWARDS_AT_ONCE = 4 if torch.cuda.is_available() else max(1, min(4, os.cpu_coun
 LANES: dict[str, Lane] = {lane.name: lane for lane in (
     Lane("forward", "model views", running=FORWARDS_AT_ONCE, waiting=48, per_visitor=4, per_address=12),
     # the mask view (no model): one address holds fewer than run at once, so others always find a slot
-    Lane("light", "mask views", running=4, waiting=64, per_visitor=2, per_address=3),
+    Lane("light", "mask views", running=6, waiting=64, per_visitor=2, per_address=3),
     # a new Run replaces the visitor's running sweep, so only waiting ones count
     Lane("timing", "timing sweeps", running=1, waiting=4, per_visitor=1, per_address=1, count_running=False),
     Lane("export", "exports", running=1, waiting=4, per_visitor=1, per_address=2),
