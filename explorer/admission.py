@@ -101,7 +101,7 @@ class Lane:
 FORWARDS_AT_ONCE = 4 if torch.cuda.is_available() else max(1, min(4, os.cpu_count() or 1))
 
 LANES: dict[str, Lane] = {lane.name: lane for lane in (
-    Lane("forward", "model views", running=FORWARDS_AT_ONCE, waiting=48, per_visitor=4, per_address=12),
+    Lane("forward", "model views", running=FORWARDS_AT_ONCE, waiting=48, per_visitor=4, per_address=6),
     # the mask view (no model): one address holds fewer than run at once, so others always find a slot
     Lane("light", "mask views", running=6, waiting=64, per_visitor=2, per_address=3),
     # a new Run replaces the visitor's running sweep, so only waiting ones count
