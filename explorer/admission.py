@@ -242,7 +242,7 @@ class RateShare:
 MAX_JSON_BODY_BYTES = 1 * 2**20         # the page's largest event (every control at once) is ~20 KB
 MAX_ERROR_BODY_BYTES = 4096             # a refusal that would echo a visitor's inputs is cut to this
 DRAIN_BYTES = 256 * 2**20               # a refused body up to this is read (and dropped) before the answer
-UPLOAD_ROUTE_SHARE = dict(max_bytes=600 * 2**20, max_calls=20, window_s=3600.0)   # per visitor, raw upload route
+UPLOAD_ROUTE_SHARE = dict(max_bytes=400 * 2**20, max_calls=12, window_s=3600.0)   # per visitor, raw upload route
 
 
 def _json_response(status: int, detail: str) -> tuple[dict, dict]:
