@@ -315,3 +315,34 @@ def test_an_emptied_or_non_numeric_number_box_is_marked_not_silently_reset(page)
     seed.press("Enter")
     page.wait_for_function("() => !document.querySelector('.invalid') && window.location.search.includes('seed=3')",
                            timeout=20_000)
+
+
+TIME_TRACES = """() => {
+    const gd = document.querySelector('#time-plot .js-plotly-plot');
+    return gd && gd.data ? gd.data.filter(t => t.meta).map(t => [t.meta, t.line.color, t.line.dash, t.x.length]) : null;
+}"""
+
+
+def test_a_timing_run_keeps_the_recorded_curves_in_view_and_stop_keeps_its_points(page):
+    """The recorded curves are drawn before Run and stay while measuring; measured points appear solid in
+    the backend's own colour beside its dotted recorded curve; Stop says how far the run got and the
+    points measured so far stay drawn."""
+    page.goto(page.base_url + "?preset=lecture")
+    wait_for_plot(page, "mask-plot")
+    page.get_by_role("tab", name="6 · Flash vs naive").click()
+    page.wait_for_function(f"(({TIME_TRACES})() || []).length > 0", timeout=60_000)
+    recorded = page.evaluate(TIME_TRACES)
+    assert recorded and all("recorded on" in meta and dash == "dot" for meta, _, dash, _ in recorded)
+    page.get_by_label("sequence lengths T").fill("16, 24, 32, 2048")
+    page.get_by_label("sequence lengths T").press("Tab")
+    page.get_by_role("button", name="Run", exact=True).click()
+    page.wait_for_function(f"(({TIME_TRACES})() || []).some(t => t[0].includes('measured now') && t[3] >= 2)",
+                           timeout=120_000)
+    page.get_by_role("button", name="Stop", exact=True).click()
+    page.wait_for_function("() => /Stopped after \\d of 4 lengths/.test(document.body.innerText)", timeout=30_000)
+    drawn = page.evaluate(TIME_TRACES)
+    colour = {meta.split(" · ")[0]: c for meta, c, _, _ in recorded}
+    live = [t for t in drawn if "measured now" in t[0]]
+    assert live and all(dash == "solid" and n >= 2 for _, _, dash, n in live)
+    assert all(c == colour[meta.split(" · ")[0]] for meta, c, _, _ in live if meta.split(" · ")[0] in colour)
+    assert {t[0] for t in recorded} <= {t[0] for t in drawn}            # the recorded curves stayed
