@@ -340,6 +340,19 @@ def timing_lengths(query: str, geometry: str, request: gr.Request = None):
                                                   s.num_candidates))
 
 
+@guarded
+def timing_lengths_kept(query: str, geometry: str, lengths: str, request: gr.Request = None):
+    """On opening the tab: the lengths typed stay while they fit the sidebar's candidates, else the
+    defaults for them (phoenix-2026's 128 candidate slots need T > 128)."""
+    s = settings_of(query, request, need_model=False)
+    g = timing.geometry(s, geometry, timing.dtypes()[0])
+    try:
+        timing.parse_lengths(lengths, g.num_candidates)
+        return gr.skip()
+    except ValidationError:
+        return timing_lengths(query, geometry, request)
+
+
 def timing_check(query: str, lengths: str, backends, geometry: str, dtype: str, request: gr.Request = None):
     """Checked as the controls change, before Run: the message sits under the controls and Run is
     disabled while something is wrong."""
@@ -984,6 +997,8 @@ def wire_timing(page: SimpleNamespace, t: SimpleNamespace) -> None:
           api_name="timing_options", **quiet).then(api_name="timing_check_after_options", **check)
     t.geometry.input(timing_lengths, [page.query, t.geometry], t.lengths, api_name="timing_lengths", **quiet) \
         .then(api_name="timing_check_after_lengths", **check)
+    page.tab["timing"].select(timing_lengths_kept, [page.query, t.geometry, t.lengths], t.lengths,
+                              api_name="timing_lengths_kept", **quiet).then(api_name="timing_check_after_kept", **check)
     gr.on([t.lengths.input, t.backends.input], api_name="timing_check", trigger_mode="always_last", **check)
     page.tab["timing"].select(timing_recorded, [page.query, t.geometry, t.dtype, t.figures[0]], t.figures,
                               api_name="timing_recorded", **{**quiet, "queue": True})

@@ -194,6 +194,13 @@ def test_production_presets_time_and_export_on_a_cpu(client):
         client.predict(query, "attention", "png", api_name="/export_figure")
 
 
+def test_opening_the_timing_tab_keeps_lengths_that_fit_and_replaces_those_that_do_not():
+    import app
+    assert app.timing_lengths_kept("preset=lecture", "model settings", "16, 32") == {"__type__": "update"}
+    fixed = app.timing_lengths_kept("preset=phoenix-2026", "model settings", "64, 128, 256, 512")["value"]
+    assert fixed == "256, 512, 1024, 2048"          # phoenix-2026 holds 128 candidate slots: T > 128
+
+
 def test_export_endpoint_png(client):
     path = client.predict(LECTURE, "mask", "png", api_name="/export_figure")
     assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
