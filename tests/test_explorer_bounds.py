@@ -57,8 +57,9 @@ def test_view_costs_grow_with_the_work_they_do():
         view_cost(s, "nope")
 
 
-@pytest.mark.parametrize("view, fn", [("attention", views.attention_view), ("isolation", views.isolation_view),
-                                      ("invariance", views.invariance_view), ("variants", views.bug_zoo_view)])
+@pytest.mark.parametrize("view, fn", [("attention", views.attention_view), ("anatomy", views.anatomy_view),
+                                      ("isolation", views.isolation_view), ("invariance", views.invariance_view),
+                                      ("variants", views.bug_zoo_view)])
 def test_a_request_past_the_budget_is_refused_by_name_before_it_runs(monkeypatch, view, fn):
     monkeypatch.setattr(settings, "CPU_MAX_REQUEST_FLOPS", 1e6)
     s = parse_query("preset=lecture&weights=random&seed=77&num_history=40")
