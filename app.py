@@ -1080,6 +1080,8 @@ def warm_up() -> None:
             runs.forward(settings_of(query))
         except Exception:               # a warm-up is best effort; the real request reports errors
             log.exception("warm-up of %s failed", query)
+    if os.environ.get("EXPLORER_PREWARM_FLEX", "1") == "0":     # the localhost launcher's tests and benchmarks
+        return
     try:                                # then flex's compiles for the timing tab's default Run
         timing.prewarm(settings_of("preset=lecture"))
     except Exception:
