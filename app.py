@@ -678,6 +678,8 @@ PICK_ROW = "() => explorer.pickRow()"
 COPY_LINK = "() => explorer.copyLink()"
 # display changes the page draws itself from the data it holds: control -> the page.js call (new link)
 IN_BROWSER = {"color": "(kind, q) => explorer.recolour(kind, q)"}
+# the query row, drawn by the page where the attention tab holds its row (else it counts a redraw)
+QUERY_ROW = "(v, q, n) => explorer.queryRow(v, q, n)"
 
 # what to look for, one line per tab
 LOOK_FOR = {
@@ -733,7 +735,9 @@ def page_header(d: Settings) -> SimpleNamespace:
         # never shown: triggers and outputs for the API-only endpoints
         hidden_q=gr.Textbox(visible=False), hidden_out=gr.Textbox(visible=False),
         # on the page but hidden by static/page.css: page.js writes a heatmap click here (pick_on_page)
-        pick=gr.Textbox(elem_id="pick", show_label=False, container=False))
+        pick=gr.Textbox(elem_id="pick", show_label=False, container=False),
+        # likewise: page.js counts here a query row change it could not draw itself (the server redraws)
+        query_redraw=gr.Textbox(elem_id="query-redraw", show_label=False, container=False))
 
 
 def source_controls(d: Settings, c: dict, page: SimpleNamespace) -> None:
@@ -788,7 +792,8 @@ def attention_tab(d: Settings, c: dict) -> list:
     with gr.Row():
         c["values"] = gr.Radio(list(VALUE_KINDS), value=d.values, label=LABELS["values"])
         c["color"] = gr.Radio(list(COLOR_SCALES), value=d.color, label=LABELS["color"])
-    return [gr.Plot(label="attention", elem_id="attention-plot"), gr.Plot(label="query row"), gr.Markdown()]
+    return [gr.Plot(label="attention", elem_id="attention-plot"), gr.Plot(label="query row", elem_id="query-bars-plot"),
+            gr.Markdown(elem_id="query-text")]
 
 
 def anatomy_tab(d: Settings, c: dict) -> list:
@@ -903,7 +908,8 @@ def wire_controls(page: SimpleNamespace, c: dict) -> None:
     """Any control -> validated query string + the visible tab redrawn, in one round trip; an invalid value
     is marked at its control and the rest keeps working. API clients get the same change, refused with
     the field named. A click on a heatmap cell sets its layer, head and query row together (PICK_ROW). The
-    colour scale is redrawn in the browser (IN_BROWSER): the next server change reads it from its control."""
+    colour scale is redrawn in the browser (IN_BROWSER), and the query row where the page holds it (QUERY_ROW,
+    else the server redraws): the next server change reads them from their controls."""
     controls = [c[f] for f in CONTROL_FIELDS]
     page.pick.change(pick_on_page, [page.pick] + controls + [page.tab_state, page.query, page.marked],
                     [page.query, page.marked, page.limit_md] + controls + page.view_outputs,
@@ -912,7 +918,11 @@ def wire_controls(page: SimpleNamespace, c: dict) -> None:
     for f, js in IN_BROWSER.items():    # no server request: the page redraws and writes the link
         picked(c[f])(None, [c[f], page.query], [page.query], js=js, api_name=f"{f}_in_browser", **HIDDEN, **RAW) \
             .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **HIDDEN)
-    gr.on([picked(c[f]) for f in CONTROL_FIELDS if f not in ("preset", "family", *IN_BROWSER)], control_change_on_page,
+    picked(c["query"])(None, [c["query"], page.query, page.query_redraw], [page.query, page.query_redraw], js=QUERY_ROW,
+                       api_name="query_in_browser", **HIDDEN, **RAW) \
+        .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **HIDDEN)
+    gr.on([picked(c[f]) for f in CONTROL_FIELDS if f not in ("preset", "family", "query", *IN_BROWSER)]
+          + [page.query_redraw.change], control_change_on_page,
           controls + [page.tab_state, page.query, page.marked],
           [page.query, page.marked, page.limit_md] + controls + page.view_outputs,
           api_name="render_on_change", trigger_mode="always_last", **figures_of(page.view_outputs), **HIDDEN,

@@ -132,7 +132,8 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
                    color: str = "linear", max_cells: int = 512, colorbar_title: str = "",
                    discrete: Optional[dict] = None, column_groups: Optional[list[str]] = None,
                    height: Optional[int] = None, row_title: str = "query", col_title: str = "key",
-                   outline_row: Optional[int] = None, max_bytes: Optional[int] = None) -> go.Figure:
+                   outline_row: Optional[int] = None, max_bytes: Optional[int] = None,
+                   page_meta: Optional[dict] = None) -> go.Figure:
     """The one heatmap builder. `panels` fill a grid row by row (None leaves a narrow spacer column);
     `discrete` maps values to legend names (masks); `color` is one of COLOR_SCALES (log and
     quantile hover the raw value, and the colour bar says which scale it is);
@@ -140,7 +141,8 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
     `outline_row` (a sequence position) is outlined in every panel whose rows hold it, around the row
     or pooled block that holds it. Panels with `row_spans` carry each row's first position in the
     trace's `meta.rows` and their own `meta` (layer, head) beside it, so a click on a cell picks the row,
-    layer and head (static/page.js). No per-cell strings: the hover reads the axis labels. Cells are
+    layer and head (static/page.js); `page_meta` joins the layout's meta for the page's own redraws.
+    No per-cell strings: the hover reads the axis labels. Cells are
     pooled further when the figure would pass `max_bytes` (default MAX_BYTES; masks MAX_BYTES_DISCRETE,
     sent as uint8); log and quantile colours send each cell twice (colour and raw value), so they pool more.
 
@@ -205,7 +207,8 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
     if column_groups:
         _group_labels(annotations, shapes, column_groups, xdom)
     if not discrete:        # what the page needs to recolour the figure itself (static/page.js recolour)
-        layout["meta"] = dict(colour=dict(title=title, bar=colorbar_title or value_name, zmin=zmin, zmax=zmax))
+        layout["meta"] = dict(colour=dict(title=title, bar=colorbar_title or value_name, zmin=zmin, zmax=zmax),
+                              **(page_meta or {}))
     if scale.note() and not discrete:
         title += f"<br><sup>{scale.note()}</sup>"
     layout.update(annotations=annotations, shapes=shapes, showlegend=bool(discrete), hovermode="closest",
@@ -376,7 +379,7 @@ def _row_outline(p: Panel, position: int, xref: str, yref: str) -> list[dict]:
     if i is None:
         return []
     box = dict(type="rect", x0=-0.5, x1=len(p.col_labels) - 0.5, y0=i - 0.5, y1=i + 0.5, xref=xref, yref=yref,
-               fillcolor="rgba(0,0,0,0)", layer="above")
+               fillcolor="rgba(0,0,0,0)", layer="above", name="query-outline")     # static/page.js moves it
     return [{**box, "line": dict(color="#FFFFFF", width=5)}, {**box, "line": dict(color="#000000", width=2)}]
 
 

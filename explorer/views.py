@@ -268,7 +268,7 @@ def attention_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
         fig = heatmap_figure(panels, cols=cols, title=f"Attention {s.values}: {shown}{row_note(s)}{zoom_note(s, n)}",
                              value_name=value_name, color=s.color, colorscale=scale,
                              max_cells=n, column_groups=groups, outline_row=s.query_position,
-                             zmin=0 if s.values == "probabilities" else None)
+                             zmin=0 if s.values == "probabilities" else None, page_meta=query_meta(s, 0))
         bar_head = 0
     else:
         vals = attention_values(s, s.layer)
@@ -278,10 +278,21 @@ def attention_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
                              f"{zoom_note(s, cells(s, SINGLE_MAX_CELLS))}",
                              value_name=value_name, color=s.color, colorscale=scale,
                              max_cells=cells(s, SINGLE_MAX_CELLS), zmin=0 if s.values == "probabilities" else None,
-                             outline_row=s.query_position)
+                             outline_row=s.query_position, page_meta=query_meta(s, s.head))
         bar_head = s.head
     bars, text = query_row_view(s, s.layer, bar_head)
     return fig, bars, text
+
+
+def query_meta(s: Settings, bar_head: int) -> dict:
+    """What the page needs to draw another query row itself (static/page.js queryRow): the bar chart's
+    panel (layer, head), the head chosen (-1: all), the first candidate (query -1) and, per query row, the
+    keys its mask hides ('1'). Only where the heatmap holds probabilities over whole rows."""
+    if s.values != "probabilities" or s.zoom != "all" or s.seq_len > 256:
+        return {}
+    hidden = ~mask_dense(s, s.mask_kind)
+    return dict(query=dict(layer=s.layer, head=bar_head, selected=s.head, offset=s.candidate_start_offset,
+                           masked=["".join("1" if m else "0" for m in row) for row in hidden]))
 
 
 def query_row_view(s: Settings, layer: int, head: int) -> tuple[go.Figure, str]:
@@ -291,9 +302,9 @@ def query_row_view(s: Settings, layer: int, head: int) -> tuple[go.Figure, str]:
     labels, seg = s.layout.token_labels(), s.layout.segments()
     fig = bar_figure(labels, probs, title=f"Where query {labels[q]} attends (layer {layer}, head {head})",
                      value_name="weight", segments=seg)
-    top = np.argsort(-probs)[:3]
+    top = np.argsort(-probs, kind="stable")[:3]          # ties in position order, as the page breaks them
     text = (f"Query **{labels[q]}** puts " + ", ".join(f"{probs[i]:.4f} on {labels[i]}" for i in top)
-            + f"; weights over masked keys sum to {probs[~mask_dense(s, s.mask_kind)[q]].sum():.3g}.")
+            + f"; weights over masked keys sum to {probs[~mask_dense(s, s.mask_kind)[q]].sum(dtype=np.float64):.3g}.")
     return fig, text
 
 

@@ -49,6 +49,9 @@ explorer.pickRow = () => {
                 const row = pt && (Array.isArray(pt.pointNumber) ? pt.pointNumber[0] : pt.pointNumber);
                 const box = document.querySelector('#pick textarea, #pick input');
                 if (!meta || !meta.rows || meta.rows[row] === undefined || !box) return;
+                // the same head's another row: drawn on the page where it holds it (explorer.setQueryBox)
+                if (id === 'attention-plot' && meta.head !== undefined
+                    && explorer.setQueryBox(meta.rows[row], meta.layer, meta.head)) return;
                 const pick = new URLSearchParams();
                 if (meta.layer !== undefined) pick.set('layer', meta.layer);
                 if (meta.head !== undefined) pick.set('head', meta.head);
@@ -190,4 +193,97 @@ explorer.recolour = (kind, q) => {
                       traces.map(([, i]) => i));            // one redraw for data and title
     }
     return explorer.withParam(q, 'color', kind, 'linear');
+};
+
+// Python's rounding of a value printed to `d` decimals: JS rounds an exact tie (0.03125 to 4 places) up,
+// Python to the even digit; float32 weights such as 1/32 are such ties.
+const towardZeroIfEvenTie = (v, d) => {
+    if (!isFinite(v) || v === 0 || d < 0 || d > 90) return v;
+    const s = Math.abs(v).toFixed(100), dot = s.indexOf('.');
+    if (!/^50*$/.test(s.slice(dot + 1 + d))) return v;
+    const digits = s.slice(0, dot) + s.slice(dot + 1, dot + 1 + d);
+    if (Number(digits[digits.length - 1]) % 2) return v;
+    const b = new Float64Array([v]);
+    new BigInt64Array(b.buffer)[0] -= 1n;               // one step toward zero
+    return b[0];
+};
+explorer.fmtF = (v, d) => towardZeroIfEvenTie(v, d).toFixed(d);
+const fmtG = explorer.fmtG;
+explorer.fmtG = (v, digits = 6) => {
+    if (!isFinite(v) || v === 0) return fmtG(v, digits);
+    const e = Number(Math.abs(v).toExponential(digits - 1).split('e')[1]);
+    return fmtG(towardZeroIfEvenTie(v, digits - 1 - e), digits);
+};
+
+const escapeHtml = (s) => String(s).replace(/[&<>"]/g, (ch) => ({'&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;'}[ch]));
+
+// The query row drawn on the page from what the attention tab holds (layout meta `query`, written by
+// explorer.views.query_meta): every panel's row outline moved, the bar chart and its sentence redrawn from
+// the panel's own weights, as explorer.views.query_row_view draws them. `v` is the query box's value
+// (-1: the first candidate). The sequence position drawn, or null where the page does not hold that row
+// (another tab, pooled rows, logits shown, a control marked invalid): then the server redraws.
+explorer.drawQueryRow = (v) => {
+    const gd = document.querySelector('#attention-plot .js-plotly-plot');
+    const bars = document.querySelector('#query-bars-plot .js-plotly-plot');
+    const meta = gd && gd.layout && gd.layout.meta && gd.layout.meta.query;
+    if (!meta || !bars || !bars.data || !bars.data[0] || !gd.getClientRects().length
+        || document.querySelector('.invalid') || !Number.isInteger(v) || v < -1) return null;
+    const labels = bars.data[0].x, T = labels.length;
+    const pos = v < 0 ? meta.offset : v;
+    const heat = gd.data.filter((t) => t.type === 'heatmap' && t.meta && t.meta.rows);
+    const src = heat.find((t) => t.meta.layer === meta.layer && t.meta.head === meta.head);
+    if (pos >= T || !src || heat.some((t) => t.meta.rows.length !== T || t.x.length !== T)) return null;
+    const raw = rowsOf(src.customdata !== undefined && src.customdata !== null ? src.customdata : src.z);
+    const probs = raw[pos];
+    const shapes = (gd.layout.shapes || []).filter((s) => s.name !== 'query-outline');
+    for (const t of heat) {
+        const i = t.meta.rows.indexOf(pos);
+        if (i < 0) continue;
+        const box = {type: 'rect', x0: -0.5, x1: t.x.length - 0.5, y0: i - 0.5, y1: i + 0.5, xref: t.xaxis || 'x',
+                     yref: t.yaxis || 'y', fillcolor: 'rgba(0,0,0,0)', layer: 'above', name: 'query-outline'};
+        shapes.push({...box, line: {color: '#FFFFFF', width: 5}}, {...box, line: {color: '#000000', width: 2}});
+    }
+    Plotly.relayout(gd, {shapes});
+    const title = (bars.layout.title && bars.layout.title.text) || '';
+    Plotly.update(bars, {y: [probs], text: [bars.data[0].text ? probs.map((p) => explorer.fmtG(p, 3)) : null]},
+                  {'title.text': title.replace(/^Where query .*? attends/, `Where query ${labels[pos]} attends`)}, [0]);
+    const top = probs.map((p, i) => i).sort((a, b) => probs[b] - probs[a]).slice(0, 3);   // stable: ties by position
+    let masked = 0;
+    [...meta.masked[pos]].forEach((ch, i) => { if (ch === '1') masked += probs[i]; });
+    const text = document.querySelector('#query-text .prose') || document.querySelector('#query-text');
+    if (text) {
+        text.innerHTML = `<p>Query <strong>${escapeHtml(labels[pos])}</strong> puts `
+            + top.map((i) => `${explorer.fmtF(probs[i], 4)} on ${escapeHtml(labels[i])}`).join(', ')
+            + `; weights over masked keys sum to ${explorer.fmtG(masked, 3)}.</p>`;
+    }
+    return pos;
+};
+
+// The query box's change (typed, a click, presentation mode's keys): drawn on the page where it can be,
+// the link written as the server writes it; else the count in #query-redraw goes up and the server redraws.
+explorer.queryRow = (v, q, n) => (explorer.drawQueryRow(v) === null
+    ? [q, String(Number(n || 0) + 1)]
+    : [explorer.withParam(q, 'query', String(v), '-1'), n]);
+
+// Sets the query box to sequence position `pos` as a visitor's typing would (its change runs queryRow);
+// only where the attention tab shows one head and the page holds its rows. True when set.
+explorer.setQueryBox = (pos, layer, head) => {
+    const gd = document.querySelector('#attention-plot .js-plotly-plot');
+    const meta = gd && gd.layout && gd.layout.meta && gd.layout.meta.query;
+    const box = document.querySelector('#query-row input');
+    if (!meta || !box || !gd.getClientRects().length || (head !== undefined && (meta.selected !== head || meta.layer !== layer))
+        || pos < 0 || pos >= meta.masked.length) return false;
+    box.value = String(pos);
+    box.dispatchEvent(new Event('input', {bubbles: true}));
+    return true;
+};
+
+// presentation mode's ← →: the query row stepped on the page (stops at the ends, as controls.step_view)
+explorer.stepQueryRow = (delta) => {
+    const gd = document.querySelector('#attention-plot .js-plotly-plot');
+    const meta = gd && gd.layout && gd.layout.meta && gd.layout.meta.query;
+    const box = document.querySelector('#query-row input');
+    if (!meta || !box || box.value === '' || !Number.isInteger(Number(box.value))) return false;
+    const v = Number(box.value), cur = v < 0 ? meta.offset : v;
+    return explorer.setQueryBox(Math.min(meta.masked.length - 1, Math.max(0, cur + delta)));
 };

@@ -1,6 +1,7 @@
 // Presentation mode and the guided lesson (explorer/lesson.py). `present=1` in the link, or the Present
 // button, lays the open tab's main figure over the whole window in lecture fonts; the keys step the query
-// row, the head and the layer (one server round trip, several presses sent together), N / P walk the
+// row (on the page where it holds the row, explorer.stepQueryRow), the head and the layer (one server
+// round trip, several presses sent together), N / P walk the
 // lesson's steps (each a link of the app), Esc leaves. The lesson's data comes from app.py as
 // explorer.lessonData = {steps: [{story, title, link, claim, tab, figure}], main: {tab: figure id}}.
 window.explorer = window.explorer || {};
@@ -163,6 +164,8 @@ window.explorer = window.explorer || {};
         }
         if (KEYS[ev.key]) {
             ev.preventDefault();
+            const step = {'query+': 1, 'query-': -1}[KEYS[ev.key]];     // drawn on the page where it can be
+            if (step && !P.busy && !P.queue.length && explorer.stepQueryRow(step)) return;
             P.queue.push(KEYS[ev.key]);
             P.flush();
         }

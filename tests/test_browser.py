@@ -346,3 +346,76 @@ def test_a_timing_run_keeps_the_recorded_curves_in_view_and_stop_keeps_its_point
     assert live and all(dash == "solid" and n >= 2 for _, _, dash, n in live)
     assert all(c == colour[meta.split(" · ")[0]] for meta, c, _, _ in live if meta.split(" · ")[0] in colour)
     assert {t[0] for t in recorded} <= {t[0] for t in drawn}            # the recorded curves stayed
+
+
+# the query row as drawn: the attention figure's row outlines, the bar chart and its sentence
+QUERY_DRAWN = """() => {
+    const gd = document.querySelector('#attention-plot .js-plotly-plot');
+    const bars = document.querySelector('#query-bars-plot .js-plotly-plot');
+    return {outlines: (gd.layout.shapes || []).filter((s) => s.name === 'query-outline')
+                .map((s) => [s.xref, s.yref, s.x0, s.x1, s.y0, s.y1, s.line.width]),
+            y: Array.from(bars.data[0].y), text: bars.data[0].text ? Array.from(bars.data[0].text) : null,
+            title: bars.layout.title.text, sentence: document.querySelector('#query-text').innerText.trim()};
+}"""
+
+
+@pytest.mark.parametrize("query,how", [("preset=lecture&head=0", "typed"), ("preset=lecture&head=-1&layer=1", "typed"),
+                                       ("preset=lecture&head=2&color=log", "click"),
+                                       ("preset=lecture&head=1&tab=attention&present=1", "key")])
+def test_a_query_row_change_is_drawn_in_the_browser_as_the_server_draws_it(page, query, how):
+    """At lecture (rows drawn one by one) a query row typed, clicked or stepped with → sends no request; the
+    outlines, the bars (float32 weights, exactly), their labels, the title and the sentence equal what the
+    server draws for the new link. A later server redraw (values) keeps the new row."""
+    import numpy as np
+    from explorer import views
+    from explorer.settings import parse_query
+
+    if how == "key":                                    # presenting: the figure covers the tabs
+        page.goto(page.base_url + "?" + query)
+        wait_for_plot(page, "attention-plot")
+        page.wait_for_function("() => document.body.classList.contains('presenting')", timeout=30_000)
+    else:
+        open_attention(page, query)
+    before = page.evaluate(QUERY_DRAWN)
+    requests = server_requests(page)
+    if how == "typed":
+        page.locator("#query-row input").fill("2")
+    elif how == "click":
+        grid = page.evaluate(HEATMAP_GRID)
+        page.mouse.click(grid["left"] + grid["width"] / 2, grid["top"] + 2.5 * grid["height"] / grid["rows"])
+    else:
+        page.keyboard.press("ArrowRight")
+    page.wait_for_function("() => new URLSearchParams(window.location.search).get('query') !== null", timeout=10_000)
+    page.wait_for_timeout(500)                     # anything the change would send has been sent
+    assert requests == [], requests
+    link = urlparse(page.url).query.split("&tab=")[0]
+    assert page.locator("#query textarea, #query input").first.input_value() == link
+    s = parse_query(link)
+    assert page.locator("#query-row input").input_value() == str(s.query)
+    drawn = page.evaluate(QUERY_DRAWN)
+    fig, bars, text = views.attention_view(s)
+    want = sorted([s.xref, s.yref, s.x0, s.x1, s.y0, s.y1, s.line.width] for s in fig.layout.shapes
+                  if s.name == "query-outline")
+    assert sorted(drawn["outlines"]) == want and drawn["outlines"] != before["outlines"]
+    np.testing.assert_array_equal(np.float32(drawn["y"]), np.float32(bars.data[0].y))
+    assert drawn["text"] == (list(bars.data[0].text) if bars.data[0].text is not None else None)
+    assert drawn["title"] == bars.layout.title.text and drawn["sentence"] == text.replace("**", "")
+    assert drawn["y"] != before["y"]
+
+    if how == "key":
+        page.keyboard.press("Escape")                   # the controls in view again
+        page.wait_for_function("() => !document.body.classList.contains('presenting')", timeout=10_000)
+    page.get_by_label("capped logits").check()          # the server's next redraw reads the new row
+    page.wait_for_function("() => new URLSearchParams(window.location.search).get('values') !== null", timeout=30_000)
+    page.wait_for_function(f"(t) => ({QUERY_DRAWN})().title === t", arg=bars.layout.title.text, timeout=30_000)
+
+
+def test_a_query_row_the_page_does_not_hold_is_drawn_by_the_server(page):
+    """Logits shown: the bars are probabilities the page does not hold, so the server redraws the row."""
+    open_attention(page, "preset=lecture&head=0&values=capped+logits")
+    requests = server_requests(page)
+    page.locator("#query-row input").fill("2")
+    page.wait_for_function(f"() => ({QUERY_DRAWN})().title.startsWith('Where query ' + "
+                           f"document.querySelector('#query-bars-plot .js-plotly-plot').data[0].x[2] + ' ')",
+                           timeout=30_000)
+    assert requests and "query=2" in page.url
