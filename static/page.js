@@ -221,17 +221,19 @@ const escapeHtml = (s) => String(s).replace(/[&<>"]/g, (ch) => ({'&': '&amp;', '
 // explorer.views.query_meta): every panel's row outline moved, the bar chart and its sentence redrawn from
 // the panel's own weights, as explorer.views.query_row_view draws them. `v` is the query box's value
 // (-1: the first candidate). The sequence position drawn, or null where the page does not hold that row
-// (another tab, pooled rows, logits shown, a control marked invalid): then the server redraws.
-explorer.drawQueryRow = (v) => {
+// (another tab, pooled rows, logits shown, a control marked invalid): then the server redraws. `layer`
+// (the bars' layer; in the every-head grid another layer's head-0 panel is on the page too) is kept
+// unless given.
+explorer.drawQueryRow = (v, layer) => {
     const gd = document.querySelector('#attention-plot .js-plotly-plot');
     const bars = document.querySelector('#query-bars-plot .js-plotly-plot');
     const meta = gd && gd.layout && gd.layout.meta && gd.layout.meta.query;
     if (!meta || !bars || !bars.data || !bars.data[0] || !gd.getClientRects().length
         || document.querySelector('.invalid') || !Number.isInteger(v) || v < -1) return null;
-    const labels = bars.data[0].x, T = labels.length;
+    const labels = bars.data[0].x, T = labels.length, L = layer === undefined ? meta.layer : layer;
     const pos = v < 0 ? meta.offset : v;
     const heat = gd.data.filter((t) => t.type === 'heatmap' && t.meta && t.meta.rows);
-    const src = heat.find((t) => t.meta.layer === meta.layer && t.meta.head === meta.head);
+    const src = heat.find((t) => t.meta.layer === L && t.meta.head === meta.head);
     if (pos >= T || !src || heat.some((t) => t.meta.rows.length !== T || t.x.length !== T)) return null;
     const raw = rowsOf(src.customdata !== undefined && src.customdata !== null ? src.customdata : src.z);
     const probs = raw[pos];
@@ -246,7 +248,9 @@ explorer.drawQueryRow = (v) => {
     Plotly.relayout(gd, {shapes});
     const title = (bars.layout.title && bars.layout.title.text) || '';
     Plotly.update(bars, {y: [probs], text: [bars.data[0].text ? probs.map((p) => explorer.fmtG(p, 3)) : null]},
-                  {'title.text': title.replace(/^Where query .*? attends/, `Where query ${labels[pos]} attends`)}, [0]);
+                  {'title.text': title.replace(/^Where query .*? attends \(layer \d+,/,
+                                               `Where query ${labels[pos]} attends (layer ${L},`)}, [0]);
+    meta.layer = L;
     const top = probs.map((p, i) => i).sort((a, b) => probs[b] - probs[a]).slice(0, 3);   // stable: ties by position
     let masked = 0;
     [...meta.masked[pos]].forEach((ch, i) => { if (ch === '1') masked += probs[i]; });
@@ -264,6 +268,25 @@ explorer.drawQueryRow = (v) => {
 explorer.queryRow = (v, q, n) => (explorer.drawQueryRow(v) === null
     ? [q, String(Number(n || 0) + 1)]
     : [explorer.withParam(q, 'query', String(v), '-1'), n]);
+
+// The layer box's change: in the every-head grid the bars are drawn from that layer's head-0 panel on the
+// page (nothing else in the view depends on the layer); elsewhere the server redraws, as for queryRow.
+explorer.layerPick = (layer, v, q, n) => (explorer.drawQueryRow(v, layer) === null
+    ? [q, String(Number(n || 0) + 1)]
+    : [explorer.withParam(q, 'layer', String(layer), '0'), n]);
+
+// presentation mode's PgUp PgDn in the every-head grid: the layer stepped on the page (stops at the ends)
+explorer.stepLayer = (delta) => {
+    const gd = document.querySelector('#attention-plot .js-plotly-plot');
+    const meta = gd && gd.layout && gd.layout.meta && gd.layout.meta.query;
+    const box = document.querySelector('#layer-box input');
+    if (!meta || !box || meta.selected !== -1 || !gd.getClientRects().length) return false;
+    const layers = gd.data.filter((t) => t.type === 'heatmap' && t.meta && t.meta.head === meta.head).map((t) => t.meta.layer);
+    const next = Math.min(Math.max(...layers), Math.max(0, meta.layer + delta));
+    box.value = String(next);
+    box.dispatchEvent(new Event('input', {bubbles: true}));
+    return true;
+};
 
 // Sets the query box to sequence position `pos` as a visitor's typing would (its change runs queryRow);
 // only where the attention tab shows one head and the page holds its rows. True when set.

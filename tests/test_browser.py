@@ -361,16 +361,19 @@ QUERY_DRAWN = """() => {
 
 @pytest.mark.parametrize("query,how", [("preset=lecture&head=0", "typed"), ("preset=lecture&head=-1&layer=1", "typed"),
                                        ("preset=lecture&head=2&color=log", "click"),
-                                       ("preset=lecture&head=1&tab=attention&present=1", "key")])
+                                       ("preset=lecture&head=1&tab=attention&present=1", "key"),
+                                       ("preset=lecture&head=-1&query=3", "layer typed"),
+                                       ("preset=lecture&head=-1&tab=attention&present=1", "layer key")])
 def test_a_query_row_change_is_drawn_in_the_browser_as_the_server_draws_it(page, query, how):
-    """At lecture (rows drawn one by one) a query row typed, clicked or stepped with → sends no request; the
-    outlines, the bars (float32 weights, exactly), their labels, the title and the sentence equal what the
-    server draws for the new link. A later server redraw (values) keeps the new row."""
+    """At lecture (rows drawn one by one) a query row typed, clicked or stepped with →, or in the every-head
+    grid a layer typed or stepped with PgDn, sends no request; the outlines, the bars (float32 weights,
+    exactly), their labels, the title, the sentence and the link equal what the server draws and writes for
+    the new link. A later server redraw (values) keeps the new row and layer."""
     import numpy as np
     from explorer import views
-    from explorer.settings import parse_query
+    from explorer.settings import parse_query, to_query
 
-    if how == "key":                                    # presenting: the figure covers the tabs
+    if how.endswith("key"):                             # presenting: the figure covers the tabs
         page.goto(page.base_url + "?" + query)
         wait_for_plot(page, "attention-plot")
         page.wait_for_function("() => document.body.classList.contains('presenting')", timeout=30_000)
@@ -383,26 +386,33 @@ def test_a_query_row_change_is_drawn_in_the_browser_as_the_server_draws_it(page,
     elif how == "click":
         grid = page.evaluate(HEATMAP_GRID)
         page.mouse.click(grid["left"] + grid["width"] / 2, grid["top"] + 2.5 * grid["height"] / grid["rows"])
-    else:
+    elif how == "key":
         page.keyboard.press("ArrowRight")
-    page.wait_for_function("() => new URLSearchParams(window.location.search).get('query') !== null", timeout=10_000)
+    elif how == "layer typed":
+        page.get_by_label("layer", exact=True).fill("1")
+    else:
+        page.keyboard.press("PageDown")
+    field = "layer" if how.startswith("layer") else "query"
+    page.wait_for_function(f"() => new URLSearchParams(window.location.search).get('{field}') !== null", timeout=10_000)
     page.wait_for_timeout(500)                     # anything the change would send has been sent
     assert requests == [], requests
     link = urlparse(page.url).query.split("&tab=")[0]
     assert page.locator("#query textarea, #query input").first.input_value() == link
     s = parse_query(link)
+    assert to_query(s) == link                         # as the server writes it
     assert page.locator("#query-row input").input_value() == str(s.query)
+    assert page.get_by_label("layer", exact=True).input_value() == str(s.layer)
     drawn = page.evaluate(QUERY_DRAWN)
     fig, bars, text = views.attention_view(s)
     want = sorted([s.xref, s.yref, s.x0, s.x1, s.y0, s.y1, s.line.width] for s in fig.layout.shapes
                   if s.name == "query-outline")
-    assert sorted(drawn["outlines"]) == want and drawn["outlines"] != before["outlines"]
+    assert sorted(drawn["outlines"]) == want and (field == "layer" or drawn["outlines"] != before["outlines"])
     np.testing.assert_array_equal(np.float32(drawn["y"]), np.float32(bars.data[0].y))
     assert drawn["text"] == (list(bars.data[0].text) if bars.data[0].text is not None else None)
     assert drawn["title"] == bars.layout.title.text and drawn["sentence"] == text.replace("**", "")
     assert drawn["y"] != before["y"]
 
-    if how == "key":
+    if how.endswith("key"):
         page.keyboard.press("Escape")                   # the controls in view again
         page.wait_for_function("() => !document.body.classList.contains('presenting')", timeout=10_000)
     page.get_by_label("capped logits").check()          # the server's next redraw reads the new row
@@ -410,12 +420,21 @@ def test_a_query_row_change_is_drawn_in_the_browser_as_the_server_draws_it(page,
     page.wait_for_function(f"(t) => ({QUERY_DRAWN})().title === t", arg=bars.layout.title.text, timeout=30_000)
 
 
-def test_a_query_row_the_page_does_not_hold_is_drawn_by_the_server(page):
-    """Logits shown: the bars are probabilities the page does not hold, so the server redraws the row."""
-    open_attention(page, "preset=lecture&head=0&values=capped+logits")
+@pytest.mark.parametrize("query,field", [("preset=lecture&head=0&values=capped+logits", "query"),
+                                         ("preset=lecture&head=0", "layer")])
+def test_a_query_row_or_layer_the_page_does_not_hold_is_drawn_by_the_server(page, query, field):
+    """Logits shown (the bars are probabilities the page does not hold), or another layer of a one-head view:
+    the server redraws the row."""
+    open_attention(page, query)
     requests = server_requests(page)
-    page.locator("#query-row input").fill("2")
-    page.wait_for_function(f"() => ({QUERY_DRAWN})().title.startsWith('Where query ' + "
-                           f"document.querySelector('#query-bars-plot .js-plotly-plot').data[0].x[2] + ' ')",
-                           timeout=30_000)
-    assert requests and "query=2" in page.url
+    if field == "query":
+        page.locator("#query-row input").fill("2")
+        expect = "'Where query ' + document.querySelector('#query-bars-plot .js-plotly-plot').data[0].x[2] + ' '"
+    else:
+        page.get_by_label("layer", exact=True).fill("1")
+        expect = "'Attention probabilities: layer 1,'"
+        page.wait_for_function(f"() => (document.querySelector('#attention-plot .gtitle') || {{}}).textContent"
+                               f"?.startsWith({expect})", timeout=30_000)
+        expect = "'Where query C0 attends (layer 1'"
+    page.wait_for_function(f"() => ({QUERY_DRAWN})().title.startsWith({expect})", timeout=30_000)
+    assert requests and f"{field}=" in page.url
