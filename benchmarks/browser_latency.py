@@ -149,10 +149,12 @@ def measure(url: str, repeats: int, version: dict) -> list[dict]:
         # two query rows outlined apart from each other and from the first candidate (the default), also
         # where phoenix-nano's rows are pooled in blocks of three
         for preset, rows in (("lecture", (7, 8)), ("phoenix-nano", (1040, 1080))):
-            page.goto(f"{url}?preset={preset}&head=0&tab=attention")
-            wait_for_plot(page, "attention-plot", timeout=120_000)
-            page.wait_for_function(f"() => ({PLOT_DATA})('attention-plot') !== null", timeout=120_000)
             for control, (kind, steps) in controls(page, rows).items():
+                # each control from the preset's own view: an earlier series leaves its last value behind
+                # (capped logits shown would send the next query-row change to the server)
+                page.goto(f"{url}?preset={preset}&head=0&tab=attention")
+                wait_for_plot(page, "attention-plot", timeout=120_000)
+                page.wait_for_function(f"() => ({PLOT_DATA})('attention-plot') !== null", timeout=120_000)
                 samples = []
                 for i in range(repeats + 1):
                     prepare, act = steps(i)

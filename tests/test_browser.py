@@ -2,12 +2,11 @@
 change redraws the heatmap with new data and the URL follows; an invalid value is marked at its control
 while the other controls keep working; the colour bar keeps its gradient after the URL changes; a link
 reopens the same tab and controls. One app launch for the module."""
-import shutil
 from urllib.parse import urlparse
 
 import pytest
 
-from explorer.localhost import launch_browser, running_app, wait_for_plot
+from explorer.localhost import wait_for_plot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -27,17 +26,6 @@ URL_REFERENCES = """() => {
     });
     return out;
 }"""
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not (shutil.which("chromium") or shutil.which("chromium-browser")):
-        pytest.fail("Debian chromium is required for the browser test (apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-    with running_app() as url, sync_playwright() as p:
-        b = launch_browser(p)
-        yield b, url
-        b.close()
 
 
 @pytest.fixture

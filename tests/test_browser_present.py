@@ -1,12 +1,10 @@
 """Presentation mode and the lesson in a real browser (Debian chromium through playwright), at a
 projector's 1280 x 720 and at 1920 x 1080: the figure fills the first screen with lecture fonts, keys step
 the view, Esc leaves, a lesson step shows its claim and N goes on. One app launch for the module."""
-import shutil
 
 import pytest
 
 from explorer.lesson import LESSON
-from explorer.localhost import launch_browser, running_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -32,17 +30,6 @@ PRESENTED = """() => {
             presenting: document.body.classList.contains('presenting'),
             bar: (document.getElementById('present-bar') || {}).innerText || ''};
 }"""
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not (shutil.which("chromium") or shutil.which("chromium-browser")):
-        pytest.fail("Debian chromium is required for the browser test (apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-    with running_app() as url, sync_playwright() as p:
-        b = launch_browser(p)
-        yield b, url
-        b.close()
 
 
 def open_page(browser, link, width=1280, height=720):
