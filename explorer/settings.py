@@ -3,7 +3,7 @@
 ``parse_settings(raw)`` turns a mapping of strings or numbers (a URL query string, the UI's control
 values, a gradio_client call) into a frozen, hashable ``Settings``. Fields left out take the preset's
 values, so ``?preset=phoenix-nano`` alone is a full configuration. Every violation raises
-``ValidationError(field, value, allowed)`` — a ValueError whose message names all three; app.py turns
+``ValidationError(field, value, allowed)`` — a ValueError whose message names all three; handlers.py turns
 it into ``gr.Error``. ``to_query`` writes only what differs from the preset, and
 ``parse_query(to_query(s)) == s``.
 """

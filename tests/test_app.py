@@ -195,9 +195,9 @@ def test_production_presets_time_and_export_on_a_cpu(client):
 
 
 def test_opening_the_timing_tab_keeps_lengths_that_fit_and_replaces_those_that_do_not():
-    import app
-    assert app.timing_lengths_kept("preset=lecture", "model settings", "16, 32") == {"__type__": "update"}
-    fixed = app.timing_lengths_kept("preset=phoenix-2026", "model settings", "64, 128, 256, 512")["value"]
+    import handlers
+    assert handlers.timing_lengths_kept("preset=lecture", "model settings", "16, 32") == {"__type__": "update"}
+    fixed = handlers.timing_lengths_kept("preset=phoenix-2026", "model settings", "64, 128, 256, 512")["value"]
     assert fixed == "256, 512, 1024, 2048"          # phoenix-2026 holds 128 candidate slots: T > 128
 
 
@@ -362,15 +362,16 @@ def test_every_event_that_runs_the_model_shares_one_concurrency_limit():
     as one group, not each event on its own default limit. The mask endpoint runs no model: it has its
     own lane, so it never waits behind four probe passes."""
     import app
+    import handlers
     fns = {fn.api_name: fn for fn in app.build_app().fns.values() if fn.api_name}
     assert (fns["mask"].concurrency_id, fns["mask"].concurrency_limit) == (
-        app.LIGHT["concurrency_id"], app.LIGHT["concurrency_limit"])
+        handlers.LIGHT["concurrency_id"], handlers.LIGHT["concurrency_limit"])
     forward = {n for n in fns if n == "control_change" or n.startswith("render_")} | {
         "attention", "anatomy", "isolation", "invariance", "variants"}
     assert {(fns[n].concurrency_id, fns[n].concurrency_limit) for n in forward} == {
-        (app.FORWARD["concurrency_id"], app.FORWARD["concurrency_limit"])}
+        (handlers.FORWARD["concurrency_id"], handlers.FORWARD["concurrency_limit"])}
     others = {fns[n].concurrency_id for n in fns if n not in forward}
-    assert app.FORWARD["concurrency_id"] not in others
+    assert handlers.FORWARD["concurrency_id"] not in others
 
 
 def test_every_event_reading_a_control_takes_its_value_as_sent():
@@ -388,16 +389,16 @@ def test_every_event_reading_a_control_takes_its_value_as_sent():
 def test_the_weights_list_shows_only_this_visitors_uploads(tmp_path, monkeypatch):
     """In-process, with two visitors' requests: the dropdown each is sent lists their own uploads only."""
     from types import SimpleNamespace
-    import app
+    import handlers
     from explorer import runs
     monkeypatch.setattr(runs, "_UPLOADS", {})
     alice, bob = SimpleNamespace(session_hash="alice"), SimpleNamespace(session_hash="bob")
-    q, _ = app.upload_endpoint(LECTURE, str(make_weights(tmp_path)[0]), alice)
+    q, _ = handlers.upload_endpoint(LECTURE, str(make_weights(tmp_path)[0]), alice)
     name = parse_qs(q)["weights"][0]
 
     def choices(request, query):
-        return [value for _, value in app.query_to_controls(query, request)[app.CONTROL_FIELDS.index("weights")]
-                ["choices"]]
+        weights = handlers.query_to_controls(query, request)[handlers.CONTROL_FIELDS.index("weights")]
+        return [value for _, value in weights["choices"]]
     assert name in choices(alice, q)
     assert choices(bob, LECTURE) == ["demo", "random", "zeros"]
 
@@ -422,18 +423,18 @@ def test_stop_then_run_again_stops_the_old_sweep_within_one_point():
     import time
     from types import SimpleNamespace
 
-    import app
+    import handlers
 
     async def main():
         page = SimpleNamespace(session_hash="one-visitor")
         old_outs, new_outs = [], []
-        old = asyncio.create_task(consume(app.timing_endpoint(*LONG_SWEEP, request=page), old_outs))
-        while not app.TIMING_RUNS.running():
+        old = asyncio.create_task(consume(handlers.timing_endpoint(*LONG_SWEEP, request=page), old_outs))
+        while not handlers.TIMING_RUNS.running():
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.5)                     # the old sweep is inside its first point
-        app.stop_timing(page)
+        handlers.stop_timing(page)
         stopped_at = time.perf_counter()
-        new = asyncio.create_task(consume(app.timing_endpoint(LECTURE, "16", ["naive"], request=page), new_outs))
+        new = asyncio.create_task(consume(handlers.timing_endpoint(LECTURE, "16", ["naive"], request=page), new_outs))
         await asyncio.wait_for(asyncio.gather(old, new), timeout=60)
         return time.perf_counter() - stopped_at, old_outs, new_outs
 
@@ -441,7 +442,7 @@ def test_stop_then_run_again_stops_the_old_sweep_within_one_point():
     assert took < 10, f"the old sweep ran {took:.1f} s past Stop"
     assert re.search(r"Stopped after \d of 6 lengths \(Stop was pressed\)", old_outs[-1][-1])   # and says so
     assert "Stopped" not in new_outs[-1][-1] and "T = 16" in new_outs[-1][-1]
-    assert app.TIMING_RUNS.running() == 0
+    assert handlers.TIMING_RUNS.running() == 0
 
 
 def test_a_cancelled_sweep_answers_at_once_and_the_next_waits_for_its_thread():
@@ -451,14 +452,14 @@ def test_a_cancelled_sweep_answers_at_once_and_the_next_waits_for_its_thread():
     import asyncio
     import time
 
-    import app
+    import handlers
 
     async def main():
         deadline = time.monotonic() + 120
-        while (app.TIMING_RUNS.threads or app.TIMING_RUNS.unfinished) and time.monotonic() < deadline:
+        while (handlers.TIMING_RUNS.threads or handlers.TIMING_RUNS.unfinished) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)                    # an earlier test's sweep in this process stops first
-        task = asyncio.create_task(consume(app.timing_endpoint(LONG_SWEEP[0], "2048", ["naive"]), []))
-        while not app.TIMING_RUNS.threads:              # inside its one long step (seconds)
+        task = asyncio.create_task(consume(handlers.timing_endpoint(LONG_SWEEP[0], "2048", ["naive"]), []))
+        while not handlers.TIMING_RUNS.threads:         # inside its one long step (seconds)
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.2)
         t0 = time.perf_counter()
@@ -466,10 +467,10 @@ def test_a_cancelled_sweep_answers_at_once_and_the_next_waits_for_its_thread():
         with pytest.raises(asyncio.CancelledError):
             await task
         answered = time.perf_counter() - t0
-        still_measuring = app.TIMING_RUNS.threads
+        still_measuring = handlers.TIMING_RUNS.threads
         outs = []
-        await asyncio.wait_for(consume(app.timing_endpoint(LECTURE, "16", ["naive"]), outs), timeout=60)
-        return answered, still_measuring, outs, app.TIMING_RUNS.running()
+        await asyncio.wait_for(consume(handlers.timing_endpoint(LECTURE, "16", ["naive"]), outs), timeout=60)
+        return answered, still_measuring, outs, handlers.TIMING_RUNS.running()
 
     answered, still_measuring, outs, running = asyncio.run(main())
     assert answered < 1.0 and still_measuring == 1        # answered while the old block still ran
@@ -517,15 +518,15 @@ def test_every_view_runs_the_production_family(client):
 def test_an_old_link_with_a_backend_opens_with_a_note(monkeypatch):
     """In-process page load of a link made before the backend control was removed."""
     from types import SimpleNamespace
-    import app
+    import handlers
     notes = []
-    monkeypatch.setattr(app.gr, "Info", notes.append)
+    monkeypatch.setattr(handlers.gr, "Info", notes.append)
     req = SimpleNamespace(session_hash="old-link", query_params={"preset": "lecture", "backend": "flash_attn",
                                                                  "head": "1"})
-    q, tab, _, marked = app.load_endpoint(req)          # (query, tab to open, the tabs' update, controls to mark)
+    q, tab, _, marked = handlers.load_endpoint(req)     # (query, tab to open, the tabs' update, controls to mark)
     assert "head=1" in q and "backend" not in q and tab == "mask"
     assert len(notes) == 1 and "backend: ignored" in notes[0] and marked == {}
-    assert app.load_endpoint(SimpleNamespace(session_hash="new", query_params={"head": "1"})) and len(notes) == 1
+    assert handlers.load_endpoint(SimpleNamespace(session_hash="new", query_params={"head": "1"})) and len(notes) == 1
 
 
 # --- admission: one visitor cannot fill the queue -------------------------------------------------
@@ -539,6 +540,7 @@ def test_the_queue_refuses_by_name_past_a_lanes_bounds_and_the_mask_keeps_answer
     from dataclasses import replace
 
     import app
+    import handlers
     from explorer import admission
     monkeypatch.setitem(admission.LANES, "timing", replace(admission.LANES["timing"], waiting=2))
     monkeypatch.setenv(admission.TRUSTED_PROXIES_ENV, "1")
@@ -548,16 +550,16 @@ def test_the_queue_refuses_by_name_past_a_lanes_bounds_and_the_mask_keeps_answer
         a, b, c, d = (Client(url, verbose=False, headers={"X-Forwarded-For": f"192.0.2.{i}"}) for i in range(4))
         running = a.submit(*LONG_SWEEP, api_name="/timing")
         deadline = time.monotonic() + 60
-        while not app.TIMING_RUNS.running() and time.monotonic() < deadline:
+        while not handlers.TIMING_RUNS.running() and time.monotonic() < deadline:
             time.sleep(0.05)
         queued = [b.submit(LECTURE, "16", ["naive"], api_name="/timing")]
-        while app.lane_now(fake_request(demo), "timing")[0] == [] and time.monotonic() < deadline:
+        while handlers.lane_now(fake_request(demo), "timing")[0] == [] and time.monotonic() < deadline:
             time.sleep(0.05)
         t0 = time.monotonic()
         with pytest.raises(Exception, match=r"queue: got '1 of your timing sweeps waiting'; allowed: 1 per visitor"):
             b.predict(LECTURE, "16", ["naive"], api_name="/timing")
         queued.append(c.submit(LECTURE, "16", ["naive"], api_name="/timing"))
-        while len(app.lane_now(fake_request(demo), "timing")[0]) < 2 and time.monotonic() < deadline:
+        while len(handlers.lane_now(fake_request(demo), "timing")[0]) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         with pytest.raises(Exception, match=r"queue: got '2 timing sweeps waiting'; allowed: 2 at once"):
             d.predict(LECTURE, "16", ["naive"], api_name="/timing")
@@ -594,6 +596,7 @@ def test_every_computing_endpoint_refuses_one_session_over_its_share_at_the_http
     import time
 
     import app
+    import handlers
     from explorer import admission, views
     monkeypatch.setenv(admission.TRUSTED_PROXIES_ENV, "1")
     gate = threading.Event()
@@ -618,7 +621,7 @@ def test_every_computing_endpoint_refuses_one_session_over_its_share_at_the_http
             assert join(url, fn_index[api], [LECTURE], f"honest-{api}", f"203.0.113.{k}")[0] == 200, api
             gate.set()                                  # the admitted ones run; the lane drains
             deadline = time.monotonic() + 60
-            while any(app.lane_now(fake_request(demo), lane.name)) and time.monotonic() < deadline:
+            while any(handlers.lane_now(fake_request(demo), lane.name)) and time.monotonic() < deadline:
                 time.sleep(0.05)
     finally:
         gate.set()
@@ -717,16 +720,16 @@ def test_presets_and_the_family_control_agree_on_any_device():
     """In-process: every preset of both families is offered (the too-large ones say so in the list);
     a production preset brings its family; the family control answers on phoenix-prod too (it was
     refused on a CPU: 'emb_size: got 2560', before the model views were even asked for)."""
-    import app
+    import handlers
     from explorer.settings import PRESETS
-    choices = dict((value, label) for label, value in app.preset_choices())
+    choices = dict((value, label) for label, value in handlers.preset_choices())
     assert set(choices) == set(PRESETS) and {"phoenix-2026", "phoenix-2026-nano", "phoenix-2026-seqpack"} <= set(choices)
     assert choices["phoenix-2026-nano"] == "phoenix-2026-nano"                       # runs on a CPU
     assert "mask view only" in choices["phoenix-2026"] and "mask view only" in choices["phoenix-2026-seqpack"]
-    assert app.preset_endpoint("phoenix-2026-nano") == "preset=phoenix-2026-nano"
-    assert app.preset_endpoint("lecture") == "preset=lecture"                       # a 2025 preset: grok.py's family
-    assert app.family_endpoint("preset=phoenix-prod&head=1", "xrex") == "preset=phoenix-prod&family=xrex&head=1"
-    back = app.family_endpoint("preset=phoenix-2026&head=1", "grok")
+    assert handlers.preset_endpoint("phoenix-2026-nano") == "preset=phoenix-2026-nano"
+    assert handlers.preset_endpoint("lecture") == "preset=lecture"                  # a 2025 preset: grok.py's family
+    assert handlers.family_endpoint("preset=phoenix-prod&head=1", "xrex") == "preset=phoenix-prod&family=xrex&head=1"
+    back = handlers.family_endpoint("preset=phoenix-2026&head=1", "grok")
     assert back.startswith("preset=phoenix-prod&num_user=2") and "family" not in back
 
 

@@ -1,7 +1,8 @@
 """The house has floors: models/ at the bottom imports nothing of ours above it; explorer/ imports models/
-and itself; app.py wires explorer/ and nothing imports it; benchmarks/ and scripts/ are entry points that
-nothing imports; and no module of ours imports itself back through others. Read from every import
-statement (function-level ones included), without running any of them."""
+and itself; handlers.py (the functions the app's events call) imports explorer/ and only app.py imports it;
+app.py wires them and nothing imports it; benchmarks/ and scripts/ are entry points that nothing imports;
+and no module of ours imports itself back through others. Read from every import statement (function-level
+ones included), without running any of them."""
 import ast
 from pathlib import Path
 
@@ -9,6 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("models", "explorer", "benchmarks", "scripts")
 MAY_IMPORT = {"models": {"models"}, "explorer": {"models", "explorer"}}   # the lower floors' whole allowance
 ENTRY_POINTS = ("app", "benchmarks", "scripts")                            # imported by tests only
+IMPORTED_ONLY_BY = {"handlers": {"app"}}                                   # besides tests
 
 
 def module_name(path: Path) -> str:
@@ -17,7 +19,8 @@ def module_name(path: Path) -> str:
 
 
 def our_modules() -> dict[str, Path]:
-    files = [ROOT / "app.py"] + [p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))]
+    files = [ROOT / "app.py", ROOT / "handlers.py"]
+    files += [p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))]
     return {module_name(p): p for p in files}
 
 
@@ -67,6 +70,12 @@ def test_entry_points_are_imported_by_nothing_but_tests():
     assert not importers, "\n".join(importers)
 
 
+def test_handlers_are_imported_by_the_app_alone():
+    importers = [f"{m} imports {t}" for m, targets in import_graph().items() for t in sorted(targets)
+                 if floor(t) in IMPORTED_ONLY_BY and m not in IMPORTED_ONLY_BY[floor(t)]]
+    assert not importers, "\n".join(importers)
+
+
 def test_no_import_cycles():
     graph, cycles, done = import_graph(), [], set()
 
@@ -90,3 +99,4 @@ def test_the_graph_sees_imports():
     assert "models.grok" in graph["models.xrex"]                 # from .grok import ... (relative)
     assert "models.attention" in graph["explorer.timing"]        # import inside a function
     assert any(floor(t) == "explorer" for t in graph["app"])
+    assert "handlers" in graph["app"] and "explorer.settings" in graph["handlers"]
