@@ -300,6 +300,22 @@ def run_abuse(url: str, duration_s: float) -> dict:
     return result
 
 
+def run_and_write(a, run_fn, info: dict, stem: str, when) -> tuple[dict, Path]:
+    """Run `run_fn(url)` against --url or an app launched here, add the run's facts and write
+    benchmarks/results/<stem>-<date>.json (or --out): (report, path)."""
+    if a.url:
+        result = run_fn(a.url)
+    else:
+        with running_app() as url:
+            result = run_fn(url)
+    report = {**info, **result}
+    report["device"]["load_average_after"] = os.getloadavg()[0]
+    out = a.out or RESULTS_DIR / f"{stem}-{when.date().isoformat()}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    return report, out
+
+
 def main_abuse(a) -> dict:
     from explorer.settings import DEFAULT_MEMORY_CEILING, MEMORY_CEILING_ENV
     when = dt.datetime.now(dt.timezone.utc)
@@ -311,16 +327,7 @@ def main_abuse(a) -> dict:
                                 latency="end to end per request, queue wait included",
                                 rss="server process VmRSS sampled every 0.2 s; 'after' 15 s after the load stops",
                                 conditions=a.conditions))
-    if a.url:
-        result = run_abuse(a.url, a.duration)
-    else:
-        with running_app() as url:
-            result = run_abuse(url, a.duration)
-    report = {**info, **result}
-    report["device"]["load_average_after"] = os.getloadavg()[0]
-    out = a.out or ROOT / "benchmarks" / "results" / f"load-abuse-{when.date().isoformat()}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    report, out = run_and_write(a, lambda url: run_abuse(url, a.duration), info, "load-abuse", when)
     print(f"{'kind':<34}{'requests':>9}{'failed':>8}{'refused':>8}{'p50 s':>9}{'p95 s':>9}")
     for kind, r in report["kinds"].items():
         print(f"{kind:<34}{r['requests']:>9}{r['failures']:>8}{r['refused_by_name']:>8}{r['p50_s']:>9.3f}{r['p95_s']:>9.3f}")
@@ -575,16 +582,7 @@ def main_soak(a) -> dict:
                                 addresses="every client sends X-Forwarded-For; the server trusts one proxy hop, "
                                           "so each honest visitor has its own address and the attacker one",
                                 conditions=a.conditions))
-    if a.url:
-        result = run_soak(a.url, a.sessions, a.duration, a.seed)
-    else:
-        with running_app() as url:
-            result = run_soak(url, a.sessions, a.duration, a.seed)
-    report = {**info, **result}
-    report["device"]["load_average_after"] = os.getloadavg()[0]
-    out = a.out or RESULTS_DIR / f"load-soak-{when.date().isoformat()}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    report, out = run_and_write(a, lambda url: run_soak(url, a.sessions, a.duration, a.seed), info, "load-soak", when)
     for side in ("honest", "attacker"):
         print(f"{side:<36}{'requests':>9}{'failed':>8}{'refused':>8}{'p50 s':>9}{'p95 s':>9}")
         for kind, r in report[side].items():
@@ -626,16 +624,7 @@ def main(argv=None) -> dict:
                                         "per view before the clock, not counted",
                                 server="app.py as shipped (queue default_concurrency_limit, per-endpoint "
                                        "limits), same machine as the clients"))
-    if a.url:
-        result = run(a.url, a.sessions, a.duration, a.seed)
-    else:
-        with running_app() as url:
-            result = run(url, a.sessions, a.duration, a.seed)
-    report = {**info, **result}
-    report["device"]["load_average_after"] = os.getloadavg()[0]
-    out = a.out or RESULTS_DIR / f"load-{when.date().isoformat()}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    report, out = run_and_write(a, lambda url: run(url, a.sessions, a.duration, a.seed), info, "load", when)
     print(f"{'view':<16}{'requests':>9}{'failed':>8}{'p50 s':>9}{'p95 s':>9}{'max s':>9}")
     for view, r in report["views"].items():
         print(f"{view:<16}{r['requests']:>9}{r['failures']:>8}{r['p50_s']:>9.3f}{r['p95_s']:>9.3f}"
