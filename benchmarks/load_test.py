@@ -183,6 +183,28 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
+class RssSampler:
+    """The server's resident memory every 0.2 s on a thread, from start() to stop(): samples is a
+    list of (monotonic time, bytes)."""
+
+    def __init__(self, pid: int):
+        self.pid, self.samples, self.done = pid, [], threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.done.is_set():
+            with contextlib.suppress(OSError):
+                self.samples.append((time.monotonic(), rss_bytes(self.pid)))
+            time.sleep(0.2)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+
 def _weights_file(tmp: Path, seed: int) -> Path:
     """A valid upload for the lecture geometry (random weights of another seed)."""
     from explorer.settings import parse_query
@@ -243,14 +265,7 @@ def run_abuse(url: str, duration_s: float) -> dict:
     warm.predict("preset=lecture", api_name="/mask")
     time.sleep(2.0)
     rss_start = rss_bytes(pid)
-    samples, sampling = [], threading.Event()
-
-    def sample():
-        while not sampling.is_set():
-            with contextlib.suppress(OSError):
-                samples.append((time.monotonic(), rss_bytes(pid)))
-            time.sleep(0.2)
-    sampler = threading.Thread(target=sample, daemon=True)
+    sampler = RssSampler(pid)
     records, lock = [], threading.Lock()
     clients = [(kind, i) for kind, n in ABUSE.items() for i in range(n)]
     start = threading.Barrier(len(clients) + 1)
@@ -268,9 +283,9 @@ def run_abuse(url: str, duration_s: float) -> dict:
             t.join(timeout=duration_s + 180)
         load_end = time.monotonic()
         time.sleep(15.0)                                 # the queue drains, cancelled work stops
-        sampling.set()
-        sampler.join()
+        sampler.stop()
     rss_after = rss_bytes(pid)
+    samples = sampler.samples
     during = [r for _, r in samples]
     kinds = {}
     for kind in ABUSE:
@@ -501,13 +516,7 @@ def run_soak(url: str, honest_n: int, duration_s: float, seed: int) -> dict:
         warm.predict(*request_args(view, rng), api_name=api)
     time.sleep(2.0)
     rss_start = rss_bytes(pid)
-    samples, sampling = [], threading.Event()
-
-    def sample():
-        while not sampling.is_set():
-            with contextlib.suppress(OSError):
-                samples.append((time.monotonic(), rss_bytes(pid)))
-            time.sleep(0.2)
+    sampler = RssSampler(pid)
     records, lock = [], threading.Lock()
     stop_at = [float("inf")]
     start = threading.Barrier(honest_n + len(ATTACKS) + 1)
@@ -519,7 +528,6 @@ def run_soak(url: str, honest_n: int, duration_s: float, seed: int) -> dict:
         for t in threads:
             t.start()
         start.wait()
-        sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         t0 = time.monotonic()
         stop_at[0] = t0 + duration_s
@@ -528,8 +536,8 @@ def run_soak(url: str, honest_n: int, duration_s: float, seed: int) -> dict:
         load_end = time.monotonic()
         time.sleep(SOAK_TARGETS["after_s"])
         rss_after = rss_bytes(pid)
-        sampling.set()
-        sampler.join()
+        sampler.stop()
+    samples = sampler.samples
     for path in RAW_UPLOADS:                        # the attacker's files in Gradio's cache (same machine)
         with contextlib.suppress(OSError):
             os.remove(path)
