@@ -216,7 +216,6 @@ def key_padding(valid: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return valid
 
 
-
 @dataclass(frozen=True, eq=False)
 class AttentionMask:
     """Everything a backend may need to know about the mask, from which it builds its own form.
