@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 from dataclasses import fields
 from pathlib import Path
@@ -24,8 +25,8 @@ from explorer.admission import QUEUE_MAX
 from explorer.controls import CONTROL_FIELDS, LABELS
 from explorer.settings import (COLOR_SCALES, FAMILIES, INVARIANCE_OPS, PERTURBATIONS, VALUE_KINDS, XREX_ROPE, ZOOMS,
                                Settings, parse_settings, to_query)
-from handlers import (EXPORT, FORWARD, LIGHT, TAB_OUTPUTS, TABS, TIMING, UPLOAD, VIEW_ENDPOINTS, bug_choices,
-                      control_change, control_change_on_page, export_endpoint, family_endpoint, family_on_page,
+from handlers import (EXPORT, EXPORT_PACK, FORWARD, LIGHT, TAB_OUTPUTS, TABS, TIMING, UPLOAD, VIEW_ENDPOINTS,
+                      bug_choices, control_change, control_change_on_page, export_endpoint, family_endpoint, family_on_page,
                       head_choices, lecture_pack_endpoint, limit_endpoint, link_to_controls, load_endpoint,
                       page_gone, pick_on_page, preset_choices, preset_endpoint, preset_on_page, present_key_on_page,
                       query_to_controls, render_tab, settings_endpoint, settings_of, stop_timing, timing_check,
@@ -415,7 +416,7 @@ def wire_export(page: SimpleNamespace, e: SimpleNamespace) -> None:
     e.figure_btn.click(export_endpoint, [page.query, e.figure, e.format, e.aspect], e.file, api_name="export_figure",
                        **EXPORT, **RAW)
     e.pack_btn.click(lecture_pack_endpoint, [page.query, e.aspect], e.file, api_name="lecture_pack",
-                     **EXPORT, **RAW)
+                     **EXPORT_PACK, **RAW)
 
 
 def build_app() -> gr.Blocks:
@@ -448,23 +449,55 @@ def build_app() -> gr.Blocks:
     demo.queue(default_concurrency_limit=4, max_size=QUEUE_MAX)
     watch_lanes(demo)
     keep_outputs_out_of_session_state()
+    skip_absent_matplotlib()
     return demo
 
 
-# What Gradio keeps per session: a copy of the page's config (~240 KB) and, by default, the last value
-# of every output (the figures: 17 MB for a heavy mask, 346 MB for a zoomed grid), for 10,000 sessions
-# and an hour after a page closes — outside every ceiling of ours, and a client mints a session per
-# call. This app offers no deep links (the one reader of those values), so none are kept, and at most
-# admission.SESSION_CAPACITY sessions are (oldest dropped first: its page keeps working, the next event
-# of it starts a fresh state; the address bar carries the settings).
+# What Gradio keeps per session: a copy of the page's config (~230 KB, built in ~11 ms on the event
+# loop for every new session hash) and, by default, the last value of every output (the figures: 17 MB
+# for a heavy mask, 346 MB for a zoomed grid), for 10,000 sessions and an hour after a page closes —
+# outside every ceiling of ours, and a client mints a session per call. Both serve only deep links
+# (/gradio_api/deep_link), which this app does not offer (the address bar carries the settings), so
+# neither is kept, and at most admission.SESSION_CAPACITY sessions are (oldest dropped first: its page
+# keeps working, the next event of it starts a fresh state).
 
 
 def keep_outputs_out_of_session_state() -> None:
-    """Gradio's SessionState._update_value_in_config copies each output's value into the session's
-    deep-link config: made a no-op (the one other place, with watch_lanes, that touches Gradio's
-    internals; tests/test_app.py fails if it moves)."""
+    """Gradio's SessionState builds a deep-link copy of every component's config when a session
+    starts and copies each output's value into it: the copy starts empty, and values go nowhere (the
+    one other place, with watch_lanes, that touches Gradio's internals; tests/test_app.py fails if
+    they move)."""
     from gradio.state_holder import SessionState
+    make = SessionState.__init__
+    if getattr(make, "without_deep_link_config", False):
+        return
+
+    def init(self, blocks):
+        make(self, _NoDeepLinkConfig(blocks))
+    init.without_deep_link_config = True
+    SessionState.__init__ = init
     SessionState._update_value_in_config = lambda self, key, value: None
+
+
+def skip_absent_matplotlib() -> None:
+    """Gradio tries `import matplotlib` on entering and leaving every event (to switch its backend).
+    Where it is not installed, each try searches sys.path again, on the event loop: marking it absent
+    once makes each try a dictionary lookup."""
+    import importlib.util
+    if "matplotlib" not in sys.modules and importlib.util.find_spec("matplotlib") is None:
+        sys.modules["matplotlib"] = None
+
+
+class _NoDeepLinkConfig:
+    """The Blocks as SessionState sees them, with no component to build a deep-link config of (it
+    builds one for each component also in `blocks.blocks`)."""
+    blocks: dict = {}
+
+    def __init__(self, blocks):
+        self._blocks = blocks
+
+    def __getattr__(self, name):
+        return getattr(self._blocks, name)
 
 
 def launch_options() -> dict:
@@ -506,10 +539,11 @@ if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
     stop_on_sigterm()
     runs.configure_threads()            # once, before any worker thread runs a forward
+    demo = build_app()
+    runs.freeze_startup_objects()       # the idle trim's collections then skip the page and the imports
     runs.start_idle_trim()
     warm = threading.Timer(3.0, warm_up)
     warm.daemon = True
     warm.start()
-    build_app().launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
-                       server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
-                       **launch_options())
+    demo.launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+                server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")), **launch_options())

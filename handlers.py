@@ -10,6 +10,7 @@ import functools
 import logging
 import os
 import re
+import time
 from urllib.parse import parse_qsl
 
 import gradio as gr
@@ -47,9 +48,10 @@ VIEW_OUTPUTS = sum(n for n, _ in TAB_OUTPUTS.values())
 ADMISSION = admission.Admission()
 
 
-def lane(name: str) -> dict:
-    """The event keywords of lane `name`: its concurrency group and its admission check."""
-    return dict(concurrency_id=name, concurrency_limit=LANES[name].running, validator=admit_to(name))
+def lane(name: str, units: int = 1) -> dict:
+    """The event keywords of lane `name`: its concurrency group and its admission check (a request
+    worth `units` of the lane's rate share, where it has one)."""
+    return dict(concurrency_id=name, concurrency_limit=LANES[name].running, validator=admit_to(name, units))
 
 
 def watch_lanes(demo: gr.Blocks) -> None:
@@ -77,7 +79,7 @@ def lane_now(request, lane_name: str) -> tuple[list, list]:
         return [], []
 
 
-def admit_to(lane_name: str):
+def admit_to(lane_name: str, units: int = 1):
     """Gradio's `validator=` for a lane: it runs when an event is pushed, before it is queued, and
     refuses it by name ("queue: got ...") when a bound of the lane would be passed. In the timing
     lane a new Run replaces the visitor's running sweep (which stops within one timed block)."""
@@ -86,7 +88,7 @@ def admit_to(lane_name: str):
         # reads the value itself (a 1-tuple would be taken for a valid answer: the check skipped)
         verdicts = [gr.validate(True, "") for _ in inputs]
         try:
-            ADMISSION.admit(lane_name, visitor_of(request), lambda: lane_now(request, lane_name))
+            ADMISSION.admit(lane_name, visitor_of(request), lambda: lane_now(request, lane_name), units)
         except ValidationError as e:
             log.info("refused at admission (%s): %s", lane_name, e)
             verdicts[0] = gr.validate(False, str(e))
@@ -94,13 +96,14 @@ def admit_to(lane_name: str):
             if lane_name == "timing":
                 TIMING_RUNS.cancel(session_of(request))
         return verdicts[0] if len(verdicts) == 1 else tuple(verdicts)
-    admit.__name__ = f"admit_{lane_name}"
+    admit.__name__ = f"admit_{lane_name}" + (f"_{units}" if units != 1 else "")
     return admit
 
 
 FORWARD = lane("forward")
 TIMING = lane("timing")
 EXPORT = lane("export")
+EXPORT_PACK = lane("export", units=len(export.FIGURES))        # a lecture pack renders every figure
 # The mask view runs no model (a few ms): its own lane, so a lecture's /mask never queues behind
 # four probe passes on phoenix-nano.
 LIGHT = lane("light")
@@ -113,12 +116,16 @@ UPLOAD = dict(concurrency_id="upload", concurrency_limit=1)
 MAX_MESSAGE_CHARS = 2000
 
 
+def current_request():
+    """The gr.Request of the event being answered (None in a direct call)."""
+    from gradio.context import LocalContext
+    return LocalContext.request.get(None)
+
+
 def for_api_client() -> bool:
     """The event being answered comes from an API client (gradio_client and the JS client send
     x-gradio-user: api, MCP mcp; the page sends app), which shows messages as plain text."""
-    from gradio.context import LocalContext
-    request = LocalContext.request.get(None)
-    return (getattr(request, "headers", None) or {}).get("x-gradio-user") in ("api", "mcp")
+    return (getattr(current_request(), "headers", None) or {}).get("x-gradio-user") in ("api", "mcp")
 
 
 def as_text(message: str) -> str:
@@ -146,6 +153,7 @@ def guarded(fn):
     its traceback and answered "internal error (logged)"."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        started = time.monotonic()
         try:
             return fn(*args, **kwargs)
         except gr.Error:
@@ -159,6 +167,8 @@ def guarded(fn):
         except Exception:
             log.exception("unexpected error in %s", fn.__name__)
             raise gr.Error(f"{fn.__name__}: internal error (logged)", print_exception=False) from None
+        finally:                        # the visitor's usage orders the lanes (explorer.admission.Usage)
+            ADMISSION.served(visitor_of(current_request())[0], time.monotonic() - started)
     return wrapper
 
 
@@ -296,7 +306,7 @@ async def timing_endpoint(query: str, lengths: str, backends: list, geometry: st
                 raise
             if sw is None:
                 return
-            yield timing_outputs(sw, req, recorded)
+            yield await loop.run_in_executor(None, timing_outputs, sw, req, recorded)   # figures: off the event loop
     finally:
         if not ends_with_thread:
             TIMING_RUNS.end(session, run)

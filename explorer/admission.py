@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import os
 import threading
 import time
@@ -140,6 +141,27 @@ class Ticket:
     issued: float
 
 
+class Usage:
+    """Seconds of service each visitor key had lately: every request's running time, decayed with a
+    half-life of `half_life_s`. The lanes serve first the waiting request whose visitor had least
+    (least attained service): a visitor keeping the server busy with heavy requests waits behind
+    everyone else's, and still has the server when nobody else wants it."""
+
+    def __init__(self, half_life_s: float = 60.0, clock: Callable[[], float] = time.monotonic):
+        self.half_life_s, self.clock = half_life_s, clock
+        self.seconds: dict[str, tuple[float, float]] = {}        # key -> (seconds, when)
+
+    def of(self, key: str) -> float:
+        seconds, when = self.seconds.get(key, (0.0, 0.0))
+        return seconds * 0.5 ** ((self.clock() - when) / self.half_life_s)
+
+    def charge(self, key: str, seconds: float) -> None:
+        now = self.clock()
+        self.seconds = {k: (v, t) for k, (v, t) in self.seconds.items()       # forget what has decayed away
+                        if v * 0.5 ** ((now - t) / self.half_life_s) > 1e-3}
+        self.seconds[key] = (self.of(key) + seconds, now)
+
+
 class Admission:
     """Atomic admission: a request admitted to a lane holds a ticket from its check until it is in
     the lane's queue (`queued`), so checks that run at once count each other and none races past a
@@ -150,16 +172,30 @@ class Admission:
         self.lock = threading.Lock()
         self.tickets: list[Ticket] = []
         self.ticket_ttl_s, self.clock = ticket_ttl_s, clock
+        self.rates = {"export": RateShare("export", **EXPORT_SHARE, clock=clock)}
+        self.usage = Usage(clock=clock)
+        self.queues: list[WatchedQueue] = []
 
-    def admit(self, lane: str, visitor: tuple, lane_now: Callable[[], tuple[list, list]]) -> None:
-        """Admit one request of `visitor` (key, session) to `lane` or raise ValidationError naming the
-        bound. `lane_now()`: (waiting, running), the (key, session) of each request in the lane now."""
+    def served(self, key: str, seconds: float) -> None:
+        """A request of visitor `key` ran `seconds`: charged to its usage, and every lane's waiting
+        requests put back in order (least usage first)."""
+        with self.lock:
+            self.usage.charge(key, seconds)
+            for queue in self.queues:
+                queue.reorder()
+
+    def admit(self, lane: str, visitor: tuple, lane_now: Callable[[], tuple[list, list]], units: int = 1) -> None:
+        """Admit one request of `visitor` (key, session) to `lane`, worth `units` of the lane's rate
+        share where it has one, or raise ValidationError naming the bound. `lane_now()`: (waiting,
+        running), the (key, session) of each request in the lane now."""
         with self.lock:
             now = self.clock()
             self.tickets = [t for t in self.tickets if now - t.issued < self.ticket_ttl_s]
             pending = [t.visitor for t in self.tickets if t.lane == lane]
             waiting, running = lane_now()
             check_admission(lane, list(waiting) + pending, visitor, running)
+            if lane in self.rates:
+                self.rates[lane].take(visitor[0], units)
             self.tickets.append(Ticket(lane, tuple(visitor), now))
 
     def entered(self, lane: str, session: Optional[str]) -> None:
@@ -171,23 +207,45 @@ class Admission:
 
 
 class WatchedQueue(list):
-    """A lane's queue list that tells `admission` when a request enters it (Gradio appends to it)."""
+    """A lane's queue list (Gradio appends to it and serves its first entry) that tells `admission`
+    when a request enters it and keeps its requests in order of their visitor's usage (least first;
+    arrival order among equals)."""
 
     def __init__(self, lane: str, admission: Admission, items=()):
         super().__init__(items)
-        self.lane, self.admission = lane, admission
+        self.lane, self.admission, self.arrivals = lane, admission, 0
+        admission.queues.append(self)
+
+    def _rank(self, event) -> tuple[int, int]:
+        """The visitor's usage less the seconds this request has waited, in whole seconds (within a
+        second of each other: arrival order), then arrival. Waiting counts, so a busy visitor's request
+        waits at most about its usage behind new arrivals, never for ever."""
+        usage = self.admission.usage.of(getattr(event, "_visitor_key", ""))
+        waited = self.admission.clock() - getattr(event, "_queued_at", self.admission.clock())
+        return math.floor(usage - waited), getattr(event, "_arrival", -1)
 
     def append(self, event) -> None:
         with self.admission.lock:       # the entry and its ticket's end are one step for every check
-            super().append(event)
+            event._visitor_key, event._arrival = visitor_of(event)[0], self.arrivals
+            event._queued_at = self.admission.clock()
+            self.arrivals += 1
+            rank = self._rank(event)
+            at = next((i for i, e in enumerate(self) if self._rank(e) > rank), len(self))
+            self.insert(at, event)      # one step for Gradio's reader on the event loop
             self.admission.entered(self.lane, getattr(event, "session_hash", None))
+
+    def reorder(self) -> None:
+        """Back in order after usage changed (call under the admission lock); a single slice
+        assignment, so Gradio's reader never sees the list part-sorted or empty."""
+        self[:] = sorted(self, key=self._rank)
 
 
 # --- the process's memory budget ----------------------------------------------------------------
 
 # Gradio's per-session state (a copy of the page's config; app.py keeps no outputs in it): sessions kept
-SESSION_CAPACITY = 400
-SESSION_STATE_BYTES = 256 * 2**10       # one SessionState of this page, measured with tracemalloc
+SESSION_CAPACITY = 2000
+SESSION_STATE_BYTES = 32 * 2**10        # one SessionState of this page: 7 KiB with tracemalloc (no deep-link
+                                        # config, app.keep_outputs_out_of_session_state), its gr.State values on top
 PROCESS_BASE_BYTES = 1_100_000_000      # interpreter, torch, gradio, plotly, the demo models: RSS at start
 
 
@@ -208,12 +266,14 @@ def memory_budget() -> dict[str, int]:
 # --- byte and rate shares per visitor ----------------------------------------------------------
 
 class RateShare:
-    """Per visitor: at most `max_bytes` within any `window_s` and `max_calls` calls in it. `take`
-    raises ValidationError naming `field` when one more would pass a share."""
+    """Per visitor: at most `max_bytes` units (bytes, unless `unit` says otherwise) within any
+    `window_s` and `max_calls` calls in it. `take` raises ValidationError naming `field` when one more
+    would pass a share."""
 
     def __init__(self, field: str, max_bytes: int, max_calls: int, window_s: float,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, unit: str = "bytes", what: str = "uploads"):
         self.field, self.max_bytes, self.max_calls, self.window_s, self.clock = field, max_bytes, max_calls, window_s, clock
+        self.unit, self.what = unit, what
         self.lock = threading.Lock()
         self.log: dict[str, collections.deque] = {}
 
@@ -228,13 +288,20 @@ class RateShare:
                     del self.log[v]
             q = self.log.setdefault(visitor, collections.deque())
             used = sum(n for _, n in q)
+            minutes = f"{self.window_s / 60:.0f} minutes"
             if len(q) >= self.max_calls:
-                raise ValidationError(self.field, f"{len(q)} uploads in {self.window_s / 60:.0f} minutes",
-                                      f"{self.max_calls} per visitor per {self.window_s / 60:.0f} minutes")
+                raise ValidationError(self.field, f"{len(q)} {self.what} in {minutes}",
+                                      f"{self.max_calls} per visitor per {minutes}")
             if used + nbytes > self.max_bytes:
-                raise ValidationError(self.field, f"{used + nbytes:,} bytes in {self.window_s / 60:.0f} minutes",
-                                      f"{self.max_bytes:,} bytes per visitor per {self.window_s / 60:.0f} minutes")
+                raise ValidationError(self.field, f"{used + nbytes:,} {self.unit} in {minutes}",
+                                      f"{self.max_bytes:,} {self.unit} per visitor per {minutes}")
             q.append((now, nbytes))
+
+
+# Exports render in one headless Chromium (a second process, about a core while it draws): per visitor
+# key, figures rendered per window (a lecture pack renders every figure of export.FIGURES). A lecturer
+# making slides exports a few dozen; a loop of them would keep the browser busy for everyone.
+EXPORT_SHARE = dict(max_bytes=60, max_calls=60, window_s=600.0, unit="figures", what="exports")
 
 
 # --- the HTTP front door: bodies and raw uploads per visitor ---------------------------------

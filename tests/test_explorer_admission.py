@@ -114,6 +114,56 @@ def test_a_ticket_ends_when_its_request_is_queued_or_lapses():
         gate.admit("forward", ("addr:a", "s"), lambda: ([], []))
 
 
+def _event(session: str, address: str):
+    """A queued Gradio event as visitor_of reads it: its session and the headers the proxy forwarded."""
+    request = type("Request", (), {"headers": {"x-forwarded-for": address}, "client": None})()
+    return type("Event", (), {"session_hash": session, "request": request})()
+
+
+def test_lanes_serve_the_visitor_who_had_least_of_the_server_first(monkeypatch):
+    """Least attained service: a visitor whose requests ran long waits behind everyone else's, whatever
+    the arrival order; equals keep arrival order; usage decays, and a charge re-sorts what waits."""
+    monkeypatch.setenv(admission.TRUSTED_PROXIES_ENV, "1")
+    now = [0.0]
+    gate = Admission(clock=lambda: now[0])
+    queue = WatchedQueue("forward", gate)
+    gate.served("addr:198.51.100.66", 30.0)              # the heavy user: 30 s of service
+    gate.served("addr:10.0.0.2", 1.0)
+    heavy = [_event(f"h{i}", "198.51.100.66") for i in range(3)]
+    light = [_event(f"l{i}", f"10.0.0.{i + 1}") for i in range(3)]
+    for e in (heavy[0], light[0], heavy[1], light[1], heavy[2], light[2]):
+        queue.append(e)
+    assert list(queue) == [light[0], light[2], light[1], *heavy]     # 10.0.0.2 had 1 s, the others none
+    gate.served("addr:10.0.0.1", 60.0)                   # 10.0.0.1's request ran a minute: now the heaviest
+    assert list(queue) == [light[2], light[1], *heavy, light[0]]
+    now[0] = 20.0       # 20 s later the heavy user's 30 s decayed to 23.8, less 20 s waited: 3.8, ahead of
+    late = _event("late", "10.0.0.7")                    # a newcomer with 5 s of usage
+    gate.served("addr:10.0.0.7", 5.0)
+    queue.append(late)
+    assert list(queue) == [light[1], light[2], *heavy, late, light[0]]
+    now[0] = 600.0                                       # ten half-lives: everyone is even again
+    gate.served("addr:10.0.0.9", 0.0)
+    assert list(queue) == [heavy[0], light[0], heavy[1], light[1], heavy[2], light[2], late]   # arrival order
+    assert gate.usage.of("addr:198.51.100.66") < 0.05
+
+
+def test_exports_have_a_rate_share_per_visitor_counted_in_figures():
+    now = [0.0]
+    gate = Admission(clock=lambda: now[0])
+    share = admission.EXPORT_SHARE
+    packs = share["max_bytes"] // 19
+    for _ in range(packs):
+        gate.admit("export", ("addr:a", "s"), lambda: ([], []), units=19)
+        gate.tickets.clear()                             # each one queued and served
+    with pytest.raises(ValidationError, match=rf"^export: got '{19 * (packs + 1)} figures in 10 minutes'; "
+                                              rf"allowed: {share['max_bytes']} figures per visitor"):
+        gate.admit("export", ("addr:a", "s"), lambda: ([], []), units=19)
+    gate.admit("export", ("addr:b", "s"), lambda: ([], []), units=19)   # another visitor's share
+    now[0] = share["window_s"] + 1
+    gate.tickets.clear()
+    gate.admit("export", ("addr:a", "s"), lambda: ([], []), units=19)
+
+
 # --- byte and rate shares ------------------------------------------------------------------------
 
 def test_a_rate_share_bounds_bytes_and_calls_per_visitor_within_its_window():

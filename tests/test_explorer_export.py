@@ -229,3 +229,44 @@ def test_exports_without_a_folder_keep_only_the_newest_few(s, tmp_path, monkeypa
     left = [p for p in paths if os.path.exists(p)]
     assert left == paths[-export.KEEP_EXPORTS:]
     assert len(list(tmp_path.rglob("*.svg"))) == export.KEEP_EXPORTS
+
+
+def _descendants(pid: int) -> list[int]:
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+    found, frontier = [], [pid]
+    while frontier:
+        kids = [c for c, p in parents.items() if p in frontier]
+        found += kids
+        frontier = kids
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads process priorities from /proc (Linux)")
+def test_the_export_browser_runs_below_the_views_priority(s):
+    """A render keeps Chromium busy for about a core: the browser kaleido keeps for exports runs at
+    runs.LOW_PRIORITY_NICE, so a class's views are not slowed by someone's exports."""
+    import kaleido
+    from explorer import runs
+    kaleido.stop_sync_server(silence_warnings=True)
+    try:
+        export.figure_bytes(views.mask_view(s)[0], "svg")
+        nice = {}
+        for pid in _descendants(os.getpid()):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if "chrom" in stat.split(")", 1)[0]:
+                nice[pid] = int(stat.rsplit(")", 1)[1].split()[16])
+        assert nice, "no browser process found under this one"
+        assert min(nice.values()) >= runs.LOW_PRIORITY_NICE, nice
+    finally:
+        kaleido.stop_sync_server(silence_warnings=True)
