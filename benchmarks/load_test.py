@@ -20,6 +20,13 @@ memory throughout and records peak RSS, RSS after the load and the lecture /mask
 (a refusal that names its field is an answer, not a failure) in
 ``benchmarks/results/load-abuse-<date>.json``. Targets: 0 failures, peak RSS < 6 GB, /mask p95 < 1 s,
 RSS back near its start.
+
+``--soak`` (issue 19) runs 30 honest visitors beside one attacker running that issue's findings 1-6
+for up to 120 s. Each side is its own client machine: the honest visitors spread over
+``--client-processes`` processes, the attacker in one, and a probe in one more (a visitor of its own
+asking for the lecture /mask one at a time, each answer split into join / wait / run / rest), so no
+client's GIL slows another's timing. ``benchmarks/results/load-soak-<date>.json``; ``--records``
+keeps every request.
 """
 from __future__ import annotations
 
@@ -346,6 +353,9 @@ def main_abuse(a) -> dict:
     print(f"{'kind':<34}{'requests':>9}{'failed':>8}{'refused':>8}{'p50 s':>9}{'p95 s':>9}")
     for kind, r in report["kinds"].items():
         print(f"{kind:<34}{r['requests']:>9}{r['failures']:>8}{r['refused_by_name']:>8}{r['p50_s']:>9.3f}{r['p95_s']:>9.3f}")
+    phases = report["probe"]["phases"]
+    print("probe, lecture /mask alone in its process: " + ", ".join(
+        f"{k[:-2]} p50 {v['p50_s']:.3f} p95 {v['p95_s']:.3f} s" for k, v in phases.items()))
     m = report["memory"]
     print(f"RSS start {m['rss_start_gb']} GB, peak {m['peak_rss_gb']} GB, after {m['rss_after_gb']} GB; "
           f"targets met: {report['targets']['met']} -> {out}")
@@ -355,6 +365,7 @@ def main_abuse(a) -> dict:
 # --- the soak (issue 19): honest visitors beside one attacker running findings 1-6 -------------------
 
 SOAK_TARGETS = dict(peak_rss_gb=6.0, rss_after_gb=1.5, after_s=30.0, honest_mask_p95_s=1.0, honest_failures=0)
+SETTLED_AFTER_S = 5.0                   # the start burst, reported apart (the target counts every request)
 ATTACKER = "198.51.100.66"              # the address the (simulated) proxy forwards for the attacker
 HEAVY_MASK = "preset=lecture&num_history=1535&num_candidates=512&zoom=candidates"
 FULL_MASK = "preset=lecture&num_history=1535&num_candidates=512&zoom=history tail"
@@ -396,20 +407,35 @@ class RawClient:
                                  "event_data": None, "trigger_id": None})
         return r.status_code, r.text[:300]
 
-    def call(self, api: str, data: list, session: str) -> Optional[str]:
-        """Join and wait for the answer -> None, or the error / refusal text."""
+    def call(self, api: str, data: list, session: str, timed: bool = False):
+        """Join and wait for the answer -> None, or the error / refusal text. With `timed`, a dict:
+        `error` (that answer) and the phases in seconds: join, wait (until Gradio starts the event),
+        run (the function, as Gradio times it) and rest (the remainder until the answer is read)."""
+        t0 = time.perf_counter()
         code, text = self.join(api, data, session)
+        t_join = t_start = time.perf_counter()
+        error, run = "stream ended", None
         if code != 200:
-            return f"HTTP {code}: {text}"
-        with self.http.stream("GET", f"{self.url}gradio_api/queue/data", params={"session_hash": session},
-                              headers=self.headers()) as stream:
-            for line in stream.iter_lines():
-                if line.startswith("data:"):
+            error = f"HTTP {code}: {text}"
+        else:
+            with self.http.stream("GET", f"{self.url}gradio_api/queue/data", params={"session_hash": session},
+                                  headers=self.headers()) as stream:
+                for line in stream.iter_lines():
+                    if not line.startswith("data:"):
+                        continue
                     msg = json.loads(line[5:])
-                    if msg.get("msg") == "process_completed":
+                    if msg.get("msg") == "process_starts":
+                        t_start = time.perf_counter()
+                    elif msg.get("msg") == "process_completed":
                         out = msg.get("output") or {}
-                        return None if msg.get("success") else str(out.get("error") or out)[:300]
-        return "stream ended"
+                        error = None if msg.get("success") else str(out.get("error") or out)[:300]
+                        run = out.get("duration")
+                        break
+        if not timed:
+            return error
+        t_end = time.perf_counter()
+        return dict(error=error, join_s=t_join - t0, wait_s=t_start - t_join, run_s=run,
+                    rest_s=t_end - t_start - (run or 0.0))
 
 
 def attacker(kind: str, url: str, stop_at: list, records: list, lock: threading.Lock, tmp: Path,
@@ -501,10 +527,60 @@ def honest(url: str, index: int, start: threading.Barrier, stop_at: list, record
             refused, error = (text, None) if _refusal(text) else (None, text)
         with lock:
             records.append(dict(side="honest", kind=view, what=MIX[view][0], latency_s=time.perf_counter() - t0,
-                                error=error, refused=refused))
+                                error=error, refused=refused, visitor=index, query=args[0], t=time.monotonic()))
 
 
-def run_soak(url: str, honest_n: int, duration_s: float, seed: int) -> dict:
+def probe(url: str, start: threading.Barrier, stop_at: list, records: list, lock: threading.Lock) -> None:
+    """One more honest visitor of its own address asking for the lecture /mask one at a time (0.3 s
+    apart), over plain HTTP so each answer splits into phases: join (the POST, admission included),
+    wait (queued until Gradio starts it), run (the view function, as Gradio times it) and rest
+    (pre/postprocessing and the answer's way back)."""
+    raw = RawClient(url, PROBE_ADDRESS)
+    start.wait()
+    i = 0
+    while time.monotonic() < stop_at[0]:
+        i += 1
+        t0 = time.perf_counter()
+        phases = raw.call("mask", [f"preset=lecture&seed={i % 4}&head={i % 4}"], f"probe{i:07d}", timed=True)
+        with lock:
+            records.append(dict(side="probe", kind="lecture /mask", latency_s=time.perf_counter() - t0,
+                                t=time.monotonic(), **phases))
+        time.sleep(0.3)
+
+
+PROBE_ADDRESS = "10.2.0.1"
+
+
+def _client_machine(role: str, args: list, url: str, seed: int, tmp: str, ready, go, stop_value, out) -> None:
+    """A client machine of the soak, in a process of its own (so no client's GIL slows another's
+    timing): the honest visitors `args` (indices), the attacker's loops (kinds) or the probe. Its threads
+    set up, wait for every machine (`ready`), start together (`go`), run to `stop_value` and put
+    (records, the attacker's files in Gradio's cache) on `out`."""
+    records, lock, stop_at = [], threading.Lock(), [float("inf")]
+    start = threading.Barrier(len(args) + 1)
+    if role == "honest":
+        threads = [threading.Thread(target=honest, args=(url, i, start, stop_at, records, lock, seed), daemon=True)
+                   for i in args]
+    elif role == "attacker":
+        threads = [threading.Thread(target=attacker, args=(kind, url, stop_at, records, lock, Path(tmp), start),
+                                    daemon=True) for kind in args]
+    else:
+        threads = [threading.Thread(target=probe, args=(url, start, stop_at, records, lock), daemon=True)]
+    for t in threads:
+        t.start()
+    ready.wait()
+    go.wait()
+    stop_at[0] = stop_value.value
+    start.wait()
+    for t in threads:
+        t.join(timeout=max(1.0, stop_at[0] + 150 - time.monotonic()))
+    out.put((role, list(records), list(RAW_UPLOADS), sum(t.is_alive() for t in threads)))
+
+
+def run_soak(url: str, honest_n: int, duration_s: float, seed: int, processes: int = 6,
+             records_out: Optional[Path] = None) -> dict:
+    import multiprocessing
+    import queue as queue_module
     import tempfile
     from gradio_client import Client
     pid = server_pid(url)
@@ -517,23 +593,34 @@ def run_soak(url: str, honest_n: int, duration_s: float, seed: int) -> dict:
     time.sleep(2.0)
     rss_start = rss_bytes(pid)
     sampler = RssSampler(pid)
-    records, lock = [], threading.Lock()
-    stop_at = [float("inf")]
-    start = threading.Barrier(honest_n + len(ATTACKS) + 1)
+    ctx = multiprocessing.get_context("spawn")
+    visitors = [list(range(honest_n))[k::processes] for k in range(min(processes, honest_n))]
+    machines = [("honest", v) for v in visitors] + [("attacker", list(ATTACKS))] * bool(ATTACKS) + [("probe", [0])]
+    ready, go, stop_value, out = ctx.Barrier(len(machines) + 1), ctx.Barrier(len(machines) + 1), ctx.Value("d", 0.0), \
+        ctx.Queue()
+    records, still_running = [], 0
     with tempfile.TemporaryDirectory(prefix="load-soak-") as tmp:
-        threads = [threading.Thread(target=honest, args=(url, i, start, stop_at, records, lock, seed), daemon=True)
-                   for i in range(honest_n)]
-        threads += [threading.Thread(target=attacker, args=(kind, url, stop_at, records, lock, Path(tmp), start),
-                                     daemon=True) for kind in ATTACKS]
-        for t in threads:
-            t.start()
-        start.wait()
-        sampler.start()
+        procs = [ctx.Process(target=_client_machine, args=(role, args, url, seed, tmp, ready, go, stop_value, out),
+                             daemon=True) for role, args in machines]
+        for p in procs:
+            p.start()
+        ready.wait(timeout=300)
         t0 = time.monotonic()
-        stop_at[0] = t0 + duration_s
-        for t in threads:
-            t.join(timeout=max(1.0, stop_at[0] + 150 - time.monotonic()))
+        stop_value.value = t0 + duration_s
+        sampler.start()
+        go.wait()
+        for _ in procs:
+            try:
+                role, recs, uploads, alive = out.get(timeout=max(1.0, t0 + duration_s + 160 - time.monotonic()))
+            except queue_module.Empty:
+                still_running += 1
+                continue
+            records += recs
+            RAW_UPLOADS.extend(uploads)
+            still_running += alive
         load_end = time.monotonic()
+        for p in procs:
+            p.join(timeout=10)
         time.sleep(SOAK_TARGETS["after_s"])
         rss_after = rss_bytes(pid)
         sampler.stop()
@@ -552,20 +639,34 @@ def run_soak(url: str, honest_n: int, duration_s: float, seed: int) -> dict:
                                      refused_by_name=sum(bool(r["refused"]) for r in rs),
                                      p50_s=round(percentile(lat, 50), 3), p95_s=round(percentile(lat, 95), 3),
                                      max_s=round(lat[-1], 3) if lat else None)
+    if records_out:
+        records_out.write_text(json.dumps(records))
     honest_records = [r for r in records if r["side"] == "honest"]
+    probed = [r for r in records if r["side"] == "probe"]
+    phases = {name: dict(p50_s=round(percentile(v, 50), 3), p95_s=round(percentile(v, 95), 3))
+              for name in ("latency_s", "join_s", "wait_s", "run_s", "rest_s")
+              for v in [sorted(r[name] for r in probed if r[name] is not None and not r["error"])]}
     result = dict(
-        wall_s=round(load_end - t0, 2), clients_still_running=sum(t.is_alive() for t in threads),
+        wall_s=round(load_end - t0, 2), clients_still_running=still_running,
         honest=sides["honest"], attacker=sides["attacker"],
         honest_total=dict(requests=len(honest_records), failures=sum(bool(r["error"]) for r in honest_records),
                           refused_by_name=sum(bool(r["refused"]) for r in honest_records)),
         attacker_refusals=sorted({r["refused"] for r in records if r["side"] == "attacker" and r["refused"]})[:12],
         attacker_errors=sorted({r["error"] for r in records if r["side"] == "attacker" and r["error"]})[:12],
         honest_errors=sorted({r["error"] or r["refused"] for r in honest_records if r["error"] or r["refused"]})[:12],
+        probe=dict(requests=len(probed), failures=sum(bool(r["error"]) for r in probed), phases=phases),
         memory=dict(rss_start_gb=round(rss_start / 1e9, 3), peak_rss_gb=round(max(during, default=0) / 1e9, 3),
                     rss_after_gb=round(rss_after / 1e9, 3), after_s=SOAK_TARGETS["after_s"],
                     timeline_gb=[(round(t - t0, 1), round(r / 1e9, 3)) for t, r in samples[::10]]))
     m, mask_p95 = result["memory"], sides["honest"]["mask"]["p95_s"]
     result["honest_mask_p95_s"] = mask_p95
+    first = min((r["t"] - r["latency_s"] for r in records if "t" in r), default=0.0)
+    settled = sorted(r["latency_s"] for r in honest_records
+                     if r["kind"] == "mask" and r["t"] - r["latency_s"] - first >= SETTLED_AFTER_S)
+    result["honest_mask_after_the_first_seconds"] = dict(
+        from_s=SETTLED_AFTER_S, requests=len(settled), p50_s=round(percentile(settled, 50), 3),
+        p95_s=round(percentile(settled, 95), 3),
+        why="every visitor's first request and the attacker's first burst arrive in the same instant")
     result["targets"] = dict(SOAK_TARGETS, met=dict(
         peak_rss_gb=m["peak_rss_gb"] < SOAK_TARGETS["peak_rss_gb"],
         rss_after_gb=m["rss_after_gb"] < SOAK_TARGETS["rss_after_gb"],
@@ -586,16 +687,24 @@ def main_soak(a) -> dict:
                                 attacks=ATTACKS, honest_mix={v: dict(api=api, weight=w) for v, (api, w) in MIX.items()},
                                 memory_budget_bytes=memory_budget(),
                                 latency="end to end per request, queue wait included",
+                                clients=f"{a.client_processes} processes of honest visitors, one of the attacker, "
+                                        "one of the probe (its own address, one lecture /mask at a time, split "
+                                        "into phases), each with its own GIL, on the server's machine",
                                 rss="server process VmRSS sampled every 0.2 s; 'after' 30 s after the load stops",
                                 addresses="every client sends X-Forwarded-For; the server trusts one proxy hop, "
                                           "so each honest visitor has its own address and the attacker one",
                                 conditions=a.conditions))
-    report, out = run_and_write(a, lambda url: run_soak(url, a.sessions, a.duration, a.seed), info, "load-soak", when)
+    report, out = run_and_write(a, lambda url: run_soak(url, a.sessions, a.duration, a.seed, a.client_processes,
+                                                                a.records),
+                                info, "load-soak", when)
     for side in ("honest", "attacker"):
         print(f"{side:<36}{'requests':>9}{'failed':>8}{'refused':>8}{'p50 s':>9}{'p95 s':>9}")
         for kind, r in report[side].items():
             print(f"  {kind:<34}{r['requests']:>9}{r['failures']:>8}{r['refused_by_name']:>8}{r['p50_s']:>9.3f}"
                   f"{r['p95_s']:>9.3f}")
+    phases = report["probe"]["phases"]
+    print("probe, lecture /mask alone in its process: " + ", ".join(
+        f"{k[:-2]} p50 {v['p50_s']:.3f} p95 {v['p95_s']:.3f} s" for k, v in phases.items()))
     m = report["memory"]
     print(f"RSS start {m['rss_start_gb']} GB, peak {m['peak_rss_gb']} GB, {m['after_s']:g} s after {m['rss_after_gb']} GB;"
           f" targets met: {report['targets']['met']} -> {out}")
@@ -612,6 +721,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--abuse", action="store_true", help="the hostile-visitor mix instead (issue 14)")
     ap.add_argument("--soak", action="store_true", help="--sessions honest visitors beside one attacker running "
                     "issue 19's findings 1-6 (up to 120 s)")
+    ap.add_argument("--client-processes", type=int, default=6, help="--soak: processes the honest visitors "
+                    "are spread over (clients that share one process share its GIL and slow each other's timing)")
+    ap.add_argument("--records", type=Path, default=None, help="--soak: also write every request's record "
+                    "(side, kind, latency, start time, the probe's phases) to this JSON file")
     ap.add_argument("--conditions", default="", help="--abuse: a note on the machine's state, kept in the file")
     a = ap.parse_args(argv)
     if not 1 <= a.sessions <= 200:
