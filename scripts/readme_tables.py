@@ -268,6 +268,14 @@ def load_soak_block(results_dir: Path = RESULTS_DIR) -> str:
         for kind, r in d[side].items():
             lines.append(f"| {side} | {kind} | {r['requests']} | {r['failures']} | {r['refused_by_name']} | "
                          f"{r['p50_s']:.2f} s | {r['p95_s']:.2f} s |")
+    if "probe" in d:                    # files from before the probe have no phases
+        settled, probe = d["honest_mask_after_the_first_seconds"], d["probe"]
+        lines += ["", f"Honest `/mask` from {settled['from_s']:g} s on (the start burst apart: {settled['why']}): "
+                      f"p50 {settled['p50_s']:.2f} s, p95 {settled['p95_s']:.2f} s over {settled['requests']} requests. "
+                      f"Where a lecture `/mask` spends its time ({p.get('clients', 'a probe in its own process')}; "
+                      f"{probe['requests']} requests, {probe['failures']} failed):", "",
+                  "| phase | p50 | p95 |", "|---|---|---|"]
+        lines += [f"| {phase[:-2]} | {v['p50_s']:.2f} s | {v['p95_s']:.2f} s |" for phase, v in probe["phases"].items()]
     return "\n".join(lines)
 
 

@@ -289,6 +289,7 @@ def test_a_colour_change_is_drawn_in_the_browser_as_the_server_draws_it(page, qu
 
 
 def test_an_emptied_or_non_numeric_number_box_is_marked_not_silently_reset(page):
+    from playwright.sync_api import expect
     open_attention(page)
     seed = page.get_by_label("seed (weights and inputs)")
     for typed in ("", "1e"):             # "1e": what a number box holds mid-typing; its value is not a number
@@ -296,8 +297,9 @@ def test_an_emptied_or_non_numeric_number_box_is_marked_not_silently_reset(page)
         seed.press_sequentially(typed)
         seed.press("Enter")
         marked = page.locator(".invalid")
-        marked.first.wait_for(timeout=20_000)
-        assert marked.count() == 1 and "seed: empty (or not a number)" in marked.first.inner_text()
+        # the mark can be redrawn while a redraw of the previous keystroke lands: wait for it to settle
+        expect(marked).to_have_count(1, timeout=20_000)
+        expect(marked.first).to_contain_text("seed: empty (or not a number)", timeout=20_000)
         assert "last valid settings" in page.locator("#limit-note").inner_text()
     seed.fill("3")
     seed.press("Enter")
