@@ -353,9 +353,6 @@ def main_abuse(a) -> dict:
     print(f"{'kind':<34}{'requests':>9}{'failed':>8}{'refused':>8}{'p50 s':>9}{'p95 s':>9}")
     for kind, r in report["kinds"].items():
         print(f"{kind:<34}{r['requests']:>9}{r['failures']:>8}{r['refused_by_name']:>8}{r['p50_s']:>9.3f}{r['p95_s']:>9.3f}")
-    phases = report["probe"]["phases"]
-    print("probe, lecture /mask alone in its process: " + ", ".join(
-        f"{k[:-2]} p50 {v['p50_s']:.3f} p95 {v['p95_s']:.3f} s" for k, v in phases.items()))
     m = report["memory"]
     print(f"RSS start {m['rss_start_gb']} GB, peak {m['peak_rss_gb']} GB, after {m['rss_after_gb']} GB; "
           f"targets met: {report['targets']['met']} -> {out}")
