@@ -276,6 +276,11 @@ def load_soak_block(results_dir: Path = RESULTS_DIR) -> str:
                       f"{probe['requests']} requests, {probe['failures']} failed):", "",
                   "| phase | p50 | p95 |", "|---|---|---|"]
         lines += [f"| {phase[:-2]} | {v['p50_s']:.2f} s | {v['p95_s']:.2f} s |" for phase, v in probe["phases"].items()]
+    if "cpu_seconds" in d:              # files from before the CPU tally have none
+        cpu = {k: v for k, v in d["cpu_seconds"].items() if k.endswith("_s")}
+        lines += ["", f"CPU seconds used during the load, of {d['wall_s'] * dev['cores']:.0f} the "
+                      f"{dev['cores']} cores had ({d['cpu_seconds']['why']}): "
+                  + ", ".join(f"{k[:-2].replace('_', ' ')} {v:.0f}" for k, v in cpu.items()) + "."]
     return "\n".join(lines)
 
 

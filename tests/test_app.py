@@ -588,6 +588,20 @@ def join(url: str, fn_index: int, data: list, session: str, address: str) -> tup
         return e.code, e.read().decode()
 
 
+def test_the_soak_client_speaks_the_pages_protocol(server):
+    """benchmarks/load_test.py's plain-HTTP client (what the soak's visitors use): an answer reads as
+    None, an event given fewer inputs than it has is completed with the page's own values (as
+    gradio_client does), and a refusal comes back as the text that names its field."""
+    from benchmarks.load_test import RawClient, _refusal, api_functions
+    raw = RawClient(server, "10.9.0.1", api_functions(server))
+    assert raw.call("mask", [LECTURE], "soakclient1") is None
+    assert raw.call("timing", [LECTURE, "16", ["naive"]], "soakclient2") is None       # 3 of its 5 inputs
+    refused = raw.call("mask", ["preset=lecture&num_history=-1"], "soakclient3")
+    assert refused is not None and _refusal(refused) and "num_history" in refused, refused
+    timed = raw.call("mask", [LECTURE], "soakclient4", timed=True)
+    assert timed["error"] is None and all(timed[k] >= 0 for k in ("join_s", "wait_s", "run_s")), timed
+
+
 def test_every_computing_endpoint_refuses_one_session_over_its_share_at_the_http_layer(monkeypatch):
     """One-input endpoints too (Gradio reads a 1-tuple of verdicts as a valid answer). With every view
     held running, one session joins each view endpoint 12 times: only its share is queued, the rest
