@@ -448,6 +448,7 @@ def build_app() -> gr.Blocks:
         wire_export(page, built["export"])
     demo.queue(default_concurrency_limit=4, max_size=QUEUE_MAX)
     watch_lanes(demo)
+    skip_queue_analytics(demo)
     keep_outputs_out_of_session_state()
     skip_absent_matplotlib()
     return demo
@@ -477,6 +478,17 @@ def keep_outputs_out_of_session_state() -> None:
     init.without_deep_link_config = True
     SessionState.__init__ = init
     SessionState._update_value_in_config = lambda self, key, value: None
+
+
+def skip_queue_analytics(demo: gr.Blocks) -> None:
+    """After every event Gradio's queue rebuilds a pandas summary of the last 10,000 events (8-13 ms
+    holding the GIL, measured; 6 % of the server's GIL time in the soak) for its monitoring dashboard,
+    which this app does not open. It is never rebuilt, and the queue keeps only the last QUEUE_MAX
+    events' records (each names the session it came from). Gradio reads both from its environment
+    (GRADIO_ANALYTICS_CACHE_FREQUENCY, GRADIO_ANALYTICS_MAX_EVENTS) when the queue is made; set here
+    on the queue itself, so a run with other settings in its environment gets the same server."""
+    demo._queue.ANAYLTICS_CACHE_FREQUENCY = sys.maxsize        # (sic) Gradio's spelling
+    demo._queue.ANALYTICS_MAX_EVENTS = QUEUE_MAX
 
 
 def skip_absent_matplotlib() -> None:

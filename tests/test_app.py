@@ -588,6 +588,17 @@ def join(url: str, fn_index: int, data: list, session: str, address: str) -> tup
         return e.code, e.read().decode()
 
 
+def test_the_queue_builds_no_analytics_summary_per_event(monkeypatch):
+    """Gradio rebuilds a pandas summary of its last 10,000 events after each one (for a monitoring page
+    this app does not open): the app's queue never does, and keeps few event records."""
+    import app
+    queue = app.build_app()._queue
+    monkeypatch.setattr(queue, "_get_df", lambda records: pytest.fail("a pandas summary was built"))
+    queue.events_recorded += 10_000
+    queue.compute_analytics_summary([{"function": "mask", "status": "success", "process_time": 0.01}])
+    assert queue.ANALYTICS_MAX_EVENTS <= app.QUEUE_MAX
+
+
 def test_the_soak_client_speaks_the_pages_protocol(server):
     """benchmarks/load_test.py's plain-HTTP client (what the soak's visitors use): an answer reads as
     None, an event given fewer inputs than it has is completed with the page's own values (as
