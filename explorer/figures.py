@@ -133,7 +133,7 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
                    discrete: Optional[dict] = None, column_groups: Optional[list[str]] = None,
                    height: Optional[int] = None, row_title: str = "query", col_title: str = "key",
                    outline_row: Optional[int] = None, max_bytes: Optional[int] = None,
-                   page_meta: Optional[dict] = None) -> go.Figure:
+                   page_meta: Optional[dict] = None, shown_panel: Optional[int] = None) -> go.Figure:
     """The one heatmap builder. `panels` fill a grid row by row (None leaves a narrow spacer column);
     `discrete` maps values to legend names (masks); `color` is one of COLOR_SCALES (log and
     quantile hover the raw value, and the colour bar says which scale it is);
@@ -142,6 +142,9 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
     or pooled block that holds it. Panels with `row_spans` carry each row's first position in the
     trace's `meta.rows` and their own `meta` (layer, head) beside it, so a click on a cell picks the row,
     layer and head (static/page.js); `page_meta` joins the layout's meta for the page's own redraws.
+    `shown_panel`: the panels are alternatives drawn in one place (a layer's heads), that one shown and
+    its colour scale fitted; the others travel hidden with their raw values, for the page to show one
+    of them instead (static/page.js drawHead).
     No per-cell strings: the hover reads the axis labels. Cells are
     pooled further when the figure would pass `max_bytes` (default MAX_BYTES; masks MAX_BYTES_DISCRETE,
     sent as uint8); log and quantile colours send each cell twice (colour and raw value), so they pool more.
@@ -153,22 +156,26 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
     f = pool_factor([p.z.shape for p in panels if p is not None], max_cells,
                     max_bytes or (MAX_BYTES_DISCRETE if discrete else MAX_BYTES), bytes_per_cell)
     shown = [pool(p, max_cells, f) if p is not None else None for p in panels]
-    scale = ColourScale.fit(shown, color, zmin, zmax)
-    xdom, ydom = _grid_domains(panels, rows, cols)
+    alternatives = shown_panel is not None
+    if alternatives:
+        rows = cols = 1
+    scale = ColourScale.fit([shown[shown_panel]] if alternatives else shown, color, zmin, zmax)
+    xdom, ydom = _grid_domains([panels[shown_panel]] if alternatives else panels, rows, cols)
     data, annotations, shapes, layout = [], [], [], {}
     k = 0
     row_start = {}            # grid row -> the row labels of its first panel
     for i, p in enumerate(shown):
         if p is None:
             continue
-        k += 1
-        r, c = divmod(i, cols)
+        hidden = alternatives and i != shown_panel
+        k += not hidden
+        r, c = (0, 0) if alternatives else divmod(i, cols)
         # panels to the right repeat the first panel's row labels: ticking them again would print
         # them over the neighbouring panel's right edge
         repeat = row_start.setdefault(r, p.row_labels) == p.row_labels and c > 0
-        ax = "" if k == 1 else str(k)
+        ax = "" if alternatives or k == 1 else str(k)
         raw = p.z.astype(np.uint8) if discrete else p.z       # a mask's 0/1 (a tile map's 0..3): a byte each
-        z = scale.transform(raw)
+        z = raw if hidden else scale.transform(raw)
         shown_value = "%{customdata:.6g}" if z is not raw else "%{z:.6g}"
         if discrete:
             shown_value = "%{z} (" + ", ".join(f"{v:g} = {n}" for v, n in discrete.items()) + ")"
@@ -178,8 +185,11 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
                          meta={"rows": [a for a, _ in p.row_spans], **(p.meta or {})} if p.row_spans else None,
                          customdata=raw if z is not raw else None,
                          colorscale=colorscale, zmin=scale.lo, zmax=scale.hi, hovertemplate=hover,
-                         hoverongaps=False, showscale=k == 1 and not discrete, xaxis=f"x{ax}", yaxis=f"y{ax}",
-                         colorbar=scale.colorbar(colorbar_title or value_name)))
+                         hoverongaps=False, showscale=(k == 1 or alternatives) and not discrete, xaxis=f"x{ax}",
+                         yaxis=f"y{ax}", colorbar=scale.colorbar(colorbar_title or value_name),
+                         **({"visible": False} if hidden else {})))
+        if hidden:                          # axes, titles, lines and the outline: the shown panel's
+            continue
         layout[f"xaxis{ax}"] = dict(domain=xdom[c], anchor=f"y{ax}", type="category", tickangle=-60,
                                     tickfont=dict(size=11), showgrid=False,
                                     title=dict(text=col_title) if r == rows - 1 else None,

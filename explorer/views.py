@@ -35,6 +35,8 @@ BLOCK_Q, BLOCK_KV = KERNEL_TILINGS["h100-serve"].block_q, KERNEL_TILINGS["h100-s
 GRID_MAX_CELLS = 128      # per axis, per panel, in the layer x head grid
 GRID_MAX_COLS = 16        # panel columns (query heads and KV-group spacers) in the layer x head grid
 SINGLE_MAX_CELLS = 512
+# a one-head view carries the layer's other heads (hidden) up to this many cells in all (float32: 256 KB)
+HEADS_ON_PAGE_CELLS = 2 ** 16
 
 
 def layout_mask(s: Settings, kind: str) -> AttentionMask:
@@ -272,13 +274,19 @@ def attention_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
         bar_head = 0
     else:
         vals = attention_values(s, s.layer)
-        kv = s.head // G
-        fig = heatmap_figure([_panel(s, vals[s.head], "", dict(layer=s.layer, head=s.head))], title=f"Attention {s.values}: layer {s.layer}, "
-                             f"query head {s.head} (KV head {kv}){row_note(s)}"
-                             f"{zoom_note(s, cells(s, SINGLE_MAX_CELLS))}",
-                             value_name=value_name, color=s.color, colorscale=scale,
+        page = query_meta(s, s.head)
+        # where the page draws query rows itself and the layer's heads are small, they all travel (one
+        # shown): a pick of another head is then drawn by the page (static/page.js drawHead)
+        heads = list(range(s.num_q_heads)) if page and s.num_q_heads * s.seq_len ** 2 <= HEADS_ON_PAGE_CELLS \
+            else [s.head]
+        title = {h: f"Attention {s.values}: layer {s.layer}, query head {h} (KV head {h // G}){row_note(s)}"
+                    f"{zoom_note(s, cells(s, SINGLE_MAX_CELLS))}" for h in heads}
+        panels = [_panel(s, vals[h], "", dict(layer=s.layer, head=h, **({"title": title[h]} if len(heads) > 1 else {})))
+                  for h in heads]
+        fig = heatmap_figure(panels, title=title[s.head], value_name=value_name, color=s.color, colorscale=scale,
                              max_cells=cells(s, SINGLE_MAX_CELLS), zmin=0 if s.values == "probabilities" else None,
-                             outline_row=s.query_position, page_meta=query_meta(s, s.head))
+                             outline_row=s.query_position, page_meta=page,
+                             shown_panel=heads.index(s.head) if len(heads) > 1 else None)
         bar_head = s.head
     bars, text = query_row_view(s, s.layer, bar_head)
     return fig, bars, text
@@ -393,7 +401,7 @@ def anatomy_view(s: Settings) -> tuple[go.Figure, go.Figure, go.Figure, str]:
         rows.append(f"| {labels[j]} | {SEGMENT_NAMES.get(seg[j], seg[j])} | {a.raw[j]:.4g} | {a.scaled[j]:.4g} | "
                     f"{a.capped[j]:.4g} | {'sees' if a.allowed[j] else '−∞'} | {a.probs[j]:.4g} |")
     text = (f"**{where}.** " + ("" if len(labels) <= 24 else "The 8 keys with the most weight: ")
-            + f"\n\n" + "\n".join(rows) + f"\n\nRead from the model's recorded forward: the capped logits "
+            + "\n\n" + "\n".join(rows) + f"\n\nRead from the model's recorded forward: the capped logits "
             f"recomputed from its q and k differ from the ones it used by at most {a.logit_error:.2g}, and Σ weight × v "
             f"from its output by {a.out_error:.2g} (float32 rounding). The weights over masked keys sum to "
             f"{a.probs[~a.allowed].sum():.3g}.")

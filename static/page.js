@@ -169,28 +169,37 @@ const rowsOf = (z) => {
     return Array.from({length: n}, (_, r) => Array.from(flat.subarray(r * m, (r + 1) * m)));
 };
 
-// The colour radio: the attention figure recoloured from the raw values it already holds (the colour
-// coordinates, the colour bar, the title's note, the hover's value), and the query string for the link.
+// The colour scale of `kind` fitted to the heatmap traces `traces` ([trace, index]) of the attention figure
+// `gd`, whose layout meta `colour` names the title and colour bar: the colour coordinates, the colour bar,
+// the title's note and the hover's value, as the arguments of one Plotly.update.
+const colourUpdate = (gd, kind, traces) => {
+    const meta = gd.layout.meta.colour;
+    const raws = traces.map(([t]) => rowsOf(t.customdata !== undefined && t.customdata !== null ? t.customdata : t.z));
+    const all = [];
+    for (const raw of raws) for (const row of raw) for (const v of row) all.push(v);
+    const scale = explorer.colourScale(kind, all, meta.zmin, meta.zmax);
+    const z = raws.map((raw) => (scale.transform ? raw.map((row) => row.map(scale.transform)) : raw));
+    const first = traces.length ? traces[0][0] : null;
+    const bar = {...((first && first.colorbar) || {}), title: {text: meta.bar + scale.suffix, side: 'right'}};
+    if (scale.tickvals) Object.assign(bar, {tickvals: scale.tickvals, ticktext: scale.ticktext, tickmode: 'array'});
+    else Object.assign(bar, {tickvals: null, ticktext: null, tickmode: 'auto'});
+    const hover = traces.map(([t]) => t.hovertemplate.replace(/%\{(customdata|z):\.6g\}/,
+                                                                scale.transform ? '%{customdata:.6g}' : '%{z:.6g}'));
+    return [{z, customdata: scale.transform ? raws : traces.map(() => null), zmin: scale.lo, zmax: scale.hi,
+             hovertemplate: hover, colorbar: traces.map(() => bar)},
+            {'title.text': meta.title + (scale.note ? `<br><sup>${scale.note}</sup>` : '')},
+            traces.map(([, i]) => i)];
+};
+
+// The heatmap traces the attention figure shows now, as [trace, index].
+const shownHeatmaps = (gd) => gd.data.map((t, i) => [t, i]).filter(([t]) => t.type === 'heatmap' && t.visible !== false);
+
+// The colour radio: the attention figure recoloured from the raw values it already holds (one redraw), and
+// the query string for the link.
 explorer.recolour = (kind, q) => {
     const gd = document.querySelector('#attention-plot .js-plotly-plot');
-    const meta = gd && gd.layout && gd.layout.meta && gd.layout.meta.colour;
-    if (meta && gd.data) {
-        const traces = gd.data.map((t, i) => [t, i]).filter(([t]) => t.type === 'heatmap');
-        const raws = traces.map(([t]) => rowsOf(t.customdata !== undefined && t.customdata !== null ? t.customdata : t.z));
-        const all = [];
-        for (const raw of raws) for (const row of raw) for (const v of row) all.push(v);
-        const scale = explorer.colourScale(kind, all, meta.zmin, meta.zmax);
-        const z = raws.map((raw) => (scale.transform ? raw.map((row) => row.map(scale.transform)) : raw));
-        const first = traces.length ? gd.data[traces[0][1]] : null;
-        const bar = {...((first && first.colorbar) || {}), title: {text: meta.bar + scale.suffix, side: 'right'}};
-        if (scale.tickvals) Object.assign(bar, {tickvals: scale.tickvals, ticktext: scale.ticktext, tickmode: 'array'});
-        else Object.assign(bar, {tickvals: null, ticktext: null, tickmode: 'auto'});
-        const hover = traces.map(([t]) => t.hovertemplate.replace(/%\{(customdata|z):\.6g\}/,
-                                                                    scale.transform ? '%{customdata:.6g}' : '%{z:.6g}'));
-        Plotly.update(gd, {z, customdata: scale.transform ? raws : traces.map(() => null), zmin: scale.lo,
-                           zmax: scale.hi, hovertemplate: hover, colorbar: traces.map(() => bar)},
-                      {'title.text': meta.title + (scale.note ? `<br><sup>${scale.note}</sup>` : '')},
-                      traces.map(([, i]) => i));            // one redraw for data and title
+    if (gd && gd.data && gd.layout && gd.layout.meta && gd.layout.meta.colour) {
+        Plotly.update(gd, ...colourUpdate(gd, kind, shownHeatmaps(gd)));
     }
     return explorer.withParam(q, 'color', kind, 'linear');
 };
@@ -223,8 +232,8 @@ const escapeHtml = (s) => String(s).replace(/[&<>"]/g, (ch) => ({'&': '&amp;', '
 // (-1: the first candidate). The sequence position drawn, or null where the page does not hold that row
 // (another tab, pooled rows, logits shown, a control marked invalid): then the server redraws. `layer`
 // (the bars' layer; in the every-head grid another layer's head-0 panel is on the page too) is kept
-// unless given.
-explorer.drawQueryRow = (v, layer) => {
+// unless given; `outline` false leaves the row outline as it is (a redraw saved where it cannot move).
+explorer.drawQueryRow = (v, layer, outline = true) => {
     const gd = document.querySelector('#attention-plot .js-plotly-plot');
     const bars = document.querySelector('#query-bars-plot .js-plotly-plot');
     const meta = gd && gd.layout && gd.layout.meta && gd.layout.meta.query;
@@ -240,16 +249,17 @@ explorer.drawQueryRow = (v, layer) => {
     const shapes = (gd.layout.shapes || []).filter((s) => s.name !== 'query-outline');
     for (const t of heat) {
         const i = t.meta.rows.indexOf(pos);
-        if (i < 0) continue;
+        if (i < 0 || t.visible === false) continue;         // a head the one-head view holds hidden
         const box = {type: 'rect', x0: -0.5, x1: t.x.length - 0.5, y0: i - 0.5, y1: i + 0.5, xref: t.xaxis || 'x',
                      yref: t.yaxis || 'y', fillcolor: 'rgba(0,0,0,0)', layer: 'above', name: 'query-outline'};
         shapes.push({...box, line: {color: '#FFFFFF', width: 5}}, {...box, line: {color: '#000000', width: 2}});
     }
-    Plotly.relayout(gd, {shapes});
+    if (outline) Plotly.relayout(gd, {shapes});
     const title = (bars.layout.title && bars.layout.title.text) || '';
     Plotly.update(bars, {y: [probs], text: [bars.data[0].text ? probs.map((p) => explorer.fmtG(p, 3)) : null]},
-                  {'title.text': title.replace(/^Where query .*? attends \(layer \d+,/,
-                                               `Where query ${labels[pos]} attends (layer ${L},`)}, [0]);
+                  {'title.text': title.replace(/^Where query .*? attends \(layer \d+, head \d+\)/,
+                                               `Where query ${labels[pos]} attends (layer ${L}, head ${meta.head})`)},
+                  [0]);
     meta.layer = L;
     const top = probs.map((p, i) => i).sort((a, b) => probs[b] - probs[a]).slice(0, 3);   // stable: ties by position
     let masked = 0;
@@ -274,6 +284,38 @@ explorer.queryRow = (v, q, n) => (explorer.drawQueryRow(v) === null
 explorer.layerPick = (layer, v, q, n) => (explorer.drawQueryRow(v, layer) === null
     ? [q, String(Number(n || 0) + 1)]
     : [explorer.withParam(q, 'layer', String(layer), '0'), n]);
+
+// The head dropdown's pick in a one-head view that holds the layer's other heads hidden (explorer.views
+// attention_view): that head's panel shown, its colour scale fitted (the colour radio's kind, from the link
+// `q`), the title, the bars and their sentence redrawn. Returns the head drawn, or null where the page does
+// not hold it (the grid, to or from it, another tab, logits shown, long sequences): then the server redraws.
+explorer.drawHead = (head, v, q) => {
+    const gd = document.querySelector('#attention-plot .js-plotly-plot');
+    const meta = gd && gd.layout && gd.layout.meta;
+    const query = meta && meta.query;
+    if (!query || !meta.colour || query.selected < 0 || !Number.isInteger(head) || head < 0
+        || !Number.isInteger(v) || v < -1 || !gd.getClientRects().length || document.querySelector('.invalid')) return null;
+    const next = gd.data.map((t, i) => [t, i]).find(([t]) => t.type === 'heatmap' && t.meta && t.meta.head === head
+                                                      && t.meta.layer === query.layer && t.meta.title);
+    if (!next) return null;
+    const shown = shownHeatmaps(gd).filter(([, i]) => i !== next[1]);
+    query.head = head;
+    query.selected = head;
+    meta.colour.title = next[0].meta.title;
+    // one redraw: the head's panel recoloured and shown, the one shown before hidden (its data unchanged);
+    // the row outline stays (every head's panel has the same rows, in the same place)
+    const [data, layout, indices] = colourUpdate(gd, new URLSearchParams(q).get('color') || 'linear', [next]);
+    const keep = shown.map(() => undefined);
+    for (const k of ['z', 'customdata', 'hovertemplate', 'colorbar']) data[k] = [...data[k], ...keep];
+    data.visible = [true, ...shown.map(() => false)];
+    Plotly.update(gd, data, layout, [...indices, ...shown.map(([, i]) => i)]);
+    return explorer.drawQueryRow(v, undefined, false) === null ? null : head;
+};
+
+// The head dropdown's change: drawn on the page where it can be, else the server redraws (as queryRow).
+explorer.headPick = (head, v, q, n) => (explorer.drawHead(Number(head), v, q) === null
+    ? [q, String(Number(n || 0) + 1)]
+    : [explorer.withParam(q, 'head', String(head), '-1'), n]);
 
 // presentation mode's PgUp PgDn in the every-head grid: the layer stepped on the page (stops at the ends)
 explorer.stepLayer = (delta) => {

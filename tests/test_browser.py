@@ -237,11 +237,11 @@ def test_a_click_in_a_panel_sets_its_layer_head_and_row_and_everything_follows(p
                            timeout=60_000)
 
 
-# the attention figure as drawn: each heatmap's colour coordinates (plotly's decoded arrays), the colour
-# bar, the title, the hover
+# the attention figure as drawn: each heatmap shown (a one-head view holds its layer's other heads hidden)
+# with its colour coordinates (plotly's decoded arrays), the colour bar, the title, the hover
 DRAWN = """() => {
     const gd = document.querySelector('#attention-plot .js-plotly-plot');
-    const maps = gd._fullData.filter((t) => t.type === 'heatmap');
+    const maps = gd._fullData.filter((t) => t.type === 'heatmap' && t.visible !== false);
     return {z: maps.map((t) => Array.from(t._z || t.z, (row) => Array.from(row, (v) => (isFinite(v) ? v : null)))),
             ticktext: maps[0].colorbar.ticktext ? Array.from(maps[0].colorbar.ticktext) : null,
             bar: maps[0].colorbar.title.text, title: gd.layout.title.text,
@@ -262,7 +262,6 @@ def server_requests(page) -> list:
 def test_a_colour_change_is_drawn_in_the_browser_as_the_server_draws_it(page, query, kind):
     """No request reaches the server, and the figure equals the one the server draws for the new link
     (colour coordinates to float32 precision, the colour bar's ticks, the title's note)."""
-    import numpy as np
     from explorer import views
     from explorer.settings import parse_query
 
@@ -277,7 +276,15 @@ def test_a_colour_change_is_drawn_in_the_browser_as_the_server_draws_it(page, qu
     assert page.locator("#query textarea, #query input").first.input_value() == link.split("&tab=")[0]
     drawn = page.evaluate(DRAWN)
     fig, _, _ = views.attention_view(parse_query(link.split("&tab=")[0]))
-    maps = [t for t in fig.data if t.type == "heatmap"]
+    assert_drawn_as(drawn, fig)
+
+
+def assert_drawn_as(drawn: dict, fig) -> None:
+    """The attention figure drawn on the page (DRAWN) is what the server draws (`fig`): the heatmaps shown,
+    colour coordinates to float32 precision, the colour bar's title and ticks, the title, the hover."""
+    import numpy as np
+    maps = [t for t in fig.data if t.type == "heatmap" and t.visible is not False]
+    assert len(drawn["z"]) == len(maps)
     for got, want in zip(drawn["z"], maps):
         want = np.asarray(want.z, dtype=np.float64)
         got = np.array([[np.nan if v is None else v for v in row] for row in got])
@@ -408,6 +415,60 @@ def test_a_query_row_change_is_drawn_in_the_browser_as_the_server_draws_it(page,
     page.get_by_label("capped logits").check()          # the server's next redraw reads the new row
     page.wait_for_function("() => new URLSearchParams(window.location.search).get('values') !== null", timeout=30_000)
     page.wait_for_function(f"(t) => ({QUERY_DRAWN})().title === t", arg=bars.layout.title.text, timeout=30_000)
+
+
+@pytest.mark.parametrize("query,head", [("preset=lecture&head=0", 1), ("preset=lecture&head=2&color=log&query=7", 3),
+                                        ("preset=lecture&head=3&layer=1&color=quantile&query=4", 0)])
+def test_a_head_pick_is_drawn_in_the_browser_as_the_server_draws_it(page, query, head):
+    """Another head of a one-head view at lecture (the figure holds the layer's heads) sends no request: the
+    heatmap (colour coordinates, colour bar, title, hover), the bars (float32 weights, exactly), their title,
+    the sentence and the link equal what the server draws and writes for the new link; the row outline
+    stays. A later server redraw (values) draws the new head."""
+    import numpy as np
+    from explorer import views
+    from explorer.settings import parse_query, to_query
+
+    open_attention(page, query)
+    before = page.evaluate(QUERY_DRAWN)
+    requests = server_requests(page)
+    s0 = parse_query(query)
+    page.get_by_label("head", exact=True).click()
+    page.get_by_role("option", name=f"head {head} (KV {head // (s0.num_q_heads // s0.num_kv_heads)})",
+                     exact=True).click()
+    page.wait_for_function(f"() => new URLSearchParams(window.location.search).get('head') === '{head}'",
+                           timeout=10_000)
+    page.wait_for_timeout(500)                     # anything the change would send has been sent
+    assert requests == [], requests
+    link = urlparse(page.url).query.split("&tab=")[0]
+    s = parse_query(link)
+    assert to_query(s) == link and page.locator("#query textarea, #query input").first.input_value() == link
+    fig, bars, text = views.attention_view(s)
+    assert_drawn_as(page.evaluate(DRAWN), fig)
+    drawn = page.evaluate(QUERY_DRAWN)
+    assert drawn["outlines"] == before["outlines"] != []
+    np.testing.assert_array_equal(np.float32(drawn["y"]), np.float32(bars.data[0].y))
+    assert drawn["text"] == (list(bars.data[0].text) if bars.data[0].text is not None else None)
+    assert drawn["title"] == bars.layout.title.text and drawn["sentence"] == text.replace("**", "")
+    assert drawn["y"] != before["y"]
+
+    page.get_by_label("capped logits").check()          # the server's next redraw reads the new head
+    page.wait_for_function(f"""() => (document.querySelector('#attention-plot .gtitle') || {{}}).textContent
+        ?.startsWith('Attention capped logits: layer {s.layer}, query head {head} ')""", timeout=30_000)
+
+
+@pytest.mark.parametrize("query,head", [("preset=lecture&head=-1", 1), ("preset=lecture&head=1", -1),
+                                        ("preset=lecture&head=0&values=capped+logits", 1)])
+def test_a_head_the_page_does_not_hold_is_drawn_by_the_server(page, query, head):
+    """To or from the every-head grid, or with logits shown: the server draws the pick."""
+    open_attention(page, query)
+    requests = server_requests(page)
+    page.get_by_label("head", exact=True).click()
+    name = "all heads (grid)" if head < 0 else f"head {head} (KV {head // 2})"
+    page.get_by_role("option", name=name, exact=True).click()
+    title = "every layer and head" if head < 0 else f"query head {head} "
+    page.wait_for_function(f"() => (document.querySelector('#attention-plot .gtitle') || {{}}).textContent"
+                           f"?.includes({title!r})", timeout=30_000)
+    assert requests
 
 
 @pytest.mark.parametrize("query,field", [("preset=lecture&head=0&values=capped+logits", "query"),

@@ -94,7 +94,7 @@ def test_short_axes_tick_every_token_even_in_a_grid():
 def test_hover_names_query_key_and_value_from_the_axes_without_a_string_per_cell():
     s = parse_query("preset=lecture&head=0")
     fig, _, _ = views.attention_view(s)
-    (hm,) = heatmaps(fig)
+    hm = next(t for t in heatmaps(fig) if t.visible is not False)      # the head shown
     assert "query %{y}" in hm.hovertemplate and "key %{x}" in hm.hovertemplate and "weight" in hm.hovertemplate
     assert hm.text is None and "%{text}" not in hm.hovertemplate
     # the labels the hover reads carry the segment

@@ -16,15 +16,53 @@ def heatmaps(fig):
     return [t for t in fig.data if t.type == "heatmap"]
 
 
+def shown(fig):
+    return [t for t in heatmaps(fig) if t.visible is not False]
+
+
 def test_single_head_heatmap_equals_recorded_probabilities():
     s = parse_query(LECTURE + "&head=3&layer=1")
     fig, bars, _ = views.attention_view(s)
-    (hm,) = heatmaps(fig)
+    (hm,) = shown(fig)
     probs = runs.forward(s).trunk.layers[1].probs[0, 3].numpy()
     np.testing.assert_array_equal(np.asarray(hm.z, dtype=np.float64), probs.astype(np.float64))
     assert list(hm.x) == list(hm.y) == s.layout.token_labels()
     row = runs.forward(s).trunk.layers[1].probs[0, 3, s.query_position].numpy()
     np.testing.assert_array_equal(np.asarray(bars.data[0].y, dtype=np.float64), row)
+
+
+@pytest.mark.parametrize("query", ["&head=2&layer=1", "&head=0&color=log", "&head=3&color=quantile&query=4"])
+def test_a_one_head_view_holds_its_layers_other_heads_hidden_for_the_page(query, monkeypatch):
+    """Where the page draws query rows itself (static/page.js drawHead), a one-head view carries every head
+    of its layer: the head chosen drawn exactly as without the others (same trace, axes, lines, outline),
+    each other hidden with its recorded probabilities (float32, exactly) and the title its own view has."""
+    from plotly.io.json import to_json_plotly
+    s = parse_query(LECTURE + query)
+    fig = views.attention_view(s)[0]
+    monkeypatch.setattr(views, "HEADS_ON_PAGE_CELLS", 0)
+    alone = views.attention_view(s)[0]
+    (want,) = heatmaps(alone)
+    assert [t.meta["head"] for t in heatmaps(fig)] == list(range(s.num_q_heads))
+    (got,) = shown(fig)
+    assert got.meta.pop("title") == alone.layout.meta["colour"]["title"]
+    assert to_json_plotly(got.to_plotly_json()) == to_json_plotly(want.to_plotly_json())
+    assert to_json_plotly(fig.layout.to_plotly_json()) == to_json_plotly(alone.layout.to_plotly_json())
+    probs = runs.forward(s).trunk.layers[s.layer].probs[s.row].numpy()
+    for t in heatmaps(fig):
+        if t.visible is False:
+            np.testing.assert_array_equal(np.asarray(t.z), probs[t.meta["head"]])
+            assert t.customdata is None and t.meta["layer"] == s.layer
+            other = views.attention_view(parse_query(LECTURE + query.replace(f"head={s.head}",
+                                                                                        f"head={t.meta['head']}")))[0]
+            assert t.meta["title"] == other.layout.meta["colour"]["title"]
+
+
+@pytest.mark.parametrize("query", ["&head=1&values=capped+logits", "&head=1&zoom=candidates", "&head=-1",
+                                   "&head=1&num_history=300"])
+def test_a_view_the_page_cannot_redraw_carries_no_hidden_heads(query):
+    """Logits, a zoom, the every-head grid or a long sequence: what is sent is only what is shown."""
+    fig = views.attention_view(parse_query(LECTURE + query))[0]
+    assert all(t.visible is not False for t in fig.data)
 
 
 def test_grid_groups_query_heads_under_their_kv_head():
@@ -258,7 +296,7 @@ def test_every_view_shows_the_selected_batch_row():
     out = runs.forward(s)
     assert out.logits.shape[0] == 3 and not torch.equal(out.embeddings[0], out.embeddings[2])
     fig, bars, _ = views.attention_view(s)
-    (hm,) = heatmaps(fig)
+    (hm,) = shown(fig)
     np.testing.assert_array_equal(np.asarray(hm.z, dtype=np.float32), out.trunk.layers[0].probs[2, 1].numpy())
     np.testing.assert_array_equal(np.asarray(bars.data[0].y, dtype=np.float64),
                                   out.trunk.layers[0].probs[2, 1, s.query_position].numpy())
@@ -332,7 +370,7 @@ def test_production_heatmaps_are_the_xrex_rankers_own_record():
     model = runs.build_model(s)
     with torch.no_grad():
         direct = model.ranker(out.embeddings, out.valid, record=True).layers[1].probs[0, 2]
-    (hm,) = heatmaps(views.attention_view(s)[0])
+    (hm,) = shown(views.attention_view(s)[0])
     np.testing.assert_array_equal(np.asarray(hm.z, dtype=np.float32), direct.numpy())
     P_L = s.candidate_start_offset
     assert (np.asarray(hm.z)[0, 1:P_L - 1] > 0).all()          # the user token sees the later history
