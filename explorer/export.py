@@ -205,7 +205,15 @@ def figure(s: Settings, name: str) -> go.Figure:
     spec = check_figure(name)
     if spec.model:
         check_model_fits(s)
-    return spec.view(spec.adjust(s))[spec.index]
+    return as_drawn(spec.view(spec.adjust(s))[spec.index])
+
+
+def as_drawn(fig: go.Figure) -> go.Figure:
+    """The figure as it is drawn: the traces a view sends hidden for the page to show later (a one-head
+    view's other heads, explorer.views.attention_view) left out of files and their data."""
+    if all(t.visible is not False for t in fig.data):
+        return fig
+    return go.Figure(dict(data=[t for t in fig.data if t.visible is not False], layout=fig.layout), _validate=False)
 
 
 def all_figures(s: Settings) -> tuple[dict[str, tuple[go.Figure, str]], dict[str, str]]:
@@ -226,7 +234,7 @@ def all_figures(s: Settings) -> tuple[dict[str, tuple[go.Figure, str]], dict[str
             log.exception("lecture pack: %s failed", name)
             left_out[name] = f"internal error while drawing it ({type(e).__name__}; logged on the server)"
             continue
-        drawn[name] = (outputs[key][spec.index], caption(s, name))
+        drawn[name] = (as_drawn(outputs[key][spec.index]), caption(s, name))
     return drawn, left_out
 
 

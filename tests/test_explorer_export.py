@@ -130,6 +130,8 @@ def _decoded(value):
 
 def test_a_data_file_per_figure_holds_exactly_the_numbers_drawn(s, pack):
     figures, _ = export.all_figures(s)
+    # what the page holds hidden (a one-head view's other heads) is no part of a file
+    assert all(t.visible is not False for fig, _ in figures.values() for t in fig.data)
     with zipfile.ZipFile(pack) as z:
         for name, (fig, _) in figures.items():
             data = np.load(io.BytesIO(z.read(f"data/{export.file_stem(s, name)}.npz")))
