@@ -356,6 +356,15 @@ QUERY_DRAWN = """() => {
 }"""
 
 
+def assert_bars_as(drawn: dict, bars, text: str) -> None:
+    """The query row's bars drawn on the page (QUERY_DRAWN) are what the server draws: the weights (float32,
+    exactly), their labels, the title and the sentence."""
+    import numpy as np
+    np.testing.assert_array_equal(np.float32(drawn["y"]), np.float32(bars.data[0].y))
+    assert drawn["text"] == (list(bars.data[0].text) if bars.data[0].text is not None else None)
+    assert drawn["title"] == bars.layout.title.text and drawn["sentence"] == text.replace("**", "")
+
+
 @pytest.mark.parametrize("query,how", [("preset=lecture&head=0", "typed"), ("preset=lecture&head=-1&layer=1", "typed"),
                                        ("preset=lecture&head=2&color=log", "click"),
                                        ("preset=lecture&head=1&tab=attention&present=1", "key"),
@@ -366,7 +375,6 @@ def test_a_query_row_change_is_drawn_in_the_browser_as_the_server_draws_it(page,
     grid a layer typed or stepped with PgDn, sends no request; the outlines, the bars (float32 weights,
     exactly), their labels, the title, the sentence and the link equal what the server draws and writes for
     the new link. A later server redraw (values) keeps the new row and layer."""
-    import numpy as np
     from explorer import views
     from explorer.settings import parse_query, to_query
 
@@ -404,9 +412,7 @@ def test_a_query_row_change_is_drawn_in_the_browser_as_the_server_draws_it(page,
     want = sorted([s.xref, s.yref, s.x0, s.x1, s.y0, s.y1, s.line.width] for s in fig.layout.shapes
                   if s.name == "query-outline")
     assert sorted(drawn["outlines"]) == want and (field == "layer" or drawn["outlines"] != before["outlines"])
-    np.testing.assert_array_equal(np.float32(drawn["y"]), np.float32(bars.data[0].y))
-    assert drawn["text"] == (list(bars.data[0].text) if bars.data[0].text is not None else None)
-    assert drawn["title"] == bars.layout.title.text and drawn["sentence"] == text.replace("**", "")
+    assert_bars_as(drawn, bars, text)
     assert drawn["y"] != before["y"]
 
     if how.endswith("key"):
@@ -424,7 +430,6 @@ def test_a_head_pick_is_drawn_in_the_browser_as_the_server_draws_it(page, query,
     heatmap (colour coordinates, colour bar, title, hover), the bars (float32 weights, exactly), their title,
     the sentence and the link equal what the server draws and writes for the new link; the row outline
     stays. A later server redraw (values) draws the new head."""
-    import numpy as np
     from explorer import views
     from explorer.settings import parse_query, to_query
 
@@ -446,9 +451,7 @@ def test_a_head_pick_is_drawn_in_the_browser_as_the_server_draws_it(page, query,
     assert_drawn_as(page.evaluate(DRAWN), fig)
     drawn = page.evaluate(QUERY_DRAWN)
     assert drawn["outlines"] == before["outlines"] != []
-    np.testing.assert_array_equal(np.float32(drawn["y"]), np.float32(bars.data[0].y))
-    assert drawn["text"] == (list(bars.data[0].text) if bars.data[0].text is not None else None)
-    assert drawn["title"] == bars.layout.title.text and drawn["sentence"] == text.replace("**", "")
+    assert_bars_as(drawn, bars, text)
     assert drawn["y"] != before["y"]
 
     page.get_by_label("capped logits").check()          # the server's next redraw reads the new head
