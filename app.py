@@ -70,8 +70,9 @@ COPY_LINK = "() => explorer.copyLink()"
 IN_BROWSER = {"color": "(kind, q) => explorer.recolour(kind, q)"}
 # the query row, drawn by the page where the attention tab holds its row (else it counts a redraw)
 QUERY_ROW = "(v, q, n) => explorer.queryRow(v, q, n)"
-LAYER = "(layer, v, q, n) => explorer.layerPick(layer, v, q, n)"        # likewise, the bars' layer in the grid
+LAYER = "(layer, v, q, n) => explorer.layerPick(layer, v, q, n)"        # likewise, the layer
 HEAD_PICK = "(head, v, q, n) => explorer.headPick(head, v, q, n)"        # another head of a one-head view
+VALUES_PICK = "(values, v, q, n) => explorer.valuesPick(values, v, q, n)"  # another value kind of one
 
 # what to look for, one line per tab
 LOOK_FOR = {
@@ -300,9 +301,9 @@ def wire_controls(page: SimpleNamespace, c: dict) -> None:
     """Any control -> validated query string + the visible tab redrawn, in one round trip; an invalid value
     is marked at its control and the rest keeps working. API clients get the same change, refused with
     the field named. A click on a heatmap cell sets its layer, head and query row together (PICK_ROW). The
-    colour scale is redrawn in the browser (IN_BROWSER), and the query row where the page holds it (QUERY_ROW,
-    else the server redraws), the layer in the every-head grid (LAYER) and another head of a one-head view
-    (HEAD_PICK): the next server change reads them from their controls."""
+    colour scale is redrawn in the browser (IN_BROWSER), and where the page holds them (else the server
+    redraws) the query row (QUERY_ROW), the layer (LAYER), the head (HEAD_PICK) and the values shown
+    (VALUES_PICK): the next server change reads them from their controls."""
     controls = [c[f] for f in CONTROL_FIELDS]
     page.pick.change(pick_on_page, [page.pick] + controls + [page.tab_state, page.query, page.marked],
                     [page.query, page.marked, page.limit_md] + controls + page.view_outputs,
@@ -314,13 +315,11 @@ def wire_controls(page: SimpleNamespace, c: dict) -> None:
     picked(c["query"])(None, [c["query"], page.query, page.query_redraw], [page.query, page.query_redraw], js=QUERY_ROW,
                        api_name="query_in_browser", **HIDDEN, **RAW) \
         .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **HIDDEN)
-    picked(c["layer"])(None, [c["layer"], c["query"], page.query, page.query_redraw], [page.query, page.query_redraw],
-                       js=LAYER, api_name="layer_in_browser", **HIDDEN, **RAW) \
-        .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **HIDDEN)
-    picked(c["head"])(None, [c["head"], c["query"], page.query, page.query_redraw], [page.query, page.query_redraw],
-                      js=HEAD_PICK, api_name="head_in_browser", **HIDDEN, **RAW) \
-        .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **HIDDEN)
-    gr.on([picked(c[f]) for f in CONTROL_FIELDS if f not in ("preset", "family", "query", "layer", "head",
+    for f, js in (("layer", LAYER), ("head", HEAD_PICK), ("values", VALUES_PICK)):
+        picked(c[f])(None, [c[f], c["query"], page.query, page.query_redraw], [page.query, page.query_redraw],
+                     js=js, api_name=f"{f}_in_browser", **HIDDEN, **RAW) \
+            .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **HIDDEN)
+    gr.on([picked(c[f]) for f in CONTROL_FIELDS if f not in ("preset", "family", "query", "layer", "head", "values",
                                                               *IN_BROWSER)]
           + [page.query_redraw.change], control_change_on_page,
           controls + [page.tab_state, page.query, page.marked],

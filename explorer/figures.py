@@ -56,6 +56,9 @@ class Panel:
     # click on the row picks and where the chosen query row is outlined; None for rows that are no query
     row_spans: Optional[list[tuple[int, int]]] = None
     meta: Optional[dict] = None                  # extra trace meta, e.g. {"layer": 1, "head": 3}: what a click picks
+    # an alternative of heatmap_figure(shown_panel=...) drawn in its own look when shown: the figure's title,
+    # value_name, colorscale and zmin (the figure's own where left out)
+    look: Optional[dict] = None
 
 
 def row_of(panel: Panel, position: int) -> Optional[int]:
@@ -142,9 +145,10 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
     or pooled block that holds it. Panels with `row_spans` carry each row's first position in the
     trace's `meta.rows` and their own `meta` (layer, head) beside it, so a click on a cell picks the row,
     layer and head (static/page.js); `page_meta` joins the layout's meta for the page's own redraws.
-    `shown_panel`: the panels are alternatives drawn in one place (a layer's heads), that one shown and
-    its colour scale fitted; the others travel hidden with their raw values, for the page to show one
-    of them instead (static/page.js drawHead).
+    `shown_panel`: the panels are alternatives drawn in one place (a model's heads, layers and value
+    kinds), that one shown and its colour scale fitted; the others travel hidden with their raw values and
+    each its own look (`Panel.look`, as `meta.colour`), for the page to show one instead (static/page.js
+    drawPanel).
     No per-cell strings: the hover reads the axis labels. Cells are
     pooled further when the figure would pass `max_bytes` (default MAX_BYTES; masks MAX_BYTES_DISCRETE,
     sent as uint8); log and quantile colours send each cell twice (colour and raw value), so they pool more.
@@ -169,6 +173,7 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
             continue
         hidden = alternatives and i != shown_panel
         k += not hidden
+        own = {**dict(title=title, value_name=value_name, colorscale=colorscale, zmin=zmin), **(p.look or {})}
         r, c = (0, 0) if alternatives else divmod(i, cols)
         # panels to the right repeat the first panel's row labels: ticking them again would print
         # them over the neighbouring panel's right edge
@@ -179,14 +184,17 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
         shown_value = "%{customdata:.6g}" if z is not raw else "%{z:.6g}"
         if discrete:
             shown_value = "%{z} (" + ", ".join(f"{v:g} = {n}" for v, n in discrete.items()) + ")"
-        hover = (f"{row_title} %{{y}}<br>{col_title} %{{x}}<br>{value_name} {shown_value}"
+        hover = (f"{row_title} %{{y}}<br>{col_title} %{{x}}<br>{own['value_name']} {shown_value}"
                  + ("<br>(max over the block)" if p.pooled > 1 else "") + "<extra></extra>")
-        data.append(dict(type="heatmap", z=z, x=p.col_labels, y=p.row_labels,
-                         meta={"rows": [a for a, _ in p.row_spans], **(p.meta or {})} if p.row_spans else None,
+        meta = {"rows": [a for a, _ in p.row_spans], **(p.meta or {})} if p.row_spans else None
+        if alternatives and meta is not None:           # what the page needs to show it (as layout meta.colour)
+            meta["colour"] = dict(title=own["title"], bar=colorbar_title or own["value_name"], zmin=own["zmin"],
+                                  zmax=zmax)
+        data.append(dict(type="heatmap", z=z, x=p.col_labels, y=p.row_labels, meta=meta,
                          customdata=raw if z is not raw else None,
-                         colorscale=colorscale, zmin=scale.lo, zmax=scale.hi, hovertemplate=hover,
+                         colorscale=own["colorscale"], zmin=scale.lo, zmax=scale.hi, hovertemplate=hover,
                          hoverongaps=False, showscale=(k == 1 or alternatives) and not discrete, xaxis=f"x{ax}",
-                         yaxis=f"y{ax}", colorbar=scale.colorbar(colorbar_title or value_name),
+                         yaxis=f"y{ax}", colorbar=scale.colorbar(colorbar_title or own["value_name"]),
                          **({"visible": False} if hidden else {})))
         if hidden:                          # axes, titles, lines and the outline: the shown panel's
             continue

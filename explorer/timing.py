@@ -26,7 +26,7 @@ from models.masks import EMPTY, AttentionMask
 from models.runinfo import RESULTS_DIR, device_name
 
 from .figures import FONT, _log_ticks
-from .measure import (PRESETS, Preset, Run, Status, load_results, matmul_tflops, on_gpu, preset_for,
+from .measure import (Preset, Run, Status, load_results, matmul_tflops, on_gpu, preset_for,
                       sweep as benchmark_sweep)
 from .settings import Settings, ValidationError, device, sweep_budget_s, timing_max_len
 

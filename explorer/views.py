@@ -28,7 +28,8 @@ from models.xrex import right_anchored_positions
 from . import runs
 from .figures import (DIVERGING, MASK_SCALE, SEGMENT_NAMES, SEQUENTIAL, TILE_SCALE, Panel, bar_figure,
                       grouped_bar_figure, heatmap_figure, line_figure, stacked_bars_figure)
-from .settings import BUG_ZOO_MAX_POSITIONS, INVARIANCE_OPS, MAX_FIGURE_CELLS, PRESETS, Settings, parse_settings
+from .settings import (BUG_ZOO_MAX_POSITIONS, INVARIANCE_OPS, MAX_FIGURE_CELLS, PRESETS, VALUE_KINDS, Settings,
+                       parse_settings)
 
 # the mask table's tile column: production's H100 serving tiles (64 query rows x 128 keys)
 BLOCK_Q, BLOCK_KV = KERNEL_TILINGS["h100-serve"].block_q, KERNEL_TILINGS["h100-serve"].block_kv
@@ -37,6 +38,7 @@ GRID_MAX_COLS = 16        # panel columns (query heads and KV-group spacers) in 
 SINGLE_MAX_CELLS = 512
 # a one-head view carries the layer's other heads (hidden) up to this many cells in all (float32: 256 KB)
 HEADS_ON_PAGE_CELLS = 2 ** 16
+QUERY_ROWS_ON_PAGE = 256  # the page draws a query row itself (its mask row travels) up to this sequence length
 
 
 def layout_mask(s: Settings, kind: str) -> AttentionMask:
@@ -94,7 +96,7 @@ def cells(s: Settings, full: int, panels: int = 1) -> int:
     return max(8, min(want, math.ceil(max(r, c) / f)))
 
 
-def _panel(s: Settings, z: np.ndarray, title: str, meta: dict | None = None) -> Panel:
+def _panel(s: Settings, z: np.ndarray, title: str, meta: dict | None = None, look: dict | None = None) -> Panel:
     seg, labels = s.layout.segments(), s.layout.token_labels()
     rows, cols = zoom_region(s)
     # float32: the model's own precision, and half the bytes on the wire
@@ -102,7 +104,8 @@ def _panel(s: Settings, z: np.ndarray, title: str, meta: dict | None = None) -> 
     if len(rows) < len(labels) or len(cols) < len(labels):
         z = z[np.ix_(rows, cols)]
     return Panel(z, [labels[i] for i in rows], [labels[i] for i in cols], title,
-                 [seg[i] for i in rows], [seg[i] for i in cols], row_spans=[(i, i + 1) for i in rows], meta=meta)
+                 [seg[i] for i in rows], [seg[i] for i in cols], row_spans=[(i, i + 1) for i in rows], meta=meta,
+                 look=look)
 
 
 def zoom_note(s: Settings, max_cells: int) -> str:
@@ -244,11 +247,31 @@ def grid_heads(num_q_heads: int, num_kv_heads: int) -> list[int]:
     return list(range(groups * G))
 
 
+VALUE_LOOK = {"probabilities": dict(value_name="weight", colorscale=SEQUENTIAL, zmin=0),
+              "capped logits": dict(value_name="logit", colorscale=DIVERGING, zmin=None),
+              "masked logits": dict(value_name="logit", colorscale=DIVERGING, zmin=None)}
+
+
+def panels_on_page(s: Settings) -> list[tuple[str, int, int]]:
+    """The (values, layer, head) panels a one-head view carries, its own shown and the rest hidden, for the
+    page to show one instead (static/page.js drawPanel: the values radio, the layer, the head): every value
+    kind, layer and head where they fit in HEADS_ON_PAGE_CELLS, else the layer's heads (probabilities:
+    the bars come from them), else its own alone. Only where the page draws query rows (whole rows)."""
+    own = [(s.values, s.layer, s.head)]
+    if s.zoom != "all" or s.seq_len > QUERY_ROWS_ON_PAGE:
+        return own
+    every = [(v, layer, h) for v in VALUE_KINDS for layer in range(s.num_layers) for h in range(s.num_q_heads)]
+    if len(every) * s.seq_len ** 2 <= HEADS_ON_PAGE_CELLS:
+        return every
+    if s.values == "probabilities" and s.num_q_heads * s.seq_len ** 2 <= HEADS_ON_PAGE_CELLS:
+        return [(s.values, s.layer, h) for h in range(s.num_q_heads)]
+    return own
+
+
 @runs.bounded("attention")
 def attention_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
     G = s.num_q_heads // s.num_kv_heads
-    value_name = {"probabilities": "weight", "capped logits": "logit", "masked logits": "logit"}[s.values]
-    scale = SEQUENTIAL if s.values == "probabilities" else DIVERGING
+    look = VALUE_LOOK[s.values]
     if s.head < 0:
         # every layer and head; query heads ordered by KV head with a spacer column between groups
         heads = grid_heads(s.num_q_heads, s.num_kv_heads)
@@ -268,25 +291,29 @@ def attention_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
                  f"share {s.num_kv_heads} KV heads; pick a head to see any other)")
         n = cells(s, GRID_MAX_CELLS, sum(p is not None for p in panels))
         fig = heatmap_figure(panels, cols=cols, title=f"Attention {s.values}: {shown}{row_note(s)}{zoom_note(s, n)}",
-                             value_name=value_name, color=s.color, colorscale=scale,
-                             max_cells=n, column_groups=groups, outline_row=s.query_position,
-                             zmin=0 if s.values == "probabilities" else None, page_meta=query_meta(s, 0))
+                             max_cells=n, column_groups=groups, outline_row=s.query_position, color=s.color,
+                             page_meta=query_meta(s, 0) if s.values == "probabilities" else {}, **look)
         bar_head = 0
     else:
-        vals = attention_values(s, s.layer)
-        page = query_meta(s, s.head)
-        # where the page draws query rows itself and the layer's heads are small, they all travel (one
-        # shown): a pick of another head is then drawn by the page (static/page.js drawHead)
-        heads = list(range(s.num_q_heads)) if page and s.num_q_heads * s.seq_len ** 2 <= HEADS_ON_PAGE_CELLS \
-            else [s.head]
-        title = {h: f"Attention {s.values}: layer {s.layer}, query head {h} (KV head {h // G}){row_note(s)}"
-                    f"{zoom_note(s, cells(s, SINGLE_MAX_CELLS))}" for h in heads}
-        panels = [_panel(s, vals[h], "", dict(layer=s.layer, head=h, **({"title": title[h]} if len(heads) > 1 else {})))
-                  for h in heads]
-        fig = heatmap_figure(panels, title=title[s.head], value_name=value_name, color=s.color, colorscale=scale,
-                             max_cells=cells(s, SINGLE_MAX_CELLS), zmin=0 if s.values == "probabilities" else None,
-                             outline_row=s.query_position, page_meta=page,
-                             shown_panel=heads.index(s.head) if len(heads) > 1 else None)
+        # where the page draws query rows itself and the model is small, other value kinds, layers and heads
+        # travel hidden: a pick of one is then drawn by the page (static/page.js drawPanel)
+        on_page = panels_on_page(s)
+        values = {v: {layer: attention_values(replace(s, values=v), layer) for layer in range(s.num_layers)}
+                  for v in {v for v, _, _ in on_page}}
+        max_cells = cells(s, SINGLE_MAX_CELLS)
+
+        def title(v: str, layer: int, h: int) -> str:
+            return (f"Attention {v}: layer {layer}, query head {h} (KV head {h // G}){row_note(s)}"
+                    f"{zoom_note(s, max_cells)}")
+
+        alternatives = len(on_page) > 1
+        panels = [_panel(s, values[v][layer][h], "", dict(layer=layer, head=h, values=v),
+                         look=dict(title=title(v, layer, h), **VALUE_LOOK[v]) if alternatives else None)
+                  for v, layer, h in on_page]
+        holds_bars = ("probabilities", s.layer, s.head) in on_page
+        fig = heatmap_figure(panels, title=title(s.values, s.layer, s.head), color=s.color, max_cells=max_cells,
+                             outline_row=s.query_position, page_meta=query_meta(s, s.head) if holds_bars else {},
+                             shown_panel=on_page.index((s.values, s.layer, s.head)) if alternatives else None, **look)
         bar_head = s.head
     bars, text = query_row_view(s, s.layer, bar_head)
     return fig, bars, text
@@ -294,12 +321,14 @@ def attention_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
 
 def query_meta(s: Settings, bar_head: int) -> dict:
     """What the page needs to draw another query row itself (static/page.js queryRow): the bar chart's
-    panel (layer, head), the head chosen (-1: all), the first candidate (query -1) and, per query row, the
-    keys its mask hides ('1'). Only where the heatmap holds probabilities over whole rows."""
-    if s.values != "probabilities" or s.zoom != "all" or s.seq_len > 256:
+    panel (layer, head), the head chosen (-1: all), the values shown, the first candidate (query -1) and,
+    per query row, the keys its mask hides ('1'). Only where the heatmap holds whole rows and the figure
+    holds the bars' probabilities."""
+    if s.zoom != "all" or s.seq_len > QUERY_ROWS_ON_PAGE:
         return {}
     hidden = ~mask_dense(s, s.mask_kind)
-    return dict(query=dict(layer=s.layer, head=bar_head, selected=s.head, offset=s.candidate_start_offset,
+    return dict(query=dict(layer=s.layer, head=bar_head, selected=s.head, values=s.values,
+                           offset=s.candidate_start_offset,
                            masked=["".join("1" if m else "0" for m in row) for row in hidden]))
 
 

@@ -242,7 +242,8 @@ explorer.drawQueryRow = (v, layer, outline = true) => {
     const labels = bars.data[0].x, T = labels.length, L = layer === undefined ? meta.layer : layer;
     const pos = v < 0 ? meta.offset : v;
     const heat = gd.data.filter((t) => t.type === 'heatmap' && t.meta && t.meta.rows);
-    const src = heat.find((t) => t.meta.layer === L && t.meta.head === meta.head);
+    const src = heat.find((t) => t.meta.layer === L && t.meta.head === meta.head
+                                 && (t.meta.values === undefined || t.meta.values === 'probabilities'));
     if (pos >= T || !src || heat.some((t) => t.meta.rows.length !== T || t.x.length !== T)) return null;
     const raw = rowsOf(src.customdata !== undefined && src.customdata !== null ? src.customdata : src.z);
     const probs = raw[pos];
@@ -280,50 +281,63 @@ explorer.queryRow = (v, q, n) => (explorer.drawQueryRow(v) === null
     : [explorer.withParam(q, 'query', String(v), '-1'), n]);
 
 // The layer box's change: in the every-head grid the bars are drawn from that layer's head-0 panel on the
-// page (nothing else in the view depends on the layer); elsewhere the server redraws, as for queryRow.
-explorer.layerPick = (layer, v, q, n) => (explorer.drawQueryRow(v, layer) === null
-    ? [q, String(Number(n || 0) + 1)]
-    : [explorer.withParam(q, 'layer', String(layer), '0'), n]);
+// page (nothing else in the view depends on the layer), in a one-head view that holds it the layer's panel
+// is shown (explorer.drawPanel); elsewhere the server redraws, as for queryRow.
+explorer.layerPick = (layer, v, q, n) => {
+    const gd = document.querySelector('#attention-plot .js-plotly-plot');
+    const query = gd && gd.layout && gd.layout.meta && gd.layout.meta.query;
+    const drawn = query && query.selected >= 0 ? explorer.drawPanel({layer}, v, q) : explorer.drawQueryRow(v, layer);
+    return drawn === null ? [q, String(Number(n || 0) + 1)] : [explorer.withParam(q, 'layer', String(layer), '0'), n];
+};
 
-// The head dropdown's pick in a one-head view that holds the layer's other heads hidden (explorer.views
-// attention_view): that head's panel shown, its colour scale fitted (the colour radio's kind, from the link
-// `q`), the title, the bars and their sentence redrawn. Returns the head drawn, or null where the page does
-// not hold it (the grid, to or from it, another tab, logits shown, long sequences): then the server redraws.
-explorer.drawHead = (head, v, q) => {
+// A pick of the values radio, the layer or the head in a one-head view that holds the model's other panels
+// hidden (explorer.views panels_on_page): the panel of `want` ({values, layer, head}, the rest as shown)
+// shown, its colour scale fitted (the colour radio's kind, from the link `q`) in its own look (trace meta
+// `colour`), the title, the bars and their sentence redrawn. Returns true, or null where the page does not
+// hold it (the grid, to or from it, another tab, long sequences): then the server redraws.
+explorer.drawPanel = (want, v, q) => {
     const gd = document.querySelector('#attention-plot .js-plotly-plot');
     const meta = gd && gd.layout && gd.layout.meta;
     const query = meta && meta.query;
-    if (!query || !meta.colour || query.selected < 0 || !Number.isInteger(head) || head < 0
-        || !Number.isInteger(v) || v < -1 || !gd.getClientRects().length || document.querySelector('.invalid')) return null;
-    const next = gd.data.map((t, i) => [t, i]).find(([t]) => t.type === 'heatmap' && t.meta && t.meta.head === head
-                                                      && t.meta.layer === query.layer && t.meta.title);
-    if (!next) return null;
+    if (!query || !meta.colour || query.selected < 0 || !Number.isInteger(v) || v < -1
+        || !gd.getClientRects().length || document.querySelector('.invalid')) return null;
+    const w = {values: query.values, layer: query.layer, head: query.selected, ...want};
+    if (!Number.isInteger(w.head) || w.head < 0 || !Number.isInteger(w.layer)) return null;
+    const find = (values) => gd.data.map((t, i) => [t, i]).find(([t]) => t.type === 'heatmap' && t.meta && t.meta.colour
+        && t.meta.values === values && t.meta.layer === w.layer && t.meta.head === w.head);
+    const next = find(w.values);
+    if (!next || !find('probabilities')) return null;           // the bars are that panel's probabilities
     const shown = shownHeatmaps(gd).filter(([, i]) => i !== next[1]);
-    query.head = head;
-    query.selected = head;
-    meta.colour.title = next[0].meta.title;
-    // one redraw: the head's panel recoloured and shown, the one shown before hidden (its data unchanged);
-    // the row outline stays (every head's panel has the same rows, in the same place)
+    Object.assign(query, {values: w.values, layer: w.layer, head: w.head, selected: w.head});
+    meta.colour = next[0].meta.colour;
+    // one redraw: the panel recoloured and shown, the one shown before hidden (its data unchanged); the row
+    // outline stays (every panel has the same rows, in the same place)
     const [data, layout, indices] = colourUpdate(gd, new URLSearchParams(q).get('color') || 'linear', [next]);
     const keep = shown.map(() => undefined);
     for (const k of ['z', 'customdata', 'hovertemplate', 'colorbar']) data[k] = [...data[k], ...keep];
     data.visible = [true, ...shown.map(() => false)];
     Plotly.update(gd, data, layout, [...indices, ...shown.map(([, i]) => i)]);
-    return explorer.drawQueryRow(v, undefined, false) === null ? null : head;
+    return explorer.drawQueryRow(v, undefined, false) === null ? null : true;
 };
 
-// The head dropdown's change: drawn on the page where it can be, else the server redraws (as queryRow).
-explorer.headPick = (head, v, q, n) => (explorer.drawHead(Number(head), v, q) === null
+// A pick drawn on the page where it can be, the link written as the server writes it; else the count in
+// #query-redraw goes up and the server redraws (as queryRow).
+const panelPick = (want, key, value, dflt, v, q, n) => (explorer.drawPanel(want, v, q) === null
     ? [q, String(Number(n || 0) + 1)]
-    : [explorer.withParam(q, 'head', String(head), '-1'), n]);
+    : [explorer.withParam(q, key, String(value), dflt), n]);
+explorer.headPick = (head, v, q, n) => panelPick({head: Number(head)}, 'head', head, '-1', v, q, n);
+explorer.valuesPick = (values, v, q, n) => panelPick({values}, 'values', values, 'probabilities', v, q, n);
 
-// presentation mode's PgUp PgDn in the every-head grid: the layer stepped on the page (stops at the ends)
+// presentation mode's PgUp PgDn in the every-head grid or a one-head view that holds the other layers: the
+// layer stepped on the page (stops at the ends)
 explorer.stepLayer = (delta) => {
     const gd = document.querySelector('#attention-plot .js-plotly-plot');
     const meta = gd && gd.layout && gd.layout.meta && gd.layout.meta.query;
     const box = document.querySelector('#layer-box input');
-    if (!meta || !box || meta.selected !== -1 || !gd.getClientRects().length) return false;
-    const layers = gd.data.filter((t) => t.type === 'heatmap' && t.meta && t.meta.head === meta.head).map((t) => t.meta.layer);
+    if (!meta || !box || !gd.getClientRects().length) return false;
+    const layers = gd.data.filter((t) => t.type === 'heatmap' && t.meta && t.meta.head === meta.head
+                                  && (meta.selected === -1 || t.meta.values === meta.values)).map((t) => t.meta.layer);
+    if (meta.selected !== -1 && new Set(layers).size < 2) return false;
     const next = Math.min(Math.max(...layers), Math.max(0, meta.layer + delta));
     box.value = String(next);
     box.dispatchEvent(new Event('input', {bubbles: true}));

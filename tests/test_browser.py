@@ -13,7 +13,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 HEATMAP_Z = """() => {
     const gd = document.querySelector('#attention-plot .js-plotly-plot');
     if (!gd || !gd.data || !gd.data.length) return null;
-    return JSON.stringify(gd.data[0].z);   // plotly keeps numpy's base64 typed array as sent
+    const shown = gd.data.find((t) => t.visible !== false);     // a one-head view holds other panels hidden
+    return shown ? JSON.stringify(shown.z) : null;   // plotly keeps numpy's base64 typed array as sent
 }"""
 # every url(...) reference in the attention plot: [address before '#', whether the id exists]
 URL_REFERENCES = """() => {
@@ -37,8 +38,14 @@ def page(browser):
     page.close()
 
 
-def open_attention(page, query="preset=lecture&head=0"):
+def open_attention(page, query="preset=lecture&head=0", presenting=False):
+    """The Attention tab of `query`'s link drawn; `presenting`: the link opens presentation mode on it (its
+    figure covers the tabs and the controls)."""
     page.goto(page.base_url + "?" + query)
+    if presenting:
+        wait_for_plot(page, "attention-plot")
+        page.wait_for_function("() => document.body.classList.contains('presenting')", timeout=30_000)
+        return
     wait_for_plot(page, "mask-plot")
     page.get_by_role("tab", name="2 · Attention").click()
     wait_for_plot(page, "attention-plot")
@@ -246,7 +253,8 @@ DRAWN = """() => {
     return {z: maps.map((t) => Array.from(t._z || t.z, (row) => Array.from(row, (v) => (isFinite(v) ? v : null)))),
             ticktext: maps[0].colorbar.ticktext ? Array.from(maps[0].colorbar.ticktext) : null,
             bar: maps[0].colorbar.title.text, title: gd.layout.title.text,
-            zmin: maps[0].zmin, zmax: maps[0].zmax, hover: maps[0].hovertemplate};
+            zmin: maps[0].zmin, zmax: maps[0].zmax, hover: maps[0].hovertemplate,
+            scale: gd.data.filter((t) => t.type === 'heatmap' && t.visible !== false)[0].colorscale};
 }"""
 
 
@@ -293,7 +301,7 @@ def assert_drawn_as(drawn: dict, fig) -> None:
     bar = maps[0].colorbar
     assert drawn["bar"] == bar.title.text and drawn["title"] == fig.layout.title.text
     assert drawn["ticktext"] == (list(bar.ticktext) if bar.ticktext is not None else drawn["ticktext"])
-    assert drawn["hover"] == maps[0].hovertemplate
+    assert drawn["hover"] == maps[0].hovertemplate and drawn["scale"] == maps[0].colorscale
 
 
 def test_an_emptied_or_non_numeric_number_box_is_marked_not_silently_reset(page):
@@ -380,12 +388,7 @@ def test_a_query_row_change_is_drawn_in_the_browser_as_the_server_draws_it(page,
     from explorer import views
     from explorer.settings import parse_query, to_query
 
-    if how.endswith("key"):                             # presenting: the figure covers the tabs
-        page.goto(page.base_url + "?" + query)
-        wait_for_plot(page, "attention-plot")
-        page.wait_for_function("() => document.body.classList.contains('presenting')", timeout=30_000)
-    else:
-        open_attention(page, query)
+    open_attention(page, query, presenting=how.endswith("key"))
     before = page.evaluate(QUERY_DRAWN)
     requests = server_requests(page)
     if how == "typed":
@@ -420,8 +423,18 @@ def test_a_query_row_change_is_drawn_in_the_browser_as_the_server_draws_it(page,
     if how.endswith("key"):
         page.keyboard.press("Escape")                   # the controls in view again
         page.wait_for_function("() => !document.body.classList.contains('presenting')", timeout=10_000)
-    page.get_by_label("capped logits").check()          # the server's next redraw reads the new row
-    page.wait_for_function("() => new URLSearchParams(window.location.search).get('values') !== null", timeout=30_000)
+    assert_a_server_redraw_keeps(page, s, bars)
+
+
+def assert_a_server_redraw_keeps(page, s, bars) -> None:
+    """A later server redraw (a zoom) draws the layer, head and query row the page drew (`s`)."""
+    page.get_by_role("radio", name="history tail").check()
+    head = f"query head {s.head} " if s.head >= 0 else "every layer and head"
+    page.wait_for_function(f"""() => {{
+        const t = (document.querySelector('#attention-plot .gtitle') || {{}}).textContent || '';
+        return t.includes('zoom: history tail') && t.includes({head!r})
+            && ({s.head} < 0 || t.includes('layer {s.layer},'));
+    }}""", timeout=30_000)
     page.wait_for_function(f"(t) => ({QUERY_DRAWN})().title === t", arg=bars.layout.title.text, timeout=30_000)
 
 
@@ -456,15 +469,60 @@ def test_a_head_pick_is_drawn_in_the_browser_as_the_server_draws_it(page, query,
     assert_bars_as(drawn, bars, text)
     assert drawn["y"] != before["y"]
 
-    page.get_by_label("capped logits").check()          # the server's next redraw reads the new head
-    page.wait_for_function(f"""() => (document.querySelector('#attention-plot .gtitle') || {{}}).textContent
-        ?.startsWith('Attention capped logits: layer {s.layer}, query head {head} ')""", timeout=30_000)
+    assert_a_server_redraw_keeps(page, s, bars)
+
+
+@pytest.mark.parametrize("query,field,value", [
+    ("preset=lecture&head=0", "values", "capped logits"),
+    ("preset=lecture&head=2&color=log&query=7", "values", "masked logits"),
+    ("preset=lecture&head=1&values=masked+logits&color=quantile&history_padding=2", "values", "probabilities"),
+    ("preset=lecture&head=3&query=4", "layer", "1"),
+    ("preset=lecture&head=1&values=capped+logits&layer=1&color=log", "layer", "0"),
+    ("preset=lecture&head=2&tab=attention&present=1", "layer", "PageDown")])
+def test_a_values_or_layer_pick_in_a_one_head_view_is_drawn_in_the_browser_as_the_server_draws_it(page, query,
+                                                                                                  field, value):
+    """At lecture a one-head view holds every value kind and layer: a values pick, a layer typed or stepped
+    with PgDn sends no request; the heatmap (colour coordinates, colour scale and bar, title, hover), the bars,
+    the sentence and the link equal what the server draws and writes for the new link. A later server
+    redraw keeps the pick."""
+    from explorer import views
+    from explorer.settings import parse_query, to_query
+
+    open_attention(page, query, presenting=value == "PageDown")
+    before = page.evaluate(DRAWN)
+    requests = server_requests(page)
+    if value == "PageDown":
+        page.keyboard.press("PageDown")
+    elif field == "values":
+        page.get_by_label(value, exact=True).check()
+    else:
+        page.get_by_label("layer", exact=True).fill(value)
+    want = "1" if value == "PageDown" else value
+    page.wait_for_function(f"() => (new URLSearchParams(window.location.search).get('{field}') || "
+                           f"{{values: 'probabilities', layer: '0'}}['{field}']) === {want!r}", timeout=10_000)
+    page.wait_for_timeout(500)                     # anything the change would send has been sent
+    assert requests == [], requests
+    link = urlparse(page.url).query.split("&tab=")[0]
+    s = parse_query(link)
+    assert to_query(s) == link and page.locator("#query textarea, #query input").first.input_value() == link
+    assert str(getattr(s, field)) == want
+    fig, bars, text = views.attention_view(s)
+    drawn = page.evaluate(DRAWN)
+    assert drawn["title"] != before["title"]
+    assert_drawn_as(drawn, fig)
+    assert_bars_as(page.evaluate(QUERY_DRAWN), bars, text)
+
+    if value == "PageDown":
+        page.keyboard.press("Escape")                   # the controls in view again
+        page.wait_for_function("() => !document.body.classList.contains('presenting')", timeout=10_000)
+    assert_a_server_redraw_keeps(page, s, bars)
 
 
 @pytest.mark.parametrize("query,head", [("preset=lecture&head=-1", 1), ("preset=lecture&head=1", -1),
-                                        ("preset=lecture&head=0&values=capped+logits", 1)])
+                                        ("preset=lecture&head=0&values=capped+logits&num_history=66", 1)])
 def test_a_head_the_page_does_not_hold_is_drawn_by_the_server(page, query, head):
-    """To or from the every-head grid, or with logits shown: the server draws the pick."""
+    """To or from the every-head grid, or where the model's panels do not all fit with logits shown: the server
+    draws the pick."""
     open_attention(page, query)
     requests = server_requests(page)
     page.get_by_label("head", exact=True).click()
@@ -476,11 +534,11 @@ def test_a_head_the_page_does_not_hold_is_drawn_by_the_server(page, query, head)
     assert requests
 
 
-@pytest.mark.parametrize("query,field", [("preset=lecture&head=0&values=capped+logits", "query"),
-                                         ("preset=lecture&head=0", "layer")])
+@pytest.mark.parametrize("query,field", [("preset=lecture&head=0&values=capped+logits&num_history=66", "query"),
+                                         ("preset=lecture&head=0&num_history=66", "layer")])
 def test_a_query_row_or_layer_the_page_does_not_hold_is_drawn_by_the_server(page, query, field):
-    """Logits shown (the bars are probabilities the page does not hold), or another layer of a one-head view:
-    the server redraws the row."""
+    """Where a one-head view holds only its layer's heads: logits shown (the bars are probabilities the page
+    does not hold), or another layer: the server redraws the row."""
     open_attention(page, query)
     requests = server_requests(page)
     if field == "query":

@@ -13,7 +13,8 @@ SEGMENT_OF = {"U": "U", "H": "H", "C": "C", "p": "P"}      # a label's first let
 
 
 def heatmaps(fig):
-    return [t for t in fig.data if t.type == "heatmap"]
+    """The heatmaps shown (a one-head view carries others hidden, for the page)."""
+    return [t for t in fig.data if t.type == "heatmap" and t.visible is not False]
 
 
 def segment(label: str) -> str:

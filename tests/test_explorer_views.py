@@ -6,7 +6,7 @@ import torch
 
 from explorer import runs, views
 from explorer.figures import Panel, boundaries, heatmap_figure, pool
-from explorer.settings import demo_transformer, parse_query
+from explorer.settings import VALUE_KINDS, demo_transformer, parse_query
 from tolerances import rounding_bound
 
 LECTURE = "preset=lecture&weights=random"
@@ -31,38 +31,59 @@ def test_single_head_heatmap_equals_recorded_probabilities():
     np.testing.assert_array_equal(np.asarray(bars.data[0].y, dtype=np.float64), row)
 
 
-@pytest.mark.parametrize("query", ["&head=2&layer=1", "&head=0&color=log", "&head=3&color=quantile&query=4"])
-def test_a_one_head_view_holds_its_layers_other_heads_hidden_for_the_page(query, monkeypatch):
-    """Where the page draws query rows itself (static/page.js drawHead), a one-head view carries every head
-    of its layer: the head chosen drawn exactly as without the others (same trace, axes, lines, outline),
-    each other hidden with its recorded probabilities (float32, exactly) and the title its own view has."""
+@pytest.mark.parametrize("query", ["&head=2&layer=1", "&head=0&color=log", "&head=3&color=quantile&query=4",
+                                   "&head=1&values=masked+logits&color=log&history_padding=2"])
+def test_a_one_head_view_holds_the_models_other_panels_hidden_for_the_page(query, monkeypatch):
+    """Where the page draws query rows itself (static/page.js drawPanel), a small model's one-head view carries
+    every value kind, layer and head: its own drawn exactly as without the others (same trace, axes, lines,
+    outline), each other hidden with its recorded values (float32, exactly; masked cells NaN), and the title,
+    colour bar, zmin and colour scale its own view has."""
+    from dataclasses import replace
+
     from plotly.io.json import to_json_plotly
     s = parse_query(LECTURE + query)
     fig = views.attention_view(s)[0]
     monkeypatch.setattr(views, "HEADS_ON_PAGE_CELLS", 0)
     alone = views.attention_view(s)[0]
+    monkeypatch.undo()
     (want,) = heatmaps(alone)
-    assert [t.meta["head"] for t in heatmaps(fig)] == list(range(s.num_q_heads))
+    assert [(t.meta["values"], t.meta["layer"], t.meta["head"]) for t in heatmaps(fig)] == \
+        [(v, layer, h) for v in VALUE_KINDS for layer in range(s.num_layers) for h in range(s.num_q_heads)]
     (got,) = shown(fig)
-    assert got.meta.pop("title") == alone.layout.meta["colour"]["title"]
+    assert got.meta.pop("colour") == alone.layout.meta["colour"]
     assert to_json_plotly(got.to_plotly_json()) == to_json_plotly(want.to_plotly_json())
+    # the page draws the bars from the probabilities it holds, whatever the values shown
+    assert fig.layout.meta["query"]["values"] == s.values
+    if s.values != "probabilities":
+        assert "query" not in alone.layout.meta
+        fig.layout.meta = {k: v for k, v in fig.layout.meta.items() if k != "query"}
     assert to_json_plotly(fig.layout.to_plotly_json()) == to_json_plotly(alone.layout.to_plotly_json())
-    probs = runs.forward(s).trunk.layers[s.layer].probs[s.row].numpy()
     for t in heatmaps(fig):
         if t.visible is False:
-            np.testing.assert_array_equal(np.asarray(t.z), probs[t.meta["head"]])
-            assert t.customdata is None and t.meta["layer"] == s.layer
-            other = views.attention_view(parse_query(LECTURE + query.replace(f"head={s.head}",
-                                                                                        f"head={t.meta['head']}")))[0]
-            assert t.meta["title"] == other.layout.meta["colour"]["title"]
+            v, layer, h = t.meta["values"], t.meta["layer"], t.meta["head"]
+            np.testing.assert_array_equal(np.asarray(t.z), views.attention_values(replace(s, values=v), layer)[h])
+            assert t.customdata is None
+            other = views.attention_view(replace(s, values=v, layer=layer, head=h))[0]
+            assert t.meta["colour"] == other.layout.meta["colour"]
+            assert t.colorscale == shown(other)[0].colorscale
 
 
-@pytest.mark.parametrize("query", ["&head=1&values=capped+logits", "&head=1&zoom=candidates", "&head=-1",
-                                   "&head=1&num_history=300"])
-def test_a_view_the_page_cannot_redraw_carries_no_hidden_heads(query):
-    """Logits, a zoom, the every-head grid or a long sequence: what is sent is only what is shown."""
+@pytest.mark.parametrize("query", ["&head=1&zoom=candidates", "&head=-1", "&head=1&num_history=300",
+                                   "&head=1&num_history=66&values=capped+logits"])
+def test_a_view_the_page_cannot_redraw_carries_no_hidden_panels(query):
+    """A zoom, the every-head grid, a long sequence, or logits where the model's panels do not fit (the bars'
+    probabilities would not travel): what is sent is only what is shown."""
     fig = views.attention_view(parse_query(LECTURE + query))[0]
     assert all(t.visible is not False for t in fig.data)
+
+
+def test_a_larger_one_head_view_holds_only_its_layers_heads():
+    """Past HEADS_ON_PAGE_CELLS for every panel, a probabilities view still carries its layer's heads."""
+    s = parse_query(LECTURE + "&head=1&num_history=66")
+    assert len(VALUE_KINDS) * s.num_layers * s.num_q_heads * s.seq_len ** 2 > views.HEADS_ON_PAGE_CELLS
+    fig = views.attention_view(s)[0]
+    assert [(t.meta["values"], t.meta["layer"], t.meta["head"]) for t in heatmaps(fig)] == \
+        [("probabilities", s.layer, h) for h in range(s.num_q_heads)]
 
 
 def test_grid_groups_query_heads_under_their_kv_head():
@@ -78,7 +99,7 @@ def test_grid_groups_query_heads_under_their_kv_head():
 
 def test_masked_logits_are_gaps_exactly_where_the_mask_forbids():
     s = parse_query(LECTURE + "&head=0&values=masked+logits&history_padding=2")
-    (hm,) = heatmaps(views.attention_view(s)[0])
+    (hm,) = shown(views.attention_view(s)[0])
     z = np.asarray(hm.z, dtype=np.float64)
     allowed = views.mask_dense(s, "recsys")
     assert np.array_equal(np.isfinite(z), allowed)
