@@ -25,7 +25,7 @@ from models.attention import BACKENDS, unavailable_reason
 from models.masks import EMPTY, AttentionMask
 from models.runinfo import RESULTS_DIR, device_name
 
-from .figures import FONT, _log_ticks
+from .figures import FONT, TEMPLATE, Figure, _log_ticks
 from .measure import (Preset, Run, Status, load_results, matmul_tflops, on_gpu, preset_for,
                       sweep as benchmark_sweep)
 from .settings import Settings, ValidationError, device, sweep_budget_s, timing_max_len
@@ -506,7 +506,7 @@ def benchmark_figure(curves: list[Curve], key, *, title: str, y_title: str, log_
     ys = [key(r) for c in curves for r in c.records]
     axis = dict(gridcolor="#E5E5E5", zerolinecolor="#BBBBBB", linecolor="#444", automargin=True)
     layout = dict(
-        title=dict(text=title, x=0, xref="paper", xanchor="left", y=0.97, yanchor="top",
+        template=TEMPLATE, title=dict(text=title, x=0, xref="paper", xanchor="left", y=0.97, yanchor="top",
                    font=dict(size=FONT["size"] + 2)),
         font=FONT, height=height, paper_bgcolor="white", plot_bgcolor="white",
         margin=dict(l=70, r=20, t=50, b=40),
@@ -515,7 +515,7 @@ def benchmark_figure(curves: list[Curve], key, *, title: str, y_title: str, log_
         yaxis=dict(**axis, title=dict(text=y_title), **(_log_ticks(ys) if log_y else {})),
         legend=dict(orientation="h", x=0, xanchor="left", y=-0.22, yanchor="top", font=dict(size=12)),
     )
-    return go.Figure(dict(data=data, layout=layout), _validate=False)
+    return Figure(dict(data=data, layout=layout), _validate=False)
 
 
 _DASH_WORD = {"solid": "solid", "dot": "dotted", "dash": "dashed", "dashdot": "dash-dot", "longdash": "long dash"}

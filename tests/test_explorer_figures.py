@@ -134,6 +134,27 @@ def test_every_mask_view_stays_within_half_a_megabyte_as_bytes(preset, longest):
         assert '"dtype":"u1"' in fig.to_json()            # plotly's base64 typed array, a byte a cell
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_pooling_is_the_max_of_each_block_ignoring_masked_cells(seed):
+    """Every pooled cell is the maximum of its block's non-NaN cells (NaN only where the whole block is
+    masked), blocks cut at segment changes: checked cell by cell against a loop over the blocks."""
+    rng = np.random.default_rng(seed)
+    rows, cols, f = rng.integers(20, 90), rng.integers(20, 90), int(rng.integers(2, 9))
+    z = rng.standard_normal((rows, cols)).astype(np.float32)
+    z[rng.random((rows, cols)) < 0.3] = np.nan
+    z[:, : int(rng.integers(0, 6))] = np.nan                        # whole blocks masked
+    row_seg, col_seg = (sorted(rng.choice(list("UHCP"), n)) for n in (rows, cols))    # runs of random lengths
+    p = pool(Panel(z, [str(i) for i in range(rows)], [str(i) for i in range(cols)], row_segments=row_seg,
+                   col_segments=col_seg), max_cells=10_000, factor=f)
+    row_bins, col_bins = segment_bins(row_seg, rows, f), segment_bins(col_seg, cols, f)
+    assert p.z.shape == (len(row_bins), len(col_bins)) and p.pooled == f
+    for i, (a, b) in enumerate(row_bins):
+        for j, (c, d) in enumerate(col_bins):
+            block = z[a:b, c:d]
+            want = np.nan if np.isnan(block).all() else np.nanmax(block)
+            np.testing.assert_array_equal(p.z[i, j], want)
+
+
 def test_pooling_for_the_byte_budget_keeps_the_block_maximum():
     rng = np.random.default_rng(0)
     z = rng.random((300, 300)).astype(np.float32)
@@ -230,3 +251,23 @@ def test_every_panel_of_the_grid_and_both_masks_outline_the_query_and_a_zoom_wit
     assert len(outlines(mask)) == len(outlines(mask, "2")) == 1
     zoomed, _, _ = views.attention_view(parse_query(NANO + "&head=0&query=5&zoom=candidates"))
     assert not outlines(zoomed)                                         # position 5 is not in the view
+
+
+@pytest.mark.parametrize("query", ["preset=lecture&head=1&values=masked+logits&color=log",
+                                   "preset=lecture&bug=rope-interleaved", NANO + "&head=-1"])
+def test_every_figure_is_sent_as_plotly_writes_it(query):
+    """What Gradio sends of each figure (explorer.figures.Figure.to_json, without plotly's deep copies) is
+    byte for byte plotly's own JSON of it, numpy arrays as base64 typed arrays included; its template keeps
+    plotly's defaults for every trace type the figure draws."""
+    import plotly.graph_objects as go
+    import plotly.io as pio
+
+    from explorer.export import FIGURES
+    from explorer.figures import Figure
+    s = parse_query(query)
+    for name, spec in FIGURES.items():
+        fig = spec.view(spec.adjust(s))[spec.index]
+        assert isinstance(fig, Figure), name
+        assert fig.to_json() == go.Figure.to_json(fig), name
+        for trace in fig.data:
+            assert fig.layout.template.data[trace.type] == pio.templates["plotly"].data[trace.type], (name, trace.type)
