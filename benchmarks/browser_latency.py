@@ -8,7 +8,8 @@ the plot on the page holds different data or outline — the whole path: the eve
 recorded forward (cached or not), the figure's JSON, and plotly drawing it; or, for a display change the
 page draws itself, only that. The clock is the page's own (performance.now): from the visitor's input
 event (the pointerdown on a radio or a dropdown's option, the first keystroke in a number box) to the
-animation frame that finds the new figure; the driver's own time (playwright's checks, opening a dropdown
+animation frame that finds the new figure (the plot's data, shapes and title compared by reference, so the
+check costs the page nothing it measures); the driver's own time (playwright's checks, opening a dropdown
 included) is kept beside it as driver_*_ms. The first Attention paint of phoenix-2026-nano is timed from
 the navigation's start (a link opened) to the frame with the heatmap.
 
@@ -46,22 +47,31 @@ TARGETS_MS = {("display", "lecture"): 100.0, ("model", "lecture"): 250.0, ("disp
               ("model", "phoenix-nano"): 700.0, ("preset", "lecture <-> phoenix-nano"): 1500.0,
               ("preset", "phoenix-2026-nano"): 3000.0}
 MUST_MS = {("display", "lecture"): 150.0}
-# the data of the first trace of a plot and the outlined rows (changes whenever the figure does)
-PLOT_DATA = """(id) => {
+# a plot's state as the references plotly keeps (the element, its data array, each trace's x / y / z and
+# visibility, the shapes, the title): any redraw, the server's or the page's own, replaces one of them. No
+# copy of the data: this runs in every animation frame while the change is timed, and serialising a
+# phoenix-nano heatmap there (~1 MB) took the page's main thread from the very redraw it timed.
+PLOT_STATE = """(id) => {
     const gd = document.querySelector('#' + id + ' .js-plotly-plot');
     if (!gd || !gd.data || !gd.data.length) return null;
-    const shapes = (gd.layout.shapes || []).filter((s) => s.type === 'rect').map((s) => [s.xref, s.y0]);
-    return JSON.stringify([gd.layout && gd.layout.title && gd.layout.title.text, gd.data[0].z, gd.data[0].x, shapes]);
+    return [gd, gd.data, gd.layout && gd.layout.shapes, gd.layout && gd.layout.title && gd.layout.title.text,
+            ...gd.data.flatMap((t) => [t.x, t.y, t.z, t.visible])];
 }"""
 
 
-# the page's clock: the first input event after arming, and the first animation frame with new data
-ARM = """([id, before]) => {
+# the page's clock: the first input event after arming, and the first animation frame with a new state
+ARM = """(id) => {
     window.__input = null; window.__drawn = null;
+    const state = """ + PLOT_STATE + """;
+    const before = state(id);
     const mark = () => { if (window.__input === null) window.__input = performance.now(); };
     for (const t of ['pointerdown', 'keydown', 'input']) document.addEventListener(t, mark, {capture: true, once: true});
-    const poll = () => { if ((""" + PLOT_DATA + """)(id) !== before) window.__drawn = performance.now();
-                         else requestAnimationFrame(poll); };
+    const poll = () => {
+        const now = state(id);
+        if (now && (!before || now.length !== before.length || now.some((v, i) => v !== before[i]))) {
+            window.__drawn = performance.now();
+        } else requestAnimationFrame(poll);
+    };
     requestAnimationFrame(poll);
 }"""
 
@@ -69,10 +79,9 @@ ARM = """([id, before]) => {
 def time_change(page, plot_id: str, act, prepare=None, timeout_ms: float = 180_000) -> tuple[float, float]:
     """(ms on the page from the input event to the plot holding different data, ms the driver waited
     from starting `act()`). `prepare()` (opening a dropdown) runs before the clock starts."""
-    before = page.evaluate(PLOT_DATA, plot_id)
     if prepare:
         prepare()
-    page.evaluate(ARM, [plot_id, before])
+    page.evaluate(ARM, plot_id)
     t0 = time.perf_counter()
     act()
     page.wait_for_function("() => window.__drawn !== null && window.__input !== null", timeout=timeout_ms,
@@ -126,7 +135,7 @@ def first_paint(page, url: str, preset: str, repeats: int) -> tuple[float, list[
     for i in range(repeats + 1):
         t0 = time.perf_counter()
         page.goto(f"{url}?preset={preset}&tab=attention")
-        page.wait_for_function(f"""() => ({PLOT_DATA})('attention-plot') !== null
+        page.wait_for_function(f"""() => ({PLOT_STATE})('attention-plot') !== null
                                    && (window.__painted = window.__painted || performance.now())""",
                                timeout=120_000, polling="raf")
         samples.append((page.evaluate("() => window.__painted"), (time.perf_counter() - t0) * 1000))
@@ -154,7 +163,7 @@ def measure(url: str, repeats: int, version: dict) -> list[dict]:
                 # (capped logits shown would send the next query-row change to the server)
                 page.goto(f"{url}?preset={preset}&head=0&tab=attention")
                 wait_for_plot(page, "attention-plot", timeout=120_000)
-                page.wait_for_function(f"() => ({PLOT_DATA})('attention-plot') !== null", timeout=120_000)
+                page.wait_for_function(f"() => ({PLOT_STATE})('attention-plot') !== null", timeout=120_000)
                 samples = []
                 for i in range(repeats + 1):
                     prepare, act = steps(i)
@@ -215,7 +224,8 @@ def main(argv=None):
     out = Path(a.out or RESULTS_DIR / f"browser-latency-{date}.json")
     out.write_text(json.dumps(dict(device=device_name("cpu"), date=date, commit=git_commit(), cores=os.cpu_count(),
                                    browser="Debian chromium (headless, playwright)", repeats=a.repeats,
-                                   what="input event -> the plot on the page holds the new figure's data (the page's clock); "
+                                   what="input event -> the plot on the page holds the new figure's data (the page's clock; checked each frame "
+                                        "by reference, no copy of the data); "
                                         "driver_*: from the driver's action, its own checks included",
                                    # other processes on the machine slow every number: say how busy it was
                                    load_average_1min=dict(before=min(v["before"] for v in load.values()),
