@@ -29,7 +29,7 @@ from handlers import (EXPORT, EXPORT_PACK, FORWARD, LIGHT, TAB_OUTPUTS, TABS, TI
                       bug_choices, control_change, control_change_on_page, export_endpoint, family_endpoint, family_on_page,
                       head_choices, lecture_pack_endpoint, limit_endpoint, link_to_controls, load_endpoint,
                       page_gone, pick_on_page, preset_choices, preset_endpoint, preset_on_page, present_key_on_page,
-                      query_to_controls, render_tab, settings_endpoint, settings_of, stop_timing, timing_check,
+                      head_of_link, query_to_controls, render_tab, settings_endpoint, settings_of, stop_timing, timing_check,
                       timing_endpoint, timing_lengths, timing_lengths_kept, timing_options, timing_recorded,
                       timing_recorded_on_link, upload_endpoint, watch_lanes, weight_choices, weights_file)
 from models.attention import CAP_METHODS
@@ -73,6 +73,7 @@ QUERY_ROW = "(v, q, n) => explorer.queryRow(v, q, n)"
 LAYER = "(layer, v, q, n) => explorer.layerPick(layer, v, q, n)"        # likewise, the layer
 HEAD_PICK = "(head, v, q, n) => explorer.headPick(head, v, q, n)"        # another head of a one-head view
 VALUES_PICK = "(values, v, q, n) => explorer.valuesPick(values, v, q, n)"  # another value kind of one
+HEAD_KEY = "(head, q) => explorer.withParam(q, 'head', head.split(':')[0], '-1')"   # a head stepHead drew
 
 # what to look for, one line per tab
 LOOK_FOR = {
@@ -130,7 +131,9 @@ def page_header(d: Settings) -> SimpleNamespace:
         # on the page but hidden by static/page.css: page.js writes a heatmap click here (pick_on_page)
         pick=gr.Textbox(elem_id="pick", show_label=False, container=False),
         # likewise: page.js counts here a query row change it could not draw itself (the server redraws)
-        query_redraw=gr.Textbox(elem_id="query-redraw", show_label=False, container=False))
+        query_redraw=gr.Textbox(elem_id="query-redraw", show_label=False, container=False),
+        # likewise: presentation mode's ↑ ↓ write here a head the page drew itself (static/page.js stepHead)
+        head_key=gr.Textbox(elem_id="head-key", show_label=False, container=False))
 
 
 def source_controls(d: Settings, c: dict, page: SimpleNamespace) -> None:
@@ -379,6 +382,12 @@ def wire_presentation(page: SimpleNamespace, c: dict) -> None:
         .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **HIDDEN) \
         .then(None, None, None, js="() => explorer.present.done()", **HIDDEN)
     page.present.click(None, None, None, js="() => explorer.present.enter()", api_name="present", **HIDDEN)
+    # ↑ ↓ where the page holds the head's panel: drawn by the page, then the link, the dropdown and the address
+    page.head_key.change(None, [page.head_key, page.query], page.query, js=HEAD_KEY, api_name="head_key_in_browser",
+                        **HIDDEN, **RAW) \
+        .then(head_of_link, page.query, c["head"], api_name="head_of_link", show_progress="hidden", **HIDDEN,
+              **LIGHT, **RAW) \
+        .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **HIDDEN)
 
 
 def wire_view_api(page: SimpleNamespace, outputs: dict) -> None:

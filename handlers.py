@@ -496,6 +496,13 @@ def link_to_controls(query: str, problems: dict, request: gr.Request = None):
 
 
 @guarded
+def head_of_link(query: str, request: gr.Request = None):
+    """The head dropdown set from the link, nothing redrawn: presentation mode's ↑ ↓ drawn by the page
+    (static/page.js stepHead); later changes read the head from the dropdown."""
+    return gr.update(value=settings_of(query, request, need_model=False).head)
+
+
+@guarded
 def query_to_controls(query: str, request: gr.Request = None):
     """Set every control from the query string; the head and weights lists follow the settings."""
     s = settings_of(query, request, need_model=False)

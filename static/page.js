@@ -344,6 +344,24 @@ explorer.stepLayer = (delta) => {
     return true;
 };
 
+// presentation mode's ↑ ↓ in a one-head view that holds the next head's panel: drawn on the page
+// (explorer.drawPanel), the head written into #head-key (its event writes the link and sets the head
+// dropdown); past the last head or to the every-head grid the server steps it. True when drawn.
+let headKeys = 0;
+explorer.stepHead = (delta) => {
+    const gd = document.querySelector('#attention-plot .js-plotly-plot');
+    const meta = gd && gd.layout && gd.layout.meta && gd.layout.meta.query;
+    const row = document.querySelector('#query-row input');
+    const link = document.querySelector('#query textarea, #query input');
+    const box = document.querySelector('#head-key textarea, #head-key input');
+    if (!meta || !row || !link || !box || meta.selected < 0) return false;
+    const next = meta.selected + delta;
+    if (next < 0 || explorer.drawPanel({head: next}, Number(row.value), link.value) === null) return false;
+    box.value = `${next}:${++headKeys}`;         // the same head twice is still a change
+    box.dispatchEvent(new Event('input', {bubbles: true}));
+    return true;
+};
+
 // Sets the query box to sequence position `pos` as a visitor's typing would (its change runs queryRow);
 // only where the attention tab shows one head and the page holds its rows. True when set.
 explorer.setQueryBox = (pos, layer, head) => {

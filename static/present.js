@@ -1,7 +1,7 @@
 // Presentation mode and the guided lesson (explorer/lesson.py). `present=1` in the link, or the Present
 // button, lays the open tab's main figure over the whole window in lecture fonts; the keys step the query
-// row and the layer (on the page where it holds them: explorer.stepQueryRow, stepLayer) and the head (one server
-// round trip, several presses sent together), N / P walk the
+// row, the layer and the head (on the page where it holds them: explorer.stepQueryRow, stepLayer, stepHead; else
+// one server round trip, several presses sent together), N / P walk the
 // lesson's steps (each a link of the app), Esc leaves. The lesson's data comes from app.py as
 // explorer.lessonData = {steps: [{story, title, link, claim, tab, figure}], main: {tab: figure id}}.
 window.explorer = window.explorer || {};
@@ -166,8 +166,10 @@ window.explorer = window.explorer || {};
             ev.preventDefault();
             const step = {'query+': 1, 'query-': -1}[KEYS[ev.key]];     // drawn on the page where it can be
             const layerStep = {'layer+': 1, 'layer-': -1}[KEYS[ev.key]];
+            const headStep = {'head+': 1, 'head-': -1}[KEYS[ev.key]];
             if (step && !P.busy && !P.queue.length && explorer.stepQueryRow(step)) return;
             if (layerStep && !P.busy && !P.queue.length && explorer.stepLayer(layerStep)) return;
+            if (headStep && !P.busy && !P.queue.length && explorer.stepHead(headStep)) return;
             P.queue.push(KEYS[ev.key]);
             P.flush();
         }

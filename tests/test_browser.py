@@ -518,6 +518,34 @@ def test_a_values_or_layer_pick_in_a_one_head_view_is_drawn_in_the_browser_as_th
     assert_a_server_redraw_keeps(page, s, bars)
 
 
+def test_a_head_key_in_presentation_is_drawn_by_the_page_and_the_dropdown_follows(page):
+    """↓ in presentation mode at lecture: the next head is drawn in the keydown's own task (no server answer
+    can have come), equal to what the server draws for the new link; then the link, the address and the head
+    dropdown follow, and a later server redraw keeps the head."""
+    from playwright.sync_api import expect
+
+    from explorer import views
+    from explorer.settings import parse_query, to_query
+
+    open_attention(page, "preset=lecture&head=1&query=4&tab=attention&present=1", presenting=True)
+    title = page.evaluate("""() => {
+        document.dispatchEvent(new KeyboardEvent('keydown', {key: 'ArrowDown', bubbles: true}));
+        return document.querySelector('#attention-plot .js-plotly-plot').layout.title.text;
+    }""")
+    assert title.startswith("Attention probabilities: layer 0, query head 2 (KV head 1)"), title
+    page.wait_for_function("() => new URLSearchParams(window.location.search).get('head') === '2'", timeout=10_000)
+    link = urlparse(page.url).query.split("&tab=")[0]
+    s = parse_query(link)
+    assert to_query(s) == link and s.head == 2 and s.query == 4
+    fig, bars, text = views.attention_view(s)
+    assert_drawn_as(page.evaluate(DRAWN), fig)
+    assert_bars_as(page.evaluate(QUERY_DRAWN), bars, text)
+    page.keyboard.press("Escape")
+    page.wait_for_function("() => !document.body.classList.contains('presenting')", timeout=10_000)
+    expect(page.get_by_label("head", exact=True)).to_have_value("head 2 (KV 1)", timeout=10_000)
+    assert_a_server_redraw_keeps(page, s, bars)
+
+
 @pytest.mark.parametrize("query,head", [("preset=lecture&head=-1", 1), ("preset=lecture&head=1", -1),
                                         ("preset=lecture&head=0&values=capped+logits&num_history=66", 1)])
 def test_a_head_the_page_does_not_hold_is_drawn_by_the_server(page, query, head):
