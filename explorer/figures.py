@@ -437,7 +437,8 @@ def _grid_domains(panels, rows: int, cols: int):
 def _theme_layout(title: str, height: int) -> dict:
     # the title near the top of the figure (below the page's label badge): legends and column labels sit just
     # above the plot, under it
-    return dict(template=TEMPLATE, title=dict(text=title, x=0.01, xanchor="left", yref="container", y=1, yanchor="top", pad=dict(t=32),
+    return dict(template=TEMPLATE,
+                title=dict(text=title, x=0.01, xanchor="left", yref="container", y=1, yanchor="top", pad=dict(t=32),
                            font=dict(size=FONT["size"] + 4)), font=FONT,
                 height=height, paper_bgcolor="white", plot_bgcolor="white", colorway=OKABE_ITO,
                 margin=dict(l=70, r=30, t=110, b=70))

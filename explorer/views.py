@@ -36,7 +36,8 @@ BLOCK_Q, BLOCK_KV = KERNEL_TILINGS["h100-serve"].block_q, KERNEL_TILINGS["h100-s
 GRID_MAX_CELLS = 128      # per axis, per panel, in the layer x head grid
 GRID_MAX_COLS = 16        # panel columns (query heads and KV-group spacers) in the layer x head grid
 SINGLE_MAX_CELLS = 512
-# a one-head view carries the layer's other heads (hidden) up to this many cells in all (float32: 256 KB)
+# a one-head view carries other panels (value kinds, layers, heads; hidden) up to this many cells in all
+# (float32: 256 KB); see panels_on_page
 HEADS_ON_PAGE_CELLS = 2 ** 16
 QUERY_ROWS_ON_PAGE = 256  # the page draws a query row itself (its mask row travels) up to this sequence length
 
