@@ -25,14 +25,12 @@ any control at phoenix-nano < 700 ms, preset switch < 1.5 s, first Attention pai
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import json
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -40,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from explorer.localhost import launch_browser, running_app, wait_for_plot  # noqa: E402
-from models.runinfo import device_name, git_commit, percentile  # noqa: E402
+from models.runinfo import checkout, device_name, git_commit, percentile  # noqa: E402
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 TARGETS_MS = {("display", "lecture"): 100.0, ("model", "lecture"): 250.0, ("display", "phoenix-nano"): 700.0,
@@ -186,15 +184,6 @@ def measure(url: str, repeats: int, version: dict) -> list[dict]:
                 "cold_ms": cold})
         browser.close()
     return records
-
-
-@contextlib.contextmanager
-def checkout(ref: str):
-    """The files of commit `ref` in a temporary folder (git archive: no worktree registered)."""
-    with tempfile.TemporaryDirectory(prefix="explorer-before-") as tmp:
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref], check=True, capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
-        yield Path(tmp)
 
 
 def measure_version(name: str, root: Path, commit: str, repeats: int) -> tuple[list[dict], dict]:

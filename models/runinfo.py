@@ -1,14 +1,17 @@
 """Where and when a result was measured: what every results file records.
 
 ``RESULTS_DIR`` (benchmarks/results/, where every committed measurement lives), ``device_name``,
-``cpu_model``, ``git_commit`` (one "dirty" rule for every report) and ``percentile``. On the lowest floor
+``cpu_model``, ``git_commit`` (one "dirty" rule for every report), ``checkout`` (an earlier commit's files, for
+a before/after run) and ``percentile``. On the lowest floor
 that writes results (the training scripts), so every floor above can read it.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import platform
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -18,6 +21,15 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 # a result is "+dirty" when the code that produced it differs from its commit here
 CODE_PATHS = ("app.py", "handlers.py", "benchmarks", "explorer", "models", "scripts")
+
+
+@contextlib.contextmanager
+def checkout(ref: str):
+    """The files of commit `ref` in a temporary folder (git archive: no worktree registered)."""
+    with tempfile.TemporaryDirectory(prefix="explorer-before-") as tmp:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        yield Path(tmp)
 
 
 def cpu_model() -> str:
