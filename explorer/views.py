@@ -299,8 +299,8 @@ def attention_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
         # where the page draws query rows itself and the model is small, other value kinds, layers and heads
         # travel hidden: a pick of one is then drawn by the page (static/page.js drawPanel)
         on_page = panels_on_page(s)
-        values = {v: {layer: attention_values(replace(s, values=v), layer) for layer in range(s.num_layers)}
-                  for v in {v for v, _, _ in on_page}}
+        values = {(v, layer): attention_values(replace(s, values=v), layer)
+                  for v, layer in dict.fromkeys((v, layer) for v, layer, _ in on_page)}
         max_cells = cells(s, SINGLE_MAX_CELLS)
 
         def title(v: str, layer: int, h: int) -> str:
@@ -308,7 +308,7 @@ def attention_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
                     f"{zoom_note(s, max_cells)}")
 
         alternatives = len(on_page) > 1
-        panels = [_panel(s, values[v][layer][h], "", dict(layer=layer, head=h, values=v),
+        panels = [_panel(s, values[v, layer][h], "", dict(layer=layer, head=h, values=v),
                          look=dict(title=title(v, layer, h), **VALUE_LOOK[v]) if alternatives else None)
                   for v, layer, h in on_page]
         holds_bars = ("probabilities", s.layer, s.head) in on_page
