@@ -29,8 +29,8 @@ from handlers import (EXPORT, EXPORT_PACK, FORWARD, LIGHT, TAB_OUTPUTS, TABS, TI
                       bug_choices, control_change, control_change_on_page, export_endpoint, family_endpoint, family_on_page,
                       head_choices, lecture_pack_endpoint, limit_endpoint, link_to_controls, load_endpoint,
                       page_gone, pick_on_page, preset_choices, preset_endpoint, preset_on_page, present_key_on_page,
-                      head_of_link, query_to_controls, render_tab, settings_endpoint, settings_of, stop_timing, timing_check,
-                      timing_endpoint, timing_lengths, timing_lengths_kept, timing_options, timing_recorded,
+                      head_of_link, query_to_controls, render_tab, settings_endpoint, settings_of, stop_timing,
+                      timing_check, timing_endpoint, timing_lengths, timing_lengths_kept, timing_options, timing_recorded,
                       timing_recorded_on_link, upload_endpoint, watch_lanes, weight_choices, weights_file)
 from models.attention import CAP_METHODS
 from models.grok import ROPE_MODES

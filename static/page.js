@@ -274,11 +274,14 @@ explorer.drawQueryRow = (v, layer, outline = true) => {
     return pos;
 };
 
-// The query box's change (typed, a click, presentation mode's keys): drawn on the page where it can be,
-// the link written as the server writes it; else the count in #query-redraw goes up and the server redraws.
-explorer.queryRow = (v, q, n) => (explorer.drawQueryRow(v) === null
+// A control's change the page tried to draw (`drawn`: null where it could not): the link `q` with `key` set
+// as the server writes it; else the count `n` in #query-redraw goes up and the server redraws.
+const drawnOrServer = (drawn, key, value, dflt, q, n) => (drawn === null
     ? [q, String(Number(n || 0) + 1)]
-    : [explorer.withParam(q, 'query', String(v), '-1'), n]);
+    : [explorer.withParam(q, key, String(value), dflt), n]);
+
+// The query box's change (typed, a click, presentation mode's keys).
+explorer.queryRow = (v, q, n) => drawnOrServer(explorer.drawQueryRow(v), 'query', v, '-1', q, n);
 
 // The layer box's change: in the every-head grid the bars are drawn from that layer's head-0 panel on the
 // page (nothing else in the view depends on the layer), in a one-head view that holds it the layer's panel
@@ -287,7 +290,7 @@ explorer.layerPick = (layer, v, q, n) => {
     const gd = document.querySelector('#attention-plot .js-plotly-plot');
     const query = gd && gd.layout && gd.layout.meta && gd.layout.meta.query;
     const drawn = query && query.selected >= 0 ? explorer.drawPanel({layer}, v, q) : explorer.drawQueryRow(v, layer);
-    return drawn === null ? [q, String(Number(n || 0) + 1)] : [explorer.withParam(q, 'layer', String(layer), '0'), n];
+    return drawnOrServer(drawn, 'layer', layer, '0', q, n);
 };
 
 // A pick of the values radio, the layer or the head in a one-head view that holds the model's other panels
@@ -320,13 +323,11 @@ explorer.drawPanel = (want, v, q) => {
     return explorer.drawQueryRow(v, undefined, false) === null ? null : true;
 };
 
-// A pick drawn on the page where it can be, the link written as the server writes it; else the count in
-// #query-redraw goes up and the server redraws (as queryRow).
-const panelPick = (want, key, value, dflt, v, q, n) => (explorer.drawPanel(want, v, q) === null
-    ? [q, String(Number(n || 0) + 1)]
-    : [explorer.withParam(q, key, String(value), dflt), n]);
-explorer.headPick = (head, v, q, n) => panelPick({head: Number(head)}, 'head', head, '-1', v, q, n);
-explorer.valuesPick = (values, v, q, n) => panelPick({values}, 'values', values, 'probabilities', v, q, n);
+// The head dropdown's and the values radio's change.
+explorer.headPick = (head, v, q, n) => drawnOrServer(explorer.drawPanel({head: Number(head)}, v, q), 'head', head,
+                                                     '-1', q, n);
+explorer.valuesPick = (values, v, q, n) => drawnOrServer(explorer.drawPanel({values}, v, q), 'values', values,
+                                                         'probabilities', q, n);
 
 // presentation mode's PgUp PgDn in the every-head grid or a one-head view that holds the other layers: the
 // layer stepped on the page (stops at the ends)
@@ -355,8 +356,8 @@ explorer.stepHead = (delta) => {
     const link = document.querySelector('#query textarea, #query input');
     const box = document.querySelector('#head-key textarea, #head-key input');
     if (!meta || !row || !link || !box || meta.selected < 0) return false;
-    const next = meta.selected + delta;
-    if (next < 0 || explorer.drawPanel({head: next}, Number(row.value), link.value) === null) return false;
+    const next = meta.selected + delta;                       // -1, the every-head grid: the server's
+    if (explorer.drawPanel({head: next}, Number(row.value), link.value) === null) return false;
     box.value = `${next}:${++headKeys}`;         // the same head twice is still a change
     box.dispatchEvent(new Event('input', {bubbles: true}));
     return true;

@@ -164,12 +164,9 @@ window.explorer = window.explorer || {};
         }
         if (KEYS[ev.key]) {
             ev.preventDefault();
-            const step = {'query+': 1, 'query-': -1}[KEYS[ev.key]];     // drawn on the page where it can be
-            const layerStep = {'layer+': 1, 'layer-': -1}[KEYS[ev.key]];
-            const headStep = {'head+': 1, 'head-': -1}[KEYS[ev.key]];
-            if (step && !P.busy && !P.queue.length && explorer.stepQueryRow(step)) return;
-            if (layerStep && !P.busy && !P.queue.length && explorer.stepLayer(layerStep)) return;
-            if (headStep && !P.busy && !P.queue.length && explorer.stepHead(headStep)) return;
+            const key = KEYS[ev.key], delta = key.endsWith('+') ? 1 : -1;     // drawn on the page where it can be
+            const onPage = {query: explorer.stepQueryRow, layer: explorer.stepLayer, head: explorer.stepHead}[key.slice(0, -1)];
+            if (!P.busy && !P.queue.length && onPage(delta)) return;
             P.queue.push(KEYS[ev.key]);
             P.flush();
         }
