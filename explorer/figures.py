@@ -77,9 +77,9 @@ def _for_json(obj):
 # plotly's default template for what the builders draw (2-D axes; heatmap, scatter and bar traces): the
 # rest of it (3-D scenes, maps, polar axes, twenty other trace types) is ~2,000 values serialised with
 # every figure and drawn by none
-TEMPLATE = {"data": {t: [dict(v) for v in pio.templates["plotly"].to_plotly_json()["data"][t]]
-                     for t in ("heatmap", "scatter", "bar")},
-            "layout": {k: v for k, v in pio.templates["plotly"].to_plotly_json()["layout"].items()
+_PLOTLY = pio.templates["plotly"].to_plotly_json()
+TEMPLATE = {"data": {t: _PLOTLY["data"][t] for t in ("heatmap", "scatter", "bar")},
+            "layout": {k: v for k, v in _PLOTLY["layout"].items()
                        if k not in ("polar", "ternary", "scene", "geo", "mapbox", "map")}}
 
 
