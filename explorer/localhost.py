@@ -36,15 +36,15 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def running_app(startup_timeout_s: float = 120.0, log: Optional[Path] = None,
-                root: Optional[Path] = None) -> Iterator[str]:
-    """Start app.py (of `root`, another checkout, when given), wait until it answers, yield its URL; stop
-    it (by its own pid) afterwards."""
+                root: Optional[Path] = None, env: Optional[dict] = None) -> Iterator[str]:
+    """Start app.py (of `root`, another checkout, when given; with `env` over this process's environment),
+    wait until it answers, yield its URL; stop it (by its own pid) afterwards."""
     root = Path(root) if root else ROOT
     port = free_port()
     env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port),
            "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1",
            # no background flex compiles (minutes of CPU on a fresh machine) beside what is measured
-           "EXPLORER_PREWARM_FLEX": os.environ.get("EXPLORER_PREWARM_FLEX", "0")}
+           "EXPLORER_PREWARM_FLEX": os.environ.get("EXPLORER_PREWARM_FLEX", "0"), **(env or {})}
     keep = log is not None
     log_path = Path(log) if keep else Path(tempfile.mkstemp(prefix="explorer-app-", suffix=".log")[1])
     url = f"http://127.0.0.1:{port}/"

@@ -488,7 +488,8 @@ def _isolation_reading(s: Settings, probe: tuple, kind: str) -> IsolationReading
     base_emb, pert_emb = runs.forward(s).embeddings[r], perturbed_embeddings(s)
     if kind == s.mask_kind:
         # the recorded forward already is the unperturbed run under the model's own mask; the perturbed
-        # run keeps its batch shape ([B, T, D], row replaced) so fp32 reductions match bit for bit
+        # run keeps its batch shape ([B, T, D], row replaced): the same shapes and rows, so every row the
+        # perturbation never reaches is the same computation, bit for bit
         base = runs.forward(s)
         batch_emb = base.embeddings.clone()
         batch_emb[r] = pert_emb
@@ -625,8 +626,7 @@ def invariance_view(s: Settings) -> tuple[go.Figure, str]:
                     + f" | {np.abs(aa - bb).max():.3g} |")
     largest = {m: float(v.max()) if v.size else 0.0 for m, v in per_mode.items()}
     summary = (f"Largest score change under '{s.operation}' — " + ", ".join(
-        f"{m}: {v:.3g}" + (" (bit for bit: invariant)" if v == 0 else " (fp32 rounding: invariant)"
-                           if v < FP32_TOLERANCE else " (moves)")
+        f"{m}: {v:.3g}" + (" (within fp32 rounding: invariant)" if v < FP32_TOLERANCE else " (moves)")
         for m, v in largest.items()) + f"; current mode: **{s.rope_mode}**.\n\n"
         + WHAT_OPERATION_DOES[s.operation].format(candidate=labels[s.candidate]) + "\n\n"
         + (WHY_RIGHT_ANCHORED if s.family == "xrex" else WHY_ROPE) + "\n\n" + "\n".join(rows))
@@ -635,19 +635,19 @@ def invariance_view(s: Settings) -> tuple[go.Figure, str]:
 
 def rounding_floor(fig: go.Figure, values) -> None:
     """Changes below FP32_TOLERANCE are rounding, not change: the axis reaches at least 1e-3 (rounding
-    noise is never drawn full-height), and such bars say '~0' (or '0' when bit for bit equal)."""
+    noise is never drawn full-height), and such bars say '~0' (or '0' where the scores came out equal)."""
     top = max((float(np.max(v)) for v in values if np.size(v)), default=0.0)
     fig.update_yaxes(range=[0, max(1.15 * top, 1e-3)])
     for trace in fig.data:
         if len(trace.y) <= 16:
             trace.text = ["0" if y == 0 else "~0" if y < FP32_TOLERANCE else "" for y in trace.y]
             trace.textposition = "outside"
-    fig.add_annotation(text=f"0: bit for bit · ~0: fp32 rounding (< {FP32_TOLERANCE:g}), not a change",
+    fig.add_annotation(text=f"0 or ~0: within fp32 rounding (< {FP32_TOLERANCE:g}), not a change",
                        xref="paper", yref="paper", x=0, y=1.0, xanchor="left", yanchor="bottom", showarrow=False,
                        font=dict(size=13, color="#555555"))
 
 
-# a different batch shape changes the order of fp32 reductions inside matmuls: ~1e-6, not a real change
+# another batch shape or row position changes how fp32 reductions round inside matmuls: ~1e-6, not a real change
 FP32_TOLERANCE = 1e-4
 
 # what each operation does to the batch, and what the mask and RoPE make of it ({candidate}: the one dropped)
@@ -678,8 +678,10 @@ WHY_RIGHT_ANCHORED = (
     "(models.xrex.right_anchored_positions): prefix token i sits at i, the history ends at P+L-1 whatever its "
     "length, and *every* candidate sits at P+L. A candidate's query and key are therefore rotated by the same "
     "angle in every slot and every batch; with the mask hiding other candidates, nothing a candidate computes "
-    "depends on where it sits or on who else is in the batch — a permutation gives the same scores bit for "
-    "bit. (Adding or dropping candidates changes T, and with it the order of fp32 sums: at most rounding.)")
+    "depends on where it sits or on who else is in the batch — a permutation gives the same scores in real "
+    "arithmetic. In fp32 they agree to rounding: a moved candidate is another row of every matrix product, "
+    "which some CPUs round differently, and adding or dropping candidates changes T, and with it the order "
+    "of fp32 sums.")
 
 
 def rope_positions(s: Settings) -> np.ndarray:

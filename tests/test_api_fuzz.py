@@ -14,7 +14,6 @@ import pytest
 pytestmark = pytest.mark.slow
 
 gradio_client = pytest.importorskip("gradio_client")
-from explorer.localhost import running_app  # noqa: E402
 from explorer.settings import Settings  # noqa: E402  (the app's own field order)
 
 CONTROL_FIELDS = [f.name for f in fields(Settings)]
@@ -25,17 +24,6 @@ BY_ARGUMENT = ("/settings", "/control_change", "/render_on_change", "/timing", "
 # "field: got value; allowed: what" — the validation layer's one message shape
 CLEAR = re.compile(r"^(?P<field>[A-Za-z_][\w ]{0,40}): got .+; allowed: .+", re.S)
 TRACEBACK = ("Traceback (most recent call last)", 'File "', ", line ")
-
-
-@pytest.fixture(scope="module")
-def server():
-    with running_app() as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return gradio_client.Client(server, verbose=False)
 
 
 @pytest.fixture(scope="module")

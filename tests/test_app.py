@@ -1,6 +1,5 @@
 """The app through gradio_client, launched on localhost: every named endpoint answers correctly, bad
 input comes back as an error naming the field, and the server keeps serving afterwards."""
-import base64
 import json
 import os
 import re
@@ -14,7 +13,8 @@ import torch
 
 from explorer.views import variant_training_report
 from explorer.localhost import running_app
-from tolerances import randn_attention_abs_bound, rounding_bound
+from served import array, plot_data
+from tolerances import randn_attention_abs_bound, relative_error, rounding_bound
 
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client import Client, handle_file  # noqa: E402
@@ -23,30 +23,6 @@ from gradio_client.exceptions import AppError  # noqa: E402
 pytestmark = pytest.mark.slow
 
 LECTURE = "preset=lecture&weights=random"
-
-
-@pytest.fixture(scope="module")
-def server():
-    with running_app() as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return Client(server, verbose=False)
-
-
-def plot_data(plot) -> list[dict]:
-    """A gr.Plot value -> the plotly traces."""
-    return json.loads(plot["plot"])["data"]
-
-
-def array(value) -> np.ndarray:
-    """plotly 6 sends numpy arrays as base64 typed arrays ({dtype, bdata, shape}); lists stay lists."""
-    if isinstance(value, dict) and "bdata" in value:
-        shape = [int(n) for n in str(value.get("shape", "-1")).split(",")]
-        return np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"]).reshape(shape).astype(float)
-    return np.array(value, dtype=float)
 
 
 DOCUMENTED = {"/settings", "/control_change", "/preset", "/mask", "/attention", "/anatomy", "/isolation", "/invariance",
@@ -510,7 +486,8 @@ def test_every_view_runs_the_production_family(client):
     assert z[0, 1:5].min() > 0                                      # the user token sees later history
     assert "recsys-bidirectional" in client.predict(query, api_name="/isolation")[2]
     inv = client.predict(query, api_name="/invariance")
-    assert "right-anchored: 0 (bit for bit" in inv[1] and "right-anchored positions" in inv[4]
+    assert re.search(r"right-anchored: [^ ]+ \(within fp32 rounding: invariant\)", inv[1]), inv[1]
+    assert "right-anchored positions" in inv[4]
     assert "serving-padding" in client.predict(query + "&bug=serving-padding", api_name="/variants")[4]
     assert client.predict(query, "grok", api_name="/family") == "preset=lecture&history_padding=1"   # preset weights back
 
@@ -667,7 +644,8 @@ FAMILY_QUERIES = {"grok": LECTURE + "&num_history=6&history_padding=2&num_candid
 
 def own_probs(query: str, embeddings=None, ranker=None) -> np.ndarray:
     """Layer 0, head 0 attention weights of batch row 0 from the model's own recorded forward, in this process
-    (the server builds the same seeded model): [T, T]."""
+    (the server builds the same seeded model): [T, T]. Another process, maybe on other CPU kernels and another
+    thread count: the same real numbers, compared within layer0_bound."""
     from explorer import runs
     from explorer.settings import parse_query
     out = runs.forward(parse_query(query))
@@ -675,6 +653,14 @@ def own_probs(query: str, embeddings=None, ranker=None) -> np.ndarray:
         with torch.no_grad():
             return ranker(out.embeddings, out.valid, record=True).layers[0].probs[0, 0].numpy()
     return out.trunk.layers[0].probs[0, 0].numpy()
+
+
+def layer0_bound(query: str) -> float:
+    """Rounding bound of layer 0's attention weights: the embedding stage, the norm, the projections, RoPE,
+    q.k and the softmax (depth 8), n the widest of these reductions."""
+    from explorer.settings import parse_query
+    s = parse_query(query)
+    return rounding_bound(torch.float32, max(s.emb_size, s.seq_len), depth=8)
 
 
 @pytest.mark.parametrize("family", ["grok", "xrex"])
@@ -693,20 +679,22 @@ def test_every_view_answers_for_both_families(client, family, view):
         assert f"| {kind} |" in text and "| fa4 |" in kernel_text
     elif view == "attention":
         fig, _, _ = client.predict(query + "&head=0", api_name="/attention")
-        assert np.array_equal(array(plot_data(fig)[0]["z"]), own_probs(query).astype(float))
+        assert relative_error(array(plot_data(fig)[0]["z"]), own_probs(query)) <= layer0_bound(query)
     elif view == "anatomy":
         _, steps, _, text = client.predict(query + "&head=0&query=8", api_name="/anatomy")
         # the softmax step's bars: the last trace with values (the segment legend's entries hold none)
         weights = next(y for y in (array(t["y"]).astype(float) for t in reversed(plot_data(steps)))
                        if not np.isnan(y).all())
-        assert np.array_equal(weights, own_probs(query)[8]) and "differ from the ones it used" in text
+        assert relative_error(weights, own_probs(query)[8]) <= layer0_bound(query)
+        assert "differ from the ones it used" in text
         assert ("× scale" in text) == (family == "xrex")
     elif view == "isolation":
         _, _, text = client.predict(query, api_name="/isolation")
         assert f"**{kind}: largest change on any other candidate: 0 " in text
     elif view == "invariance":
         _, text, *_ = client.predict(query, api_name="/invariance")
-        assert ("right-anchored: 0 (bit for bit" if family == "xrex" else "shared: 0 (bit for bit") in text
+        mode = "right-anchored" if family == "xrex" else "shared"
+        assert re.search(rf"{mode}: [^ ]+ \(within fp32 rounding: invariant\)", text), text
     elif view == "variants":
         bug = bug_names(family)[0]
         *_, bug_text = client.predict(query + f"&bug={bug}", api_name="/variants")
@@ -732,7 +720,8 @@ def test_production_weights_upload_and_the_attention_view_is_their_forward(clien
     q, msg = client.predict(SMALL_XREX, handle_file(str(path)), api_name="/upload_weights")
     assert "weights=upload%3A" in q and "Loaded" in msg
     fig, _, _ = client.predict(q + "&head=0", api_name="/attention")
-    assert np.array_equal(array(plot_data(fig)[0]["z"]), own_probs(SMALL_XREX, ranker=ranker).astype(float))
+    served = array(plot_data(fig)[0]["z"])
+    assert relative_error(served, own_probs(SMALL_XREX, ranker=ranker)) <= layer0_bound(SMALL_XREX)
     grok_file, _ = make_weights(tmp_path)
     with pytest.raises(AppError, match=r"weights file: got 'w64.safetensors'; allowed: weights of the model family "
                                        r"chosen, production \(2026\): this file holds grok.py's per-layer names"):

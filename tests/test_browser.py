@@ -7,6 +7,8 @@ from urllib.parse import urlparse
 import pytest
 
 from explorer.localhost import wait_for_plot
+from served import figure
+from tolerances import assert_bit_exact
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -36,6 +38,14 @@ def page(browser):
     page.base_url = url
     yield page
     page.close()
+
+
+def served_attention(client, link: str):
+    """(figure, bars, sentence) of the attention view the server draws for `link`: the forward the page holds
+    numbers of, in the server's own process — the same computation, so the page's numbers equal these bit for
+    bit, whatever CPU kernels and thread count the server and this process run."""
+    fig, bars, text = client.predict(link, api_name="/attention")
+    return figure(fig), figure(bars), text
 
 
 def open_attention(page, query="preset=lecture&head=0", presenting=False):
@@ -268,12 +278,9 @@ def server_requests(page) -> list:
 @pytest.mark.parametrize("query,kind", [("preset=lecture&head=-1&values=capped+logits", "log"),
                                         ("preset=lecture&head=-1", "quantile"), ("preset=lecture&head=2", "log"),
                                         ("preset=lecture&head=2&color=quantile", "linear")])
-def test_a_colour_change_is_drawn_in_the_browser_as_the_server_draws_it(page, query, kind):
+def test_a_colour_change_is_drawn_in_the_browser_as_the_server_draws_it(page, client, query, kind):
     """No request reaches the server, and the figure equals the one the server draws for the new link
     (colour coordinates to float32 precision, the colour bar's ticks, the title's note)."""
-    from explorer import views
-    from explorer.settings import parse_query
-
     open_attention(page, query)
     requests = server_requests(page)
     page.get_by_label(kind, exact=True).check()
@@ -284,7 +291,7 @@ def test_a_colour_change_is_drawn_in_the_browser_as_the_server_draws_it(page, qu
     link = urlparse(page.url).query
     assert page.locator("#query textarea, #query input").first.input_value() == link.split("&tab=")[0]
     drawn = page.evaluate(DRAWN)
-    fig, _, _ = views.attention_view(parse_query(link.split("&tab=")[0]))
+    fig, _, _ = served_attention(client, link.split("&tab=")[0])
     assert_drawn_as(drawn, fig)
 
 
@@ -370,7 +377,7 @@ def assert_bars_as(drawn: dict, bars, text: str) -> None:
     """The query row's bars drawn on the page (QUERY_DRAWN) are what the server draws: the weights (float32,
     exactly), their labels, the title and the sentence."""
     import numpy as np
-    np.testing.assert_array_equal(np.float32(drawn["y"]), np.float32(bars.data[0].y))
+    assert_bit_exact(np.float32(drawn["y"]), np.float32(bars.data[0].y), "same computation")
     assert drawn["text"] == (list(bars.data[0].text) if bars.data[0].text is not None else None)
     assert drawn["title"] == bars.layout.title.text and drawn["sentence"] == text.replace("**", "")
 
@@ -380,12 +387,11 @@ def assert_bars_as(drawn: dict, bars, text: str) -> None:
                                        ("preset=lecture&head=1&tab=attention&present=1", "key"),
                                        ("preset=lecture&head=-1&query=3", "layer typed"),
                                        ("preset=lecture&head=-1&tab=attention&present=1", "layer key")])
-def test_a_query_row_change_is_drawn_in_the_browser_as_the_server_draws_it(page, query, how):
+def test_a_query_row_change_is_drawn_in_the_browser_as_the_server_draws_it(page, client, query, how):
     """At lecture (rows drawn one by one) a query row typed, clicked or stepped with →, or in the every-head
     grid a layer typed or stepped with PgDn, sends no request; the outlines, the bars (float32 weights,
     exactly), their labels, the title, the sentence and the link equal what the server draws and writes for
     the new link. A later server redraw (values) keeps the new row and layer."""
-    from explorer import views
     from explorer.settings import parse_query, to_query
 
     open_attention(page, query, presenting=how.endswith("key"))
@@ -413,7 +419,7 @@ def test_a_query_row_change_is_drawn_in_the_browser_as_the_server_draws_it(page,
     assert page.locator("#query-row input").input_value() == str(s.query)
     assert page.get_by_label("layer", exact=True).input_value() == str(s.layer)
     drawn = page.evaluate(QUERY_DRAWN)
-    fig, bars, text = views.attention_view(s)
+    fig, bars, text = served_attention(client, link)
     want = sorted([s.xref, s.yref, s.x0, s.x1, s.y0, s.y1, s.line.width] for s in fig.layout.shapes
                   if s.name == "query-outline")
     assert sorted(drawn["outlines"]) == want and (field == "layer" or drawn["outlines"] != before["outlines"])
@@ -440,12 +446,11 @@ def assert_a_server_redraw_keeps(page, s, bars) -> None:
 
 @pytest.mark.parametrize("query,head", [("preset=lecture&head=0", 1), ("preset=lecture&head=2&color=log&query=7", 3),
                                         ("preset=lecture&head=3&layer=1&color=quantile&query=4", 0)])
-def test_a_head_pick_is_drawn_in_the_browser_as_the_server_draws_it(page, query, head):
+def test_a_head_pick_is_drawn_in_the_browser_as_the_server_draws_it(page, client, query, head):
     """Another head of a one-head view at lecture (the figure holds the layer's heads) sends no request: the
     heatmap (colour coordinates, colour bar, title, hover), the bars (float32 weights, exactly), their title,
     the sentence and the link equal what the server draws and writes for the new link; the row outline
     stays. A later server redraw (values) draws the new head."""
-    from explorer import views
     from explorer.settings import parse_query, to_query
 
     open_attention(page, query)
@@ -462,7 +467,7 @@ def test_a_head_pick_is_drawn_in_the_browser_as_the_server_draws_it(page, query,
     link = urlparse(page.url).query.split("&tab=")[0]
     s = parse_query(link)
     assert to_query(s) == link and page.locator("#query textarea, #query input").first.input_value() == link
-    fig, bars, text = views.attention_view(s)
+    fig, bars, text = served_attention(client, link)
     assert_drawn_as(page.evaluate(DRAWN), fig)
     drawn = page.evaluate(QUERY_DRAWN)
     assert drawn["outlines"] == before["outlines"] != []
@@ -479,13 +484,12 @@ def test_a_head_pick_is_drawn_in_the_browser_as_the_server_draws_it(page, query,
     ("preset=lecture&head=3&query=4", "layer", "1"),
     ("preset=lecture&head=1&values=capped+logits&layer=1&color=log", "layer", "0"),
     ("preset=lecture&head=2&tab=attention&present=1", "layer", "PageDown")])
-def test_a_values_or_layer_pick_in_a_one_head_view_is_drawn_in_the_browser_as_the_server_draws_it(page, query,
-                                                                                                  field, value):
+def test_a_values_or_layer_pick_in_a_one_head_view_is_drawn_in_the_browser_as_the_server_draws_it(page, client,
+                                                                                                  query, field, value):
     """At lecture a one-head view holds every value kind and layer: a values pick, a layer typed or stepped
     with PgDn sends no request; the heatmap (colour coordinates, colour scale and bar, title, hover), the bars,
     the sentence and the link equal what the server draws and writes for the new link. A later server
     redraw keeps the pick."""
-    from explorer import views
     from explorer.settings import parse_query, to_query
 
     open_attention(page, query, presenting=value == "PageDown")
@@ -506,7 +510,7 @@ def test_a_values_or_layer_pick_in_a_one_head_view_is_drawn_in_the_browser_as_th
     s = parse_query(link)
     assert to_query(s) == link and page.locator("#query textarea, #query input").first.input_value() == link
     assert str(getattr(s, field)) == want
-    fig, bars, text = views.attention_view(s)
+    fig, bars, text = served_attention(client, link)
     drawn = page.evaluate(DRAWN)
     assert drawn["title"] != before["title"]
     assert_drawn_as(drawn, fig)
@@ -518,13 +522,12 @@ def test_a_values_or_layer_pick_in_a_one_head_view_is_drawn_in_the_browser_as_th
     assert_a_server_redraw_keeps(page, s, bars)
 
 
-def test_a_head_key_in_presentation_is_drawn_by_the_page_and_the_dropdown_follows(page):
+def test_a_head_key_in_presentation_is_drawn_by_the_page_and_the_dropdown_follows(page, client):
     """↓ in presentation mode at lecture: the next head is drawn in the keydown's own task (no server answer
     can have come), equal to what the server draws for the new link; then the link, the address and the head
     dropdown follow, and a later server redraw keeps the head."""
     from playwright.sync_api import expect
 
-    from explorer import views
     from explorer.settings import parse_query, to_query
 
     open_attention(page, "preset=lecture&head=1&query=4&tab=attention&present=1", presenting=True)
@@ -537,7 +540,7 @@ def test_a_head_key_in_presentation_is_drawn_by_the_page_and_the_dropdown_follow
     link = urlparse(page.url).query.split("&tab=")[0]
     s = parse_query(link)
     assert to_query(s) == link and s.head == 2 and s.query == 4
-    fig, bars, text = views.attention_view(s)
+    fig, bars, text = served_attention(client, link)
     assert_drawn_as(page.evaluate(DRAWN), fig)
     assert_bars_as(page.evaluate(QUERY_DRAWN), bars, text)
     page.keyboard.press("Escape")

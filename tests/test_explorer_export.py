@@ -13,6 +13,7 @@ import pytest
 
 from explorer import export, views
 from explorer.settings import PRESETS, parse_query
+from tolerances import assert_bit_exact
 
 pytestmark = pytest.mark.slow     # kaleido starts chromium
 
@@ -146,10 +147,10 @@ def test_a_data_file_per_figure_holds_exactly_the_numbers_drawn(s, pack):
                         assert [str(v) for v in want.ravel()] == [str(v) for v in got.ravel()] or \
                             np.allclose(got.astype(float), want.astype(float), equal_nan=True), (name, i, key)
                     else:
-                        np.testing.assert_array_equal(got, want.astype(got.dtype), err_msg=f"{name} {i} {key}")
+                        assert_bit_exact(got, want.astype(got.dtype), "no rounding", f"{name} {i} {key}")
         # and they are the model's own numbers: the single head's weights at layer 0, head 1
         attn = np.load(io.BytesIO(z.read(f"data/{export.file_stem(s, 'attention')}.npz")))
-        np.testing.assert_allclose(attn["trace0.z"], views.attention_values(s, 0)[1], rtol=0, atol=0)
+        assert_bit_exact(attn["trace0.z"], views.attention_values(s, 0)[1], "same computation")
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))

@@ -6,7 +6,7 @@ import pytest
 from explorer import runs, views
 from explorer.figures import Panel, heatmap_figure, pool, segment_bins
 from explorer.settings import max_seq_len, parse_query
-from tolerances import relative_error, rounding_bound
+from tolerances import assert_bit_exact, relative_error, rounding_bound
 
 NANO = "preset=phoenix-nano"          # T = 1 + 1022 + 64 = 1087: pooled on screen
 SEGMENT_OF = {"U": "U", "H": "H", "C": "C", "p": "P"}      # a label's first letter ("pad·H3" -> P)
@@ -26,9 +26,9 @@ def test_log_colour_keeps_the_sign_of_logits():
     fig, _, _ = views.attention_view(s)
     (hm,) = heatmaps(fig)
     raw, z = np.asarray(hm.customdata, dtype=float), np.asarray(hm.z, dtype=float)
-    np.testing.assert_array_equal(raw, runs.forward(s).trunk.layers[0].logits[0, 2].numpy())
+    assert_bit_exact(raw, runs.forward(s).trunk.layers[0].logits[0, 2].numpy(), "same computation")
     assert (raw < 0).any() and (raw > 0).any()
-    np.testing.assert_array_equal(np.sign(z), np.sign(raw))          # negative logits stay negative
+    assert_bit_exact(np.sign(z), np.sign(raw), "no rounding")       # negative logits stay negative
     order = np.argsort(raw.ravel())
     assert np.all(np.diff(z.ravel()[order]) >= 0)                      # and the order is kept
     assert hm.zmin == -hm.zmax                                         # 0 sits at the scale's centre
@@ -43,7 +43,7 @@ def test_quantile_colour_spreads_a_skewed_map_and_says_so():
     (hm,) = heatmaps(fig)
     shown = np.asarray(hm.z, dtype=float)
     assert np.median(z) < 0.01 and 0.45 < np.median(shown) < 0.55      # linear would be at the bottom
-    np.testing.assert_array_equal(np.asarray(hm.customdata), z)        # hover: the raw value
+    assert_bit_exact(np.asarray(hm.customdata), z, "no rounding")       # hover: the raw value
     assert "quantile" in hm.colorbar.title.text
     assert f"{np.quantile(z, 0.5):.3g}" in list(hm.colorbar.ticktext) and "quantile" in fig.layout.title.text
 
@@ -78,7 +78,7 @@ def test_zoom_shows_a_region_at_full_resolution(zoom, rows, cols):
     fig, _ = views.mask_view(s)
     hm = heatmaps(fig)[0]
     full = views.mask_dense(s, s.mask_kind)
-    np.testing.assert_array_equal(np.asarray(hm.z, dtype=float), full[rows[0]:rows[1], cols[0]:cols[1]])
+    assert_bit_exact(np.asarray(hm.z, dtype=float), full[rows[0]:rows[1], cols[0]:cols[1]], "no rounding")
     labels = s.layout.token_labels()
     assert list(hm.y) == labels[rows[0]:rows[1]] and list(hm.x) == labels[cols[0]:cols[1]]
     assert "zoom: " + zoom in fig.layout.title.text
@@ -152,7 +152,7 @@ def test_pooling_is_the_max_of_each_block_ignoring_masked_cells(seed):
         for j, (c, d) in enumerate(col_bins):
             block = z[a:b, c:d]
             want = np.nan if np.isnan(block).all() else np.nanmax(block)
-            np.testing.assert_array_equal(p.z[i, j], want)
+            assert_bit_exact(p.z[i, j], want, "no rounding")             # a max picks, it does not round
 
 
 def test_pooling_for_the_byte_budget_keeps_the_block_maximum():
@@ -175,7 +175,7 @@ def test_recording_q_k_v_changes_no_output():
     base = runs.forward(s)
     with torch.no_grad():
         plain = model(base.embeddings, base.valid, base.candidate_start_offset)
-    assert torch.equal(plain.embeddings, base.trunk.embeddings)
+    assert_bit_exact(plain.embeddings, base.trunk.embeddings, "same computation")
     t = base.trunk.layers[0]
     assert t.q.shape == (1, s.seq_len, s.num_q_heads, s.key_size) and t.k.shape[2] == s.num_kv_heads
     assert t.heads_out.shape == t.q.shape
@@ -208,9 +208,9 @@ def test_anatomy_steps_rebuild_the_models_own_row(query):
     qk, steps, out, text = views.anatomy_view(s)
     bars = [t for t in steps.data if t.type == "bar" and not t.name]          # (named: the segment legend)
     assert len(bars) == 5
-    np.testing.assert_array_equal(np.asarray(bars[4].y, dtype=np.float32), a.probs)
+    assert_bit_exact(np.asarray(bars[4].y, dtype=np.float32), a.probs, "same computation")
     assert np.isnan(np.asarray(bars[3].y, dtype=float)[~a.allowed]).all()          # masked keys: no bar
-    np.testing.assert_array_equal(np.asarray(heatmaps(out)[0].z, dtype=np.float32)[-1], a.out)
+    assert_bit_exact(np.asarray(heatmaps(out)[0].z, dtype=np.float32)[-1], a.out, "same computation")
     assert "| key | segment | q·k |" in text
 
 

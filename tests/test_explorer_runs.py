@@ -10,6 +10,7 @@ from explorer import runs
 from explorer.settings import ValidationError, parse_query
 from models.recsys import RecsysModel, init_recsys
 from models.weights import save_weights
+from tolerances import assert_bit_exact
 
 LECTURE = "preset=lecture&weights=random"
 
@@ -35,7 +36,8 @@ def test_an_upload_is_its_sessions_alone(tmp_path):
     query = LECTURE.replace("random", f"upload:{name}")
     s = parse_query(query, uploaded=runs.uploads("alice"))
     served = runs.build_model(s)
-    assert all(torch.equal(a, b) for a, b in zip(served.state_dict().values(), model.state_dict().values()))
+    for a, b in zip(served.state_dict().values(), model.state_dict().values()):
+        assert_bit_exact(a, b, "no rounding")
     with pytest.raises(ValidationError, match=f"weights: got 'upload:{name}'; allowed: random"):
         parse_query(query, uploaded=runs.uploads("bob"))
 
@@ -153,11 +155,12 @@ def test_production_weights_upload_into_the_xrex_family_and_serve_its_own_forwar
     name = runs.load_upload(parse_query(XREX), str(path), "alice")
     s = parse_query(f"{XREX}&weights=upload:{name}", uploaded=runs.uploads("alice"))
     served = runs.build_model(s).ranker
-    assert all(torch.equal(a, b) for a, b in zip(served.state_dict().values(), ranker.state_dict().values()))
+    for a, b in zip(served.state_dict().values(), ranker.state_dict().values()):
+        assert_bit_exact(a, b, "no rounding")
     out = runs.forward(s)
     with torch.no_grad():
         own = ranker(out.embeddings, out.valid)
-    assert torch.equal(out.logits, own.logits)
+    assert_bit_exact(out.logits, own.logits, "same computation")
     with pytest.raises(ValidationError, match=f"weights: got 'upload:{name}'; allowed: random"):
         parse_query(f"{XREX}&weights=upload:{name}", uploaded=runs.uploads("bob"))
     with pytest.raises(ValidationError, match=r"are for num_layers=2 \(here num_layers=1\)"):
@@ -194,4 +197,5 @@ def test_production_uploads_get_grok_uploads_checks(tmp_path):
     half, ranker16 = xrex_file(tmp_path, dtype=torch.bfloat16, name="bf16.safetensors")
     name = runs.load_upload(parse_query(XREX), str(half), "alice")
     served = runs.build_model(parse_query(f"{XREX}&weights=upload:{name}", uploaded=runs.uploads("alice"))).ranker
-    assert all(torch.equal(a, b) for a, b in zip(served.state_dict().values(), ranker16.state_dict().values()))
+    for a, b in zip(served.state_dict().values(), ranker16.state_dict().values()):
+        assert_bit_exact(a, b, "no rounding")

@@ -2,13 +2,23 @@
 
 Each numerics test checks one of two kinds of property, and says which:
 
-- **bit-exact by construction**: both sides run the same operations on the same numbers (candidate isolation:
-  a perturbed candidate's row never enters another row's reductions). Compare with ``torch.equal``; a
-  tolerance there would hide a leak.
+- **bit-exact by construction**: both sides are the same computation — the same operations on the same
+  numbers, at the same shapes and row positions, with the same thread count, in one process. Three reasons
+  qualify (``BIT_EXACT``): candidate isolation (a perturbed row never enters the compared rows' reductions),
+  one computation read twice (a cached forward, a view of it, the page drawing the server's numbers), and no
+  rounding at all (copies, loads, casts and operations exact in floating point). Compare with
+  ``assert_bit_exact(got, want, because)``; a tolerance there would hide a leak. tests/conftest.py refuses
+  any other bit-for-bit comparison of floating-point values in a test (``torch.equal``, ``np.array_equal``,
+  ``np.testing.assert_array_equal``): the hardware promises nothing more.
 - **exact in real arithmetic**: both sides compute the same real number by different roundings (another
-  candidate order or batch size, another kernel, GQA against repeated heads, fp32 against a float64
-  reference). How a reduction is split depends on the CPU (SIMD width via ATEN_CPU_CAPABILITY, MKL's code
-  path, the thread count), so such results agree only within ``rounding_bound``.
+  candidate order or batch size, another thread count or process, another kernel, GQA against repeated
+  heads, a model against a float64 reference). How a reduction is split depends on the CPU (SIMD width via
+  ATEN_CPU_CAPABILITY, MKL's code path — another one on AMD than on Intel —, the thread count, a row's
+  position in a matrix product), so such results agree only within ``rounding_bound``.
+
+Parity with the float64 NumPy references runs the models in float64 end to end, where the bound below
+is ~1e-12: a planted relative error of 1e-5 anywhere (a scale, an eps, a cap, a RoPE base) lands orders of
+magnitude above it. ``PARITY_RTOL`` caps every float64 parity bound.
 
 The bound (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., §3.1): a sum or dot product of
 n terms, computed in any order, satisfies |fl(s) - s| <= gamma_n * sum|terms| with gamma_n = n*u / (1 - n*u)
@@ -24,6 +34,17 @@ max |want|; the tests that plant such bugs check they land above this bound.
 """
 import numpy as np
 import torch
+
+# what makes two floating-point results the same bits: the only reasons assert_bit_exact takes
+BIT_EXACT = {
+    "isolation": "the changed inputs never enter the compared values' reductions (same shapes, rows, threads)",
+    "same computation": "one computation read twice in one process: a cached forward, a view drawing its "
+                        "tensors, the page drawing the numbers the server sent",
+    "no rounding": "nothing is rounded between the two: copies, loads, casts that round-trip, x + 0, x * 1",
+}
+
+# the largest relative error a float64 parity test may allow (its rounding bound must be below this)
+PARITY_RTOL = 1e-10
 
 
 def rounding_bound(dtype, n: int, depth: int = 1) -> float:
@@ -50,6 +71,21 @@ def relative_error(got, want, valid=None) -> float:
         got, want = got[keep], want[keep]
     scale = np.abs(want).max()
     return float(np.abs(got - want).max() / scale) if scale > 0 else float(np.abs(got).max())
+
+
+def assert_bit_exact(got, want, because: str, what: str = ""):
+    """`got` and `want` hold the same bits (NaN equal to NaN), for one of the BIT_EXACT reasons; `what` names
+    the compared values in the failure."""
+    if because not in BIT_EXACT:
+        raise ValueError(f"because: got {because!r}; allowed: {', '.join(BIT_EXACT)} (tests/tolerances.py: "
+                         f"anything else is exact in real arithmetic only — use assert_rounding_close)")
+    got, want = (np.asarray(t.detach().cpu() if torch.is_tensor(t) else t) for t in (got, want))
+    assert got.shape == want.shape, f"{what} shapes differ: {got.shape} != {want.shape} ({because})"
+    same = np.array_equal(got, want, equal_nan=got.dtype.kind in "fc" and want.dtype.kind in "fc")
+    if not same:
+        diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
+        raise AssertionError(f"{what} not bit-exact ({because}: {BIT_EXACT[because]}): max |got - want| = "
+                             f"{np.nanmax(diff):.3g} at {np.unravel_index(np.nanargmax(diff), diff.shape)}")
 
 
 def assert_rounding_close(got, want, *, n: int, depth: int = 1, dtype=torch.float32, valid=None):
