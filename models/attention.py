@@ -1,9 +1,9 @@
 """grok.py's attention, with interchangeable backends.
 
 Every backend computes the same function (FACTS.md §1):
-    logits = (q . k) * attn_output_multiplier        fp32, GQA by grouping
+    logits = (q . k) * attn_output_multiplier        fp32 (float64 stays float64), GQA by grouping
     logits = cap(logits)                             tanh / soft_sign / off
-    logits = where(mask, logits, -1e30); softmax over keys (fp32); out = probs @ v
+    logits = where(mask, logits, -1e30); softmax over keys (fp32 likewise); out = probs @ v
 
 Shapes: q [B, T, Hq, K]; k, v [B, S, Hkv, K]; out [B, T, Hq, K].
 A backend is one function plus one entry in BACKENDS (with its capabilities):
@@ -47,6 +47,12 @@ MASK_VALUE = -1e30
 CAP_METHODS = ("tanh", "soft_sign", "none")
 
 
+def upcast(x: torch.Tensor) -> torch.Tensor:
+    """x in its compute dtype: float32 for bf16 / fp16 / fp32 (grok.py's fp32 softmax, norms and RoPE),
+    float64 stays float64, so a float64 forward rounds nowhere to float32."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def apply_cap(logits: torch.Tensor, cap: float, method: str) -> torch.Tensor:
     """Production's two soft caps; cap <= 0 or method 'none' means off."""
     if method == "none" or cap <= 0:
@@ -76,7 +82,7 @@ def grouped_attention(q, k, v, *, multiplier: float, cap: float = 0.0, cap_metho
     """The one attention core (naive, the decomposition's pieces, the variants, the bug zoo's kernel).
 
     q [B, Tq, Hq, K]; k, v [B, Tk, Hkv, K]: query head h reads KV head h // G (G = Hq / Hkv).
-    logits = cap(q . k * multiplier) in fp32 -> talking heads' mix_logits [Hq, Hq] -> -1e30 where not
+    logits = cap(q . k * multiplier) in fp32 (upcast) -> talking heads' mix_logits [Hq, Hq] -> -1e30 where not
     `allowed` ([B|1, 1, Tq, Tk] bool; grok.py's value) -> + `bias` (log weights: a kernel's key counts)
     -> softmax over keys -> mix_probs -> probs @ v. `lse`: masked with -inf and normalised by the
     log-sum-exp instead (a row with no allowed key gets zeros), which is returned for merging.
@@ -84,7 +90,7 @@ def grouped_attention(q, k, v, *, multiplier: float, cap: float = 0.0, cap_metho
     B, Tq, Hq, K = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     G = Hq // Hkv
-    logits = torch.einsum("bthgd,bshd->bhgts", q.reshape(B, Tq, Hkv, G, K), k).float() * multiplier
+    logits = upcast(torch.einsum("bthgd,bshd->bhgts", q.reshape(B, Tq, Hkv, G, K), k)) * multiplier
     logits = apply_cap(logits, cap, cap_method)                                   # [B, Hkv, G, Tq, Tk]
     if mix_logits is not None:                       # heads talk before the softmax ...
         logits = torch.einsum("bhts,hg->bgts", logits.reshape(B, Hq, Tq, Tk), mix_logits).reshape(logits.shape)
@@ -228,7 +234,7 @@ def flex_attention(q, k, v, mask: AttentionMask, *, multiplier: float, cap: floa
 
 def math_piece(q, k, v, *, causal: bool, key_valid: Optional[torch.Tensor], multiplier: float,
                cap: float, cap_method: str):
-    """One dense block in plain torch: q [B,Tq,Hq,K], k/v [B,S,Hkv,K] -> out [B,Tq,Hq,K], lse [B,Tq,Hq] fp32."""
+    """One dense block in plain torch: q [B,Tq,Hq,K], k/v [B,S,Hkv,K] -> out [B,Tq,Hq,K], lse [B,Tq,Hq] (upcast)."""
     Tq, S = q.shape[1], k.shape[1]
     allowed = torch.ones(Tq, S, dtype=torch.bool, device=q.device)
     if causal:
@@ -260,7 +266,7 @@ def decomposed_attention(q, k, v, mask: AttentionMask, piece, *, multiplier: flo
     C = T - P
     qc = q[:, P:].reshape(B, C, Hkv, G, K)                                          # [B, C, Hkv, G, K]
     kc, vc = k[:, P:], v[:, P:]                                                     # [B, C, Hkv, K]
-    s_self = apply_cap((qc.float() * kc[:, :, :, None].float()).sum(-1) * multiplier, cap, cap_method)
+    s_self = apply_cap((upcast(qc) * upcast(kc[:, :, :, None])).sum(-1) * multiplier, cap, cap_method)
     s_self = s_self.reshape(B, C, Hq)                                               # (c) [B, C, Hq]
     if valid is not None:
         s_self = s_self.masked_fill(~valid[:, P:, None], float("-inf"))
@@ -273,7 +279,7 @@ def decomposed_attention(q, k, v, mask: AttentionMask, piece, *, multiplier: flo
     w_prefix = torch.exp(lse_p - lse).nan_to_num(0.0)[..., None]                    # empty row -> zeros
     w_self = torch.exp(s_self - lse).nan_to_num(0.0)[..., None]
     v_self = vc.repeat_interleave(G, dim=2)                                         # [B, C, Hq, K]
-    out[:, P:] = (w_prefix * out_p.float() + w_self * v_self.float()).to(q.dtype)
+    out[:, P:] = (w_prefix * upcast(out_p) + w_self * upcast(v_self)).to(q.dtype)
     return out
 
 
@@ -502,10 +508,12 @@ class Backend:
 
 
 _CUDA_SDPA = ("float16", "bfloat16")
+# grouped_attention's backends also run float64 end to end (parity with the float64 references)
+_WITH_FLOAT64 = ("float32", "float16", "bfloat16", "float64")
 
 BACKENDS: dict[str, Backend] = {
     "naive": Backend(naive_attention, "materialised [B, H, T, T] logits and probabilities, as grok.py",
-                     returns_weights=True),
+                     dtypes=_WITH_FLOAT64, returns_weights=True),
     "sdpa": Backend(functools.partial(sdpa_attention, kernel="math"),
                     "torch SDPA, math kernel: additive -1e30 mask; no logit cap",
                     cap_methods=("none",), gqa="native (enable_gqa)"),
@@ -526,7 +534,8 @@ BACKENDS: dict[str, Backend] = {
                     gqa="native (enable_gqa)", empty_rows="zeros", available=flex_refused),
     "structured": Backend(structured_attention,
                           "recsys decomposition (prefix | candidates x prefix with LSE | self) in plain torch; "
-                          "never builds the candidate x candidate block", empty_rows="zeros"),
+                          "never builds the candidate x candidate block", dtypes=_WITH_FLOAT64,
+                          empty_rows="zeros"),
     "flash_attn": Backend(flash_attn_attention,
                           "Dao-AILab FlashAttention 2 + the recsys decomposition merged by log-sum-exp; "
                           "key padding packed with cu_seqlens (flash_attn_varlen_func)",

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import AttentionOutput, attend, grouped_attention
+from .attention import AttentionOutput, attend, grouped_attention, upcast
 from .grok import DecoderLayer, DenseBlock, MultiHeadAttention
 from .masks import AttentionMask
 from .probes import PROBES, run_probe
@@ -123,7 +123,7 @@ def serving_kernel_attention(q, k, v, mask: AttentionMask, *, multiplier: float,
     it (a key counted twice gets logit + log 2); the padding mask is never consulted."""
     counts = serving_kernel_counts(q.shape[1], mask.candidate_start_offset, block_kv, q.device)
     out, probs, logits, _ = grouped_attention(q, k, v, multiplier=multiplier, cap=cap, cap_method=cap_method,
-                                              bias=torch.log(counts.float()))            # log 0 = -inf: never seen
+                                              bias=torch.log(upcast(counts.to(q.dtype))))  # log 0 = -inf: never seen
     return AttentionOutput(out, probs, logits) if need_weights else AttentionOutput(out)
 
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import CAP_METHODS, BACKENDS, AttentionOutput, attend
+from .attention import CAP_METHODS, BACKENDS, AttentionOutput, attend, upcast
 from .masks import PREFIX_MODES, AttentionMask, key_padding, make_recsys_attn_mask, model_mask_kind  # noqa: F401  (grok.py's name)
 
 ROPE_MODES = ("sequential", "shared", "none")
@@ -105,7 +105,8 @@ class Linear(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """Computed in fp32, ``x * rsqrt(mean(x^2) + eps) * scale``, cast back; no bias."""
+    """Computed in fp32 (float64 stays float64: ``upcast``), ``x * rsqrt(mean(x^2) + eps) * scale``, cast
+    back; no bias."""
 
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
@@ -113,9 +114,9 @@ class RMSNorm(nn.Module):
         self.scale = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x):
-        xf = x.float()
+        xf = upcast(x)
         normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.scale.float() * normed).to(x.dtype)
+        return (upcast(self.scale) * normed).to(x.dtype)
 
 
 def rotate_half(x):
@@ -124,28 +125,31 @@ def rotate_half(x):
 
 
 class RotaryEmbedding(nn.Module):
-    """RoPE over halves (not interleaved pairs). positions t: [B, T] float. ``interleaved`` rotates pairs
-    (x0, x1), (x2, x3), ... instead (GPT-J's layout; the bug zoo's "rope-interleaved")."""
+    """RoPE over halves (not interleaved pairs). positions t: [B, T] whole numbers (integer or float); the
+    phase is computed in x's compute dtype (``upcast``: float32, float64 stays float64). ``interleaved``
+    rotates pairs (x0, x1), (x2, x3), ... instead (GPT-J's layout; the bug zoo's "rope-interleaved")."""
 
     def __init__(self, dim: int, base_exponent: float = 10000.0, interleaved: bool = False):
         super().__init__()
         self.dim = dim
         self.base_exponent = base_exponent
         self.interleaved = interleaved
-        self._inv_freq: dict[str, torch.Tensor] = {}      # per device: built there, never copied from the host
+        # per (device, dtype): built there in that dtype, never copied from the host nor rounded from another
+        self._inv_freq: dict[tuple[str, torch.dtype], torch.Tensor] = {}
 
-    def inv_freq(self, device=None) -> torch.Tensor:
-        """[K/2] fp32 frequencies on `device` (default CPU), built there once."""
-        key = str(torch.device("cpu" if device is None else device))
+    def inv_freq(self, device=None, dtype=torch.float32) -> torch.Tensor:
+        """[K/2] frequencies in `dtype` on `device` (default CPU), built there once."""
+        key = (str(torch.device("cpu" if device is None else device)), dtype)
         if key not in self._inv_freq:
-            exponents = torch.arange(0, self.dim, 2, dtype=torch.float32, device=key)
+            exponents = torch.arange(0, self.dim, 2, dtype=dtype, device=key[0])
             self._inv_freq[key] = 1.0 / (self.base_exponent ** (exponents / self.dim))    # [K/2]
         return self._inv_freq[key]
 
     def forward(self, x, t):
-        # x: [B, T, H, K]; t: [B, T]
-        phase = torch.einsum("bi,j->bij", t.float(), self.inv_freq(x.device))[:, :, None, :]   # [B, T, 1, K/2]
-        xf = x.float()
+        # x: [B, T, H, K]; t: [B, T] whole numbers, exact in the compute dtype (float32 or float64)
+        xf = upcast(x)
+        phase = torch.einsum("bi,j->bij", t.to(xf.dtype), self.inv_freq(x.device, xf.dtype))
+        phase = phase[:, :, None, :]                                                  # [B, T, 1, K/2]
         if self.interleaved:
             cos, sin = torch.cos(phase), torch.sin(phase)
             even, odd = xf[..., 0::2], xf[..., 1::2]                                  # [B, T, H, K/2]
@@ -156,13 +160,14 @@ class RotaryEmbedding(nn.Module):
 
 def rope_positions(config: TransformerConfig, batch: int, seq_len: int,
                    candidate_start_offset: Optional[int], device=None) -> Optional[torch.Tensor]:
-    """[B, T] float positions for the configured mode, or None when RoPE is off."""
+    """[B, T] integer positions for the configured mode, or None when RoPE is off (RoPE reads them in its
+    compute dtype: float32, or float64 for a float64 forward)."""
     if config.rope_mode == "none":
         return None
-    t = torch.arange(seq_len, dtype=torch.float32, device=device)
+    t = torch.arange(seq_len, device=device)
     if config.rope_mode == "shared" and candidate_start_offset is not None:
         # every candidate sits at the first candidate slot: its slot no longer changes its rotation
-        t = torch.where(t >= candidate_start_offset, torch.full_like(t, float(candidate_start_offset)), t)
+        t = torch.where(t >= candidate_start_offset, torch.full_like(t, candidate_start_offset), t)
     return (t + config.rope_offset).expand(batch, seq_len)
 
 

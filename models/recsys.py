@@ -212,7 +212,7 @@ class _PhoenixInputs(nn.Module):
 
     def _history(self, batch: RecsysBatch, e: RecsysEmbeddings):
         """-> (history tokens [B, S, D], valid [B, S])."""
-        actions = batch.history_actions.float()
+        actions = batch.history_actions.to(self.action_projection.dtype)                 # multi-hot: exact
         action_emb = (2 * actions - 1) @ self.action_projection                     # [B, S, D]
         action_emb = action_emb * actions.any(-1, keepdim=True)                     # no action -> 0
         history = torch.cat([e.history_post_embeddings.flatten(2), e.history_author_embeddings.flatten(2),

@@ -25,11 +25,13 @@ Scope: the trunk and its output head, from the trunk's input embeddings (after p
 continuous head's weights (``continuous_unembeddings``) are loaded and kept; its activations (dwell
 gallery, sigmoid * 30) are not modelled.
 
-Numerics. ``forward(..., numerics="fp32")`` (the default) computes everything in float32: that is what
-the NumPy reference checks. ``numerics="bf16"`` reproduces production's (PRODUCTION.md §2): parameters
-read as bfloat16 (norm scales included), a bfloat16 residual stream, RMSNorm, RoPE and softmax in
-float32 and cast back, attention probabilities cast to bfloat16 before ``probs @ v``, bfloat16 logits
-times the output scale. Logits come back as float32 either way.
+Numerics. ``forward(..., numerics="fp32")`` (the default) computes at full precision: everything in
+float32, or in float64 when the embeddings are float64 (``model.double()``: what the NumPy reference
+checks, nothing rounded to float32 on the way). ``numerics="bf16"`` reproduces production's
+(PRODUCTION.md §2): parameters read as bfloat16 (norm scales included), a bfloat16 residual stream,
+RMSNorm, RoPE and softmax in float32 and cast back, attention probabilities cast to bfloat16 before
+``probs @ v``, bfloat16 logits times the output scale. Logits come back as float32 (float64 for a
+float64 forward).
 
 Attention runs through ``models.attention.attend`` (the same backends and ``record=True`` traces as
 grok.py's trunk): production's attention is grok.py's function with multiplier sqrt(128)/key_size, the
@@ -47,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import CAP_METHODS, AttentionOutput, attend
+from .attention import CAP_METHODS, AttentionOutput, attend, upcast
 from .grok import (LayerTrace, Linear, RecordedAttention, RotaryEmbedding, TransformerOutput, _positive_int,
                    init_params)
 from .grok import RMSNorm as GrokRMSNorm
@@ -149,7 +151,7 @@ class XrexConfig:
 # --- building blocks ------------------------------------------------------------------------
 
 class RMSNorm(GrokRMSNorm):
-    """normalization.py RMSNorm: fp32 ``x * rsqrt(mean x^2 + eps) * scale``, cast back, scale init 1.
+    """normalization.py RMSNorm: fp32 (``upcast``) ``x * rsqrt(mean x^2 + eps) * scale``, cast back, scale init 1.
     Unlike grok.py's port, the scale is read in the activation dtype first (production reads every
     parameter as bf16, norm scales included); in fp32 the two are the same."""
 
@@ -158,14 +160,14 @@ class RMSNorm(GrokRMSNorm):
         nn.init.ones_(self.scale)
 
     def forward(self, x):
-        xf = x.float()
+        xf = upcast(x)
         normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.scale.to(x.dtype).float() * normed).to(x.dtype)
+        return (upcast(self.scale.to(x.dtype)) * normed).to(x.dtype)
 
 
 def right_anchored_positions(padding_mask: torch.Tensor, num_user_prefix_tokens: int,
                              history_seq_len: int) -> torch.Tensor:
-    """recsys_model.py right_anchored_rope_positions: [B, T] bool -> [B, T] float32 positions.
+    """recsys_model.py right_anchored_rope_positions: [B, T] bool -> [B, T] integer positions.
 
     prefix token i -> i; history slot k -> P + L - n_valid + k (n_valid: valid history slots of the row,
     so with events left-aligned the last one sits at P + L - 1); every candidate -> P + L; padding -> 0.
@@ -178,7 +180,7 @@ def right_anchored_positions(padding_mask: torch.Tensor, num_user_prefix_tokens:
     in_history = (idx >= P) & (idx < P + L)
     positions = torch.where(in_history, P + L - n_valid + (idx - P), idx)
     positions = torch.where(idx >= P + L, torch.full_like(idx, P + L), positions)
-    return torch.where(padding_mask, positions, torch.zeros_like(idx)).float()
+    return torch.where(padding_mask, positions, torch.zeros_like(idx))
 
 
 class MultiHeadAttention(nn.Module):
@@ -280,8 +282,9 @@ class Transformer(nn.Module):
 
 @dataclass
 class XrexOutput:
-    trunk: torch.Tensor     # float32 [B, T, D]: transformer output before final_layer_norm
-    logits: torch.Tensor    # float32 [B, T - (P + L), V]: final_layer_norm(trunk)[:, P+L:] @ unembeddings * sqrt(512/D) * 2
+    # float32 (float64 for a float64 forward):
+    trunk: torch.Tensor     # [B, T, D]: transformer output before final_layer_norm
+    logits: torch.Tensor    # [B, T - (P + L), V]: final_layer_norm(trunk)[:, P+L:] @ unembeddings * sqrt(512/D) * 2
     layers: Optional[list[LayerTrace]] = None   # per-layer attention and residual stream when record=True
 
 
@@ -320,7 +323,7 @@ class XrexRanker(nn.Module):
                 backend: str = "naive", record: bool = False, mask_kind: Optional[str] = None,
                 history_seq_len: Optional[int] = None) -> XrexOutput:
         """embeddings float [B, T, D] (the trunk's input), padding_mask bool [B, T] (True = valid) or None when
-        nothing is padded, T >= P + L."""
+        nothing is padded, T >= P + L. Logits come back as float32 (float64 for a float64 forward)."""
         c = self.config if history_seq_len is None else self.config.replace(history_seq_len=history_seq_len)
         if numerics not in NUMERICS:
             raise ValueError(f"numerics: got {numerics!r}; allowed: {', '.join(NUMERICS)}")
@@ -339,13 +342,15 @@ class XrexRanker(nn.Module):
         padding_mask = key_padding(padding_mask)           # read on the host when it is there; None: unpadded
         padding_mask = (torch.ones(B, T, dtype=torch.bool, device=embeddings.device) if padding_mask is None
                         else padding_mask.to(embeddings.device))
-        dtype = torch.bfloat16 if numerics == "bf16" else torch.float32
+        # fp32 is full precision: float32, or float64 for float64 embeddings (bf16 / fp16 ones read as float32)
+        h = embeddings.to(torch.bfloat16) if numerics == "bf16" else upcast(embeddings)
+        dtype = h.dtype
         positions = right_anchored_positions(padding_mask, c.num_user_prefix_tokens, c.history_seq_len)
         mask = self.attention_mask(padding_mask, mask_kind, c.candidate_start_offset)
-        h, traces = self.transformer(embeddings.to(dtype), mask, positions, backend, record)   # [B, T, D]
+        h, traces = self.transformer(h, mask, positions, backend, record)                # [B, T, D]
         candidates = self.final_layer_norm(h)[:, c.candidate_start_offset:]           # [B, C, D]
         logits = (candidates @ self.unembeddings.to(dtype)) * c.output_scale           # [B, C, V]
-        return XrexOutput(h.float(), logits.float(), traces)
+        return XrexOutput(upcast(h), upcast(logits), traces)
 
 
 class XrexTrunk(nn.Module):
@@ -413,7 +418,7 @@ class ProjectThenSum(nn.Module):
         prefix = torch.cat([self._sum(user, self.user_proj[p * H:(p + 1) * H]) for p in range(P)], 1)  # [B, P, D]
         history = (self._sum(batch.history_post_hashes, self.post_proj[:H])
                    + self._sum(batch.history_author_hashes, self.author_proj[:H])
-                   + batch.history_actions.float() @ self.hist_action_emb
+                   + batch.history_actions.to(self.hist_action_emb.dtype) @ self.hist_action_emb
                    + self.product_surface_emb(batch.history_product_surface))                # [B, L, D]
         candidates = (self._sum(batch.candidate_post_hashes, self.post_proj[H:])
                       + self._sum(batch.candidate_author_hashes, self.author_proj[H:])

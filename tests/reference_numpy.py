@@ -3,7 +3,8 @@ written from FACTS.md.
 
 Imports nothing from models/: it reads the same haiku ``{module_path: {param_name: array}}``
 mapping the port loads through ``load_haiku_params`` and computes in float64, so agreement with
-the fp32 PyTorch model means the port computes grok.py's function, not merely its own.
+the PyTorch model run in float64 (to float64 rounding, ~1e-12) means the port computes grok.py's function,
+not merely its own.
 """
 from __future__ import annotations
 

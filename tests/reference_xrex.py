@@ -1,9 +1,10 @@
 """An independent NumPy forward of the 2026 production Phoenix ranker (xrex), written from PRODUCTION.md.
 
 Imports nothing from models/: it reads the original's init tree (layers stacked on axis 0 under
-``transformer/layer_stack/decoder_layer_0``) and computes in float64, so agreement with the fp32
-PyTorch port means the port computes production's function, not merely its own. Each rule is written
-the way PRODUCTION.md states it (§2 layer math, §3 output head, §5 names), loops where that is clearer.
+``transformer/layer_stack/decoder_layer_0``) and computes in float64, so agreement with the PyTorch
+port run in float64 (to float64 rounding, ~1e-12) means the port computes production's function, not
+merely its own. Each rule is written the way PRODUCTION.md states it (§2 layer math, §3 output head,
+§5 names), loops where that is clearer.
 """
 from __future__ import annotations
 

@@ -13,7 +13,8 @@ from models.masks import AttentionMask
 from models.probes import PROBES, causality_probe, isolation_probe, parity_probe, perturb, run_probe
 from models.recsys import RecsysModel, get_preset, init_recsys, synthetic_batch
 from models.weights import load_haiku_params
-from tolerances import assert_rounding_close, forward_bound, relative_error, rounding_bound
+from tolerances import (assert_beyond_rounding, assert_bit_exact, assert_rounding_close, forward_bound, relative_error,
+                        rounding_bound)
 
 CFG = get_preset("lecture").transformer
 OFFSET = 6                                        # user + 5 history, then 3 candidates
@@ -91,7 +92,7 @@ def test_flash_layout_fools_isolation_and_causality_and_records_the_identity():
     assert isolation_probe(buggy, x, mask, OFFSET) == 0 and causality_probe(buggy, x, mask, OFFSET) == 0
     assert parity_probe(buggy, x, mask, OFFSET) > 0.1
     probs = buggy(x, mask, OFFSET, record=True).layers[0].probs
-    assert torch.equal(probs, torch.eye(9).expand_as(probs))
+    assert_bit_exact(probs, torch.eye(9).expand_as(probs), "no rounding")      # recorded as torch.eye itself
 
 
 def test_flash_attn_func_cpu_honours_its_layout_contract():
@@ -131,7 +132,7 @@ def test_residual_from_input_drops_attention_from_the_stream():
             layer.dense_block.linear_1.w.zero_()
     x, mask = inputs(0)
     buggy = with_bug(model, "residual-from-input")
-    assert torch.equal(buggy(x, mask, OFFSET).embeddings, x)                     # bit-exact: h + 0
+    assert_bit_exact(buggy(x, mask, OFFSET).embeddings, x, "no rounding")      # h + 0
     assert (model(x, mask, OFFSET).embeddings - x).abs().max() > 0.1
 
 
@@ -144,7 +145,7 @@ def test_with_bug_copies_and_works_on_the_ranking_model():
     t = ranker.config.transformer
     assert relative_error(buggy(batch).logits, before) > forward_bound(t.num_layers, t.emb_size, t.ffn_hidden,
                                                                         preset.layout.seq_len)
-    assert torch.equal(ranker(batch).logits, before)        # the original is untouched: the same bits
+    assert_bit_exact(ranker(batch).logits, before, "same computation")      # the original is untouched
     assert with_bug(ranker, None) is ranker
 
 
@@ -162,17 +163,21 @@ def test_perturb_changes_one_position_as_named_and_nothing_else():
     """The one perturbation of the probes and the Isolation tab: every other position is bit-identical;
     scale multiplies, noise adds seeded noise of the asked size, replace puts the replacement there."""
     x, _ = inputs(0)
-    for how, check in (("scale", lambda out: torch.equal(out[:, 7], x[:, 7] * 3.0)),
-                       ("noise", lambda out: 2.0 < float((out[:, 7] - x[:, 7]).std()) < 4.0),
-                       ("replace", lambda out: torch.equal(out[:, 7], torch.ones(2, CFG.emb_size)))):
+    for how in ("scale", "noise", "replace"):
         out = perturb(x, 7, how, 3.0, seed=5, replacement=torch.ones(2, CFG.emb_size))
-        assert check(out), how
+        if how == "scale":
+            assert_bit_exact(out[:, 7], x[:, 7] * 3.0, "same computation")
+        elif how == "noise":
+            assert 2.0 < float((out[:, 7] - x[:, 7]).std()) < 4.0
+        else:
+            assert_bit_exact(out[:, 7], torch.ones(2, CFG.emb_size), "no rounding")
         keep = torch.ones(9, dtype=torch.bool)
         keep[7] = False
-        assert torch.equal(out[:, keep], x[:, keep]), how
+        assert_bit_exact(out[:, keep], x[:, keep], "no rounding")             # copied
     same, other = perturb(x, 7, "noise", 1.0, seed=5), perturb(x, 7, "noise", 1.0, seed=6)
-    assert torch.equal(same, perturb(x, 7, "noise", 1.0, seed=5)) and not torch.equal(same, other)
-    assert not torch.equal(same[0, 7] - x[0, 7], same[1, 7] - x[1, 7])        # each row its own draw
+    assert_bit_exact(perturb(x, 7, "noise", 1.0, seed=5), same, "same computation")
+    assert_beyond_rounding(other, same, n=1)                                  # another seed, another draw
+    assert_beyond_rounding(same[1, 7] - x[1, 7], same[0, 7] - x[0, 7], n=1)   # each row its own draw
     with pytest.raises(ValueError, match="perturbation: got 'typo'; allowed: scale, noise, replace"):
         perturb(x, 7, "typo")
     with pytest.raises(ValueError, match="perturbation: got 'replace' without a replacement"):

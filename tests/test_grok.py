@@ -1,19 +1,24 @@
-"""The trunk computes grok.py's function: checked against an independent NumPy forward
-(tests/reference_numpy.py) on the same haiku params, plus the properties the explorer shows. Parity, GQA
-against repeated heads and RoPE's relative rotation are exact in real arithmetic (within the rounding bound
-of tests/tolerances.py); candidate isolation and the zero init are bit-exact by construction (torch.equal)."""
+"""The trunk computes grok.py's function: checked against an independent float64 NumPy forward
+(tests/reference_numpy.py) on the same haiku params, the model run in float64 end to end so that the float64
+rounding bound (~1e-12) applies and a planted 1e-5 error fails it, plus one float32 run within the float32
+bound (what the page runs); then the properties the explorer shows. Parity, GQA against repeated heads and
+RoPE's relative rotation are exact in real arithmetic (within the rounding bound of tests/tolerances.py);
+candidate isolation and the zero init are bit-exact by construction (assert_bit_exact)."""
 import math
 
 import numpy as np
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 import reference_numpy as ref
 from models.attention import naive_attention
-from models.grok import RotaryEmbedding, Transformer, TransformerConfig, ffn_size, init_params
+from models.grok import RMSNorm, RotaryEmbedding, Transformer, TransformerConfig, ffn_size, init_params
 from models.masks import AttentionMask
+from models.recsys import PhoenixRetrievalModel, RecsysModel, get_preset, init_recsys, synthetic_batch
 from models.weights import load_haiku_params
-from tolerances import assert_rounding_close, forward_bound, relative_error, rounding_bound
+from tolerances import (PARITY_RTOL, assert_beyond_rounding, assert_bit_exact, assert_rounding_close, forward_bound,
+                        relative_error, rounding_bound)
 
 
 def config(q=4, kv=2, **kw):
@@ -43,30 +48,36 @@ def inputs(seed, batch=2, user=1, history=6, candidates=4):
     return x, valid, user + history
 
 
-def tolerance(cfg, T=11):
-    """fp32 rounding bound of cfg's trunk on T positions: exact in real arithmetic against the float64
-    reference, so rounding is all that may separate them."""
-    return forward_bound(cfg.num_layers, cfg.emb_size, cfg.ffn_hidden, T)
+def tolerance(cfg, T=11, dtype=torch.float64):
+    """Rounding bound of cfg's trunk on T positions in `dtype`: exact in real arithmetic against the float64
+    reference, so rounding is all that may separate them. A float64 bound stays within PARITY_RTOL."""
+    bound = forward_bound(cfg.num_layers, cfg.emb_size, cfg.ffn_hidden, T, dtype=dtype)
+    assert dtype != torch.float64 or bound <= PARITY_RTOL, bound
+    return bound
 
 
-def compare(cfg, params, model, x, valid, offset, **ref_kw):
-    """Relative error against the NumPy reference, in units of the rounding bound (> 1: a real difference)."""
-    out = model(torch.from_numpy(x), torch.from_numpy(valid), offset).embeddings.detach().numpy()
+def compare(cfg, params, model, x, valid, offset, dtype=torch.float64, **ref_kw):
+    """Relative error against the NumPy reference with `model` run in `dtype` (float64: end to end), in
+    units of that dtype's rounding bound (> 1: a real difference)."""
+    with torch.no_grad():
+        out = model.to(dtype)(torch.from_numpy(x).to(dtype), torch.from_numpy(valid), offset).embeddings
     kw = dict(num_q_heads=cfg.num_q_heads, num_kv_heads=cfg.num_kv_heads, key_size=cfg.key_size,
               attn_output_multiplier=cfg.attn_output_multiplier, logit_cap=cfg.logit_cap,
               cap_method=cfg.cap_method, prefix=cfg.prefix, rope_base=cfg.rope_base, eps=cfg.norm_eps)
     expected = ref.transformer_forward(params, x, valid, offset, **{**kw, **ref_kw})
-    return relative_error(out, expected, valid) / tolerance(cfg, x.shape[1])
+    return relative_error(out, expected, valid) / tolerance(cfg, x.shape[1], dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("mode", ["causal", "recsys"])
 @pytest.mark.parametrize("heads", [(4, 2), (4, 1), (2, 2)])
-def test_matches_numpy_reference(heads, mode, seed):
+def test_matches_numpy_reference(heads, mode, seed, dtype):
+    """float64: the port's function, to float64 rounding; float32 (what the page runs): to float32 rounding."""
     cfg = config(*heads)
     model, params = loaded(cfg, seed)
     x, valid, offset = inputs(seed)
-    assert compare(cfg, params, model, x, valid, offset if mode == "recsys" else None) <= 1
+    assert compare(cfg, params, model, x, valid, offset if mode == "recsys" else None, dtype) <= 1
 
 
 VARIANTS = {
@@ -110,6 +121,86 @@ def test_reference_comparison_can_fail():
                    cap_method="none") > 1
 
 
+# a relative error of ~1e-5 planted in one constant of the model, the reference keeping the true value:
+# name -> the config of both. Cap 30 on logits of a few units: tanh bends them by ~(s/30)^3, so the cap's
+# value matters a little.
+PLANTS = {"logit scale * (1 + 1e-5)": {}, "RMSNorm eps 1e-4, not 1e-5": {},
+          "tanh cap 30.01, not 30": dict(logit_cap=30.0, cap_method="tanh"), "RoPE base * (1 + 1e-5)": {}}
+
+
+def planted(what, cfg, params):
+    """A Transformer with `params` and the plant `what`."""
+    if what == "logit scale * (1 + 1e-5)":
+        cfg = cfg.replace(attn_output_multiplier=cfg.attn_output_multiplier * (1 + 1e-5))
+    elif what == "tanh cap 30.01, not 30":
+        cfg = cfg.replace(logit_cap=30.01)
+    model = load_haiku_params(Transformer(cfg), params)
+    for m in model.modules():
+        if what == "RMSNorm eps 1e-4, not 1e-5" and isinstance(m, RMSNorm):
+            m.eps = 1e-4
+        if what == "RoPE base * (1 + 1e-5)" and isinstance(m, RotaryEmbedding):
+            m.base_exponent = cfg.rope_base * (1 + 1e-5)
+            m._inv_freq.clear()                  # its frequencies were built from the old base
+    return model
+
+
+@pytest.mark.parametrize("plant", list(PLANTS))
+def test_planted_1e5_errors_fail_parity_in_float64_only(plant):
+    """The parity comparison above, on a model with one constant off by ~1e-5 relative: in float64 the error
+    lands far above the rounding bound; in float32 the same plant would have passed (why parity runs float64)."""
+    cfg = config(4, 2, **PLANTS[plant])
+    _, params = loaded(cfg, seed=4)
+    model = planted(plant, cfg, params)
+    x, valid, offset = inputs(4)
+    assert compare(cfg, params, model, x, valid, offset, torch.float64) > 1e4
+    assert compare(cfg, params, model, x, valid, offset, torch.float32) <= 1
+
+
+class FloatDtypes(TorchFunctionMode):
+    """While active, records the dtype of every floating tensor a torch call returns (dtype -> first such call)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if torch.is_tensor(t) and t.is_floating_point():
+                self.seen.setdefault(t.dtype, getattr(func, "__name__", repr(func)))
+        return out
+
+
+def float_dtypes(forward) -> dict:
+    """The floating dtypes `forward()` computes in: dtype -> the first torch call that returned one."""
+    with torch.no_grad(), FloatDtypes() as record:
+        forward()
+    return record.seen
+
+
+def grok_family_forward(kind):
+    """() -> a float64 forward of `kind` (model.double(), float64 inputs), through every layer's recording."""
+    preset = get_preset("lecture")
+    if kind == "Transformer":
+        model = init_params(Transformer(config(logit_cap=2.0)), "random", 0).double()
+        x, valid, offset = inputs(0)
+        x, valid = torch.from_numpy(x).double(), torch.from_numpy(valid)
+        return lambda: (model(x, valid, offset, record=True), model(x, valid, offset, backend="structured"))
+    model = init_recsys({"RecsysModel": RecsysModel, "PhoenixRetrievalModel": PhoenixRetrievalModel}[kind](
+        preset.recsys_config()), "random", 0).double()
+    batch = synthetic_batch(model.config, preset.layout, seed=0, batch=2)
+    if kind == "RecsysModel":
+        return lambda: model(batch, record=True)
+    return lambda: (model.build_user_representation(batch), model.build_candidate_representation(batch))
+
+
+@pytest.mark.parametrize("kind", ["Transformer", "RecsysModel", "PhoenixRetrievalModel"])
+def test_float64_forward_computes_nothing_in_another_float_dtype(kind):
+    """model.double() on float64 inputs computes everything in float64: no upcast to float32 on the way
+    (the parity tests' float64 bound holds only then)."""
+    assert float_dtypes(grok_family_forward(kind)).keys() == {torch.float64}
+
+
 # --- candidate isolation ------------------------------------------------------------------
 
 def random_model(seed=0, **kw):
@@ -128,17 +219,19 @@ def test_candidate_isolation(prefix, j):
     a = model(x, valid, offset, record=True)
     b = model(perturbed, valid, offset, record=True)
     others = [t for t in range(T) if t != offset + j]
+    cfg = model.config
+    forward = dict(n=max(cfg.emb_size, cfg.ffn_hidden, T), depth=6 * cfg.num_layers + 1)   # forward_bound's
     for la, lb in zip(a.layers, b.layers):
         for name in ("after_attention", "after_ffn"):
-            assert torch.equal(getattr(la, name)[:, others], getattr(lb, name)[:, others])
-        assert torch.equal(la.probs[:, :, others], lb.probs[:, :, others])
-        assert not torch.equal(la.after_ffn[:, offset + j], lb.after_ffn[:, offset + j])
+            assert_bit_exact(getattr(lb, name)[:, others], getattr(la, name)[:, others], "isolation")
+        assert_bit_exact(lb.probs[:, :, others], la.probs[:, :, others], "isolation")
+        assert_beyond_rounding(lb.after_ffn[:, offset + j], la.after_ffn[:, offset + j], **forward)
     # the causal mask leaks: every later position changes
     ca = model(x, valid, offset, mask_kind="causal").embeddings
     cb = model(perturbed, valid, offset, mask_kind="causal").embeddings
     for t in range(offset + j + 1, T):
-        assert not torch.equal(ca[:, t], cb[:, t])
-    assert torch.equal(ca[:, :offset + j], cb[:, :offset + j])
+        assert_beyond_rounding(cb[:, t], ca[:, t], **forward)
+    assert_bit_exact(cb[:, :offset + j], ca[:, :offset + j], "isolation")
 
 
 # --- GQA, RoPE, init ----------------------------------------------------------------------
@@ -199,7 +292,7 @@ def test_zeros_init_is_identity_with_uniform_attention():
     x, valid, offset = inputs(0)
     x, valid = torch.from_numpy(x), torch.from_numpy(valid)
     out = model(x, valid, offset, record=True)
-    assert torch.equal(out.embeddings, x)
+    assert_bit_exact(out.embeddings, x, "no rounding")               # every layer adds rms_norm(...) * 0 = 0
     allowed = AttentionMask("recsys", x.shape[1], offset, valid).dense().float()    # [B, 1, T, T]
     uniform = allowed / allowed.sum(-1, keepdim=True)
     for layer in out.layers:
@@ -221,8 +314,8 @@ def test_record_does_not_change_output():
     plain = model(x, valid, offset)
     recorded = model(x, valid, offset, record=True)
     assert plain.layers is None and len(recorded.layers) == 2
-    assert torch.equal(plain.embeddings, recorded.embeddings)
-    assert torch.equal(recorded.layers[-1].after_ffn, recorded.embeddings)
+    assert_bit_exact(recorded.embeddings, plain.embeddings, "same computation")   # naive computes probs either way
+    assert_bit_exact(recorded.layers[-1].after_ffn, recorded.embeddings, "same computation")
 
 
 # --- bad input ----------------------------------------------------------------------------
@@ -268,4 +361,4 @@ def test_an_all_valid_mask_takes_the_unpadded_path():
     assert model.attention_mask(full, 6).valid is None and model.attention_mask(None, 6, seq_len=9).valid is None
     assert model.attention_mask(padded, 6).padded
     with torch.no_grad():
-        assert torch.equal(model(x, full, 6).embeddings, model(x, None, 6).embeddings)
+        assert_bit_exact(model(x, full, 6).embeddings, model(x, None, 6).embeddings, "same computation")

@@ -7,6 +7,7 @@ import torch
 import reference_numpy as ref
 from models.masks import (EMPTY, FULL, MASK_KINDS, PARTIAL, PREFIX_MODES, AttentionMask, dense,
                           make_recsys_attn_mask, model_mask_kind)
+from tolerances import assert_bit_exact
 
 T = 9
 
@@ -37,7 +38,7 @@ def test_every_kind_has_a_reference():
 def test_make_recsys_attn_mask_equals_grok_construction(offset):
     got = make_recsys_attn_mask(T, offset)
     assert got.shape == (1, 1, T, T) and got.dtype == torch.float32
-    np.testing.assert_array_equal(got.numpy(), grok_make_recsys_attn_mask(T, offset))
+    assert_bit_exact(got, grok_make_recsys_attn_mask(T, offset), "no rounding")     # 0s and 1s
 
 
 @pytest.mark.parametrize("offset", [0, 1, 4, T])

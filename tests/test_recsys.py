@@ -1,9 +1,11 @@
 """The original's models around the trunk: the ranker and the retrieval model give the same numbers
-as an independent NumPy recsys_model.py / recsys_retrieval_model.py on parameters named and shaped as
-the original's init returns them, with embeddings given from outside or looked up in the project's
-tables; batch invariance under shared / no RoPE; the retrieval towers' contracts. Parity and invariance
-are exact in real arithmetic (within the rounding bound of tests/tolerances.py); isolation and lookups are
-bit-exact by construction (torch.equal)."""
+as an independent float64 NumPy recsys_model.py / recsys_retrieval_model.py on parameters named and shaped
+as the original's init returns them, with embeddings given from outside or looked up in the project's
+tables; batch invariance under shared / no RoPE; the retrieval towers' contracts. Parity runs the models in
+float64 end to end, within the float64 rounding bound (a planted 1e-5 error fails it), plus one float32 run
+within the float32 bound (what the page runs). Parity and invariance are exact in real arithmetic (within
+the rounding bound of tests/tolerances.py); isolation and lookups are bit-exact by construction
+(assert_bit_exact)."""
 import math
 from dataclasses import replace
 
@@ -14,9 +16,10 @@ import torch
 import reference_numpy as ref
 from models.recsys import (ACTIONS, PRESETS, PhoenixRetrievalModel, RecsysConfig, RecsysEmbeddings, RecsysModel,
                            SequenceLayout, get_preset, init_recsys, synthetic_batch)
-from models.grok import Linear
+from models.grok import Linear, RMSNorm, RotaryEmbedding
 from models.weights import haiku_params, load_haiku_params
-from tolerances import assert_rounding_close, forward_bound, relative_error, rounding_bound
+from tolerances import (PARITY_RTOL, assert_beyond_rounding, assert_bit_exact, assert_rounding_close, forward_bound,
+                        relative_error, rounding_bound)
 
 
 def ranker(seed=0, layout=None, **transformer_changes):
@@ -32,16 +35,20 @@ def ranker(seed=0, layout=None, **transformer_changes):
     return load_haiku_params(model, params), params, layout or preset.layout
 
 
-def embed_tolerance(model):
+def embed_tolerance(model, dtype=torch.float32):
     """Rounding bound of the embedding stage: the action projection, then the widest input projection."""
     widest = max(m.w.shape[0] for m in model.modules() if isinstance(m, Linear))
-    return rounding_bound(torch.float32, widest, depth=2)
+    return rounding_bound(dtype, widest, depth=2)
 
 
-def tolerance(model, T=None):
-    """Rounding bound of embeddings -> trunk -> logits on T positions (LAYOUT's by default): the stages add."""
+def tolerance(model, T=None, dtype=torch.float32):
+    """Rounding bound of embeddings -> trunk -> logits on T positions (LAYOUT's by default): the stages add.
+    A float64 bound (parity with the float64 reference) stays within PARITY_RTOL."""
     t = model.config.transformer
-    return embed_tolerance(model) + forward_bound(t.num_layers, t.emb_size, t.ffn_hidden, T or LAYOUT.seq_len)
+    bound = embed_tolerance(model, dtype) + forward_bound(t.num_layers, t.emb_size, t.ffn_hidden,
+                                                          T or LAYOUT.seq_len, dtype=dtype)
+    assert dtype != torch.float64 or bound <= PARITY_RTOL, bound
+    return bound
 
 
 def batch_arrays(batch):
@@ -51,25 +58,70 @@ def batch_arrays(batch):
                                 batch.candidate_product_surface)]
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("prefix", ["causal", "bidirectional"])
-def test_logits_match_numpy_reference(seed, prefix):
-    layout = SequenceLayout(1, 6, 4, history_padding=2, candidate_padding=1)
-    model, params, _ = ranker(seed, layout, prefix=prefix)
-    batch = synthetic_batch(model.config, layout, seed=seed, batch=2)
+def ranker_errors(model, params, batch):
+    """(embeddings, logits) relative errors of `model` (in its own dtype) against the NumPy ranker on the
+    model's own hash tables, with the settings of model.config."""
     with torch.no_grad():
         out = model(batch)
     emb, valid, off = ref.recsys_embed(params, *batch_arrays(batch))
     assert off == out.candidate_start_offset
     np.testing.assert_array_equal(valid, out.valid.numpy())
     t = model.config.transformer
+    kw = dict(attn_output_multiplier=t.attn_output_multiplier, logit_cap=t.logit_cap, cap_method=t.cap_method,
+              prefix=t.prefix, rope_base=t.rope_base, eps=t.norm_eps)
     trunk = ref.transformer_forward(params, emb, valid, off, num_q_heads=t.num_q_heads,
-                                    num_kv_heads=t.num_kv_heads, key_size=t.key_size,
-                                    attn_output_multiplier=t.attn_output_multiplier, prefix=prefix)
-    expected = ref.recsys_logits(params, trunk, off)                       # [B, C, A]
-    cand_valid = valid[:, off:]
-    assert relative_error(out.embeddings, emb, valid) <= embed_tolerance(model)
-    assert relative_error(out.logits, expected, cand_valid) <= tolerance(model)
+                                    num_kv_heads=t.num_kv_heads, key_size=t.key_size, **kw)
+    expected = ref.recsys_logits(params, trunk, off, eps=t.norm_eps)                           # [B, C, A]
+    return relative_error(out.embeddings, emb, valid), relative_error(out.logits, expected, valid[:, off:])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("prefix", ["causal", "bidirectional"])
+def test_logits_match_numpy_reference(seed, prefix, dtype):
+    """float64: the port's function, to float64 rounding; float32 (what the page runs): to float32 rounding."""
+    layout = SequenceLayout(1, 6, 4, history_padding=2, candidate_padding=1)
+    model, params, _ = ranker(seed, layout, prefix=prefix)
+    batch = synthetic_batch(model.config, layout, seed=seed, batch=2)
+    emb_err, logit_err = ranker_errors(model.to(dtype), params, batch)
+    assert emb_err <= embed_tolerance(model, dtype)
+    assert logit_err <= tolerance(model, dtype=dtype)
+
+
+def planted(model, what):
+    """`model` with one constant off by ~1e-5 relative (the reference keeps the true value)."""
+    t = model.config.transformer
+    if what == "logit scale * (1 + 1e-5)":
+        for layer in model.transformer.layers:
+            mha = layer.multi_head_attention
+            mha.config = mha.config.replace(attn_output_multiplier=t.attn_output_multiplier * (1 + 1e-5))
+    elif what == "tanh cap 30.01, not 30":
+        for layer in model.transformer.layers:
+            mha = layer.multi_head_attention
+            mha.config = mha.config.replace(logit_cap=30.01)
+    elif what == "RoPE base * (1 + 1e-5)":
+        for m in model.modules():
+            if isinstance(m, RotaryEmbedding):
+                m.base_exponent = t.rope_base * (1 + 1e-5)
+                m._inv_freq.clear()                  # its frequencies were built from the old base
+    else:                                            # an eps: every RMSNorm, or the head's alone
+        for m in (model.modules() if what == "RMSNorm eps 1e-4, not 1e-5" else [model.rms_norm]):
+            if isinstance(m, RMSNorm):
+                m.eps = 1e-4
+    return model
+
+
+@pytest.mark.parametrize("what", ["logit scale * (1 + 1e-5)", "RMSNorm eps 1e-4, not 1e-5", "head RMSNorm eps 1e-4",
+                                  "tanh cap 30.01, not 30", "RoPE base * (1 + 1e-5)"])
+def test_planted_1e5_errors_fail_ranker_parity_in_float64_only(what):
+    """The ranker's parity comparison on a model with one constant off by ~1e-5 relative: in float64 the
+    logits' error lands far above the rounding bound; the float32 bound would have let it pass."""
+    layout = SequenceLayout(1, 6, 4, history_padding=2, candidate_padding=1)
+    model, params, _ = ranker(0, layout, logit_cap=30.0, cap_method="tanh")   # logits of a few units: cap bends them
+    batch = synthetic_batch(model.config, layout, seed=0, batch=2)
+    model = planted(model, what)
+    assert ranker_errors(model.double(), params, batch)[1] > 1e4 * tolerance(model, dtype=torch.float64)
+    assert ranker_errors(model.float(), params, batch)[1] <= tolerance(model)
 
 
 # --- the original's interface: parameters from its init, embeddings from outside -------------------
@@ -88,8 +140,9 @@ def original(kind, seed, **transformer_changes):
     return load_haiku_params(kind(RecsysConfig(t)), params), params
 
 
-def outside_embeddings(config, batch, seed):
-    """Float embeddings as an outside lookup would give them (not from the model's tables)."""
+def outside_embeddings(config, batch, seed, dtype=torch.float32):
+    """Float embeddings as an outside lookup would give them (not from the model's tables): float32 values,
+    as tensors of `dtype` and as the arrays the reference reads."""
     rng = np.random.default_rng(seed)
     B, S = batch.history_post_hashes.shape[:2]
     C, D = batch.candidate_post_hashes.shape[1], config.emb_size
@@ -99,7 +152,7 @@ def outside_embeddings(config, batch, seed):
               "history_author_embeddings": (B, S, config.num_author_hashes, D),
               "candidate_author_embeddings": (B, C, config.num_author_hashes, D)}
     arrays = {k: rng.normal(size=v).astype(np.float32) for k, v in shapes.items()}
-    return RecsysEmbeddings(**{k: torch.from_numpy(v) for k, v in arrays.items()}), arrays
+    return RecsysEmbeddings(**{k: torch.from_numpy(v).to(dtype) for k, v in arrays.items()}), arrays
 
 
 def original_batch(config, seed):
@@ -119,53 +172,53 @@ def test_ranker_from_original_params_and_outside_embeddings_matches_reference(se
     model, params = original(RecsysModel, seed)
     assert model.config.num_actions == len(ACTIONS) == 19 and model.config.num_product_surfaces == 16
     batch = original_batch(model.config, seed)
-    emb, arrays = outside_embeddings(model.config, batch, seed)
+    emb, arrays = outside_embeddings(model.config, batch, seed, torch.float64)
     with torch.no_grad():
-        out = model(batch, emb)
+        out = model.double()(batch, emb)
     x, valid, off = ref.recsys_embed(params, *batch_arrays(batch), arrays)
     np.testing.assert_array_equal(valid, out.valid.numpy())
     assert off == out.candidate_start_offset == 1 + LAYOUT.num_history
     trunk = ref.transformer_forward(params, x, valid, off, **trunk_kwargs(model.config.transformer))
     expected = ref.recsys_logits(params, trunk, off)
-    assert relative_error(out.embeddings, x, valid) <= embed_tolerance(model)
-    assert relative_error(out.logits, expected, valid[:, off:]) <= tolerance(model)
+    assert relative_error(out.embeddings, x, valid) <= embed_tolerance(model, torch.float64)
+    assert relative_error(out.logits, expected, valid[:, off:]) <= tolerance(model, dtype=torch.float64)
 
 
 def test_own_tables_are_the_outside_lookup():
     """Without embeddings the model looks the hashes up itself: the same as handing it that lookup."""
     model, _, layout = ranker(3)
     batch = synthetic_batch(model.config, layout, seed=2, batch=2)
-    with torch.no_grad():
-        assert torch.equal(model(batch).logits, model(batch, model.lookup(batch)).logits)
+    with torch.no_grad():           # model(batch) looks up with model.lookup: the same ops, same numbers
+        assert_bit_exact(model(batch).logits, model(batch, model.lookup(batch)).logits, "same computation")
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_retrieval_user_tower_matches_reference(seed):
     model, params = original(PhoenixRetrievalModel, seed)
     batch = original_batch(model.config, seed)
-    emb, arrays = outside_embeddings(model.config, batch, seed)
+    emb, arrays = outside_embeddings(model.config, batch, seed, torch.float64)
     with torch.no_grad():
-        rep, norm = model.build_user_representation(batch, emb)
+        rep, norm = model.double().build_user_representation(batch, emb)
     arr = batch_arrays(batch)
     expected, expected_norm = ref.retrieval_user(params, arr[0], arr[1], arr[3], arr[4], arrays,
                                                  **trunk_kwargs(model.config.transformer))
     assert rep.shape == (2, 64) and norm.shape == (2, 1)
-    assert relative_error(rep, expected) <= tolerance(model)
-    assert relative_error(norm, expected_norm) <= tolerance(model)
-    assert_rounding_close(rep.norm(dim=-1), torch.ones(2), n=64, depth=2)      # normalised, then re-measured
+    assert relative_error(rep, expected) <= tolerance(model, dtype=torch.float64)
+    assert relative_error(norm, expected_norm) <= tolerance(model, dtype=torch.float64)
+    assert_rounding_close(rep.norm(dim=-1), torch.ones(2), n=64, depth=2, dtype=torch.float64)  # re-measured
 
 
 def test_retrieval_candidate_tower_matches_reference():
     model, params = original(PhoenixRetrievalModel, 2)
     batch = original_batch(model.config, 2)
-    emb, arrays = outside_embeddings(model.config, batch, 2)
+    emb, arrays = outside_embeddings(model.config, batch, 2, torch.float64)
     with torch.no_grad():
-        rep, valid = model.build_candidate_representation(batch, emb)
+        rep, valid = model.double().build_candidate_representation(batch, emb)
     expected = ref.retrieval_candidates(params, arrays["candidate_post_embeddings"],
                                         arrays["candidate_author_embeddings"])
     assert rep.shape == (2, LAYOUT.num_candidates, 64)
     np.testing.assert_array_equal(valid.numpy(), LAYOUT.valid()[LAYOUT.candidate_start_offset:].expand(2, -1))
-    assert relative_error(rep, expected) <= embed_tolerance(model)           # two projections
+    assert relative_error(rep, expected) <= embed_tolerance(model, torch.float64)      # two projections
 
 
 def test_retrieval_user_independent_of_candidates_and_prefix_mode():
@@ -179,10 +232,10 @@ def test_retrieval_user_independent_of_candidates_and_prefix_mode():
                     candidate_product_surface=fresh.candidate_product_surface)
     init_recsys(model, "random", 0)   # give it hash tables to look up
     bidirectional.load_state_dict(model.state_dict())
-    with torch.no_grad():
+    with torch.no_grad():           # neither the candidates nor the prefix mode enter the user tower
         u = model.build_user_representation(batch)[0]
-        assert torch.equal(u, model.build_user_representation(other)[0])
-        assert torch.equal(u, bidirectional.build_user_representation(batch)[0])
+        assert_bit_exact(model.build_user_representation(other)[0], u, "isolation")
+        assert_bit_exact(bidirectional.build_user_representation(batch)[0], u, "isolation")
         changed = synthetic_batch(model.config, LAYOUT, seed=6, batch=3)
         assert relative_error(model.build_user_representation(changed)[0], u) > tolerance(model)
 
@@ -229,8 +282,10 @@ def test_candidate_scores_isolated():
     changed.candidate_post_hashes[:, 1] = (changed.candidate_post_hashes[:, 1] + 7) % 1000 + 1
     with torch.no_grad():
         a, b = model(batch).logits, model(changed).logits
-    assert torch.equal(a[:, [0, 2]], b[:, [0, 2]])
-    assert not torch.equal(a[:, 1], b[:, 1])
+    assert_bit_exact(b[:, [0, 2]], a[:, [0, 2]], "isolation")
+    t, widest = model.config.transformer, max(m.w.shape[0] for m in model.modules() if isinstance(m, Linear))
+    # tolerance()'s stages (embedding, trunk, head) as one bound: their depths add, n the longest reduction
+    assert_beyond_rounding(b[:, 1], a[:, 1], n=max(widest, t.ffn_hidden, layout.seq_len), depth=6 * t.num_layers + 3)
 
 
 def test_padding_from_zero_hashes_matches_layout():

@@ -15,6 +15,7 @@ from models.recsys import (PhoenixRetrievalModel, RecsysConfig, RecsysModel, Seq
                            init_recsys, synthetic_batch)
 from models.weights import (config_from_weight_file, haiku_params, load_haiku_params, load_weights,
                             model_from_weight_file, read_weight_file, save_weights)
+from tolerances import assert_bit_exact
 
 CFG = TransformerConfig(emb_size=64, key_size=16, num_q_heads=4, num_kv_heads=2, num_layers=2,
                         attn_output_multiplier=1 / math.sqrt(16))
@@ -37,9 +38,13 @@ def expected_paths(num_layers):
     return paths
 
 
-def params_equal(a, b):
-    return a.keys() == b.keys() and all(
-        a[m].keys() == b[m].keys() and all(np.array_equal(a[m][n], b[m][n]) for n in a[m]) for m in a)
+def assert_same_params(a, b):
+    """The same modules, names and bits: loads and exports only copy (and widen exactly)."""
+    assert a.keys() == b.keys()
+    for m in a:
+        assert a[m].keys() == b[m].keys(), m
+        for n in a[m]:
+            assert_bit_exact(a[m][n], b[m][n], "no rounding")
 
 
 def test_export_has_grok_paths_and_shapes():
@@ -56,10 +61,10 @@ def test_export_has_grok_paths_and_shapes():
 def test_haiku_load_export_round_trip_is_lossless():
     params = random_params(seed=1)
     model = load_haiku_params(Transformer(CFG), params)
-    assert params_equal(haiku_params(model), params)
+    assert_same_params(haiku_params(model), params)
     # and the parameters really landed where grok.py has them
     w = params["transformer/decoder_layer_1/linear_v"]["w"]
-    assert np.array_equal(model.layers[1].dense_block.linear_v.w.detach().numpy(), w)
+    assert_bit_exact(model.layers[1].dense_block.linear_v.w, w, "no rounding")
 
 
 def test_load_accepts_jax_like_arrays():
@@ -72,7 +77,7 @@ def test_load_accepts_jax_like_arrays():
 
     params = random_params(seed=2)
     wrapped = {m: {n: JaxLike(v) for n, v in inner.items()} for m, inner in params.items()}
-    assert params_equal(haiku_params(load_haiku_params(Transformer(CFG), wrapped)), params)
+    assert_same_params(haiku_params(load_haiku_params(Transformer(CFG), wrapped)), params)
 
 
 def test_bad_params_list_every_problem_and_load_nothing():
@@ -92,7 +97,7 @@ def test_bad_params_list_every_problem_and_load_nothing():
     assert "transformer/decoder_layer_1/linear_1/w has shape [64, 176], expected [176, 64]" in msg
     assert "transformer/decoder_layer_1/rms_norm_2/scale is missing" in msg
     assert "transformer/decoder_layer_2/rms_norm/scale is unexpected" in msg
-    assert params_equal(haiku_params(model), before)     # nothing was loaded
+    assert_same_params(haiku_params(model), before)     # nothing was loaded
 
 
 def test_non_finite_and_non_mapping_params_refused():
@@ -123,8 +128,8 @@ def test_transformer_file_round_trip(tmp_path, ext):
     assert {k.rpartition("/")[0] for k in flat} == expected_paths(2)
     assert config_from_weight_file(path) == model.config
     other = init_params(Transformer(CFG), "random", 9)
-    assert params_equal(haiku_params(load_weights(other, path)), haiku_params(model))
-    assert params_equal(haiku_params(model_from_weight_file(path)), haiku_params(model))
+    assert_same_params(haiku_params(load_weights(other, path)), haiku_params(model))
+    assert_same_params(haiku_params(model_from_weight_file(path)), haiku_params(model))
 
 
 @pytest.mark.parametrize("ext", ["npz", "safetensors"])
@@ -137,9 +142,10 @@ def test_recsys_file_round_trip(tmp_path, ext):
     assert "hash_tables/post_embeddings" in keys    # the app's files keep the project's own tables
     rebuilt = model_from_weight_file(path)
     assert isinstance(rebuilt, RecsysModel) and rebuilt.config == model.config
-    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), rebuilt.parameters()))
+    for a, b in zip(model.parameters(), rebuilt.parameters()):
+        assert_bit_exact(b, a, "no rounding")
     batch = synthetic_batch(model.config, preset.layout, seed=1)
-    assert torch.equal(model(batch).logits, rebuilt(batch).logits)
+    assert_bit_exact(rebuilt(batch).logits, model(batch).logits, "same computation")   # the same bits in
     # a ranker file is not a trunk file: the extra keys are named
     with pytest.raises(ValueError, match="(?s)weights file: 10 problem.*phoenix_model/action_projection is unexpected"):
         load_weights(Transformer(model.config.transformer), path)
@@ -152,7 +158,7 @@ def test_file_without_config_loads_into_a_given_model(tmp_path):
     assert config_from_weight_file(path) is None
     with pytest.raises(ValueError, match="carries no config"):
         model_from_weight_file(path)
-    assert params_equal(haiku_params(load_weights(Transformer(CFG), path)), params)
+    assert_same_params(haiku_params(load_weights(Transformer(CFG), path)), params)
 
 
 def test_bad_files_refused(tmp_path):
@@ -183,7 +189,7 @@ def test_pickle_in_npz_refused(tmp_path):
     before = haiku_params(model)
     with pytest.raises(ValueError, match="weights file: 'evil.npz' contains pickled objects; refused"):
         load_weights(model, path)
-    assert params_equal(haiku_params(model), before)
+    assert_same_params(haiku_params(model), before)
 
 
 def test_npz_expanding_past_the_cap_refused(tmp_path):
@@ -205,7 +211,7 @@ def test_float16_file_loads_rounded_into_fp32_model(tmp_path, ext):
     loaded = model_from_weight_file(path)
     assert all(p.dtype == torch.float32 for p in loaded.parameters())
     for (name, a), b in zip(model.named_parameters(), loaded.parameters()):
-        assert torch.equal(a.detach().half().float(), b.detach()), name
+        assert_bit_exact(b, a.detach().half().float(), "no rounding")          # the same fp16 values, widened
     with pytest.raises(ValueError, match="dtype: got 'int8'; allowed: float32, float16"):
         save_weights(model, path, dtype="int8")
 
@@ -246,14 +252,14 @@ def test_original_init_mapping_loads_as_it_is_and_round_trips(kind):
            for n, v in inner.items()}
     assert own == ORIGINAL_OWN[root]                                   # the test's mapping is the original's
     model = load_haiku_params(kind(RecsysConfig(LECTURE)), params)    # no renaming, no hash tables
-    assert params_equal(haiku_params(model, hash_tables=False), params)
+    assert_same_params(haiku_params(model, hash_tables=False), params)
     exported = haiku_params(model)
     assert set(exported) - set(params) == {"hash_tables"}
     # the parameters landed where the original uses them
     w = model.user_projection.w if kind is RecsysModel else model.candidate_tower.projection_2.w
     expected = params[root]["proj_mat_1"] if kind is RecsysModel else \
         params[TOWER]["candidate_tower_projection_2"]
-    assert np.array_equal(w.detach().numpy(), expected)
+    assert_bit_exact(w, expected, "no rounding")
 
 
 def test_original_mapping_with_problems_refused_by_name_and_nothing_loaded():
@@ -272,7 +278,7 @@ def test_original_mapping_with_problems_refused_by_name_and_nothing_loaded():
     assert "phoenix_model/unembeddings is missing (expected shape [64, 19] [emb_size, num_actions])" in msg
     assert "phoenix_model/product_surface_embedding_table has shape [8, 64], expected [16, 64]" in msg
     assert f"{TOWER}/candidate_tower_projection_1 is unexpected" in msg
-    assert params_equal(haiku_params(model), before)
+    assert_same_params(haiku_params(model), before)
 
 
 @pytest.mark.parametrize("ext", ["npz", "safetensors"])
@@ -282,7 +288,7 @@ def test_retrieval_file_round_trip(tmp_path, ext):
     save_weights(model, path)
     rebuilt = model_from_weight_file(path)
     assert isinstance(rebuilt, PhoenixRetrievalModel) and rebuilt.config == model.config
-    assert params_equal(haiku_params(rebuilt), haiku_params(model))
+    assert_same_params(haiku_params(rebuilt), haiku_params(model))
 
 
 def test_project_file_with_the_old_names_still_loads(tmp_path):
@@ -310,7 +316,7 @@ def test_project_file_with_the_old_names_still_loads(tmp_path):
     np.savez(path, **old, __config__=np.frombuffer(json.dumps(config).encode(), dtype=np.uint8))
     rebuilt = model_from_weight_file(path)
     assert rebuilt.config == cfg
-    assert params_equal(haiku_params(rebuilt), haiku_params(model))
+    assert_same_params(haiku_params(rebuilt), haiku_params(model))
 
 
 def test_app_opens_a_jax_export(tmp_path):
@@ -327,11 +333,10 @@ def test_app_opens_a_jax_export(tmp_path):
     name = runs.load_upload(s, str(path), session="a visitor")
     served = runs.build_model(dataclasses.replace(s, weights=f"upload:{name}"))
     got = haiku_params(served, hash_tables=False)
-    assert params.keys() == got.keys()
-    assert all(np.array_equal(params[m][n], got[m][n]) for m in params for n in params[m])
+    assert_same_params(got, params)
     # the file has no hash tables: the app looks hashes up in the seeded tables of its random weights
     seeded = init_recsys(RecsysModel(served.config), "random", s.seed)
-    assert torch.equal(served.post_embeddings.weight.cpu(), seeded.post_embeddings.weight)
+    assert_bit_exact(served.post_embeddings.weight.cpu(), seeded.post_embeddings.weight, "same computation")
     # a file for another geometry is refused, naming what differs
     with pytest.raises(Exception, match="(?s)weights file.*proj_mat_1 has shape"):
         runs.load_upload(dataclasses.replace(s, emb_size=128, key_size=32), str(path), "a visitor")
@@ -363,7 +368,7 @@ def test_values_are_checked_after_the_cast_and_only_real_floats_load(value, mess
     before = haiku_params(model)
     with pytest.raises(ValueError, match=message):
         load_haiku_params(model, one_bad(value))
-    assert params_equal(haiku_params(model), before)
+    assert_same_params(haiku_params(model), before)
 
 
 def test_weights_within_the_bound_load_exactly_in_any_float_dtype():
@@ -375,8 +380,8 @@ def test_weights_within_the_bound_load_exactly_in_any_float_dtype():
         params["transformer/decoder_layer_0/linear"]["w"]).bfloat16()
     model = load_haiku_params(Transformer(CFG), params)
     assert model.layers[0].dense_block.linear_v.w[0, 0].item() == 1e4
-    assert torch.equal(model.layers[0].dense_block.linear.w.detach(),
-                       torch.from_numpy(params["transformer/decoder_layer_0/linear"]["w"].float().numpy()))
+    assert_bit_exact(model.layers[0].dense_block.linear.w,                       # bf16 widens exactly
+                     params["transformer/decoder_layer_0/linear"]["w"].float(), "no rounding")
 
 
 @pytest.mark.parametrize("ext", ["npz", "safetensors"])
@@ -507,7 +512,7 @@ def test_xrex_file_round_trip_with_productions_names(tmp_path, ext):
     assert again.config == ranker.config
     emb, valid = torch.randn(2, 9, 32), torch.ones(2, 9, dtype=torch.bool)
     with torch.no_grad():
-        assert torch.equal(again(emb, valid).logits, ranker(emb, valid).logits)
+        assert_bit_exact(again(emb, valid).logits, ranker(emb, valid).logits, "same computation")
 
 
 def test_a_file_of_the_other_family_is_refused_as_such_and_nothing_loads(tmp_path):
@@ -521,7 +526,8 @@ def test_a_file_of_the_other_family_is_refused_as_such_and_nothing_loads(tmp_pat
     with pytest.raises(WrongFamily, match=r"weights file: holds grok.py's per-layer names .*; allowed: "
                                           r"production's stacked names .* for XrexRanker") as e:
         load_weights(ranker, grok_path)
-    assert e.value.found == "grok" and params_equal(haiku_params(ranker), before)
+    assert e.value.found == "grok"
+    assert_same_params(haiku_params(ranker), before)
     with pytest.raises(WrongFamily, match=r"holds production's stacked names .*; allowed: grok.py's") as e:
         load_weights(Transformer(CFG), xrex_path)
     assert e.value.found == "xrex"

@@ -1,9 +1,11 @@
 """The production Phoenix port (models/xrex.py) computes production's function: checked against an
-independent float64 NumPy forward written from PRODUCTION.md (tests/reference_xrex.py), plus the
-properties that set it apart from grok.py's trunk (right-anchored RoPE, bidirectional prefix,
-isolation, batch invariance) and the loader's contract on production's stacked parameter tree. Parity,
-batch invariance and backend agreement are exact in real arithmetic (within the rounding bound of
-tests/tolerances.py); isolation and padding are bit-exact by construction (torch.equal)."""
+independent float64 NumPy forward written from PRODUCTION.md (tests/reference_xrex.py), the port run in
+float64 end to end so that the float64 rounding bound (~1e-12) applies and a planted 1e-5 error fails it,
+plus one float32 run within the float32 bound (what the page runs); then the properties that set it apart
+from grok.py's trunk (right-anchored RoPE, bidirectional prefix, isolation, batch invariance) and the
+loader's contract on production's stacked parameter tree. Parity, batch invariance and backend agreement
+are exact in real arithmetic (within the rounding bound of tests/tolerances.py); isolation and padding are
+bit-exact by construction (assert_bit_exact)."""
 import math
 
 import numpy as np
@@ -11,8 +13,11 @@ import pytest
 import torch
 
 import reference_xrex as ref
-from tolerances import assert_rounding_close, forward_bound, relative_error, rounding_bound
+from test_grok import float_dtypes
+from tolerances import (PARITY_RTOL, assert_beyond_rounding, assert_bit_exact, assert_rounding_close, forward_bound,
+                        relative_error, rounding_bound)
 from models import xrex
+from models.grok import RMSNorm as GrokRMSNorm
 from models.xrex import (PRESETS, XrexConfig, XrexRanker, get_xrex_preset, init_xrex, load_xrex_params,
                          param_spec, right_anchored_positions, xrex_params)
 
@@ -50,20 +55,29 @@ def inputs(seed, batch=3, D=64):
     return x, valid
 
 
-def run(model, x, valid, **kw):
+def run(model, x, valid, dtype=torch.float32, **kw):
+    """model on x read as `dtype` (float64: run model.double() for a float64 forward)."""
     with torch.no_grad():
-        return model(torch.from_numpy(x), torch.from_numpy(valid), **kw)
+        return model(torch.from_numpy(x).to(dtype), torch.from_numpy(valid), **kw)
 
 
-def tolerance(cfg, T=P + L + C + 2):
-    """Rounding bound of cfg's forward on T positions: all that may separate it from the float64 reference
-    or from the same function computed in another order."""
-    return forward_bound(cfg.num_layers, cfg.emb_size, cfg.ffn_hidden, T)
+def tolerance(cfg, T=P + L + C + 2, dtype=torch.float32):
+    """Rounding bound of cfg's forward on T positions in `dtype`: all that may separate it from the float64
+    reference or from the same function computed in another order. A float64 bound stays within PARITY_RTOL."""
+    bound = forward_bound(cfg.num_layers, cfg.emb_size, cfg.ffn_hidden, T, dtype=dtype)
+    assert dtype != torch.float64 or bound <= PARITY_RTOL, bound
+    return bound
 
 
-def errors(cfg, params, model, x, valid):
-    """(trunk, logits) relative errors vs the NumPy reference, valid positions only."""
-    out = run(model, x, valid)
+def forward_rounding(cfg, T=P + L + C + 2):
+    """tolerance(cfg, T)'s bound as rounding_bound's arguments (for assert_beyond_rounding)."""
+    return dict(n=max(cfg.emb_size, cfg.ffn_hidden, T), depth=6 * cfg.num_layers + 1)
+
+
+def errors(cfg, params, model, x, valid, dtype=torch.float64):
+    """(trunk, logits) relative errors vs the NumPy reference (with cfg's settings), valid positions only,
+    `model` run in `dtype` (float64: end to end)."""
+    out = run(model.to(dtype), x, valid, dtype)
     trunk, logits = ref.xrex_forward(params, x, valid, P=P, L=L, num_q_heads=cfg.num_q_heads,
                                      num_kv_heads=cfg.num_kv_heads, key_size=cfg.key_size, qk_norm=cfg.qk_norm,
                                      attn_logit_cap=cfg.attn_logit_cap,
@@ -74,15 +88,17 @@ def errors(cfg, params, model, x, valid):
 
 # --- parity with the NumPy reference ---------------------------------------------------------
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("heads", [(4, 2), (10, 2), (4, 4)])
 @pytest.mark.parametrize("kind", ["flagship", "seqpack"])
-def test_matches_numpy_reference(kind, heads, seed):
+def test_matches_numpy_reference(kind, heads, seed, dtype):
+    """float64: the port's function, to float64 rounding; float32 (what the page runs): to float32 rounding."""
     cfg = config(*heads, **(FLAGSHIP if kind == "flagship" else SEQPACK))
     model, params = loaded(cfg, seed)
     x, valid = inputs(seed)
-    trunk_err, logit_err = errors(cfg, params, model, x, valid)
-    assert max(trunk_err, logit_err) <= tolerance(cfg), (trunk_err, logit_err)
+    trunk_err, logit_err = errors(cfg, params, model, x, valid, dtype)
+    assert max(trunk_err, logit_err) <= tolerance(cfg, dtype=dtype), (trunk_err, logit_err)
 
 
 @pytest.mark.parametrize("changes", [dict(attn_logit_cap=2.0, attn_logit_cap_method="tanh"),
@@ -94,7 +110,60 @@ def test_variants_match_numpy_reference(changes):
     assert cfg.ffn_hidden == ref.ffn_hidden(64, cfg.widening_factor)
     model, params = loaded(cfg, 5)
     x, valid = inputs(5)
-    assert max(errors(cfg, params, model, x, valid)) <= tolerance(cfg)
+    assert max(errors(cfg, params, model, x, valid)) <= tolerance(cfg, dtype=torch.float64)
+
+
+def test_float64_forward_computes_nothing_in_another_float_dtype():
+    """model.double() on float64 embeddings (numerics "fp32": full precision) computes everything in float64,
+    through every layer's recording and both attention paths; the logits come back float64."""
+    model = init_xrex(XrexRanker(config(4, 2, **SEQPACK)), 0).double()
+    x, valid = inputs(0)
+    x, valid = torch.from_numpy(x).double(), torch.from_numpy(valid)
+    outputs = []
+
+    def forward():
+        outputs.extend((model(x, valid, record=True), model(x, valid, backend="structured")))
+    assert float_dtypes(forward).keys() == {torch.float64}
+    assert all(o.logits.dtype == o.trunk.dtype == torch.float64 for o in outputs)
+
+
+# a relative error of ~1e-5 planted in one constant of the port, the reference keeping the true value:
+# name -> the config of both. Cap 30 on logits of a few units bends them by ~(s/30)^2 (soft_sign) or ~(s/30)^3
+# (tanh), so the cap's value matters a little.
+PLANTS = {"logit scale * (1 + 1e-5)": FLAGSHIP, "RMSNorm eps 1e-4, not 1e-5": FLAGSHIP,
+          "soft_sign cap 30.01, not 30": {**FLAGSHIP, "attn_logit_cap": 30.0, "attn_logit_cap_method": "soft_sign"},
+          "tanh cap 30.01, not 30": {**FLAGSHIP, "attn_logit_cap": 30.0, "attn_logit_cap_method": "tanh"},
+          "RoPE base * (1 + 1e-5)": FLAGSHIP}
+
+
+def planted(monkeypatch, what, model):
+    """`model` with the plant `what` (a scale planted on XrexConfig itself, undone after the test)."""
+    c = model.config
+    if what == "logit scale * (1 + 1e-5)":
+        monkeypatch.setattr(XrexConfig, "attn_scale", property(lambda cfg: math.sqrt(128) / cfg.key_size * (1 + 1e-5)))
+    elif what == "RMSNorm eps 1e-4, not 1e-5":
+        for m in model.modules():
+            if isinstance(m, GrokRMSNorm):      # xrex's RMSNorm: the qk norms and final_layer_norm too
+                m.eps = 1e-4
+    elif what == "RoPE base * (1 + 1e-5)":
+        for layer in model.transformer.layers:
+            layer.multi_head_attention.rotary.base_exponent = c.rope_base_exponent * (1 + 1e-5)
+            layer.multi_head_attention.rotary._inv_freq.clear()     # built from the old base
+    else:
+        model = load_xrex_params(XrexRanker(c.replace(attn_logit_cap=30.01)), xrex_params(model))
+    return model
+
+
+@pytest.mark.parametrize("plant", list(PLANTS))
+def test_planted_1e5_errors_fail_parity_in_float64_only(monkeypatch, plant):
+    """The parity comparison above, on a port with one constant off by ~1e-5 relative: in float64 the error
+    lands far above the rounding bound; in float32 the same plant would have passed (why parity runs float64)."""
+    cfg = config(4, 2, **PLANTS[plant])
+    model, params = loaded(cfg, 6)
+    x, valid = inputs(6)
+    model = planted(monkeypatch, plant, model)
+    assert max(errors(cfg, params, model, x, valid, torch.float64)) > 1e4 * tolerance(cfg, dtype=torch.float64)
+    assert max(errors(cfg, params, model, x, valid, torch.float32)) <= tolerance(cfg)
 
 
 # --- each production rule is load-bearing: the plausible alternative fails the reference -----------
@@ -105,13 +174,14 @@ def error_after(monkeypatch, seed, target, name, replacement):
     cfg = config(4, 2, **FLAGSHIP)
     model, params = loaded(cfg, seed)
     x, valid = inputs(seed)
-    assert max(errors(cfg, params, model, x, valid)) <= tolerance(cfg)
+    bound = tolerance(cfg, dtype=torch.float64)
+    assert max(errors(cfg, params, model, x, valid)) <= bound
     monkeypatch.setattr(target, name, replacement)
-    return min(errors(cfg, params, model, x, valid)) / tolerance(cfg)
+    return min(errors(cfg, params, model, x, valid)) / bound
 
 
 def sequential_positions(mask, num_user_prefix_tokens, history_seq_len):
-    return torch.arange(mask.shape[1], dtype=torch.float32).expand(mask.shape)
+    return torch.arange(mask.shape[1]).expand(mask.shape)
 
 
 def test_naive_qkv_split_fails_the_reference(monkeypatch):
@@ -157,7 +227,7 @@ def test_right_anchored_positions_by_hand():
     assert got[2] == [0, 1, 3, 4, 0, 6, 7, 8, 8, 8, 8, 8]
     full = torch.ones(1, 12, dtype=torch.bool)
     assert right_anchored_positions(full, P, L).tolist()[0] == [0, 1, 2, 3, 4, 5, 6, 7, 8, 8, 8, 8]
-    assert np.array_equal(np.asarray(got), ref.right_anchored(valid, P, L))
+    assert_bit_exact(np.asarray(got, np.float64), ref.right_anchored(valid, P, L), "no rounding")   # whole numbers
 
 
 # --- properties --------------------------------------------------------------------------------
@@ -176,10 +246,10 @@ def test_candidate_isolation_bit_exact(kind, j):
     moved[:, P + L + j] += np.random.default_rng(j).normal(0, 3, x.shape[-1]).astype(np.float32)
     a, b = run(model, x, valid), run(model, moved, valid)
     others = [c for c in range(C) if c != j]
-    assert torch.equal(a.trunk[:, :P + L], b.trunk[:, :P + L])
-    assert torch.equal(a.trunk[:, [P + L + c for c in others]], b.trunk[:, [P + L + c for c in others]])
-    assert torch.equal(a.logits[:, others], b.logits[:, others])
-    assert not torch.equal(a.logits[:, j], b.logits[:, j])
+    assert_bit_exact(b.trunk[:, :P + L], a.trunk[:, :P + L], "isolation")
+    assert_bit_exact(b.trunk[:, [P + L + c for c in others]], a.trunk[:, [P + L + c for c in others]], "isolation")
+    assert_bit_exact(b.logits[:, others], a.logits[:, others], "isolation")
+    assert_beyond_rounding(b.logits[:, j], a.logits[:, j], **forward_rounding(model.config))
 
 
 def test_padding_content_never_reaches_a_valid_output():
@@ -188,7 +258,7 @@ def test_padding_content_never_reaches_a_valid_output():
     junk = np.where(valid[..., None], x, 1e3 * np.random.default_rng(0).normal(size=x.shape)).astype(np.float32)
     a, b = run(model, x, valid), run(model, junk, valid)
     v = torch.from_numpy(valid)
-    assert torch.equal(a.trunk[v], b.trunk[v])
+    assert_bit_exact(b.trunk[v], a.trunk[v], "isolation")
 
 
 @pytest.mark.parametrize("backend", ["naive", "structured"])
@@ -204,11 +274,13 @@ def test_serving_kernel_padding_lets_padded_history_reach_valid_candidates(backe
     junk[0, P + 4:P + L] += np.random.default_rng(0).normal(0, 3, junk[0, P + 4:P + L].shape).astype(np.float32)
     assert not valid[0, P + 4:P + L].any() and valid[0, P + L:P + L + 2].all()
     a, b = run(masked, x, valid, backend=backend), run(masked, junk, valid, backend=backend)
-    assert torch.equal(a.logits[0, :2], b.logits[0, :2])
+    assert_bit_exact(b.logits[0, :2], a.logits[0, :2], "isolation")
     a, b = run(kernel, x, valid, backend=backend), run(kernel, junk, valid, backend=backend)
     assert (a.logits[0, :2] - b.logits[0, :2]).abs().min() > tolerance(kernel.config) * a.logits.abs().max()
     full = np.ones_like(valid)
-    assert torch.equal(run(masked, x, full, backend=backend).logits, run(kernel, x, full, backend=backend).logits)
+    # nothing padded: both masks are the unpadded one, so the two forwards run the same operations
+    assert_bit_exact(run(kernel, x, full, backend=backend).logits, run(masked, x, full, backend=backend).logits,
+                     "same computation")
 
 
 def test_an_all_valid_mask_takes_the_unpadded_path():
@@ -220,7 +292,8 @@ def test_an_all_valid_mask_takes_the_unpadded_path():
     assert model.attention_mask(full).valid is None and model.attention_mask(None, seq_len=valid.shape[1]).valid is None
     assert model.attention_mask(torch.from_numpy(valid)).padded
     with torch.no_grad():
-        assert torch.equal(model(torch.from_numpy(x), full).logits, model(torch.from_numpy(x), None).logits)
+        assert_bit_exact(model(torch.from_numpy(x), full).logits, model(torch.from_numpy(x), None).logits,
+                         "same computation")
 
 
 def test_prefix_is_bidirectional():
@@ -270,14 +343,14 @@ def test_record_traces_the_same_forward():
     model = random_model(5)
     x, valid = inputs(4)
     plain, traced = run(model, x, valid), run(model, x, valid, record=True)
-    assert torch.equal(plain.logits, traced.logits) and plain.layers is None
+    assert_bit_exact(traced.logits, plain.logits, "same computation") and plain.layers is None
     assert len(traced.layers) == model.config.num_layers
     probs = traced.layers[0].probs                                                  # [B, Hq, T, T]
     T = x.shape[1]
     cand = probs[:, :, P + L:, P + L:]
-    assert torch.equal(cand * (1 - torch.eye(C)), torch.zeros_like(cand))           # no candidate sees another
+    assert_bit_exact(cand * (1 - torch.eye(C)), torch.zeros_like(cand), "isolation")  # no candidate sees another
     assert_rounding_close(probs.sum(-1), torch.ones(3, 4, T), n=T)                 # softmax rows sum to 1
-    assert torch.equal(traced.layers[-1].after_ffn, traced.trunk)
+    assert_bit_exact(traced.layers[-1].after_ffn, traced.trunk, "same computation")
 
 
 @pytest.mark.parametrize("backend", ["structured", "sdpa"])
@@ -303,7 +376,7 @@ def test_bf16_numerics_switch():
     assert tolerance(cfg) < err <= bf16_rounding, err
     moved = x.copy()
     moved[:, P + L] += 1.0
-    assert torch.equal(run(model, moved, valid, numerics="bf16").logits[:, 1:], bf16.logits[:, 1:])
+    assert_bit_exact(run(model, moved, valid, numerics="bf16").logits[:, 1:], bf16.logits[:, 1:], "isolation")
 
 
 # --- parameters: production's stacked tree ------------------------------------------------------
@@ -333,9 +406,9 @@ def test_load_production_tree_round_trips(kind):
     assert {k: set(v) for k, v in back.items()} == {k: set(v) for k, v in params.items()}
     for module, inner in params.items():
         for name, arr in inner.items():
-            np.testing.assert_array_equal(back[module][name], arr)
+            assert_bit_exact(back[module][name], arr, "no rounding")                  # float32 in, float32 out
     layer1 = model.transformer.layers[1].multi_head_attention.qkv.w.detach().numpy()
-    np.testing.assert_array_equal(layer1, params[f"{ref.MHA}/qkv"]["w"][1])       # axis 0 is the layer
+    assert_bit_exact(layer1, params[f"{ref.MHA}/qkv"]["w"][1], "no rounding")      # axis 0 is the layer
 
 
 def test_load_nano_preset_tree():
@@ -378,7 +451,8 @@ def test_bad_mapping_refused_by_name_nothing_loaded(how):
     with pytest.raises(ValueError) as e:
         load_xrex_params(model, bad)
     assert str(e.value).startswith("params: 1 problem(s)") and message in str(e.value), str(e.value)
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    for k, v in model.state_dict().items():
+        assert_bit_exact(v, before[k], "no rounding")                               # nothing loaded
 
 
 def test_primer_tree_needs_post_norms_and_flagship_refuses_them():
