@@ -26,20 +26,34 @@ def floating(x) -> bool:
         return False
 
 
+def refuse_if_bits_of_floats(name: str, frame, a, b) -> None:
+    """Fail when `frame` is a test's (a file under tests/ other than tolerances.py) comparing floating-point
+    `a` and `b` bit for bit with `name`: it must say why the bits agree (assert_bit_exact) or compare within
+    the rounding bound (assert_rounding_close)."""
+    caller = frame.f_code.co_filename
+    if caller.startswith(TESTS) and caller != TOLERANCES and (floating(a) or floating(b)):
+        raise AssertionError(
+            f"{name} on floating-point values in {Path(caller).name}:{frame.f_lineno}: bits agree only for the "
+            f"same computation — say which with tolerances.assert_bit_exact(got, want, because), or compare "
+            f"with tolerances.assert_rounding_close")
+
+
 def refuse_float_bits(name: str, compare):
-    """`compare` as before, except that a test (a file under tests/ other than tolerances.py) comparing
-    floating-point values bit for bit with it fails: it must say why the bits agree (assert_bit_exact) or
-    compare within the rounding bound (assert_rounding_close)."""
+    """`compare` (a, b, ...) as before, but refused on floats from a test (refuse_if_bits_of_floats)."""
     @functools.wraps(compare)
     def guarded(a, b, *args, **kwargs):
-        caller = sys._getframe(1).f_code.co_filename
-        if caller.startswith(TESTS) and caller != TOLERANCES and (floating(a) or floating(b)):
-            raise AssertionError(
-                f"{name} on floating-point values in {Path(caller).name}:{sys._getframe(1).f_lineno}: bits agree "
-                f"only for the same computation — say which with tolerances.assert_bit_exact(got, want, because), "
-                f"or compare with tolerances.assert_rounding_close")
+        refuse_if_bits_of_floats(name, sys._getframe(1), a, b)
         return compare(a, b, *args, **kwargs)
-    guarded.unguarded = compare
+    return guarded
+
+
+def refuse_zero_tolerance(assert_allclose):
+    """np.testing.assert_allclose with rtol=0 and atol=0 is a bit-for-bit comparison too."""
+    @functools.wraps(assert_allclose)
+    def guarded(actual, desired, rtol=1e-07, atol=0, *args, **kwargs):
+        if rtol == 0 and atol == 0:
+            refuse_if_bits_of_floats("np.testing.assert_allclose(rtol=0, atol=0)", sys._getframe(1), actual, desired)
+        return assert_allclose(actual, desired, rtol, atol, *args, **kwargs)
     return guarded
 
 
@@ -47,6 +61,7 @@ torch.equal = refuse_float_bits("torch.equal", torch.equal)
 np.array_equal = refuse_float_bits("np.array_equal", np.array_equal)
 np.testing.assert_array_equal = refuse_float_bits("np.testing.assert_array_equal", np.testing.assert_array_equal)
 np.testing.assert_equal = refuse_float_bits("np.testing.assert_equal", np.testing.assert_equal)
+np.testing.assert_allclose = refuse_zero_tolerance(np.testing.assert_allclose)
 
 
 # --- the app on localhost: one launch per test module -------------------------------------------------

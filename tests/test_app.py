@@ -475,6 +475,7 @@ def test_a_cancel_storm_runs_one_sweep_at_a_time(tmp_path):
     assert counts and max(counts) == 1, counts
 
 
+@pytest.mark.served_numbers
 def test_every_view_runs_the_production_family(client):
     """The family control's endpoint moves the link to production; every view then answers on it."""
     query = client.predict(LECTURE + "&history_padding=1", "xrex", api_name="/family")
@@ -663,6 +664,7 @@ def layer0_bound(query: str) -> float:
     return rounding_bound(torch.float32, max(s.emb_size, s.seq_len), depth=8)
 
 
+@pytest.mark.served_numbers
 @pytest.mark.parametrize("family", ["grok", "xrex"])
 @pytest.mark.parametrize("view", ["mask", "attention", "anatomy", "isolation", "invariance", "variants", "timing",
                                   "export"])
@@ -707,6 +709,7 @@ def test_every_view_answers_for_both_families(client, family, view):
         assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.served_numbers
 def test_production_weights_upload_and_the_attention_view_is_their_forward(client, tmp_path):
     """A file saved from a random XrexRanker (production's stacked names) loads through the upload
     endpoint; the attention view's numbers are that ranker's own forward. A grok.py file is refused by

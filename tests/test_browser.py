@@ -275,6 +275,7 @@ def server_requests(page) -> list:
     return seen
 
 
+@pytest.mark.served_numbers
 @pytest.mark.parametrize("query,kind", [("preset=lecture&head=-1&values=capped+logits", "log"),
                                         ("preset=lecture&head=-1", "quantile"), ("preset=lecture&head=2", "log"),
                                         ("preset=lecture&head=2&color=quantile", "linear")])
@@ -382,6 +383,7 @@ def assert_bars_as(drawn: dict, bars, text: str) -> None:
     assert drawn["title"] == bars.layout.title.text and drawn["sentence"] == text.replace("**", "")
 
 
+@pytest.mark.served_numbers
 @pytest.mark.parametrize("query,how", [("preset=lecture&head=0", "typed"), ("preset=lecture&head=-1&layer=1", "typed"),
                                        ("preset=lecture&head=2&color=log", "click"),
                                        ("preset=lecture&head=1&tab=attention&present=1", "key"),
@@ -444,6 +446,7 @@ def assert_a_server_redraw_keeps(page, s, bars) -> None:
     page.wait_for_function(f"(t) => ({QUERY_DRAWN})().title === t", arg=bars.layout.title.text, timeout=30_000)
 
 
+@pytest.mark.served_numbers
 @pytest.mark.parametrize("query,head", [("preset=lecture&head=0", 1), ("preset=lecture&head=2&color=log&query=7", 3),
                                         ("preset=lecture&head=3&layer=1&color=quantile&query=4", 0)])
 def test_a_head_pick_is_drawn_in_the_browser_as_the_server_draws_it(page, client, query, head):
@@ -477,6 +480,7 @@ def test_a_head_pick_is_drawn_in_the_browser_as_the_server_draws_it(page, client
     assert_a_server_redraw_keeps(page, s, bars)
 
 
+@pytest.mark.served_numbers
 @pytest.mark.parametrize("query,field,value", [
     ("preset=lecture&head=0", "values", "capped logits"),
     ("preset=lecture&head=2&color=log&query=7", "values", "masked logits"),
@@ -522,6 +526,7 @@ def test_a_values_or_layer_pick_in_a_one_head_view_is_drawn_in_the_browser_as_th
     assert_a_server_redraw_keeps(page, s, bars)
 
 
+@pytest.mark.served_numbers
 def test_a_head_key_in_presentation_is_drawn_by_the_page_and_the_dropdown_follows(page, client):
     """↓ in presentation mode at lecture: the next head is drawn in the keydown's own task (no server answer
     can have come), equal to what the server draws for the new link; then the link, the address and the head

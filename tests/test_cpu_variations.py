@@ -1,7 +1,17 @@
-"""The numerics tests hold on any x86-64 CPU: rerun in subprocesses on each of PyTorch's CPU kernel paths
-(ATEN_CPU_CAPABILITY), MKL's SSE4.2 path and 1 or 2 threads. These change how fp32 reductions are split, so
-they reproduce what another CPU (an AMD EPYC, an older Xeon) computes; tests/tolerances.py says why the
-tolerances cover it."""
+"""The numerics tests hold on any x86-64 CPU, Intel or AMD, at any thread count: rerun in subprocesses on
+other CPU kernel paths than this machine's defaults. These change how fp32 reductions are split, so they
+reproduce what another CPU computes (tests/tolerances.py says why the tolerances cover it):
+
+- ATEN_CPU_CAPABILITY picks PyTorch's own vector kernels (default / avx2 / avx512);
+- MKL_ENABLE_INSTRUCTIONS picks MKL's GEMM path: AVX2 is the path MKL takes on an AMD EPYC, and there the
+  thread count changes the bits of a forward (measured: lecture's layer-0 probabilities with 1 and 2
+  threads differ by 2e-7), which it does not on this Intel machine's AVX-512 path;
+- the thread count of the test process (OMP_NUM_THREADS) and of the server (EXPLORER_THREADS).
+
+Two sets: every non-slow test of a module that compares floats (imports tests/tolerances.py) under four
+kernel paths; and the tests that compare the server's numbers with this process's or the page's (marker
+served_numbers) with the server on *other* kernels and threads than the test process
+(EXPLORER_TEST_SERVER_ENV, read by tests/conftest.py)."""
 import os
 import subprocess
 import sys
@@ -10,27 +20,67 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "OMP_NUM_THREADS", "EXPLORER_THREADS",
+              "EXPLORER_TEST_SERVER_ENV")
 
-# the tests that compare two roundings of the same real numbers: another order, batch, kernel or a float64
-# reference (bit-exact ones hold on any path by construction)
-NUMERICS = ["tests/test_xrex.py", "tests/test_recsys.py", "tests/test_grok.py", "tests/test_variants.py",
-            "tests/test_attention.py::test_backend_matches_naive",
-            "tests/test_attention.py::test_whole_model_matches_naive"]
-SELECT = "not slow and not gpu"
 
-VARIATIONS = {                      # name: environment; capabilities above the CPU's fall back to its best
+def numerics_modules() -> list[str]:
+    """The test modules that compare floating-point results: those that import tests/tolerances.py."""
+    return sorted(f"tests/{p.name}" for p in TESTS.glob("test_*.py")
+                  if "from tolerances import" in p.read_text() and p.name != Path(__file__).name)
+
+
+IN_PROCESS = {                      # name: environment; capabilities above the CPU's fall back to its best
     "default-1thread": {"ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1"},
     "avx2-2threads": {"ATEN_CPU_CAPABILITY": "avx2", "OMP_NUM_THREADS": "2"},
-    "avx512-1thread": {"ATEN_CPU_CAPABILITY": "avx512", "OMP_NUM_THREADS": "1"},
+    "mkl-avx2-amd-path-1thread": {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "OMP_NUM_THREADS": "1"},
     "mkl-sse42-2threads": {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "OMP_NUM_THREADS": "2"},
 }
 
+SERVED = {                          # name: (the test process's environment, the server's on top of it)
+    "tests-amd-path-2threads/server-avx2-1thread": (
+        {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "OMP_NUM_THREADS": "2"},
+        "ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX512 EXPLORER_THREADS=1"),
+    "tests-default-1thread/server-amd-path-2threads": (
+        {"ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1"},
+        "ATEN_CPU_CAPABILITY=avx512 MKL_ENABLE_INSTRUCTIONS=AVX2 EXPLORER_THREADS=2"),
+}
+
+
+def rerun(env_changes: dict, *args) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in KERNEL_ENV}
+    env.update(env_changes)
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=1200)
+
+
+def test_the_numerics_modules_are_found():
+    found = numerics_modules()
+    assert {"tests/test_grok.py", "tests/test_xrex.py", "tests/test_explorer_views.py"} <= set(found), found
+
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(VARIATIONS))
+@pytest.mark.parametrize("name", list(IN_PROCESS))
 def test_numerics_hold_on_every_cpu_kernel_path(name):
-    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")}
-    env.update(VARIATIONS[name])
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", SELECT,
-                           *NUMERICS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, f"{name}: {VARIATIONS[name]}\n{done.stdout[-4000:]}\n{done.stderr[-2000:]}"
+    done = rerun(IN_PROCESS[name], "-m", "not slow and not gpu", *numerics_modules())
+    assert done.returncode == 0, f"{name}: {IN_PROCESS[name]}\n{done.stdout[-4000:]}\n{done.stderr[-2000:]}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(SERVED))
+def test_served_numbers_hold_with_the_server_on_other_kernels_and_threads(name):
+    tests_env, server_env = SERVED[name]
+    done = rerun({**tests_env, "EXPLORER_TEST_SERVER_ENV": server_env}, "-m", "served_numbers and not gpu",
+                 "tests/test_app.py", "tests/test_browser.py")
+    assert done.returncode == 0, f"{name}\n{done.stdout[-4000:]}\n{done.stderr[-2000:]}"
+    assert " passed" in done.stdout and " deselected" in done.stdout, done.stdout[-2000:]
+
+
+def test_the_server_environment_is_read_by_name(monkeypatch):
+    from conftest import SERVER_ENV, server_env
+    monkeypatch.setenv(SERVER_ENV, "EXPLORER_THREADS=2 ATEN_CPU_CAPABILITY=avx2")
+    assert server_env() == {"EXPLORER_THREADS": "2", "ATEN_CPU_CAPABILITY": "avx2"}
+    monkeypatch.setenv(SERVER_ENV, "EXPLORER_THREADS")
+    with pytest.raises(ValueError, match=r"EXPLORER_TEST_SERVER_ENV: got 'EXPLORER_THREADS'; allowed: NAME=value"):
+        server_env()
