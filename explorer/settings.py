@@ -9,7 +9,6 @@ it into ``gr.Error``. ``to_query`` writes only what differs from the preset, and
 """
 from __future__ import annotations
 
-import functools
 import math
 import os
 from dataclasses import asdict, dataclass, fields, replace
@@ -27,7 +26,7 @@ from models.probes import PERTURBATIONS, PROBES
 from models.recsys import PRESETS as GROK_PRESETS, RecsysConfig, SequenceLayout, get_preset
 from models.variants import VARIANTS
 from models.weights import recsys_spec
-from models.xrex import PRESETS as XREX_PRESETS, XrexConfig, XrexRecsys, param_spec as xrex_spec
+from models.xrex import PRESETS as XREX_PRESETS, XrexConfig, param_spec as xrex_spec, project_then_sum_params
 
 WEIGHT_SOURCES = ("random", "zeros", "demo", "upload")
 # the fields that decide the weights' shapes: uploaded weights are held to the values they were loaded at
@@ -408,11 +407,11 @@ def estimate_params(s: Settings) -> int:
     return sum(math.prod(shape) for _, shape, _ in recsys_spec(s.recsys_config()).values())
 
 
-@functools.lru_cache(maxsize=64)
 def _xrex_params(config: XrexConfig) -> int:
-    """models.xrex.XrexRecsys's parameters counted on the meta device (shapes only, no memory)."""
-    with torch.device("meta"):
-        return sum(p.numel() for p in XrexRecsys(config).parameters())
+    """models.xrex.XrexRecsys's parameters from its shapes: the trunk and head (param_spec) and the input
+    layer (project_then_sum_params); no module is built (a visitor may send a new geometry per request)."""
+    return (sum(math.prod(shape) for _, shape, _ in xrex_spec(config).values())
+            + project_then_sum_params(config))
 
 
 def trunk_params(s: Settings) -> int:
