@@ -164,8 +164,9 @@ def _compiled_flex():
     # guards on the predicates' closures. Past the recompile limit (default 8) it would quietly fall
     # back to eager flex (still exact, but it materialises the scores), so calls of this function run
     # with a higher limit; the patch is thread-local and ends with the call (the process keeps its own).
-    # eager flex_attention materialises the scores; compiled it is a fused kernel, CPU included
-    compiled = torch.compile(flex_attention, dynamic=False)
+    # eager flex_attention materialises the scores; compiled it is a fused kernel, CPU included. fullgraph:
+    # a graph break would run (and time) part of it eagerly without a word, so it raises instead
+    compiled = torch.compile(flex_attention, dynamic=False, fullgraph=True)
     return torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit, 64))(compiled)
 
 
