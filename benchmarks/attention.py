@@ -14,13 +14,14 @@ import argparse
 import datetime as dt
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-from explorer.measure import PRESETS, Status, matmul_tflops, point_key, results_path, sweep, with_status
+from explorer.measure import PRESETS, WRONG, Status, matmul_tflops, point_key, results_path, sweep, with_status
 from models.runinfo import RESULTS_DIR, device_name, git_commit
 
 
@@ -122,6 +123,10 @@ def main(argv=None):
     if not a.no_plot:
         for p in write_plots(path, json.loads(path.read_text())):
             print(f"wrote {p}")
+    wrong = [r for r in records if r["status"] == Status.ERROR and r["reason"].startswith(WRONG)]
+    if wrong:       # recorded in the file all the same; a wrong kernel's speed is no result
+        sys.exit("\n".join(f"FAILED {r['backend']} {r['mask']} cap {r['cap_method']} T {r['T']}: {r['reason']}"
+                           for r in wrong))
 
 
 if __name__ == "__main__":

@@ -290,6 +290,21 @@ def make_inputs(B, Hq, Hkv, head_dim, T, dtype, device, seed=0):
     return [torch.randn(s, generator=g).to(device=device, dtype=DTYPES[dtype]) for s in shapes]
 
 
+WRONG = "wrong result"              # the reason's start when a backend's output is off naive's beyond rounding
+
+
+def max_abs_err_bound(dtype: str, n: int, v_max: float) -> float:
+    """The largest max |out - naive| rounding explains at one point, by tests/tolerances.py's rule: fp32
+    reductions of at most n terms, 4 deep (q.k, the softmax sum, probs @ v, merging a backend's pieces), plus
+    for bf16 / fp16 three roundings to that dtype (logits, probabilities, output), each once on each side;
+    all at the scale of max|v|, since an attention output is a weighted average of v rows."""
+    def two_orderings(u, terms, depth):              # depth * 2 * gamma_terms (Higham §3.1)
+        return depth * 2 * terms * u / (1 - terms * u)
+    u32 = torch.finfo(torch.float32).eps / 2
+    storage = 0.0 if dtype == "float32" else two_orderings(torch.finfo(DTYPES[dtype]).eps / 2, 1, 3)
+    return v_max * (two_orderings(u32, n, 4) + storage)
+
+
 def _is_oom(e: BaseException) -> bool:
     return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
 
@@ -299,7 +314,7 @@ class Status(str, Enum):
     OK = "ok"
     OOM = "oom"                         # out of memory (reason: the backend's error)
     SKIPPED = "skipped"                 # the backend does not run this point (reason: why not)
-    ERROR = "error"                     # it raised (reason: the error)
+    ERROR = "error"                     # it raised, or its output is wrong (reason: the error / WRONG ...)
     NOT_REACHED = "not reached"         # the run stopped first (reason: Run.stopped(): cancelled / budget)
 
     def __str__(self) -> str:           # json.dumps and f-strings write the plain value
@@ -337,7 +352,8 @@ def measure_shape(backends: list[str], *, mask: str = "recsys", B: int = 1, Hq: 
     `run` is checked before every warm-up and every timed block. `skip`: backend -> why not to run it.
     `padded`: the history carries key padding (padded_valid), so backends run their padded paths.
     Each record carries the point's 128 x 128 tile counts (full / partial / empty) beside its times.
-    A failure (out of memory, an error) is the record's status, never an exception."""
+    A failure (out of memory, an error) is the record's status, never an exception; so is an output off
+    naive's (over the valid query rows) by more than max_abs_err_bound: status error, reason WRONG ..., not timed."""
     run = run or Run()
     names = ["naive"] + [b for b in backends if b != "naive"]
     valid = padded_valid(B, T, T - num_candidates, device) if padded else None
@@ -380,10 +396,19 @@ def measure_shape(backends: list[str], *, mask: str = "recsys", B: int = 1, Hq: 
                     continue
                 if b == "naive":
                     reference = out
-                records[b].update(peak_mem_bytes=int(peak), max_abs_err=None if reference is None else
-                                  float((out.float() - reference.float()).abs().max()))
-                ready[b] = (call, calls_per_block(one_call_ms, min_block_ms))
+                err = None
+                if reference is not None:             # padded query rows mean nothing (flash kernels zero them)
+                    diff = (out.float() - reference.float()).abs()
+                    err = float((diff if valid is None else diff[valid]).max())     # a NaN stays NaN
+                    del diff                          # a full-size fp32 tensor: not held through the next warm-up
+                records[b].update(peak_mem_bytes=int(peak), max_abs_err=err)
                 del out
+                bound = None if err is None else max_abs_err_bound(dtype, max(T, head_dim), v_max(inputs))
+                if err is not None and not err <= bound:          # NaN fails too
+                    records[b].update(status=Status.ERROR, reason=f"{WRONG}: max |out - naive| = {err:.3g} over "
+                                      f"the valid rows, above the rounding bound {bound:.3g}")
+                    continue
+                ready[b] = (call, calls_per_block(one_call_ms, min_block_ms))
             del reference
             times.update({b: [] for b in ready})
             for _ in range(repeats):
@@ -410,6 +435,11 @@ def measure_shape(backends: list[str], *, mask: str = "recsys", B: int = 1, Hq: 
             r.update(peak_mem_bytes=None, max_abs_err=None, status=Status.NOT_REACHED,
                      reason=run.stopped() or "not timed")
     return [records[b] for b in names]
+
+
+def v_max(inputs) -> float:
+    """max |v| of make_inputs' (q, k, v): the scale of every attention output."""
+    return float(inputs[2].abs().max())
 
 
 def _call(backend, q, k, v, mask, multiplier, cap, cap_method) -> torch.Tensor:
