@@ -8,6 +8,7 @@ import pytest
 
 from explorer import timing
 from explorer.settings import ValidationError, parse_query
+from models.presets import PRESETS
 from tolerances import randn_attention_abs_bound
 
 S = parse_query("preset=lecture&weights=random")
@@ -61,7 +62,7 @@ def test_cuda_offers_bf16_and_phoenix_prod_first_and_the_flash_backends(monkeypa
     why = timing.backend_options(NO_CAP, "phoenix-prod", "bfloat16")
     assert why["naive"] is None and why["sdpa-efficient"] is None and why["structured"] is None
     assert "float32" not in str(why["flash_attn"]) and "bfloat16" not in str(why["flash_attn"])
-    assert timing.default_lengths("phoenix-prod") == "1088"
+    assert timing.default_lengths("phoenix-prod") == str(PRESETS["phoenix-prod"].layout.seq_len)   # its own T
 
 
 def test_sweep_measures_against_naive_with_interleaved_repeats():
