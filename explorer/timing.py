@@ -51,32 +51,6 @@ BACKEND_COLORS = {"naive": "#000000", "sdpa": "#56B4E9", "sdpa-flash": "#0072B2"
                   "fa4": "#AA4499"}
 RECORDED_DASHES = ("dot", "dash", "dashdot", "longdash")     # one per committed file / batch size
 
-# Why each backend is fast or slow on this kind of device, in a few words.
-WHY_HERE = {
-    "cpu": {
-        "naive": "writes and reads every [B, H, T, T] logit and probability (grok.py line for line): "
-                 "memory traffic grows as T²",
-        "sdpa": "SDPA's math kernel: the same materialised scores as naive, plus an additive mask tensor",
-        "sdpa-flash": "a fused, tiled CPU kernel (no [T, T] probabilities kept) that reads a dense mask and "
-                      "skips no tile; no logit cap",
-        "flex": "compiled from the mask predicate into one fused kernel that skips empty 128×128 tiles; "
-                "each new length compiles first (~20-40 s here, never timed, then cached)",
-        "structured": "the mask's pieces (prefix, candidates × prefix, self) as separate dense calls in plain "
-                      "torch: no fused kernel on CPU, so more passes over memory than naive",
-    },
-    "cuda": {
-        "naive": "materialises [B, H, T, T] logits and probabilities in GPU memory: memory-bound",
-        "sdpa": "SDPA's math kernel: materialised scores, like naive",
-        "sdpa-flash": "FlashAttention 2 inside torch: fused and tiled, but causal or full masks only",
-        "sdpa-efficient": "the memory-efficient kernel: fused, reads a dense [T, T] additive mask, skips nothing",
-        "sdpa-cudnn": "cuDNN's fused kernel: causal or full masks only",
-        "flex": "a Triton kernel generated from the mask predicate: fused softmax, empty tiles skipped",
-        "structured": "the recsys decomposition in plain torch: never builds the candidate block, but "
-                      "several launches and a log-sum-exp merge",
-        "flash_attn": "FlashAttention 2 pieces merged by log-sum-exp: fused, tiled, no [T, T] in memory",
-        "fa4": "FlashAttention-4: the whole mask in one call, full tiles unmasked, empty tiles skipped",
-    },
-}
 # exact backends that win on this kind of device (committed results): ticked by default
 DEFAULT_ON = {"cpu": ("naive", "flex", "sdpa-flash"),
               "cuda": ("naive", "sdpa-flash", "sdpa-efficient", "flex", "structured", "flash_attn", "fa4")}
@@ -130,7 +104,8 @@ def backend_notes(s: Settings, name: str, dtype: str) -> str:
     lines = []
     for b, reason in backend_options(s, name, dtype).items():
         if reason is None:
-            lines.append(f"- **{b}**: {WHY_HERE[device()].get(b, BACKENDS[b].description)}")
+            here = BACKENDS[b].on(device())
+            lines.append(f"- **{b}**: {here.description} — {here.speed_reason}")
         else:
             lines.append(f"- ~~{b}~~: {reason.removeprefix(b + ': ')}")
     return "Why each backend is fast or slow here:\n" + "\n".join(lines)

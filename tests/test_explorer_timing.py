@@ -121,8 +121,8 @@ def test_defaults_on_cpu_tick_the_backends_that_win_here_and_say_why():
     usable = [b for b, why in timing.backend_options(S, timing.SETTINGS_GEOMETRY, "float32").items() if why is None]
     assert timing.default_backends(usable) == ["naive", "flex"]
     notes = timing.backend_notes(S, timing.SETTINGS_GEOMETRY, "float32")
-    for b in usable:
-        assert f"- **{b}**: " in notes
+    for b in usable:                        # the registry's one description of each backend, and why here
+        assert f"- **{b}**: {timing.BACKENDS[b].description} — {timing.BACKENDS[b].on('cpu').speed_reason}" in notes
     assert "skips empty" in notes and "no fused kernel on CPU" in notes
     assert "~~flash_attn~~: " in notes and "CUDA" in notes
     assert set(timing.BACKEND_COLORS) == set(timing.BACKENDS)
