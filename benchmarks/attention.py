@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from explorer.measure import PRESETS, WRONG, Status, matmul_tflops, point_key, results_path, sweep, with_status
+from explorer.measure import GRIDS, WRONG, Status, matmul_tflops, point_key, results_path, sweep, with_status
 from models.runinfo import RESULTS_DIR, device_name, git_commit
 
 
@@ -67,12 +67,13 @@ def write_plots(path: Path, data: dict) -> list[Path]:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--preset", action="append", choices=list(PRESETS),
-                    help="repeat for several; default lecture")
+    ap.add_argument("--preset", action="append", choices=list(GRIDS),
+                    help="a grid (explorer.measure.GRIDS: a preset's attention shapes); repeat for several; "
+                         "default lecture")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--budget-s", type=float, default=None, help="stop measuring after this many seconds")
     ap.add_argument("--backends", default=None, help="comma-separated subset (naive always runs)")
-    ap.add_argument("--seq-lens", default=None, help="comma-separated T values overriding the preset's")
+    ap.add_argument("--seq-lens", default=None, help="comma-separated T values overriding the grid's")
     ap.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads)")

@@ -13,7 +13,7 @@ from models import attention as A
 from models.attention import BACKENDS, attend, unavailable_reason
 from models.grok import Transformer, init_params
 from models.masks import MASK_KINDS, AttentionMask
-from models.recsys import get_preset
+from models.presets import get_preset
 from tolerances import forward_bound, relative_error, rounding_bound
 
 # fp32 on CPU: reductions over at most 21 positions (K = 8), 4 deep: q.k, softmax sum, probs @ v, merging the

@@ -15,8 +15,9 @@ from models import attention as A
 from models.bugzoo import bug_names, with_bug
 from models.grok import Transformer, init_params
 from models.masks import AttentionMask
+from models.presets import get_preset
 from models.probes import isolation_probe
-from models.recsys import RecsysModel, SequenceLayout, get_preset, init_recsys, synthetic_batch
+from models.recsys import RecsysModel, SequenceLayout, init_recsys, synthetic_batch
 from models.xrex import XrexConfig, XrexRanker, XrexRecsys, XrexTrunk, init_xrex
 from tolerances import storage_forward_bound
 

@@ -127,7 +127,7 @@ def test_the_budget_holds_within_one_call(monkeypatch):
 
 def test_sweep_stops_at_budget_and_lists_the_whole_grid():
     records = list(bench.sweep("lecture", "cpu", budget_s=0.0, seq_lens=[9, 64]))
-    p = bench.preset_for("lecture", "cpu")
+    p = bench.grid_for("lecture", "cpu")
     assert len(records) == 2 * len(p.masks) * len(p.cap_methods) * len(p.paddings) * len(bench.BACKENDS)
     assert all((r["status"], r["reason"]) == (bench.Status.NOT_REACHED, "time budget spent") for r in records)
 
@@ -160,8 +160,8 @@ def test_a_backend_out_of_memory_is_skipped_at_longer_lengths_and_the_others_go_
 
 
 def test_sweep_takes_a_custom_geometry():
-    geometry = bench.Preset("app settings", B=1, Hq=2, Hkv=1, head_dim=8, dtype="float32", seq_lens=(10,),
-                            num_candidates=2, masks=("recsys-bidirectional",), cap_methods=("soft_sign",), cap=5.0)
+    geometry = bench.Grid(B=1, Hq=2, Hkv=1, head_dim=8, dtype="float32", seq_lens=(10,), num_candidates=2,
+                          masks=("recsys-bidirectional",), cap_methods=("soft_sign",), cap=5.0)
     records = list(bench.sweep(geometry, "cpu", backends=["structured"], min_block_ms=0.0))
     assert [(r["preset"], r["backend"], r["status"]) for r in records] == [("custom", "naive", "ok"),
                                                                            ("custom", "structured", "ok")]
@@ -200,7 +200,7 @@ def test_padded_point_runs_the_padded_paths_and_counts_only_valid_keys():
 def test_2026_serving_layout_is_a_geometry_with_its_tile_counts():
     """P 2 + L 1022 = 1024, 64 candidates in 128 slots, T 1152: 128 x 128 tiles, 73 of 81 run (72 full,
     the candidate tile's diagonal partial), the prefix rows' 8 candidate tiles skipped (PRODUCTION.md §6)."""
-    p = bench.PRESETS["phoenix-2026"]
+    p = bench.GRIDS["phoenix-2026"]
     assert (p.seq_lens, p.seq_lens[0] - p.num_candidates, p.dtype, p.masks, p.cap_methods) == (
         (1152,), 1024, "bfloat16", ("recsys-bidirectional",), ("none",))
     assert set(p.paddings) == {False, True}
