@@ -78,7 +78,7 @@ def test_storage_forward_bound_holds_in_bf16_and_a_mask_leak_lands_above_it():
     within storage_forward_bound of naive in bf16, and the bug zoo's leaked decoder mask lands above it."""
     from models.bugzoo import with_bug
     from models.grok import Transformer, init_params
-    from models.recsys import get_preset
+    from models.presets import get_preset
     from tolerances import relative_error, storage_forward_bound
     config = get_preset("lecture").transformer.replace(cap_method="tanh", logit_cap=2.0)
     model = init_params(Transformer(config), "random", seed=1).to(torch.bfloat16)
