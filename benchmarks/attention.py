@@ -14,13 +14,14 @@ import argparse
 import datetime as dt
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-from explorer.measure import PRESETS, Status, matmul_tflops, point_key, results_path, sweep, with_status
+from explorer.measure import GRIDS, WRONG, Status, matmul_tflops, point_key, results_path, sweep, with_status
 from models.runinfo import RESULTS_DIR, device_name, git_commit
 
 
@@ -66,12 +67,13 @@ def write_plots(path: Path, data: dict) -> list[Path]:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--preset", action="append", choices=list(PRESETS),
-                    help="repeat for several; default lecture")
+    ap.add_argument("--preset", action="append", choices=list(GRIDS),
+                    help="a grid (explorer.measure.GRIDS: a preset's attention shapes); repeat for several; "
+                         "default lecture")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--budget-s", type=float, default=None, help="stop measuring after this many seconds")
     ap.add_argument("--backends", default=None, help="comma-separated subset (naive always runs)")
-    ap.add_argument("--seq-lens", default=None, help="comma-separated T values overriding the preset's")
+    ap.add_argument("--seq-lens", default=None, help="comma-separated T values overriding the grid's")
     ap.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads)")
@@ -122,6 +124,10 @@ def main(argv=None):
     if not a.no_plot:
         for p in write_plots(path, json.loads(path.read_text())):
             print(f"wrote {p}")
+    wrong = [r for r in records if r["status"] == Status.ERROR and r["reason"].startswith(WRONG)]
+    if wrong:       # recorded in the file all the same; a wrong kernel's speed is no result
+        sys.exit("\n".join(f"FAILED {r['backend']} {r['mask']} cap {r['cap_method']} T {r['T']}: {r['reason']}"
+                           for r in wrong))
 
 
 if __name__ == "__main__":

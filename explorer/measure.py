@@ -1,7 +1,8 @@
-"""The measurement library: one shape timed on every backend, a sweep over a geometry, results files read.
+"""The measurement library: one shape timed on every backend, a sweep over a grid of shapes, results files read.
 
 The benchmark CLI (``python -m benchmarks.attention``) and the app's timing tab both measure through
-``measure_shape`` (one shape, every backend) and ``sweep`` (a generator of records over a preset's grid).
+``measure_shape`` (one shape, every backend) and ``sweep`` (a generator of records over a ``Grid``: a
+preset's attention shapes, models.presets, or the sidebar's).
 Per shape: the backends are warmed up (compilation and mask caches never timed), then timed
 interleaved (A B C, A B C, ...) for at least 5 repeats, each repeat a block of calls lasting ~10-20 ms
 (CUDA events on GPU; perf_counter on CPU, where every op is synchronous). Each record keeps repeats,
@@ -31,6 +32,7 @@ import torch
 
 from models.attention import BACKENDS, attend, unavailable_reason
 from models.masks import KERNEL_TILINGS, AttentionMask
+from models.presets import PRESETS
 from models.runinfo import RESULTS_DIR, device_name
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -41,8 +43,9 @@ CPU_SCORES_LIMIT = 3 << 30    # the CPU machines here are shared: no point may h
 
 
 @dataclass(frozen=True)
-class Preset:
-    description: str
+class Grid:
+    """The attention shapes one sweep times: batch, heads, head dim and candidate slots at each length,
+    under each mask, cap and padding."""
     B: int
     Hq: int
     Hkv: int
@@ -54,31 +57,34 @@ class Preset:
     cap_methods: tuple = ("tanh", "none")     # grok.py's tanh cap, and off (where SDPA can run)
     cap: float = 30.0
     paddings: tuple = (False,)                # True: key padding in the history (padded_valid), timed too
+    model_preset: Optional[str] = None        # the preset (models.presets) whose attention it is; None: the sidebar's
 
 
-PRESETS: dict[str, Preset] = {
-    "lecture": Preset("lecture geometry (4 q / 2 kv heads, head dim 16), growing history",
-                      B=8, Hq=4, Hkv=2, head_dim=16, dtype="float32", seq_lens=(9, 64, 256, 1024),
-                      num_candidates=3, masks=("recsys", "recsys-bidirectional")),
-    "phoenix-prod": Preset("phoenix ranking prod: B 32, 20 q / 4 kv heads, head dim 128, "
-                           "1 user + 1023 history + 64 candidates",
-                           B=32, Hq=20, Hkv=4, head_dim=128, dtype="bfloat16", seq_lens=(1088,),
-                           num_candidates=64, masks=("recsys", "recsys-bidirectional"), paddings=(False, True)),
-    "phoenix-prod-b256": Preset("phoenix ranking prod at the production batch: B 256, otherwise as phoenix-prod",
-                                B=256, Hq=20, Hkv=4, head_dim=128, dtype="bfloat16", seq_lens=(1088,),
-                                num_candidates=64, masks=("recsys", "recsys-bidirectional")),
-    "phoenix-2026": Preset("phoenix ranking 2026 serving layout (PRODUCTION.md §1, §6): B 32, 20 q / 4 kv heads, "
-                           "head dim 128, qk_norm and no cap, P 2 + L 1022 = 1024, 64 candidates in 128 slots "
-                           "(T padded to 1152)",
-                           B=32, Hq=20, Hkv=4, head_dim=128, dtype="bfloat16", seq_lens=(1152,),
-                           num_candidates=128, masks=("recsys-bidirectional",), cap_methods=("none",),
-                           paddings=(False, True)),
-    "long": Preset("long histories: prod heads, 64 candidates, T = 512 ... 32768",
-                   B=1, Hq=20, Hkv=4, head_dim=128, dtype="bfloat16",
-                   seq_lens=(512, 1024, 2048, 4096, 8192, 16384, 32768), num_candidates=64),
+def preset_grid(name: str, B: int, dtype: str = "bfloat16", seq_lens: tuple = (), **options) -> Grid:
+    """Preset `name`'s attention: its query and KV heads, key size and candidate slots, at its own sequence
+    length unless `seq_lens` are given."""
+    g, layout = PRESETS[name].geometry, PRESETS[name].layout
+    return Grid(B=B, Hq=g.num_q_heads, Hkv=g.num_kv_heads, head_dim=g.key_size, dtype=dtype,
+                seq_lens=seq_lens or (layout.seq_len,), num_candidates=layout.num_candidates, model_preset=name,
+                **options)
+
+
+# The benchmark's grids by name (a results record's "preset"): batch 32, or production's 256 per H100 (FACTS.md
+# §3); the lecture's history and phoenix-prod's grown to longer sequences.
+GRIDS: dict[str, Grid] = {
+    "lecture": preset_grid("lecture", B=8, dtype="float32",
+                           seq_lens=(PRESETS["lecture"].layout.seq_len, 64, 256, 1024),
+                           masks=("recsys", "recsys-bidirectional")),
+    "phoenix-prod": preset_grid("phoenix-prod", B=32, masks=("recsys", "recsys-bidirectional"),
+                                paddings=(False, True)),
+    "phoenix-prod-b256": preset_grid("phoenix-prod", B=256, masks=("recsys", "recsys-bidirectional")),
+    # qk_norm and no cap; 64 candidates in 128 slots (PRODUCTION.md §1, §6)
+    "phoenix-2026": preset_grid("phoenix-2026", B=32, masks=("recsys-bidirectional",), cap_methods=("none",),
+                                paddings=(False, True)),
+    "long": preset_grid("phoenix-prod", B=1, seq_lens=(512, 1024, 2048, 4096, 8192, 16384, 32768)),
 }
 
-# On CPU the GPU presets would take hours on two cores: same geometry, smaller batch and T, fp32
+# On CPU the GPU grids would take hours on two cores: same geometry, smaller batch and T, fp32
 # (CPU bf16 matmuls are emulated). Records carry the sizes actually run.
 # Each new (T, mask, cap) is a fresh FlexAttention compile (~10-30 s on CPU), so CPU runs keep one mask.
 CPU_REDUCTIONS = {
@@ -90,11 +96,11 @@ CPU_REDUCTIONS = {
 }
 
 
-def preset_for(name: str, device: str) -> Preset:
-    if name not in PRESETS:
-        raise ValueError(f"preset: got {name!r}; allowed: {', '.join(PRESETS)}")
-    p = PRESETS[name]
-    return replace(p, **CPU_REDUCTIONS[name]) if device == "cpu" else p
+def grid_for(name: str, device: str) -> Grid:
+    if name not in GRIDS:
+        raise ValueError(f"preset: got {name!r}; allowed: {', '.join(GRIDS)}")
+    g = GRIDS[name]
+    return replace(g, **CPU_REDUCTIONS[name]) if device == "cpu" else g
 
 
 # --- counting ---------------------------------------------------------------------------
@@ -290,6 +296,21 @@ def make_inputs(B, Hq, Hkv, head_dim, T, dtype, device, seed=0):
     return [torch.randn(s, generator=g).to(device=device, dtype=DTYPES[dtype]) for s in shapes]
 
 
+WRONG = "wrong result"              # the reason's start when a backend's output is off naive's beyond rounding
+
+
+def max_abs_err_bound(dtype: str, n: int, v_max: float) -> float:
+    """The largest max |out - naive| rounding explains at one point, by tests/tolerances.py's rule: fp32
+    reductions of at most n terms, 4 deep (q.k, the softmax sum, probs @ v, merging a backend's pieces), plus
+    for bf16 / fp16 three roundings to that dtype (logits, probabilities, output), each once on each side;
+    all at the scale of max|v|, since an attention output is a weighted average of v rows."""
+    def two_orderings(u, terms, depth):              # depth * 2 * gamma_terms (Higham §3.1)
+        return depth * 2 * terms * u / (1 - terms * u)
+    u32 = torch.finfo(torch.float32).eps / 2
+    storage = 0.0 if dtype == "float32" else two_orderings(torch.finfo(DTYPES[dtype]).eps / 2, 1, 3)
+    return v_max * (two_orderings(u32, n, 4) + storage)
+
+
 def _is_oom(e: BaseException) -> bool:
     return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
 
@@ -299,7 +320,7 @@ class Status(str, Enum):
     OK = "ok"
     OOM = "oom"                         # out of memory (reason: the backend's error)
     SKIPPED = "skipped"                 # the backend does not run this point (reason: why not)
-    ERROR = "error"                     # it raised (reason: the error)
+    ERROR = "error"                     # it raised, or its output is wrong (reason: the error / WRONG ...)
     NOT_REACHED = "not reached"         # the run stopped first (reason: Run.stopped(): cancelled / budget)
 
     def __str__(self) -> str:           # json.dumps and f-strings write the plain value
@@ -337,7 +358,8 @@ def measure_shape(backends: list[str], *, mask: str = "recsys", B: int = 1, Hq: 
     `run` is checked before every warm-up and every timed block. `skip`: backend -> why not to run it.
     `padded`: the history carries key padding (padded_valid), so backends run their padded paths.
     Each record carries the point's 128 x 128 tile counts (full / partial / empty) beside its times.
-    A failure (out of memory, an error) is the record's status, never an exception."""
+    A failure (out of memory, an error) is the record's status, never an exception; so is an output off
+    naive's (over the valid query rows) by more than max_abs_err_bound: status error, reason WRONG ..., not timed."""
     run = run or Run()
     names = ["naive"] + [b for b in backends if b != "naive"]
     valid = padded_valid(B, T, T - num_candidates, device) if padded else None
@@ -380,10 +402,19 @@ def measure_shape(backends: list[str], *, mask: str = "recsys", B: int = 1, Hq: 
                     continue
                 if b == "naive":
                     reference = out
-                records[b].update(peak_mem_bytes=int(peak), max_abs_err=None if reference is None else
-                                  float((out.float() - reference.float()).abs().max()))
-                ready[b] = (call, calls_per_block(one_call_ms, min_block_ms))
+                err = None
+                if reference is not None:             # padded query rows mean nothing (flash kernels zero them)
+                    diff = (out.float() - reference.float()).abs()
+                    err = float((diff if valid is None else diff[valid]).max())     # a NaN stays NaN
+                    del diff                          # a full-size fp32 tensor: not held through the next warm-up
+                records[b].update(peak_mem_bytes=int(peak), max_abs_err=err)
                 del out
+                bound = None if err is None else max_abs_err_bound(dtype, max(T, head_dim), v_max(inputs))
+                if err is not None and not err <= bound:          # NaN fails too
+                    records[b].update(status=Status.ERROR, reason=f"{WRONG}: max |out - naive| = {err:.3g} over "
+                                      f"the valid rows, above the rounding bound {bound:.3g}")
+                    continue
+                ready[b] = (call, calls_per_block(one_call_ms, min_block_ms))
             del reference
             times.update({b: [] for b in ready})
             for _ in range(repeats):
@@ -412,13 +443,18 @@ def measure_shape(backends: list[str], *, mask: str = "recsys", B: int = 1, Hq: 
     return [records[b] for b in names]
 
 
+def v_max(inputs) -> float:
+    """max |v| of make_inputs' (q, k, v): the scale of every attention output."""
+    return float(inputs[2].abs().max())
+
+
 def _call(backend, q, k, v, mask, multiplier, cap, cap_method) -> torch.Tensor:
     return attend(q, k, v, mask, backend=backend, multiplier=multiplier, cap=cap, cap_method=cap_method).out
 
 
 # --- a sweep ------------------------------------------------------------------------------
 
-def sweep(preset: "str | Preset" = "lecture", device: str = "cpu", *, budget_s: Optional[float] = None,
+def sweep(grid: "str | Grid" = "lecture", device: str = "cpu", *, budget_s: Optional[float] = None,
           backends: Optional[list[str]] = None, run: Optional[Run] = None,
           seq_lens: Optional[list[int]] = None, repeats: int = 5,
           min_block_ms: Optional[float] = None) -> Iterator[dict]:
@@ -427,8 +463,8 @@ def sweep(preset: "str | Preset" = "lecture", device: str = "cpu", *, budget_s: 
     Once the run stops (its budget spent, or cancelled), the remaining points are yielded (cheaply)
     as Status.NOT_REACHED with the reason, so every result file lists the whole grid.
     A backend out of memory at some T is skipped at every longer T; the others go on."""
-    # a name from PRESETS (reduced on CPU), or the app's own Preset(...) geometry, run as given
-    p, preset = (preset, "custom") if isinstance(preset, Preset) else (preset_for(preset, device), preset)
+    # a name from GRIDS (reduced on CPU), or the app's own Grid(...), run as given
+    p, name = (grid, "custom") if isinstance(grid, Grid) else (grid_for(grid, device), grid)
     names = [b for b in (backends or list(BACKENDS)) if b in BACKENDS]
     run = run or Run(budget_s)
     oom_at: dict[str, int] = {}
@@ -438,7 +474,7 @@ def sweep(preset: "str | Preset" = "lecture", device: str = "cpu", *, budget_s: 
                 skip = {b: f"ran out of memory at T = {t}" for b, t in oom_at.items()}
                 for r in measure_shape(names, mask=mask, B=p.B, Hq=p.Hq, Hkv=p.Hkv, head_dim=p.head_dim, T=T,
                                        num_candidates=p.num_candidates, dtype=p.dtype, device=device, cap=p.cap,
-                                       cap_method=cap_method, preset=preset, repeats=repeats,
+                                       cap_method=cap_method, preset=name, repeats=repeats,
                                        min_block_ms=min_block_ms, run=run, skip=skip, padded=padded):
                     if r["status"] == Status.OOM:
                         oom_at.setdefault(r["backend"], T)

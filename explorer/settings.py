@@ -23,10 +23,11 @@ from models.demo import DEMO_WEIGHTS, XREX_DEMO_WEIGHTS, demo_config
 from models.grok import ROPE_MODES, TransformerConfig
 from models.masks import MASK_KINDS, PREFIX_MODES, model_mask_kind
 from models.probes import PERTURBATIONS, PROBES
-from models.recsys import PRESETS as GROK_PRESETS, RecsysConfig, SequenceLayout, get_preset
+from models.presets import PRESETS
+from models.recsys import RecsysConfig, SequenceLayout
 from models.variants import VARIANTS
 from models.weights import recsys_spec
-from models.xrex import PRESETS as XREX_PRESETS, XrexConfig, param_spec as xrex_spec, project_then_sum_params
+from models.xrex import XrexConfig, param_spec as xrex_spec, project_then_sum_params
 
 WEIGHT_SOURCES = ("random", "zeros", "demo", "upload")
 # the fields that decide the weights' shapes: uploaded weights are held to the values they were loaded at
@@ -38,12 +39,12 @@ FAMILIES = {"grok": "grok.py (2025 open source)", "xrex": "production (2026)"}
 XREX_ROPE = "right-anchored"        # production's positions; grok.py's rope modes do not apply to it
 # what the production family fixes when a 2025 preset runs on it (a link or a family switch)
 XREX_FIXED = dict(prefix="bidirectional", rope_mode=XREX_ROPE, cap_method="none", weights="random", rope_offset=0)
-# Every preset of both families. A preset belongs to one family: grok.py's (models.recsys.PRESETS) may be
-# moved to production's trunk with the family control; production's (models.xrex.PRESETS) imply it.
-PRESETS = (*GROK_PRESETS, *XREX_PRESETS)
-# leaving production's family from one of its presets goes to grok.py's preset of the same geometry
-GROK_COUNTERPART = {"phoenix-2026": "phoenix-prod", "phoenix-2026-nano": "phoenix-nano",
-                    "phoenix-2026-seqpack": "phoenix-prod"}
+# Every preset (models.presets.PRESETS) belongs to one family: grok.py's may be moved to production's trunk
+# with the family control; production's imply it. Leaving production's family from one of its presets goes to
+# grok.py's preset of the same geometry.
+GROK_COUNTERPART = {name: next(grok for grok, q in PRESETS.items()
+                               if q.family == "grok" and q.geometry == p.geometry)
+                    for name, p in PRESETS.items() if p.family == "xrex"}
 VALUE_KINDS = ("probabilities", "capped logits", "masked logits")
 COLOR_SCALES = ("linear", "log", "quantile")
 # heatmap regions drawn at full resolution (explorer.views.zoom_region)
@@ -212,13 +213,13 @@ class Settings:
         """Production's trunk at this geometry (family xrex): P = num_user, L = num_history, attention
         scale sqrt(128)/key_size (the multiplier control is grok.py's); qk_norm and primer_norm as the
         production preset sets them (flagship's, qk_norm on and no primer norm, under a 2025 preset)."""
-        base = XREX_PRESETS[self.preset].config if self.preset in XREX_PRESETS else None
+        base = PRESETS[self.preset].xrex_config()
         return XrexConfig(emb_size=self.emb_size, num_layers=self.num_layers, num_q_heads=self.num_q_heads,
                           num_kv_heads=self.num_kv_heads, key_size=self.key_size,
                           widening_factor=self.widening_factor, num_user_prefix_tokens=self.num_user,
                           history_seq_len=self.num_history, attn_logit_cap=self.logit_cap,
                           attn_logit_cap_method=self.cap_method, rope_base_exponent=int(self.rope_base),
-                          **({} if base is None else dict(qk_norm=base.qk_norm, primer_norm=base.primer_norm)))
+                          qk_norm=base.qk_norm, primer_norm=base.primer_norm)
 
     @property
     def attn_scale(self) -> float:
@@ -239,13 +240,9 @@ class Settings:
     def recsys_config(self) -> RecsysConfig:
         """The ranking model's config: the demo world's vocabulary for demo weights, else the preset's.
         For the production family only the batch's vocabularies and shapes are read from it."""
-        if self.preset in XREX_PRESETS:
-            return RecsysConfig(self.transformer_config(), num_user_tokens=self.num_user)
-        if self.family == "xrex":
-            return get_preset(self.preset).recsys_config(self.transformer_config(), num_user_tokens=self.num_user)
-        if self.weights == "demo":
+        if self.family == "grok" and self.weights == "demo":
             return replace(demo_config(), transformer=self.transformer_config())
-        return get_preset(self.preset).recsys_config(self.transformer_config(), num_user_tokens=self.num_user)
+        return RecsysConfig(self.transformer_config(), num_user_tokens=self.num_user)
 
     @property
     def query_position(self) -> int:
@@ -270,39 +267,28 @@ def retired_note(keys) -> str:
 
 def preset_family(name: str) -> str:
     """The family a preset belongs to: production's presets imply it, grok.py's start on grok.py's."""
-    return "xrex" if name in XREX_PRESETS else "grok"
+    return PRESETS[name].family
 
 
 def preset_defaults(name: str) -> dict:
     """Every field a preset sets, its family included."""
     if name not in PRESETS:
         raise ValidationError("preset", name, ", ".join(PRESETS))
-    if name in XREX_PRESETS:
-        return _xrex_preset_defaults(name)
-    p = get_preset(name)
-    t, lay = p.transformer, p.layout
-    return dict(preset=name, family="grok", num_user=lay.num_user, num_history=lay.num_history,
-                num_candidates=lay.num_candidates, history_padding=lay.history_padding,
-                candidate_padding=lay.candidate_padding, emb_size=t.emb_size, key_size=t.key_size,
-                num_q_heads=t.num_q_heads, num_kv_heads=t.num_kv_heads, num_layers=t.num_layers,
-                widening_factor=t.widening_factor, multiplier=t.attn_output_multiplier,
-                cap_method=t.cap_method, logit_cap=t.logit_cap, prefix=t.prefix, rope_base=t.rope_base,
-                rope_offset=t.rope_offset, rope_mode=t.rope_mode,
+    p = PRESETS[name]
+    shape = dict(preset=name, family=p.family, **asdict(p.layout), **asdict(p.geometry))
+    if p.family == "xrex":
+        return {**shape, **_xrex_settings(p.xrex_config())}
+    t = p.transformer
+    return dict(shape, multiplier=t.attn_output_multiplier, cap_method=t.cap_method, logit_cap=t.logit_cap,
+                prefix=t.prefix, rope_base=t.rope_base, rope_offset=t.rope_offset, rope_mode=t.rope_mode,
                 weights="demo" if name == "lecture" and demo_transformer() is not None else "random")
 
 
-def _xrex_preset_defaults(name: str) -> dict:
-    """A production preset (PRODUCTION.md §1): its geometry, P user-prefix tokens, L history slots, 64
-    candidates and the padding that makes T a multiple of 128 (1152: the layout production's kernels tile)."""
-    p = XREX_PRESETS[name]
-    c = p.config
+def _xrex_settings(c: XrexConfig) -> dict:
+    """What a production preset sets beyond its shape (PRODUCTION.md §1): its scale and cap, the bidirectional
+    prefix, right-anchored positions, random weights."""
     capped = c.attn_logit_cap > 0 and c.attn_logit_cap_method != "none"
-    return dict(preset=name, family="xrex", num_user=c.num_user_prefix_tokens, num_history=c.history_seq_len,
-                num_candidates=p.seq_len - c.candidate_start_offset, history_padding=0,
-                candidate_padding=p.seq_len - c.candidate_start_offset - p.num_candidates,
-                emb_size=c.emb_size, key_size=c.key_size, num_q_heads=c.num_q_heads, num_kv_heads=c.num_kv_heads,
-                num_layers=c.num_layers, widening_factor=c.widening_factor, multiplier=c.attn_scale,
-                cap_method=c.attn_logit_cap_method if capped else "none",
+    return dict(multiplier=c.attn_scale, cap_method=c.attn_logit_cap_method if capped else "none",
                 logit_cap=c.attn_logit_cap if capped else Settings.logit_cap, prefix="bidirectional",
                 rope_base=float(c.rope_base_exponent), rope_offset=0, rope_mode=XREX_ROPE, weights="random")
 
@@ -713,7 +699,7 @@ def with_family(s: Settings, family: str) -> Settings:
     whoever runs the model (the mask view draws any preset). Trained demo weights stay where the new family
     has them at this geometry."""
     family = _choice("family", family, tuple(FAMILIES))
-    preset = GROK_COUNTERPART[s.preset] if family == "grok" and s.preset in XREX_PRESETS else s.preset
+    preset = GROK_COUNTERPART.get(s.preset, s.preset) if family == "grok" else s.preset
     moved = ("logit_cap", "multiplier", "rope_base") if preset != s.preset else ()     # grok.py's own values
     fixed = {k: defaults(preset, family)[k] for k in (*XREX_FIXED, *moved)}
     out = parse_settings({**asdict(s), "preset": preset, "family": family, "bug": "none", **fixed}, need_model=False)

@@ -26,13 +26,13 @@ from models.masks import EMPTY, AttentionMask
 from models.runinfo import RESULTS_DIR, device_name
 
 from .figures import FONT, TEMPLATE, Figure, _log_ticks
-from .measure import (Preset, Run, Status, load_results, matmul_tflops, on_gpu, preset_for,
+from .measure import (Grid, Run, Status, grid_for, load_results, matmul_tflops, on_gpu,
                       sweep as benchmark_sweep)
 from .settings import Settings, ValidationError, device, sweep_budget_s, timing_max_len
 
 SETTINGS_GEOMETRY = "model settings"
 # benchmark geometries the tab offers, per device: phoenix-prod is what the GPU is for (B=256, the
-# production batch, one click away); on CPU it runs reduced (benchmarks.attention.CPU_REDUCTIONS)
+# production batch, one click away); on CPU it runs reduced (explorer.measure.CPU_REDUCTIONS)
 GEOMETRIES = {"cuda": ("phoenix-prod", "phoenix-prod-b256", "long", SETTINGS_GEOMETRY),
               "cpu": (SETTINGS_GEOMETRY, "lecture", "phoenix-prod")}
 # CPU bf16 matmuls are emulated: float32 is what a CPU is timed in; bf16 is what a GPU is for
@@ -51,32 +51,6 @@ BACKEND_COLORS = {"naive": "#000000", "sdpa": "#56B4E9", "sdpa-flash": "#0072B2"
                   "fa4": "#AA4499"}
 RECORDED_DASHES = ("dot", "dash", "dashdot", "longdash")     # one per committed file / batch size
 
-# Why each backend is fast or slow on this kind of device, in a few words.
-WHY_HERE = {
-    "cpu": {
-        "naive": "writes and reads every [B, H, T, T] logit and probability (grok.py line for line): "
-                 "memory traffic grows as T²",
-        "sdpa": "SDPA's math kernel: the same materialised scores as naive, plus an additive mask tensor",
-        "sdpa-flash": "a fused, tiled CPU kernel (no [T, T] probabilities kept) that reads a dense mask and "
-                      "skips no tile; no logit cap",
-        "flex": "compiled from the mask predicate into one fused kernel that skips empty 128×128 tiles; "
-                "each new length compiles first (~20-40 s here, never timed, then cached)",
-        "structured": "the mask's pieces (prefix, candidates × prefix, self) as separate dense calls in plain "
-                      "torch: no fused kernel on CPU, so more passes over memory than naive",
-    },
-    "cuda": {
-        "naive": "materialises [B, H, T, T] logits and probabilities in GPU memory: memory-bound",
-        "sdpa": "SDPA's math kernel: materialised scores, like naive",
-        "sdpa-flash": "FlashAttention 2 inside torch: fused and tiled, but causal or full masks only",
-        "sdpa-efficient": "the memory-efficient kernel: fused, reads a dense [T, T] additive mask, skips nothing",
-        "sdpa-cudnn": "cuDNN's fused kernel: causal or full masks only",
-        "flex": "a Triton kernel generated from the mask predicate: fused softmax, empty tiles skipped",
-        "structured": "the recsys decomposition in plain torch: never builds the candidate block, but "
-                      "several launches and a log-sum-exp merge",
-        "flash_attn": "FlashAttention 2 pieces merged by log-sum-exp: fused, tiled, no [T, T] in memory",
-        "fa4": "FlashAttention-4: the whole mask in one call, full tiles unmasked, empty tiles skipped",
-    },
-}
 # exact backends that win on this kind of device (committed results): ticked by default
 DEFAULT_ON = {"cpu": ("naive", "flex", "sdpa-flash"),
               "cuda": ("naive", "sdpa-flash", "sdpa-efficient", "flex", "structured", "flash_attn", "fa4")}
@@ -96,17 +70,17 @@ def check_choice(name: str, value, allowed: tuple) -> str:
     return value
 
 
-def geometry(s: Settings, name: str, dtype: str) -> Preset:
+def geometry(s: Settings, name: str, dtype: str) -> Grid:
     """The shapes one run times: the sidebar's model (heads, key size, candidates; batch 1) or a
-    benchmark preset's (batch, heads, head dim, candidates). Mask (prefix) and logit cap always come
+    benchmark grid's (batch, heads, head dim, candidates). Mask (prefix) and logit cap always come
     from the sidebar, so the live curve and the views agree on what attention computes."""
     check_choice("timing geometry", name, geometries())
     check_choice("dtype", dtype, dtypes())
     if name == SETTINGS_GEOMETRY:
-        base = Preset("the sidebar's model", B=1, Hq=s.num_q_heads, Hkv=s.num_kv_heads, head_dim=s.key_size,
-                      dtype=dtype, seq_lens=(), num_candidates=s.num_candidates)
+        base = Grid(B=1, Hq=s.num_q_heads, Hkv=s.num_kv_heads, head_dim=s.key_size, dtype=dtype, seq_lens=(),
+                    num_candidates=s.num_candidates)
     else:
-        base = preset_for(name, device())
+        base = grid_for(name, device())
     return replace(base, dtype=dtype, masks=(s.mask_kind,), cap_methods=(s.cap_method,), cap=s.logit_cap,
                    paddings=(False,))
 
@@ -117,7 +91,7 @@ def default_lengths(name: str, num_candidates: int = 3) -> str:
     if name == SETTINGS_GEOMETRY:
         Ts = [T for T in (64, 128, 256, 512, 1024, 2048) if T > num_candidates][:4]
         return ", ".join(str(T) for T in Ts)
-    return ", ".join(str(T) for T in preset_for(name, device()).seq_lens if T <= timing_max_len())
+    return ", ".join(str(T) for T in grid_for(name, device()).seq_lens if T <= timing_max_len())
 
 
 def default_backends(usable) -> list[str]:
@@ -130,13 +104,14 @@ def backend_notes(s: Settings, name: str, dtype: str) -> str:
     lines = []
     for b, reason in backend_options(s, name, dtype).items():
         if reason is None:
-            lines.append(f"- **{b}**: {WHY_HERE[device()].get(b, BACKENDS[b].description)}")
+            here = BACKENDS[b].on(device())
+            lines.append(f"- **{b}**: {here.description} — {here.speed_reason}")
         else:
             lines.append(f"- ~~{b}~~: {reason.removeprefix(b + ': ')}")
     return "Why each backend is fast or slow here:\n" + "\n".join(lines)
 
 
-def describe(g: Preset, name: str) -> str:
+def describe(g: Grid, name: str) -> str:
     """The shape a run times, in words: which geometry, and its numbers."""
     where = "the sidebar's model" if name == SETTINGS_GEOMETRY else f"preset '{name}'"
     return (f"{where}: B = {g.B}, {g.Hq} query heads sharing {g.Hkv} KV heads, head dim {g.head_dim}, "
@@ -177,7 +152,7 @@ def parse_lengths(text: str, num_candidates: int = 1) -> list[int]:
 @dataclass(frozen=True)
 class Request:
     """One validated Run: what to time, how, on which backends."""
-    geometry: Preset
+    geometry: Grid
     geometry_name: str
     lengths: tuple[int, ...]
     backends: tuple[str, ...]
@@ -408,7 +383,7 @@ def work_skipped(kind: str, T: int, num_candidates: int, block: int = FLEX_BLOCK
                 flops_hidden=1 - mask.useful_pairs() / T ** 2)
 
 
-def work_note(sw: Sweep, g: Preset) -> str:
+def work_note(sw: Sweep, g: Grid) -> str:
     """Per measured length: work skipped (tiles, FLOPs) beside time saved (the fastest exact backend
     against naive), and why the two differ."""
     rows = ["| T | 128×128 tiles a block-sparse kernel runs | work it skips | FLOPs the mask hides | "
@@ -441,7 +416,7 @@ def short_device(name: str) -> str:
     return " ".join(name.split())
 
 
-def recorded_records(g: Preset) -> list[tuple[str, list[dict]]]:
+def recorded_records(g: Grid) -> list[tuple[str, list[dict]]]:
     """Committed benchmark points of the same attention shape (heads, head dim, mask, cap, dtype):
     [(label "recorded on <device>, <date>, B=<n>", records)], one entry per file and batch size."""
     out = []
@@ -566,7 +541,7 @@ def curves_of(sw: Sweep, recorded: list[tuple[str, list[dict]]], batch: int) -> 
 
 
 def sweep_figures(sw: Sweep, recorded: Optional[list[tuple[str, list[dict]]]] = None, batch: int = 1,
-                  g: Optional[Preset] = None):
+                  g: Optional[Grid] = None):
     """Time (median, bars min..max over the repeats), memory, speed-up over naive (beside the bound
     skipping alone gives, when the geometry `g` is known) and error; measured points solid, committed
     curves dotted, one colour per backend."""

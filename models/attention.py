@@ -164,8 +164,9 @@ def _compiled_flex():
     # guards on the predicates' closures. Past the recompile limit (default 8) it would quietly fall
     # back to eager flex (still exact, but it materialises the scores), so calls of this function run
     # with a higher limit; the patch is thread-local and ends with the call (the process keeps its own).
-    # eager flex_attention materialises the scores; compiled it is a fused kernel, CPU included
-    compiled = torch.compile(flex_attention, dynamic=False)
+    # eager flex_attention materialises the scores; compiled it is a fused kernel, CPU included. fullgraph:
+    # a graph break would run (and time) part of it eagerly without a word, so it raises instead
+    compiled = torch.compile(flex_attention, dynamic=False, fullgraph=True)
     return torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit, 64))(compiled)
 
 
@@ -488,6 +489,7 @@ def _needs_cuda_build() -> Optional[str]:
 class Backend:
     fn: Callable[..., AttentionOutput]
     description: str
+    speed_reason: str                   # why it is fast or slow (the timing tab's note; a device's own in per_device)
     devices: tuple = ("cpu", "cuda")
     dtypes: tuple = ("float32", "float16", "bfloat16")
     cap_methods: tuple = CAP_METHODS
@@ -513,38 +515,51 @@ _WITH_FLOAT64 = ("float32", "float16", "bfloat16", "float64")
 
 BACKENDS: dict[str, Backend] = {
     "naive": Backend(naive_attention, "materialised [B, H, T, T] logits and probabilities, as grok.py",
+                     "memory-bound: it writes and reads every logit and probability, traffic growing as T²",
                      dtypes=_WITH_FLOAT64, returns_weights=True),
     "sdpa": Backend(functools.partial(sdpa_attention, kernel="math"),
                     "torch SDPA, math kernel: additive -1e30 mask; no logit cap",
+                    "the same materialised scores as naive, plus an additive mask tensor",
                     cap_methods=("none",), gqa="native (enable_gqa)"),
     "sdpa-flash": Backend(functools.partial(sdpa_attention, kernel="flash"),
                           "torch SDPA, flash kernel (on CPU it takes the mask; on CUDA causal/full only)",
-                          cap_methods=("none",), gqa="native (enable_gqa)",
+                          "fused and tiled (no [T, T] probabilities kept), but it reads a dense mask and skips no "
+                          "tile", cap_methods=("none",), gqa="native (enable_gqa)",
                           per_device={"cuda": dict(dtypes=_CUDA_SDPA, mask_kinds=("causal", "full"),
-                                                   padding=False, max_head_dim=256)}),
+                                                   padding=False, max_head_dim=256,
+                                                   speed_reason="FlashAttention 2 inside torch: fused and tiled")}),
     "sdpa-efficient": Backend(functools.partial(sdpa_attention, kernel="efficient"),
                               "torch SDPA, memory-efficient (xformers) kernel with an additive mask",
+                              "fused, but it reads the dense [T, T] mask and skips no tile",
                               devices=("cuda",), cap_methods=("none",), gqa="repeated K/V"),
     "sdpa-cudnn": Backend(functools.partial(sdpa_attention, kernel="cudnn"),
-                          "torch SDPA, cuDNN kernel", devices=("cuda",), dtypes=_CUDA_SDPA,
-                          cap_methods=("none",), mask_kinds=("causal", "full"), padding=False,
-                          max_head_dim=128, gqa="repeated K/V"),
+                          "torch SDPA, cuDNN kernel (causal or full masks only)", "fused and tiled",
+                          devices=("cuda",), dtypes=_CUDA_SDPA, cap_methods=("none",), mask_kinds=("causal", "full"),
+                          padding=False, max_head_dim=128, gqa="repeated K/V"),
     "flex": Backend(flex_attention,
                     "FlexAttention: the mask predicate as mask_mod, multiplier + cap as score_mod, compiled",
-                    gqa="native (enable_gqa)", empty_rows="zeros", available=flex_refused),
+                    "one fused kernel (Triton on CUDA) that skips empty 128×128 tiles",
+                    gqa="native (enable_gqa)", empty_rows="zeros", available=flex_refused,
+                    per_device={"cpu": dict(speed_reason="one fused kernel that skips empty 128×128 tiles; each "
+                                                         "new length compiles first (~20-40 s here, never timed, "
+                                                         "then cached)")}),
     "structured": Backend(structured_attention,
                           "recsys decomposition (prefix | candidates x prefix with LSE | self) in plain torch; "
-                          "never builds the candidate x candidate block", dtypes=_WITH_FLOAT64,
-                          empty_rows="zeros"),
+                          "never builds the candidate x candidate block",
+                          "several launches and a log-sum-exp merge", dtypes=_WITH_FLOAT64, empty_rows="zeros",
+                          per_device={"cpu": dict(speed_reason="separate dense calls: no fused kernel on CPU, so "
+                                                               "more passes over memory than naive")}),
     "flash_attn": Backend(flash_attn_attention,
                           "Dao-AILab FlashAttention 2 + the recsys decomposition merged by log-sum-exp; "
                           "key padding packed with cu_seqlens (flash_attn_varlen_func)",
+                          "fused and tiled, no [T, T] in memory",
                           devices=("cuda",), dtypes=_CUDA_SDPA, cap_methods=("tanh", "none"),
                           available=flash_attn_missing, max_head_dim=256, head_dim_multiple=8,
                           gqa="native", empty_rows="zeros"),
     "fa4": Backend(fa4_attention,
                    "FlashAttention-4 (CuTe DSL, Hopper / Blackwell): the whole mask in one call, full tiles "
                    "unmasked, partial tiles through a mask_mod, empty tiles (candidate x candidate) skipped",
+                   "one fused call, no [T, T] in memory",
                    devices=("cuda",), dtypes=_CUDA_SDPA, cap_methods=("tanh", "none"), available=fa4_missing,
                    max_head_dim=128, head_dim_multiple=8, gqa="native (pack_gqa off: token tiles)",
                    empty_rows="zeros"),

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from .recsys import RecsysBatch, RecsysConfig, RecsysModel, SequenceLayout, get_preset
+from .presets import get_preset
+from .recsys import RecsysBatch, RecsysConfig, RecsysModel, SequenceLayout
 from .world import ENGAGED_ACTION, WORLD_ACTIONS, World, WorldLabels
 
 DEMO_WEIGHTS = Path(__file__).parent / "demo" / "lecture.safetensors"
@@ -34,12 +35,8 @@ XREX_HEADS = {"favorite_score": 1, "reply_score": 4, "repost_score": 6, "click_s
 
 
 def xrex_demo_config():
-    """Production's trunk at the lecture geometry, one prefix token (the world has one user token)."""
-    from .xrex import XrexConfig
-    t = get_preset(DEMO_PRESET).transformer
-    return XrexConfig(emb_size=t.emb_size, num_layers=t.num_layers, num_q_heads=t.num_q_heads,
-                      num_kv_heads=t.num_kv_heads, key_size=t.key_size, widening_factor=t.widening_factor,
-                      num_user_prefix_tokens=1, history_seq_len=5)
+    """Production's trunk at the lecture geometry and layout: one prefix token (the world has one user token)."""
+    return get_preset(DEMO_PRESET).xrex_config()
 
 
 # the world's vocabularies, for models.xrex.ProjectThenSum

@@ -1,6 +1,6 @@
 """The original Phoenix models around the trunk: the ranker of ``recsys_model.py`` and the
-two-tower retrieval model of ``recsys_retrieval_model.py``, at the original's interface; synthetic
-inputs and the preset registry.
+two-tower retrieval model of ``recsys_retrieval_model.py``, at the original's interface, and synthetic
+inputs (the presets that size them: models.presets).
 
 The original takes the hash embeddings already looked up (``RecsysEmbeddings``); so does
 ``forward(batch, embeddings)`` here. Without ``embeddings`` the models look the hashes up in their
@@ -13,7 +13,7 @@ Hash 0 marks an empty slot (padding). Ranker output: ``rms_norm(trunk)[:, offset
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Optional
 
 import torch
@@ -347,39 +347,3 @@ def synthetic_batch(config: RecsysConfig, layout: SequenceLayout, seed: int = 0,
         cand_author[:, C - layout.candidate_padding:] = 0
     return RecsysBatch(hashes(batch, config.num_user_hashes), hist_post, hist_author, actions, surf_h,
                        cand_post, cand_author, surf_c)
-
-
-# --- presets: one registry -------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Preset:
-    description: str
-    transformer: TransformerConfig
-    layout: SequenceLayout
-    recsys: dict = field(default_factory=dict)
-
-    def recsys_config(self, transformer: Optional[TransformerConfig] = None, **changes) -> RecsysConfig:
-        return RecsysConfig(transformer or self.transformer, **{**self.recsys, **changes})
-
-
-def _geometry(emb, layers, q, kv, key, widening, **kw) -> TransformerConfig:
-    return TransformerConfig(emb_size=emb, key_size=key, num_q_heads=q, num_kv_heads=kv, num_layers=layers,
-                             widening_factor=widening, attn_output_multiplier=1 / math.sqrt(key), **kw)
-
-
-PRESETS: dict[str, Preset] = {
-    "lecture": Preset("course notebook 000: small enough to read every number",
-                      _geometry(64, 2, 4, 2, 16, 4.0), SequenceLayout(1, 5, 3)),
-    "lecture-003": Preset("course notebook 003's translation of grok.py",
-                          _geometry(128, 2, 2, 2, 64, 4.0), SequenceLayout(1, 8, 4)),
-    "phoenix-nano": Preset("phoenix ranking nano geometry (FACTS.md §3)",
-                           _geometry(512, 4, 4, 2, 128, 2.0), SequenceLayout(1, 1022, 64)),
-    "phoenix-prod": Preset("phoenix ranking production geometry (FACTS.md §3)",
-                           _geometry(2560, 8, 20, 4, 128, 2.0), SequenceLayout(1, 1022, 64)),
-}
-
-
-def get_preset(name: str) -> Preset:
-    if name not in PRESETS:
-        raise ValueError(f"preset: got {name!r}; allowed: {', '.join(PRESETS)}")
-    return PRESETS[name]

@@ -570,39 +570,3 @@ def xrex_params(model: XrexRanker) -> dict[str, dict[str, np.ndarray]]:
 def init_xrex(model: XrexRanker, seed: int = 0) -> XrexRanker:
     """Seeded random weights (fan-average truncated normal, as grok.py's ``random`` init), norm scales 1."""
     return init_params(model, "random", seed)
-
-
-# --- presets: PRODUCTION.md §1 --------------------------------------------------------------
-
-@dataclass(frozen=True)
-class XrexPreset:
-    description: str
-    config: XrexConfig
-    num_candidates: int = 64
-
-    @property
-    def seq_len(self) -> int:
-        """T: prefix + history + candidates padded to a multiple of 128 (recsys_model.py pad_to_next_128_multiple)."""
-        return round_up(self.config.candidate_start_offset + self.num_candidates, 128)
-
-
-PRESETS: dict[str, XrexPreset] = {
-    "phoenix-2026": XrexPreset(
-        "production ranking, home_direct_packed (configs/xrecsys.py): D 2560, 8 layers, 20 q / 4 kv heads, "
-        "qk_norm, no cap",
-        XrexConfig(emb_size=2560, num_layers=8, num_q_heads=20, num_kv_heads=4, key_size=128)),
-    "phoenix-2026-nano": XrexPreset(
-        "production ranking, home_direct_packed_nano: D 512, 4 layers, 4 q / 2 kv heads, qk_norm, no cap",
-        XrexConfig(emb_size=512, num_layers=4, num_q_heads=4, num_kv_heads=2, key_size=128)),
-    "phoenix-2026-seqpack": XrexPreset(
-        "production ranking, xrecsys_seqpack: D 2560, 8 layers, 20 q / 4 kv heads, soft_sign cap 80, "
-        "primer_norm, no qk_norm",
-        XrexConfig(emb_size=2560, num_layers=8, num_q_heads=20, num_kv_heads=4, key_size=128, qk_norm=False,
-                   attn_logit_cap=80.0, attn_logit_cap_method="soft_sign", primer_norm=True)),
-}
-
-
-def get_xrex_preset(name: str) -> XrexPreset:
-    if name not in PRESETS:
-        raise ValueError(f"preset: got {name!r}; allowed: {', '.join(PRESETS)}")
-    return PRESETS[name]

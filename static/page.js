@@ -81,15 +81,31 @@ explorer.withParam = (q, key, value, dflt) => {
     return new URLSearchParams(entries).toString();
 };
 
-// Python's format(v, '.Ng') (and 'g': 6 digits), so the colour bar reads as the server writes it
+// Python's rounding of a value printed to `d` decimals: JS rounds an exact tie (0.03125 to 4 places) up,
+// Python to the even digit; float32 weights such as 1/32 are such ties.
+const towardZeroIfEvenTie = (v, d) => {
+    if (!isFinite(v) || v === 0 || d < 0 || d > 90) return v;
+    const s = Math.abs(v).toFixed(100), dot = s.indexOf('.');
+    if (!/^50*$/.test(s.slice(dot + 1 + d))) return v;
+    const digits = s.slice(0, dot) + s.slice(dot + 1, dot + 1 + d);
+    if (Number(digits[digits.length - 1]) % 2) return v;
+    const b = new Float64Array([v]);
+    new BigInt64Array(b.buffer)[0] -= 1n;               // one step toward zero
+    return b[0];
+};
+explorer.fmtF = (v, d) => towardZeroIfEvenTie(v, d).toFixed(d);
+
+// Python's format(v, '.Ng') (and 'g': 6 digits), ties rounded as Python rounds them, so the colour bar reads
+// as the server writes it
 explorer.fmtG = (v, digits = 6) => {
     if (v === 0) return '0';
     if (!isFinite(v)) return String(v);
-    let [mant, exp] = v.toExponential(digits - 1).split('e');
+    const rounded = towardZeroIfEvenTie(v, digits - 1 - Number(Math.abs(v).toExponential(digits - 1).split('e')[1]));
+    const [mant, exp] = rounded.toExponential(digits - 1).split('e');
     const e = Number(exp);
     const strip = (s) => (s.includes('.') ? s.replace(/0+$/, '').replace(/\.$/, '') : s);
     if (e < -4 || e >= digits) return strip(mant) + 'e' + (e < 0 ? '-' : '+') + String(Math.abs(e)).padStart(2, '0');
-    return strip(v.toFixed(Math.max(0, digits - 1 - e)));
+    return strip(rounded.toFixed(Math.max(0, digits - 1 - e)));
 };
 
 // numpy's quantile (linear interpolation) of sorted values
@@ -202,26 +218,6 @@ explorer.recolour = (kind, q) => {
         Plotly.update(gd, ...colourUpdate(gd, kind, shownHeatmaps(gd)));
     }
     return explorer.withParam(q, 'color', kind, 'linear');
-};
-
-// Python's rounding of a value printed to `d` decimals: JS rounds an exact tie (0.03125 to 4 places) up,
-// Python to the even digit; float32 weights such as 1/32 are such ties.
-const towardZeroIfEvenTie = (v, d) => {
-    if (!isFinite(v) || v === 0 || d < 0 || d > 90) return v;
-    const s = Math.abs(v).toFixed(100), dot = s.indexOf('.');
-    if (!/^50*$/.test(s.slice(dot + 1 + d))) return v;
-    const digits = s.slice(0, dot) + s.slice(dot + 1, dot + 1 + d);
-    if (Number(digits[digits.length - 1]) % 2) return v;
-    const b = new Float64Array([v]);
-    new BigInt64Array(b.buffer)[0] -= 1n;               // one step toward zero
-    return b[0];
-};
-explorer.fmtF = (v, d) => towardZeroIfEvenTie(v, d).toFixed(d);
-const fmtG = explorer.fmtG;
-explorer.fmtG = (v, digits = 6) => {
-    if (!isFinite(v) || v === 0) return fmtG(v, digits);
-    const e = Number(Math.abs(v).toExponential(digits - 1).split('e')[1]);
-    return fmtG(towardZeroIfEvenTie(v, digits - 1 - e), digits);
 };
 
 const escapeHtml = (s) => String(s).replace(/[&<>"]/g, (ch) => ({'&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;'}[ch]));

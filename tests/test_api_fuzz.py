@@ -204,7 +204,8 @@ def test_export_refuses_bad_query_by_name(client):
 def weight_files(tmp_path_factory):
     """A file that is no archive, and a real weight file for another geometry."""
     import torch
-    from models.recsys import RecsysModel, get_preset, init_recsys
+    from models.presets import get_preset
+    from models.recsys import RecsysModel, init_recsys
     from models.weights import save_weights
     d = tmp_path_factory.mktemp("weights")
     (d / "garbage.npz").write_bytes(b"not a zip archive" * 10)

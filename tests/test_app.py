@@ -183,7 +183,8 @@ def test_export_endpoint_png(client):
 
 
 def make_weights(tmp_path, emb_size=64, seed=123):
-    from models.recsys import RecsysModel, get_preset, init_recsys
+    from models.presets import get_preset
+    from models.recsys import RecsysModel, init_recsys
     from models.weights import save_weights
     cfg = get_preset("lecture").recsys_config(get_preset("lecture").transformer.replace(emb_size=emb_size))
     model = init_recsys(RecsysModel(cfg), "random", seed)

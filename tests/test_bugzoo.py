@@ -11,7 +11,8 @@ from models.bugzoo import BUGS, bug_names, flash_attn_func_cpu, with_bug
 from models.grok import RotaryEmbedding, Transformer, init_params
 from models.masks import AttentionMask
 from models.probes import PROBES, causality_probe, isolation_probe, parity_probe, perturb, run_probe
-from models.recsys import RecsysModel, get_preset, init_recsys, synthetic_batch
+from models.presets import get_preset
+from models.recsys import RecsysModel, init_recsys, synthetic_batch
 from models.weights import load_haiku_params
 from tolerances import (assert_beyond_rounding, assert_bit_exact, assert_rounding_close, forward_bound, relative_error,
                         rounding_bound)

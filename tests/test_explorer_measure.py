@@ -32,6 +32,44 @@ def test_refused_point_says_why_and_is_not_timed():
     assert r["median_ms"] is None and r["repeats"] == 0
 
 
+def planted(monkeypatch, backend, change):
+    """`backend` returning change(its true output): a kernel that runs and computes something else."""
+    from models import attention as A
+    real = A.BACKENDS[backend]
+    monkeypatch.setitem(A.BACKENDS, backend, A.replace(
+        real, fn=lambda *a, **k: A.AttentionOutput(change(real.fn(*a, **k).out))))
+
+
+@pytest.mark.parametrize("change", [lambda out: out * (1 + 1e-3), lambda out: out.index_fill(1, torch.tensor([0]), float("nan"))],
+                         ids=["1e-3 relative", "nan row"])
+def test_output_off_naive_beyond_rounding_fails_the_point(monkeypatch, change):
+    """A planted error far below what a plot shows but above the rounding bound (or a NaN): the record is an
+    error naming the error and the bound, and the wrong kernel is not timed."""
+    planted(monkeypatch, "structured", change)
+    naive, r = bench.measure_shape(["structured"], cap_method="tanh", **TINY)
+    assert naive["status"] == "ok" and r["status"] == bench.Status.ERROR and r["median_ms"] is None
+    assert r["reason"].startswith(f"{bench.WRONG}: max |out - naive| = ") and "above the rounding bound" in r["reason"]
+
+
+def test_benchmark_cli_fails_on_a_wrong_backend_after_writing_its_results(monkeypatch, tmp_path):
+    from benchmarks import attention as cli
+    planted(monkeypatch, "structured", lambda out: out * (1 + 1e-3))
+    monkeypatch.setattr(cli, "matmul_tflops", lambda device: 0.1)
+    with pytest.raises(SystemExit) as failed:
+        cli.main(["--device", "cpu", "--seq-lens", "9", "--backends", "structured", "--out-dir", str(tmp_path),
+                  "--no-plot"])
+    assert "FAILED structured" in str(failed.value.code) and bench.WRONG in str(failed.value.code)
+    assert len(list(tmp_path.glob("*.json"))) == 1
+
+
+def test_padded_query_rows_are_left_out_of_the_error(monkeypatch):
+    """Outputs at padded positions mean nothing (the flash kernels zero them): garbage there is no error."""
+    valid = bench.padded_valid(TINY["B"], TINY["T"], TINY["T"] - TINY["num_candidates"])
+    planted(monkeypatch, "structured", lambda out: torch.where(valid[..., None, None], out, 1e3))
+    r = bench.measure_shape(["structured"], cap_method="tanh", padded=True, **TINY)[1]
+    assert r["status"] == "ok" and r["max_abs_err"] <= randn_attention_abs_bound(12)
+
+
 def test_out_of_memory_is_a_status_not_a_crash(monkeypatch):
     def boom(*a, **k):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 40 GiB")
@@ -89,7 +127,7 @@ def test_the_budget_holds_within_one_call(monkeypatch):
 
 def test_sweep_stops_at_budget_and_lists_the_whole_grid():
     records = list(bench.sweep("lecture", "cpu", budget_s=0.0, seq_lens=[9, 64]))
-    p = bench.preset_for("lecture", "cpu")
+    p = bench.grid_for("lecture", "cpu")
     assert len(records) == 2 * len(p.masks) * len(p.cap_methods) * len(p.paddings) * len(bench.BACKENDS)
     assert all((r["status"], r["reason"]) == (bench.Status.NOT_REACHED, "time budget spent") for r in records)
 
@@ -122,8 +160,8 @@ def test_a_backend_out_of_memory_is_skipped_at_longer_lengths_and_the_others_go_
 
 
 def test_sweep_takes_a_custom_geometry():
-    geometry = bench.Preset("app settings", B=1, Hq=2, Hkv=1, head_dim=8, dtype="float32", seq_lens=(10,),
-                            num_candidates=2, masks=("recsys-bidirectional",), cap_methods=("soft_sign",), cap=5.0)
+    geometry = bench.Grid(B=1, Hq=2, Hkv=1, head_dim=8, dtype="float32", seq_lens=(10,), num_candidates=2,
+                          masks=("recsys-bidirectional",), cap_methods=("soft_sign",), cap=5.0)
     records = list(bench.sweep(geometry, "cpu", backends=["structured"], min_block_ms=0.0))
     assert [(r["preset"], r["backend"], r["status"]) for r in records] == [("custom", "naive", "ok"),
                                                                            ("custom", "structured", "ok")]
@@ -162,7 +200,7 @@ def test_padded_point_runs_the_padded_paths_and_counts_only_valid_keys():
 def test_2026_serving_layout_is_a_geometry_with_its_tile_counts():
     """P 2 + L 1022 = 1024, 64 candidates in 128 slots, T 1152: 128 x 128 tiles, 73 of 81 run (72 full,
     the candidate tile's diagonal partial), the prefix rows' 8 candidate tiles skipped (PRODUCTION.md §6)."""
-    p = bench.PRESETS["phoenix-2026"]
+    p = bench.GRIDS["phoenix-2026"]
     assert (p.seq_lens, p.seq_lens[0] - p.num_candidates, p.dtype, p.masks, p.cap_methods) == (
         (1152,), 1024, "bfloat16", ("recsys-bidirectional",), ("none",))
     assert set(p.paddings) == {False, True}

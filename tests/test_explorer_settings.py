@@ -175,18 +175,18 @@ def test_old_links_with_the_retired_backend_field_open():
 
 @pytest.mark.parametrize("name", ["phoenix-2026", "phoenix-2026-nano", "phoenix-2026-seqpack"])
 def test_a_production_preset_sets_production_family_and_its_geometry(name):
-    """PRODUCTION.md §1 through models.xrex.PRESETS: P = 2, L = 1022, 64 candidates padded to T = 1152, and
+    """PRODUCTION.md §1 through models.presets.PRESETS: P = 2, L = 1022, 64 candidates padded to T = 1152, and
     the preset's own qk_norm / primer_norm / cap in the trunk the views build."""
-    from models.xrex import PRESETS as XREX
-    p = XREX[name]
+    from models.presets import PRESETS
+    preset = PRESETS[name].xrex_config()
     s = parse_query(f"preset={name}", need_model=False)        # the mask view's settings: on any device
     assert (s.family, s.prefix, s.rope_mode, s.mask_kind) == ("xrex", "bidirectional", "right-anchored",
                                                               "recsys-bidirectional")
     assert (s.num_user, s.num_history, s.seq_len, s.num_candidates - s.candidate_padding) == (2, 1022, 1152, 64)
     c = s.xrex_config()
-    capped = p.config.attn_logit_cap > 0                        # uncapped: cap method "none" in the app
-    assert c == (p.config if capped else p.config.replace(attn_logit_cap=c.attn_logit_cap, attn_logit_cap_method="none"))
-    assert s.attn_scale == p.config.attn_scale and (s.cap_method != "none") == capped
+    capped = preset.attn_logit_cap > 0                          # uncapped: cap method "none" in the app
+    assert c == (preset if capped else preset.replace(attn_logit_cap=c.attn_logit_cap, attn_logit_cap_method="none"))
+    assert s.attn_scale == preset.attn_scale and (s.cap_method != "none") == capped
     assert to_query(s) == f"preset={name}" and parse_query(to_query(s), need_model=False) == s
 
 

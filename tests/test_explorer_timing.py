@@ -8,6 +8,7 @@ import pytest
 
 from explorer import timing
 from explorer.settings import ValidationError, parse_query
+from models.presets import PRESETS
 from tolerances import randn_attention_abs_bound
 
 S = parse_query("preset=lecture&weights=random")
@@ -61,7 +62,7 @@ def test_cuda_offers_bf16_and_phoenix_prod_first_and_the_flash_backends(monkeypa
     why = timing.backend_options(NO_CAP, "phoenix-prod", "bfloat16")
     assert why["naive"] is None and why["sdpa-efficient"] is None and why["structured"] is None
     assert "float32" not in str(why["flash_attn"]) and "bfloat16" not in str(why["flash_attn"])
-    assert timing.default_lengths("phoenix-prod") == "1088"
+    assert timing.default_lengths("phoenix-prod") == str(PRESETS["phoenix-prod"].layout.seq_len)   # its own T
 
 
 def test_sweep_measures_against_naive_with_interleaved_repeats():
@@ -120,8 +121,8 @@ def test_defaults_on_cpu_tick_the_backends_that_win_here_and_say_why():
     usable = [b for b, why in timing.backend_options(S, timing.SETTINGS_GEOMETRY, "float32").items() if why is None]
     assert timing.default_backends(usable) == ["naive", "flex"]
     notes = timing.backend_notes(S, timing.SETTINGS_GEOMETRY, "float32")
-    for b in usable:
-        assert f"- **{b}**: " in notes
+    for b in usable:                        # the registry's one description of each backend, and why here
+        assert f"- **{b}**: {timing.BACKENDS[b].description} — {timing.BACKENDS[b].on('cpu').speed_reason}" in notes
     assert "skips empty" in notes and "no fused kernel on CPU" in notes
     assert "~~flash_attn~~: " in notes and "CUDA" in notes
     assert set(timing.BACKEND_COLORS) == set(timing.BACKENDS)

@@ -1,43 +1,70 @@
-"""The wheel set benchmarks/gpu_session.sh carries to the GPU resolves for the device's Python (3.12) with
-nothing missing: pip's own resolver, asked for the list's pins with the device image's torch as given,
-may add nothing the list lacks (beyond what the image has) and must pick every pin as written."""
+"""The GPU session (benchmarks/gpu_session.sh) without a GPU: the wheels it carries are what pip resolves fresh
+for the device's Python (3.12) less what the device image has; they install into a python3 that is itself a
+venv (as the device's is) ahead of its own packages, with their .pth files run and nothing of it shadowed; the
+preflight finds every API the GPU path calls; test outcomes reach $OUT as they finish; the compile caches
+are kept under the parked folder; the stand-ins of FA4's call match the real 4.0.0b36 wheel."""
+import ast
 import base64
 import hashlib
+import inspect
 import json
 import os
 import re
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
 import pytest
 
-LOCK = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu-wheels.txt"
+from benchmarks import gpu_preflight
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCK = ROOT / "benchmarks" / "gpu-wheels.txt"
+SESSION = ROOT / "benchmarks" / "gpu_session.sh"
 PLATFORM = ["--python-version", "3.12", "--implementation", "cp", "--only-binary=:all:"] + [
     arg for tag in ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
                     "manylinux_2_17_x86_64", "manylinux2014_x86_64") for arg in ("--platform", tag)]
-# what the device image has before anything is carried: torch and what torch itself requires
-IMAGE = {"torch", "triton", "numpy", "typing-extensions", "filelock", "fsspec", "jinja2", "markupsafe", "mpmath",
-         "networkx", "sympy", "setuptools"}
+# the device image's Python packages (the device tool's KINDS.md, as read on a machine on 2026-11-17)
+IMAGE = set("""absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
+certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core
+cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn einops equinox etils execnet filelock
+flatbuffers flax fonttools formulaic frozenlist fsspec gpytorch grpcio h11 h5py hf-xet httpcore httpx
+huggingface-hub humanize hypothesis idna imageio iniconfig interface-meta jax jax-cuda13-pjrt jax-cuda13-plugin
+jaxlib jaxtyping jinja2 joblib kiwisolver lazy-loader lightning lightning-utilities linear-operator lineax
+llvmlite lxml markdown markdown-it-py markupsafe matplotlib mdurl meson ml-dtypes mpi4py mpmath msgpack
+multidict multipledispatch mypy-extensions nanobind narwhals networkx ninja numba numba-cuda numpy numpyro
+nvidia-cublas nvidia-cuda-cupti nvidia-cuda-nvrtc nvidia-cuda-runtime nvidia-cudnn-cu13 nvidia-cufft
+nvidia-cufile nvidia-curand nvidia-cusolver nvidia-cusparse nvidia-cusparselt-cu13 nvidia-ml-py
+nvidia-nccl-cu13 nvidia-nvjitlink nvidia-nvshmem-cu13 nvidia-nvtx onnx onnx-ir onnxruntime onnxscript
+opencv-python-headless optax opt-einsum opt-einsum-fx optimistix orbax-checkpoint packaging pandas pathspec
+patsy peft pillow pip pluggy portalocker prometheus-client propcache protobuf psutil pyarrow pybind11
+py-cpuinfo pygments pyparsing pyproject-hooks pyre-extensions pytest pytest-benchmark pytest-cov pytest-mock
+pytest-timeout pytest-xdist python-dateutil pytorch-lightning pyyaml regex requests rich sacrebleu safetensors
+scikit-build-core scikit-image scikit-learn scipy seaborn sentencepiece sentence-transformers setuptools
+shellingham simplejson six sortedcontainers statsmodels sympy tabulate tensorboard tensorboard-data-server
+tensorstore threadpoolctl tifffile tiktoken timm tokenizers toolz torch torchaudio torchdiffeq torch-geometric
+torchmetrics torchvision tqdm transformers treescope triton typer typing-extensions typing-inspect urllib3
+uvloop wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp""".split())
 IMAGE_TORCH = "2.11.0+deviceimage"     # a metadata-only stand-in: the image's torch is not downloaded
+# torch 2.11.0's own Linux requirement on a package the carried wheels need too (cuda-bindings>=12.8)
+IMAGE_TORCH_REQUIRES = ["cuda-bindings<14,>=13.0.3"]
 OFFLINE = ("NewConnectionError", "Failed to establish a new connection", "Temporary failure in name resolution",
            "Network is unreachable", "Max retries exceeded", "ConnectTimeout", "ReadTimeout")
 
 
-def name_of(requirement: str) -> str:
-    return re.sub(r"[-_.]+", "-", re.split(r"[\[=<>! ;]", requirement, 1)[0]).lower()
-
-
 def pins() -> dict[str, str]:
-    lines = [ln.strip() for ln in LOCK.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
-    return {name_of(ln): ln.split("==", 1)[1] for ln in lines}
+    carried, _ = gpu_preflight.lock_lines(LOCK)
+    return {gpu_preflight.canonical(re.split(r"[\[=]", line, 1)[0]): line.split("==", 1)[1] for line in carried}
 
 
-def stand_in_wheel(directory: Path, name: str, version: str) -> Path:
-    """A wheel with only metadata (no dependencies): pip resolves against it as if installed."""
+def stand_in_wheel(directory: Path, name: str, version: str, requires=(), files=None) -> Path:
+    """A py3-none-any wheel with `files` ({path: text}) and `requires` as its dependencies; with no files it is
+    metadata only, which pip resolves against as if it were installed."""
     info = f"{name}-{version}.dist-info"
-    files = {f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)
+    files = {**(files or {}), f"{info}/METADATA": meta,
              f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
     digest = lambda text: base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()  # noqa: E731
     files[f"{info}/RECORD"] = "".join(f"{p},sha256={digest(c)},{len(c)}\n" for p, c in files.items()) + f"{info}/RECORD,,\n"
@@ -48,46 +75,208 @@ def stand_in_wheel(directory: Path, name: str, version: str) -> Path:
     return path
 
 
-def test_lock_lists_each_wheel_once_with_a_pin():
-    lines = [ln for ln in LOCK.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
-    assert all("==" in ln for ln in lines), lines
-    assert len(pins()) == len(lines) and not set(pins()) & IMAGE
-
-
-@pytest.mark.slow
-def test_wheel_set_resolves_for_python_312_with_nothing_missing(tmp_path):
-    stand_in_wheel(tmp_path, "torch", IMAGE_TORCH)
-    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--report", "-", "--ignore-installed",
-           "--timeout", "30", "--retries", "1", "--target", str(tmp_path / "target"), "--find-links", str(tmp_path),
-           *PLATFORM, "-r", str(LOCK), f"torch=={IMAGE_TORCH}"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+def pip(*args, timeout=600) -> subprocess.CompletedProcess:
+    """`python -m pip args`; skips the test when the package registry cannot be reached from here."""
+    done = subprocess.run([sys.executable, "-m", "pip", *args, "--timeout", "30", "--retries", "1"],
+                          capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0 and any(s in done.stderr for s in OFFLINE):
         pytest.skip("the package registry is unreachable from here: " + done.stderr.strip().splitlines()[-1][:200])
     assert done.returncode == 0, done.stderr[-2000:]
-    resolved = {name_of(i["metadata"]["name"]): i["metadata"]["version"] for i in json.loads(done.stdout)["install"]}
-    missing = {n: v for n, v in resolved.items() if n not in pins() and n not in IMAGE}
-    assert not missing, f"pip needs wheels benchmarks/gpu-wheels.txt lacks: {missing}"
-    differ = {n: (pins()[n], resolved.get(n)) for n in pins() if resolved.get(n) != pins()[n]}
-    assert not differ, f"pinned vs resolved: {differ}"
+    return done
+
+
+def session(step: str, env: dict, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SESSION), step], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_lock_lists_each_carried_wheel_once_with_a_pin_and_nothing_the_image_has():
+    carried, omitted = gpu_preflight.lock_lines(LOCK)
+    assert all("==" in line for line in carried) and len(pins()) == len(carried), carried
+    assert not set(pins()) & (IMAGE | set(omitted)), set(pins()) & (IMAGE | set(omitted))
+
+
+def resolve(tmp_path, *requirements) -> dict[str, str]:
+    """pip's resolve of `requirements` for the device's Python with the image's torch (a metadata stand-in):
+    {name: version} of everything it would install."""
+    stand_in_wheel(tmp_path, "torch", IMAGE_TORCH, requires=IMAGE_TORCH_REQUIRES)
+    report = pip("install", "--dry-run", "--quiet", "--report", "-", "--ignore-installed",
+                 "--target", str(tmp_path / "target"), "--find-links", str(tmp_path), *PLATFORM,
+                 *requirements, f"torch=={IMAGE_TORCH}")
+    return {gpu_preflight.canonical(i["metadata"]["name"]): i["metadata"]["version"]
+            for i in json.loads(report.stdout)["install"]}
+
+
+@pytest.mark.slow
+def test_the_lock_installs_beside_the_image_and_carries_all_it_needs(tmp_path):
+    """pip resolves FA4 with the lock's versions pinned and the image's torch as given (which holds the image's
+    cuda-bindings 13): it finds a resolution — a lock pinning a version the image's packages exclude, as
+    cuda-bindings 12.9.4 once was, fails here — and what it installs, less the image and the lock's "not carried"
+    lines, is exactly the lock: nothing the carried wheels need is missing, nothing is carried twice."""
+    carried, omitted = gpu_preflight.lock_lines(LOCK)
+    resolved = resolve(tmp_path, *carried)
+    fresh = {n: v for n, v in resolved.items() if n not in IMAGE and n not in omitted}
+    assert fresh == pins(), (f"benchmarks/gpu-wheels.txt does not install as it is: "
+                             f"{ {n: v for n, v in fresh.items() if pins().get(n) != v} }, "
+                             f"not resolved {sorted(set(pins()) - set(fresh))}")
+    assert set(omitted) <= set(resolved), f"'not carried' lines name wheels pip no longer adds: {set(omitted) - set(resolved)}"
+
+
+@pytest.mark.slow
+def test_the_lock_carries_what_a_fresh_resolve_carries(tmp_path):
+    """pip resolves the lock's first line alone (no pin of the lock's), as a new lock would be made: the wheels it
+    adds, less the image, are the lock's wheels — a dependency added or dropped upstream fails here. A newer
+    release of a wheel the lock already carries is reported (a warning naming the versions), not failed: the
+    locked versions still install together (the test above), and CI must not turn red on someone else's upload."""
+    carried, omitted = gpu_preflight.lock_lines(LOCK)
+    resolved = resolve(tmp_path, carried[0])
+    fresh = {n: v for n, v in resolved.items() if n not in IMAGE and n not in omitted}
+    assert set(fresh) == set(pins()), (f"benchmarks/gpu-wheels.txt is stale: pip now adds {sorted(set(fresh) - set(pins()))}"
+                                       f" and no longer {sorted(set(pins()) - set(fresh))}")
+    newer = {n: (pins()[n], v) for n, v in fresh.items() if v != pins()[n]}
+    if newer:
+        import warnings
+        warnings.warn(f"newer releases than benchmarks/gpu-wheels.txt carries (locked, fresh): {newer}")
+
+
+@pytest.mark.slow
+def test_install_into_a_venv_python_puts_the_carried_wheels_first(tmp_path):
+    """The device's python3 is itself a venv holding torch. Here: a venv made from this interpreter (itself a
+    venv) holding a stand-in torch, an old copy of a carried package, a sitecustomize and a .pth. After
+    `park` and `install`, that python3 (no PYTHONPATH) imports the carried copy, runs the carried .pth (as
+    the CuTe DSL's puts `cutlass` on the path), and still sees its own torch, sitecustomize and .pth."""
+    image = tmp_path / "image"
+    subprocess.run([sys.executable, "-m", "venv", str(image)], check=True, timeout=120)    # with pip, as the image
+    python3 = image / "bin" / "python3"
+    own = Path(subprocess.run([str(python3), "-c", "import site; print(site.getsitepackages()[0])"],
+                              capture_output=True, text=True, check=True).stdout.strip())
+    (own / "torch").mkdir()
+    (own / "torch" / "__init__.py").write_text("__version__ = '2.11.0+image'\n")
+    (own / "carried").mkdir()
+    (own / "carried" / "__init__.py").write_text("origin = 'image'\n")
+    (own / "sitecustomize.py").write_text("import sys; sys.image_sitecustomize = True\n")
+    (own / "image-extra.pth").write_text("import sys; sys.image_pth = True\n")
+    wheels = tmp_path / "whl" / "all"
+    wheels.mkdir(parents=True)
+    stand_in_wheel(wheels, "carried", "2.0", files={"carried/__init__.py": "origin = 'carried'\n"})
+    stand_in_wheel(wheels, "dsl", "1.0", files={
+        "dsl_packages.pth": "import sys, os, dsl; sys.path.insert(0, os.path.join(dsl.__path__[0], 'packages'))\n",
+        "dsl/__init__.py": "", "dsl/packages/cutlasslike.py": "found = True\n"})
+    env = {**os.environ, "PATH": f"{image / 'bin'}:{os.environ['PATH']}", "WHL_DIR": str(tmp_path / "whl"),
+           "GPU_SESSION_DIR": str(tmp_path / "park")}
+    env.pop("PYTHONPATH", None)
+    for step in ("pack", "install"):
+        done = session(step, env)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    probe = ("import json, sys, torch, carried, cutlasslike; print(json.dumps([torch.__version__, carried.origin, "
+             "getattr(sys, 'image_sitecustomize', False), getattr(sys, 'image_pth', False)]))")
+    seen = subprocess.run([str(python3), "-c", probe], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert seen.returncode == 0, seen.stderr[-2000:]
+    assert json.loads(seen.stdout) == ["2.11.0+image", "carried", True, True]
+
+
+def test_preflight_finds_every_api_here_and_names_what_is_missing(tmp_path):
+    """Every torch API the GPU path calls resolves in this torch (the list has no typo or stale name), and an
+    absent API, a missing keyword and an unmet or missing requirement of a carried wheel are each reported."""
+    assert gpu_preflight.missing_apis(gpu_preflight.TORCH_APIS) == []
+    assert gpu_preflight.missing_apis([("torch.no_such_api", ()), ("torch.compile", ("fullgraph", "no_such_kw"))]) == [
+        "torch.no_such_api: missing (AttributeError: module 'torch' has no attribute 'no_such_api')",
+        "torch.compile: takes no no_such_kw"]
+    lock = tmp_path / "lock.txt"
+    lock.write_text("pytest==0\nno-such-dist==1.0\n# not carried: pluggy (a test)\n")
+    assert gpu_preflight.unmet_requirements(lock) == ["no-such-dist: not installed"]      # pytest's needs met
+
+
+def test_streamed_outcomes_survive_a_killed_run(tmp_path):
+    """pytest with benchmarks/pytest_stream.py: each finished test is one JSON line on disk at once, with its
+    record_property values, though the run is then killed (a device call's time limit) before pytest exits."""
+    (tmp_path / "test_three.py").write_text(
+        "import time, pytest\n"
+        "def test_measures(record_property):\n    record_property('softcap_tanh_rel_err', 4e-4)\n"
+        "def test_fails():\n    assert 1 == 2, 'the reason'\n"
+        "def test_skips():\n    pytest.skip('needs CUDA')\n"
+        "def test_hangs():\n    time.sleep(600)\n")
+    stream = tmp_path / "out.jsonl"
+    run = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "benchmarks.pytest_stream",
+                            "--stream-jsonl", str(stream), "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path)],
+                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and (not stream.exists() or len(stream.read_text().splitlines()) < 3):
+            time.sleep(0.2)
+    finally:
+        run.kill()
+        run.wait()
+    lines = [json.loads(line) for line in stream.read_text().splitlines()]
+    assert [(line["nodeid"].split("::")[1], line["outcome"]) for line in lines] == [
+        ("test_measures", "passed"), ("test_fails", "failed"), ("test_skips", "skipped")]
+    assert lines[0]["properties"] == {"softcap_tanh_rel_err": 4e-4} and "the reason" in lines[1]["message"]
 
 
 @pytest.mark.slow
 def test_gpu_session_writes_its_results_to_out_as_it_goes(tmp_path):
-    """The device call, run here without a GPU (a stand-in nvidia-smi): it says why fa4 is not installed,
-    runs the GPU tests (skipped here) and leaves its log, the test log and the JUnit file in $OUT, within
-    the call's budget."""
+    """The device call, run here without a GPU (a stand-in nvidia-smi): it says why fa4 is not installed, runs
+    the preflight (compile caches under the parked folder, FA4's switched on) and the GPU tests (skipped
+    here), and leaves its log, the preflight, the streamed outcomes, the test log and the JUnit file in
+    $OUT, within the call's budget."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'no GPU: a test stand-in'\n")
     (bin_dir / "nvidia-smi").chmod(0o755)
     (bin_dir / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')      # this interpreter
     (bin_dir / "python3").chmod(0o755)
-    out = tmp_path / "out"
+    out, park = tmp_path / "out", tmp_path / "park"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(out), "CALL_BUDGET_S": "240",
-           "GPU_SESSION_DIR": str(tmp_path / "park")}
-    done = subprocess.run(["bash", str(LOCK.parent / "gpu_session.sh"), "tests"], cwd=LOCK.parent.parent, env=env,
-                          capture_output=True, text=True, timeout=300)
+           "GPU_SESSION_DIR": str(park), "WHL_DIR": str(tmp_path / "no-wheels")}
+    done = session("tests", env)
     log = (out / "session.log").read_text()
     assert "NOT INSTALLED" in log and "fa4: " in log and "== done in" in log, log[-2000:]
+    caches = json.loads((out / "preflight.json").read_text())["caches"]
+    assert caches.pop("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED") == "1", caches
+    assert set(caches) == set(gpu_preflight.CACHE_ENV) - {"FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"}
+    assert all(Path(d).is_relative_to(park / "cache") for d in caches.values()), caches
+    outcomes = [json.loads(line) for line in (out / "gpu-tests.jsonl").read_text().splitlines()]
+    assert outcomes and {o["outcome"] for o in outcomes} == {"skipped"}
     assert (out / "gpu-tests.log").stat().st_size > 0 and "<testsuite" in (out / "gpu-tests.xml").read_text()
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def fa4_wheel(tmp_path_factory) -> zipfile.ZipFile:
+    """The real flash-attn-4 4.0.0b36 wheel (pure Python, ~0.5 MB), read, never installed."""
+    carried, _ = gpu_preflight.lock_lines(LOCK)
+    directory = tmp_path_factory.mktemp("fa4")
+    pip("download", "--no-deps", "--quiet", "-d", str(directory), carried[0].replace("[cu13]", ""))
+    (wheel,) = directory.glob("flash_attn_4-*.whl")
+    return zipfile.ZipFile(wheel)
+
+
+def function_args(source: str, name: str) -> list[tuple[str, str]]:
+    """(argument, its default as source text or '') of the top-level function `name` in `source`."""
+    (fn,) = [n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == name]
+    args = fn.args.args
+    defaults = [""] * (len(args) - len(fn.args.defaults)) + [ast.unparse(d) for d in fn.args.defaults]
+    return [(a.arg, d) for a, d in zip(args, defaults)]
+
+
+@pytest.mark.slow
+def test_the_stand_ins_and_the_session_follow_the_real_fa4_wheel(fa4_wheel):
+    """What the CPU tests assume of FA4 is what 4.0.0b36 ships: flash_attn_func's arguments and defaults are the
+    stand-in's, lse is allocated only for return_lse or an input that requires grad, BlockSparseTensorsTorch
+    has the stand-in's fields, and the compile cache reads the variables gpu_session.sh sets."""
+    from test_attention import ReferenceBlockSparseTensorsTorch, reference_fa4_func
+    interface = fa4_wheel.read("flash_attn/cute/interface.py").decode()
+    stand_in = [(name, "" if p.default is p.empty else repr(p.default))
+                for name, p in inspect.signature(reference_fa4_func).parameters.items()]
+    assert function_args(interface, "flash_attn_func") == stand_in
+    fwd = ast.get_source_segment(interface, [n for n in ast.parse(interface).body
+                                             if isinstance(n, ast.FunctionDef) and n.name == "_flash_attn_fwd"][0])
+    assert re.search(r"if requires_grad or return_lse\s+else None", fwd), "FA4's lse condition changed: see the stand-in"
+    sparsity = ast.parse(fa4_wheel.read("flash_attn/cute/block_sparsity.py").decode())
+    (cls,) = [n for n in sparsity.body if isinstance(n, ast.ClassDef) and n.name == "BlockSparseTensorsTorch"]
+    assert [s.target.id for s in cls.body if isinstance(s, ast.AnnAssign)] == list(ReferenceBlockSparseTensorsTorch._fields)
+    cache = fa4_wheel.read("flash_attn/cute/cache_utils.py").decode()
+    script = SESSION.read_text()
+    for name in ("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"):
+        assert f'os.getenv("{name}"' in cache and f"{name}=" in script, name

@@ -15,7 +15,8 @@ import reference_numpy as ref
 from models.attention import naive_attention
 from models.grok import RMSNorm, RotaryEmbedding, Transformer, TransformerConfig, ffn_size, init_params
 from models.masks import AttentionMask
-from models.recsys import PhoenixRetrievalModel, RecsysModel, get_preset, init_recsys, synthetic_batch
+from models.presets import get_preset
+from models.recsys import PhoenixRetrievalModel, RecsysModel, init_recsys, synthetic_batch
 from models.weights import load_haiku_params
 from tolerances import (PARITY_RTOL, assert_beyond_rounding, assert_bit_exact, assert_rounding_close, forward_bound,
                         relative_error, rounding_bound)

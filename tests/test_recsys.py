@@ -6,7 +6,6 @@ float64 end to end, within the float64 rounding bound (a planted 1e-5 error fail
 within the float32 bound (what the page runs). Parity and invariance are exact in real arithmetic (within
 the rounding bound of tests/tolerances.py); isolation and lookups are bit-exact by construction
 (assert_bit_exact)."""
-import math
 from dataclasses import replace
 
 import numpy as np
@@ -14,9 +13,10 @@ import pytest
 import torch
 
 import reference_numpy as ref
-from models.recsys import (ACTIONS, PRESETS, PhoenixRetrievalModel, RecsysConfig, RecsysEmbeddings, RecsysModel,
-                           SequenceLayout, get_preset, init_recsys, synthetic_batch)
+from models.recsys import (ACTIONS, PhoenixRetrievalModel, RecsysConfig, RecsysEmbeddings, RecsysModel, SequenceLayout,
+                           init_recsys, synthetic_batch)
 from models.grok import Linear, RMSNorm, RotaryEmbedding
+from models.presets import get_preset
 from models.weights import haiku_params, load_haiku_params
 from tolerances import (PARITY_RTOL, assert_beyond_rounding, assert_bit_exact, assert_rounding_close, forward_bound,
                         relative_error, rounding_bound)
@@ -295,13 +295,6 @@ def test_padding_from_zero_hashes_matches_layout():
     _, valid, off = model.embed(batch)
     assert off == layout.candidate_start_offset
     assert torch.equal(valid, layout.valid().expand(2, -1))
-
-
-@pytest.mark.parametrize("name", list(PRESETS))
-def test_presets_scale_by_key_size(name):
-    t = PRESETS[name].transformer
-    assert t.attn_output_multiplier == pytest.approx(1 / math.sqrt(t.key_size))
-    assert PRESETS[name].layout.candidate_start_offset == 1 + PRESETS[name].layout.num_history
 
 
 def test_bad_recsys_inputs():

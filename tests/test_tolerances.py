@@ -71,3 +71,23 @@ def test_float64_parity_bounds_are_tight_enough_for_a_1e5_error():
     want = torch.randn(64, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     assert_rounding_close(want * (1 + 1e-15), want, n=128, depth=13, dtype=torch.float64)
     assert_beyond_rounding(want * (1 + 1e-5), want, n=128, depth=13, dtype=torch.float64)
+
+
+def test_storage_forward_bound_holds_in_bf16_and_a_mask_leak_lands_above_it():
+    """The CUDA trunk tests' bound, on CPU: the lecture trunk stored in bf16 with another attention backend stays
+    within storage_forward_bound of naive in bf16, and the bug zoo's leaked decoder mask lands above it."""
+    from models.bugzoo import with_bug
+    from models.grok import Transformer, init_params
+    from models.presets import get_preset
+    from tolerances import relative_error, storage_forward_bound
+    config = get_preset("lecture").transformer.replace(cap_method="tanh", logit_cap=2.0)
+    model = init_params(Transformer(config), "random", seed=1).to(torch.bfloat16)
+    emb = torch.randn(2, 9, config.emb_size, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    valid = torch.ones(2, 9, dtype=torch.bool)
+    valid[0, 4:6] = False
+    bound = storage_forward_bound(config.num_layers, config.emb_size, config.ffn_hidden, 9)
+    with torch.no_grad():
+        ref = model(emb, valid, 6).embeddings
+        other = model(emb, valid, 6, backend="structured").embeddings
+        leaked = with_bug(model, "unmasked-decoder")(emb, valid, 6).embeddings
+    assert relative_error(other, ref, valid) <= bound < relative_error(leaked, ref, valid)

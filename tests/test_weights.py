@@ -11,8 +11,9 @@ import torch
 
 import reference_numpy as ref
 from models.grok import Transformer, TransformerConfig, init_params
-from models.recsys import (PhoenixRetrievalModel, RecsysConfig, RecsysModel, SequenceLayout, get_preset,
-                           init_recsys, synthetic_batch)
+from models.presets import get_preset
+from models.recsys import (PhoenixRetrievalModel, RecsysConfig, RecsysModel, SequenceLayout, init_recsys,
+                           synthetic_batch)
 from models.weights import (config_from_weight_file, haiku_params, load_haiku_params, load_weights,
                             model_from_weight_file, read_weight_file, save_weights)
 from tolerances import assert_bit_exact

@@ -18,8 +18,9 @@ from tolerances import (PARITY_RTOL, assert_beyond_rounding, assert_bit_exact, a
                         relative_error, rounding_bound)
 from models import xrex
 from models.grok import RMSNorm as GrokRMSNorm
-from models.xrex import (PRESETS, XrexConfig, XrexRanker, get_xrex_preset, init_xrex, load_xrex_params,
-                         param_spec, right_anchored_positions, xrex_params)
+from models.presets import PRESETS
+from models.xrex import (XrexConfig, XrexRanker, init_xrex, load_xrex_params, param_spec, right_anchored_positions,
+                         xrex_params)
 
 P, L, C = 2, 6, 4          # 2 prefix tokens, 6 history slots, 4 candidates: T = 12
 
@@ -383,7 +384,7 @@ def test_bf16_numerics_switch():
 
 def test_spec_matches_production_shapes():
     """PRODUCTION.md §5, home_direct_packed: the stacked names and shapes (checked without allocating)."""
-    spec = {k: v[1] for k, v in param_spec(get_xrex_preset("phoenix-2026").config).items()}
+    spec = {k: v[1] for k, v in param_spec(PRESETS["phoenix-2026"].xrex_config()).items()}
     s = "transformer/layer_stack/decoder_layer_0"
     assert spec == {
         f"{s}/pre_attn_norm/scale": (8, 2560), f"{s}/multi_head_attention/qkv/w": (8, 2560, 3584),
@@ -393,7 +394,7 @@ def test_spec_matches_production_shapes():
         "recsys_aggregated_model/final_layer_norm/scale": (2560,),
         "recsys_aggregated_model/unembeddings": (2560, 64),
         "recsys_aggregated_model/continuous_unembeddings": (2560, 8)}
-    seqpack = param_spec(get_xrex_preset("phoenix-2026-seqpack").config)
+    seqpack = param_spec(PRESETS["phoenix-2026-seqpack"].xrex_config())
     assert f"{s}/post_attn_norm/scale" in seqpack and f"{s}/post_ffn_norm/scale" in seqpack
     assert f"{s}/multi_head_attention/q_norm/scale" not in seqpack
 
@@ -413,7 +414,7 @@ def test_load_production_tree_round_trips(kind):
 
 def test_load_nano_preset_tree():
     """A full phoenix-2026-nano tree (D 512, 4 layers, 4 q / 2 kv heads of 128) loads; bf16-like inputs too."""
-    cfg = get_xrex_preset("phoenix-2026-nano").config
+    cfg = PRESETS["phoenix-2026-nano"].xrex_config()
     params = ref.random_xrex_params(np.random.default_rng(0), emb_size=512, num_layers=4, num_q_heads=4,
                                     num_kv_heads=2, key_size=128)
     params[f"{ref.STACK}/up_proj"]["w"] = torch.from_numpy(params[f"{ref.STACK}/up_proj"]["w"]).bfloat16()
@@ -489,21 +490,18 @@ def test_bad_inputs_name_the_field():
 
 
 def test_presets_follow_the_production_table():
-    flag, nano, seq = (get_xrex_preset(n) for n in ("phoenix-2026", "phoenix-2026-nano", "phoenix-2026-seqpack"))
-    assert (flag.config.emb_size, flag.config.num_layers, flag.config.num_q_heads, flag.config.num_kv_heads,
-            flag.config.key_size, flag.config.ffn_hidden) == (2560, 8, 20, 4, 128, 5120)
-    assert (nano.config.emb_size, nano.config.num_layers, nano.config.num_q_heads, nano.config.num_kv_heads,
-            nano.config.ffn_hidden) == (512, 4, 4, 2, 1024)
-    for p in (flag, nano, seq):
-        assert (p.config.num_user_prefix_tokens, p.config.history_seq_len, p.num_candidates, p.seq_len) == (2, 1022, 64, 1152)
-    assert flag.config.qk_norm and flag.config.attn_logit_cap <= 0 and not flag.config.primer_norm
-    assert (not seq.config.qk_norm and seq.config.attn_logit_cap == 80.0
-            and seq.config.attn_logit_cap_method == "soft_sign" and seq.config.primer_norm)
-    assert flag.config.output_scale == pytest.approx(0.8944, abs=1e-4) and nano.config.output_scale == 2.0
-    assert flag.config.attn_scale == pytest.approx(1 / math.sqrt(128))
-    assert set(PRESETS) == {"phoenix-2026", "phoenix-2026-nano", "phoenix-2026-seqpack"}
-    with pytest.raises(ValueError, match="^preset: got 'phoenix'; allowed: phoenix-2026"):
-        get_xrex_preset("phoenix")
+    flag, nano, seq = (PRESETS[n].xrex_config() for n in ("phoenix-2026", "phoenix-2026-nano", "phoenix-2026-seqpack"))
+    assert (flag.emb_size, flag.num_layers, flag.num_q_heads, flag.num_kv_heads, flag.key_size,
+            flag.ffn_hidden) == (2560, 8, 20, 4, 128, 5120)
+    assert (nano.emb_size, nano.num_layers, nano.num_q_heads, nano.num_kv_heads,
+            nano.ffn_hidden) == (512, 4, 4, 2, 1024)
+    assert flag.qk_norm and flag.attn_logit_cap <= 0 and not flag.primer_norm
+    assert (not seq.qk_norm and seq.attn_logit_cap == 80.0 and seq.attn_logit_cap_method == "soft_sign"
+            and seq.primer_norm)
+    assert flag.output_scale == pytest.approx(0.8944, abs=1e-4) and nano.output_scale == 2.0
+    assert flag.attn_scale == pytest.approx(1 / math.sqrt(128))
+    assert {n for n, p in PRESETS.items() if p.family == "xrex"} == {"phoenix-2026", "phoenix-2026-nano",
+                                                                     "phoenix-2026-seqpack"}
 
 
 # --- production's quirks in the bug zoo (PRODUCTION.md §6) -------------------------------------------
@@ -559,7 +557,7 @@ def test_serving_block_rounding_caught_by_isolation_exact_at_a_multiple_of_128()
 
 def test_quirks_belong_to_production_and_notebook_bugs_to_grok():
     from models.bugzoo import bug_names, bug_report, with_bug
-    from models.recsys import get_preset
+    from models.presets import get_preset
     from models.grok import Transformer
     assert set(bug_names("xrex")) == {"serving-padding", "serving-block-rounding"}
     with pytest.raises(ValueError, match="^bug: got 'serving-padding'; allowed: none, unmasked-decoder"):

@@ -62,6 +62,14 @@ def forward_bound(num_layers: int, *lengths: int, dtype=torch.float32) -> float:
     return rounding_bound(dtype, max(lengths), depth=6 * num_layers + 1)
 
 
+def storage_forward_bound(num_layers: int, *lengths: int, dtype=torch.bfloat16) -> float:
+    """forward_bound for a decoder whose values are stored in `dtype` (bf16 / fp16: the CUDA trunks of
+    tests/test_device.py) and whose reductions accumulate in fp32, against the same model in `dtype` with
+    another attention backend: the fp32 reductions' forward_bound, plus each of its 6 * num_layers + 1
+    stages rounding its output to `dtype` once on each side (rounding_bound with n = 1, the same depth)."""
+    return forward_bound(num_layers, *lengths) + rounding_bound(dtype, 1, depth=6 * num_layers + 1)
+
+
 def relative_error(got, want, valid=None) -> float:
     """max |got - want| / max |want| over the rows `valid` selects (all rows when None), in float64."""
     got, want = (np.asarray(t.detach().cpu().double() if torch.is_tensor(t) else t, dtype=np.float64)
