@@ -25,8 +25,8 @@ from explorer.admission import QUEUE_MAX
 from explorer.controls import CONTROL_FIELDS, LABELS
 from explorer.settings import (COLOR_SCALES, FAMILIES, INVARIANCE_OPS, PERTURBATIONS, VALUE_KINDS, XREX_ROPE, ZOOMS,
                                Settings, parse_settings, to_query)
-from handlers import (CONTROL, EXPORT, EXPORT_PACK, LIGHT, TAB_OUTPUTS, TABS, TIMING, UNQUEUED, UPLOAD, VIEW_ENDPOINTS,
-                      admit_every_event, forward, work_of_change, work_of_pick, work_of_query, work_of_source,
+from handlers import (CONTROL, EXPORT, EXPORT_PACK, TAB_OUTPUTS, TABS, TIMING, UNQUEUED, UPLOAD, VIEW_ENDPOINTS,
+                      admit_every_event, forward, light, work_of_change, work_of_pick, work_of_query, work_of_source,
                       work_of_tab,
                       bug_choices, control_change, control_change_on_page, export_endpoint, family_endpoint, family_on_page,
                       head_choices, lecture_pack_endpoint, limit_endpoint, link_to_controls, load_endpoint,
@@ -396,7 +396,7 @@ def wire_view_api(page: SimpleNamespace, outputs: dict) -> None:
     """The API: one endpoint per view, the configuration as a query string."""
     for name in TAB_OUTPUTS:
         page.hidden_q.submit(VIEW_ENDPOINTS[name], page.hidden_q, outputs[name], api_name=name,
-                             **(LIGHT if name == "mask" else forward(work_of_query(name))))
+                             **(light(work_of_query(name)) if name == "mask" else forward(work_of_query(name))))
 
 
 def wire_timing(page: SimpleNamespace, t: SimpleNamespace) -> None:

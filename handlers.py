@@ -185,10 +185,7 @@ def work_of_source(source: str, *args, request=None) -> float:
 FORWARD = lane("forward")
 TIMING = lane("timing")
 EXPORT = lane("export")
-EXPORT_PACK = lane("pack", units=len(export.FIGURES))           # a lecture pack renders every figure
-# The mask view runs no model (a few ms): its own lane, so a lecture's /mask never queues behind
-# four probe passes on phoenix-nano.
-LIGHT = lane("light")
+EXPORT_PACK = lane("pack", units=len(export.FIGURES) * len(export.FORMATS))    # every figure, every format
 # The page's cheap steps that stay in the queue (a page load's gr.Warning about a bad link needs it).
 CONTROL = lane("control")
 # Uploads: their own lane of 1 (the file check happens in upload_endpoint, so a refusal names the field).
@@ -199,8 +196,14 @@ UNQUEUED = dict(queue=False)
 
 
 def forward(work) -> dict:
-    """The model-view lane for an event whose estimated work `work` computes from its inputs."""
+    """The model-view lane for an event whose estimated work `work` computes from its inputs (the heavy lane
+    past HEAVY_REQUEST_FLOPS)."""
     return lane("forward", work=work)
+
+
+def light(work) -> dict:
+    """The mask view's lane, likewise (a mask of T 2048 is heavy)."""
+    return lane("light", work=work)
 
 
 MAX_MESSAGE_CHARS = 2000
@@ -365,6 +368,7 @@ def timing_outputs(sw: timing.Sweep, req: timing.Request, recorded) -> tuple:
 
 
 TIMING_RUNS = timing.TimingRuns()
+SMALL_SWEEP_MAX_LEN = 256
 
 
 async def timing_endpoint(query: str, lengths: str, backends: list, geometry: str = None, dtype: str = None,
@@ -380,11 +384,14 @@ async def timing_endpoint(query: str, lengths: str, backends: list, geometry: st
     run = TIMING_RUNS.start(session)
     steps = timing.sweep(s, req, run)
     loop = asyncio.get_running_loop()
+    # a sweep past SMALL_SWEEP_MAX_LEN yields to small requests (runs at a lower CPU priority); a small one
+    # (milliseconds a step) would only wait behind them, holding the lane of one sweep at a time
+    pool = runs.LOW_PRIORITY if max(req.lengths) > SMALL_SWEEP_MAX_LEN else None
     ends_with_thread = False
     try:
         recorded = await loop.run_in_executor(None, timing_recorded_curves, req)
         while True:
-            step = loop.run_in_executor(runs.LOW_PRIORITY, timing_step, steps)   # yields to small requests
+            step = loop.run_in_executor(pool, timing_step, steps)
             try:
                 sw = await asyncio.shield(step)
             except asyncio.CancelledError:

@@ -665,7 +665,8 @@ def _client_machine(role: str, args: list, url: str, seed: int, tmp: str, ready,
     set up, wait for every machine (`ready`), start together (`go`), run to `stop_value` and put
     (records, the attacker's files in Gradio's cache) on `out`."""
     records, lock, stop_at = [], threading.Lock(), [float("inf")]
-    start = threading.Barrier(len(args) + 1)
+    n = sum(Attack[name].threads for name in args) if role == "attacker" else len(args)
+    start = threading.Barrier(n + 1)                    # every thread, and this one
     if role == "honest":
         fn = api_functions(url)
         threads = [threading.Thread(target=honest, args=(url, i, start, stop_at, records, lock, seed, fn),
@@ -675,6 +676,7 @@ def _client_machine(role: str, args: list, url: str, seed: int, tmp: str, ready,
                                     daemon=True) for name in args for _ in range(Attack[name].threads)]
     else:
         threads = [threading.Thread(target=probe, args=(url, start, stop_at, records, lock), daemon=True)]
+    assert len(threads) == n
     for t in threads:
         t.start()
     ready.wait()
@@ -851,13 +853,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--records", type=Path, default=None, help="--soak: also write every request's record "
                     "(side, kind, latency, start time, the probe's phases) to this JSON file")
     ap.add_argument("--conditions", default="", help="--abuse: a note on the machine's state, kept in the file")
-    ap.add_argument("--attacks", default="", help="--soak: the attacks to run, by number (e.g. 7,8; default all)")
+    ap.add_argument("--attacks", default="", help="--soak: the attacks to run, by number (e.g. 7,8; none: honest "
+                    "visitors alone; default all)")
     a = ap.parse_args(argv)
     numbers = {a_.label.split()[0]: a_ for a_ in ATTACKS}
-    chosen = [n.strip() for n in a.attacks.split(",") if n.strip()]
+    chosen = [n.strip() for n in a.attacks.split(",") if n.strip() and n.strip() != "none"]
     if set(chosen) - set(numbers):
-        ap.error(f"--attacks: got {a.attacks!r}; allowed: numbers among {', '.join(numbers)}")
-    a.attacks = [numbers[n] for n in chosen] or ATTACKS
+        ap.error(f"--attacks: got {a.attacks!r}; allowed: numbers among {', '.join(numbers)}, or none")
+    a.attacks = [numbers[n] for n in chosen] if chosen or a.attacks.strip() == "none" else ATTACKS
     if not 1 <= a.sessions <= 200:
         ap.error(f"--sessions: got {a.sessions}; allowed: 1..200")
     longest = 120 if a.soak else 60

@@ -9,6 +9,7 @@ apart the tabs of one visitor.
 """
 from __future__ import annotations
 
+import asyncio
 import collections
 import json
 import math
@@ -113,18 +114,19 @@ class Lane:
 
 # Forwards at once: 4 on a GPU; on a CPU one per core (each forward runs one torch thread, see
 # explorer.runs.configure_threads): more only time-share the cores.
-FORWARDS_AT_ONCE = 4 if torch.cuda.is_available() else max(1, min(4, os.cpu_count() or 1))
+FORWARDS_AT_ONCE = 4 if torch.cuda.is_available() else max(1, min(4, 2 * (os.cpu_count() or 1)))
 
 LANES: dict[str, Lane] = {lane.name: lane for lane in (
     Lane("forward", "model views", running=FORWARDS_AT_ONCE, waiting=48, per_visitor=4, per_address=6),
-    # model views over HEAVY_REQUEST_FLOPS: one at a time, so they never hold the small views' slots
-    Lane("heavy", "large model views", running=1, waiting=6, per_visitor=1, per_address=2),
+    # views over HEAVY_REQUEST_FLOPS (any event that draws one): one at a time, so they never hold the small views'
+    # slots
+    Lane("heavy", "large views", running=1, waiting=6, per_visitor=1, per_address=2),
     # the mask view (no model): one address holds fewer than run at once, so others always find a slot
     Lane("light", "mask views", running=6, waiting=64, per_visitor=2, per_address=3),
     # the page's own cheap steps that stay queued (a page load's link check, the committed timing curves)
     Lane("control", "page steps", running=4, waiting=32, per_visitor=4, per_address=8),
     # a new Run replaces the visitor's running sweep, so only waiting ones count
-    Lane("timing", "timing sweeps", running=1, waiting=4, per_visitor=1, per_address=1, count_running=False),
+    Lane("timing", "timing sweeps", running=1, waiting=16, per_visitor=1, per_address=1, count_running=False),
     Lane("export", "figure exports", running=1, waiting=4, per_visitor=1, per_address=2),
     # a lecture pack renders every figure: its own slot, so a one-figure export never waits behind one
     Lane("pack", "lecture packs", running=1, waiting=2, per_visitor=1, per_address=1),
@@ -133,8 +135,9 @@ LANES: dict[str, Lane] = {lane.name: lane for lane in (
 # Gradio's own bound on everything queued; above the lanes' sum, so no lane's refusals are pre-empted by
 # Gradio's "Queue is full" (which names no field).
 QUEUE_MAX = 256
-# A model view estimated above this goes to the heavy lane (lecture views: < 0.3 GFLOP; phoenix-nano's 26-150).
-HEAVY_REQUEST_FLOPS = 5e9
+# A view estimated above this goes to the heavy lane, one at a time, at a lower CPU priority (explorer.runs
+# LARGE_REQUEST_FLOPS): lecture views are < 0.3 GFLOP; phoenix-nano's 26-150; a mask view of T 2048, 2.
+HEAVY_REQUEST_FLOPS = 1e9
 
 
 def check_admission(lane: str, waiting: list, visitor: tuple, running: list = ()) -> None:
@@ -350,13 +353,14 @@ class RateShare:
 
 
 # Exports render in one headless Chromium (a second process, about a core while it draws): per visitor
-# key, figures rendered per window (a lecture pack renders every figure of export.FIGURES). A lecturer
-# making slides exports a few dozen; a loop of them would keep the browser busy for everyone.
-EXPORT_SHARE = dict(max_bytes=60, max_calls=60, window_s=600.0, unit="figures", what="exports")
-# Model work per visitor key, estimated before a request runs (explorer.settings.view_cost): a student on
-# phoenix-nano draws ~100 views in 10 minutes (26-150 GFLOP each); a loop of the largest the budget admits
-# (~550 GFLOP) gets ~10, then waits for the window, while lecture views (< 1 GFLOP) never count.
-WORK_SHARE = dict(max_bytes=6000, max_calls=10**6, window_s=600.0, unit="GFLOP", what="model views")
+# key, renders per window (a lecture pack renders every figure of export.FIGURES in each format). A lecturer
+# making slides renders a few dozen; a loop of them would keep the browser busy for everyone.
+EXPORT_SHARE = dict(max_bytes=80, max_calls=80, window_s=600.0, unit="renders", what="exports")
+# Model work per visitor key, estimated before a request runs (explorer.settings.view_cost): on average a
+# quarter of a free Space's core for one address. A student on phoenix-nano draws ~30 views in 10 minutes
+# (26-150 GFLOP each); a loop of the largest the budget admits (~550 GFLOP) gets 5, then waits for the
+# window; lecture views (< 1 GFLOP) never count. A class behind one NAT address shares it: raise it there.
+WORK_SHARE = dict(max_bytes=3000, max_calls=10**6, window_s=600.0, unit="GFLOP", what="model views")
 
 
 # --- the HTTP front door: request rates, the page from a cache, bodies and raw uploads per visitor -------
@@ -408,6 +412,11 @@ EVENT_RATE = dict(what="events", burst=120, per_s=20)
 PAGE_RATE = dict(what="page loads", burst=90, per_s=1.5)
 REQUEST_RATE = dict(what="requests", burst=900, per_s=60)
 EVENT_ROUTES = ("/queue/join", "/run/", "/call/", "/api/")
+# A request refused for its rate is answered TARPIT_S later (an await: no thread, no CPU): a client looping on
+# refusals then asks once a second per connection instead of thousands of times, and spends no CPU of the
+# machine it may share with the server. At most TARPIT_AT_ONCE wait; past that, refusals are answered at once.
+TARPIT_S = 1.0
+TARPIT_AT_ONCE = 512
 PAGE_ROUTES = ("/", "/config", "/gradio_api/info", "/gradio_api/openapi.json")
 # the headers a page's or config's content depends on (Gradio writes its root URL from them)
 PAGE_KEY_HEADERS = (b"host", b"x-forwarded-host", b"x-forwarded-proto")
@@ -469,6 +478,7 @@ class FrontDoor:
         self.requests, self.events, self.pages = (TokenBucket(**REQUEST_RATE), TokenBucket(**EVENT_RATE),
                                                   TokenBucket(**PAGE_RATE))
         self.cache = PageCache()
+        self.tarpitted = 0
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -484,6 +494,12 @@ class FrontDoor:
                 self.events.take(visitor)
         except RateLimited as e:
             declared = _declared_length(scope) if method == "POST" else -1
+            if self.tarpitted < TARPIT_AT_ONCE:
+                self.tarpitted += 1
+                try:
+                    await asyncio.sleep(TARPIT_S)
+                finally:
+                    self.tarpitted -= 1
             return await self._refuse(receive, send, 429, str(e), declared, e.retry_after_s)
         if page and method == "GET":
             return await self._page(scope, receive, send)

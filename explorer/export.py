@@ -307,7 +307,7 @@ def _browser_found() -> bool:
 # kaleido's headless Chromium (~1 GB with its renderer, measured in the soak) is counted in the memory
 # ceiling while it runs, and stopped BROWSER_IDLE_S after the last render (its memory back to the OS).
 BROWSER_BYTES = 1 << 30
-BROWSER_IDLE_S = 60.0
+BROWSER_IDLE_S = 20.0
 class _FairLock:
     """First come, first served: a released threading.Lock goes to whichever thread asks first, so a pack
     rendering figure after figure could take it back before a one-figure export that waits."""

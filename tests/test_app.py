@@ -340,9 +340,9 @@ def test_every_event_that_runs_the_model_shares_one_concurrency_limit():
     own lane, so it never waits behind four probe passes."""
     import app
     import handlers
+    from explorer import admission
     fns = {fn.api_name: fn for fn in app.build_app().fns.values() if fn.api_name}
-    assert (fns["mask"].concurrency_id, fns["mask"].concurrency_limit) == (
-        handlers.LIGHT["concurrency_id"], handlers.LIGHT["concurrency_limit"])
+    assert (fns["mask"].concurrency_id, fns["mask"].concurrency_limit) == ("light", admission.LANES["light"].running)
     forward = {n for n in fns if n == "control_change" or n.startswith("render_")} | {
         "attention", "anatomy", "isolation", "invariance", "variants"}
     assert {(fns[n].concurrency_id, fns[n].concurrency_limit) for n in forward} == {

@@ -57,7 +57,8 @@ def test_admission_bounds_the_lane_and_each_visitor_by_name():
         check_admission("timing", [b], b)
     check_admission("timing", [b], ("addr:c", "c"))                    # another visitor: fine
     full = [(f"addr:v{i}", f"v{i}") for i in range(timing.waiting)]
-    with pytest.raises(ValidationError, match=r"^queue: got '4 timing sweeps waiting'; allowed: 4 at once"):
+    with pytest.raises(ValidationError, match=rf"^queue: got '{timing.waiting} timing sweeps waiting'; "
+                                              rf"allowed: {timing.waiting} at once"):
         check_admission("timing", full, ("addr:new", "new"))
     check_admission("timing", [], b, running=[b])                      # a new Run replaces the running sweep
 
@@ -147,21 +148,23 @@ def test_lanes_serve_the_visitor_who_had_least_of_the_server_first(monkeypatch):
     assert gate.usage.of("addr:198.51.100.66") < 0.05
 
 
-def test_exports_have_a_rate_share_per_visitor_counted_in_figures():
+def test_exports_have_a_rate_share_per_visitor_counted_in_renders():
     now = [0.0]
     gate = Admission(clock=lambda: now[0])
     share = admission.EXPORT_SHARE
-    packs = share["max_bytes"] // 19
+    pack = 38                                            # a lecture pack: 19 figures, PNG and SVG
+    packs = share["max_bytes"] // pack
     for _ in range(packs):
-        gate.admit("export", ("addr:a", "s"), lambda: ([], []), units=19)
+        gate.admit("pack", ("addr:a", "s"), lambda: ([], []), units=pack)
         gate.tickets.clear()                             # each one queued and served
-    with pytest.raises(ValidationError, match=rf"^export: got '{19 * (packs + 1)} figures in 10 minutes'; "
-                                              rf"allowed: {share['max_bytes']} figures per visitor"):
-        gate.admit("export", ("addr:a", "s"), lambda: ([], []), units=19)
-    gate.admit("export", ("addr:b", "s"), lambda: ([], []), units=19)   # another visitor's share
+    with pytest.raises(ValidationError, match=rf"^export: got '{pack * (packs + 1)} renders in 10 minutes'; "
+                                              rf"allowed: {share['max_bytes']} renders per visitor"):
+        gate.admit("pack", ("addr:a", "s"), lambda: ([], []), units=pack)
+    gate.admit("pack", ("addr:b", "s"), lambda: ([], []), units=pack)   # another visitor's share
+    gate.admit("export", ("addr:a", "s2"), lambda: ([], []))            # one figure still fits
     now[0] = share["window_s"] + 1
     gate.tickets.clear()
-    gate.admit("export", ("addr:a", "s"), lambda: ([], []), units=19)
+    gate.admit("pack", ("addr:a", "s"), lambda: ([], []), units=pack)
 
 
 # --- byte and rate shares ------------------------------------------------------------------------
@@ -242,6 +245,7 @@ def test_the_page_is_built_once_and_page_loads_and_events_are_bounded_per_visito
     """GET / built by Gradio once and then served from the cache, byte for byte; one address past its
     page-load or event rate is answered 429 by name before Gradio sees the request; another address is not."""
     monkeypatch.setenv(admission.TRUSTED_PROXIES_ENV, "0")
+    monkeypatch.setattr(admission, "TARPIT_S", 0.0)
     app = ToyApp()
     door = admission.FrontDoor(app)
     first = call(door, "GET", "/", "10.0.0.1")
@@ -298,3 +302,19 @@ def test_a_visitors_work_share_refuses_by_name_and_takes_nothing_when_it_refuses
     with pytest.raises(ValidationError, match="export"):                     # a refused share takes no work
         gate.admit("pack", ("addr:b", "s"), lambda: ([], []), units=10**6, flops=1000e9)
     assert "addr:b" not in gate.rates["work"].log
+
+
+def test_a_refusal_for_rate_is_answered_late_so_a_loop_of_them_slows_down(monkeypatch):
+    """A client looping on refusals gets each TARPIT_S late (an await, no thread): about one a second per
+    connection instead of thousands."""
+    import time
+    monkeypatch.setenv(admission.TRUSTED_PROXIES_ENV, "0")
+    monkeypatch.setattr(admission, "TARPIT_S", 0.3)
+    door = admission.FrontDoor(ToyApp())
+    for _ in range(int(admission.PAGE_RATE["burst"])):
+        call(door, "GET", "/", "10.0.0.1")
+    t0 = time.monotonic()
+    assert call(door, "GET", "/", "10.0.0.1")[0] == 429 and time.monotonic() - t0 >= 0.3
+    monkeypatch.setattr(admission, "TARPIT_AT_ONCE", 0)                    # too many waiting: at once
+    t0 = time.monotonic()
+    assert call(door, "GET", "/", "10.0.0.1")[0] == 429 and time.monotonic() - t0 < 0.3
