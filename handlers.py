@@ -22,8 +22,8 @@ from pydantic import model_validator
 from explorer import admission, controls, export, runs, timing, views
 from explorer.admission import LANES, visitor_of
 from explorer.controls import CONTROL_FIELDS
-from explorer.settings import (FAMILIES, PRESETS, Settings, ValidationError, check_model_fits, device, parse_query,
-                               parse_settings, retired_note, to_query, view_cost, with_family)
+from explorer.settings import (FAMILIES, LARGE_REQUEST_FLOPS, PRESETS, Settings, ValidationError, check_model_fits,
+                               device, parse_query, parse_settings, retired_note, to_query, view_cost, with_family)
 from models.bugzoo import bug_names
 
 log = logging.getLogger("explorer")
@@ -41,7 +41,7 @@ TAB_OUTPUTS = {"mask": (4, 1), "attention": (3, 2), "anatomy": (4, 3), "isolatio
                "variants": (5, 2)}
 VIEW_OUTPUTS = sum(n for n, _ in TAB_OUTPUTS.values())
 # Every event that runs the ranking model (control changes, tab redraws, the view endpoints) queues in
-# one lane, or in the heavy lane when its estimated work is over HEAVY_REQUEST_FLOPS: at most
+# one lane, or in the heavy lane when its estimated work is over LARGE_REQUEST_FLOPS: at most
 # LANES["forward"].running small forwards and one heavy at once, whichever event asked. The mask view (no
 # model, milliseconds) has its own lane; the page's other queued steps theirs; exports, packs, uploads and
 # timing sweeps have lanes of 1. Each lane bounds how many may wait, and how many of them one visitor's
@@ -50,10 +50,11 @@ VIEW_OUTPUTS = sum(n for n, _ in TAB_OUTPUTS.values())
 ADMISSION = admission.Admission()
 
 
-def lane(name: str, units: int = 1, work=None) -> dict:
+def lane(name: str, units=1, work=None) -> dict:
     """The event keywords of lane `name`: its concurrency group and its admission check (a request
-    worth `units` of the lane's rate share, where it has one). `work(*inputs, request=...)`: the request's
-    estimated FLOPs, for a model view (its lane then follows: forward, or heavy)."""
+    worth `units` of the lane's rate share, where it has one: a number, or `units(*inputs, request=...)`).
+    `work(*inputs, request=...)`: the request's estimated FLOPs, for a view (its lane then follows: its own,
+    or heavy)."""
     return dict(concurrency_id=name, concurrency_limit=LANES[name].running, validator=admit_to(name, units, work))
 
 
@@ -95,10 +96,10 @@ def lane_now(request, lane_name: str) -> tuple[list, list]:
         return [], []
 
 
-def admit_to(lane_name: str, units: int = 1, work=None):
+def admit_to(lane_name: str, units=1, work=None):
     """Gradio's `validator=` for a lane: it runs when an event is pushed, before it is queued, and
     refuses it by name ("queue: got ...") when a bound of the lane would be passed. A model view (`work`
-    given) estimated over HEAVY_REQUEST_FLOPS is admitted to the heavy lane instead, and its work counts
+    given) estimated over LARGE_REQUEST_FLOPS is admitted to the heavy lane instead, and its work counts
     against the visitor's share. In the timing lane a new Run replaces the visitor's running sweep (which
     stops within one timed block)."""
     def admit(request: gr.Request, *inputs):
@@ -107,8 +108,9 @@ def admit_to(lane_name: str, units: int = 1, work=None):
         try:
             if work is not None:
                 flops = work(*inputs, request=request)
-                chosen = "heavy" if flops > admission.HEAVY_REQUEST_FLOPS else lane_name
-            ADMISSION.admit(chosen, visitor_of(request), lambda: lane_now(request, chosen), units, flops, http)
+                chosen = "heavy" if flops > LARGE_REQUEST_FLOPS else lane_name
+            taken = units(*inputs, request=request) if callable(units) else units
+            ADMISSION.admit(chosen, visitor_of(request), lambda: lane_now(request, chosen), taken, flops, http)
         except ValidationError as e:
             log.info("refused at admission (%s): %s", chosen, e)
             if not inputs:              # no input to mark the refusal on: it is answered in words
@@ -119,7 +121,7 @@ def admit_to(lane_name: str, units: int = 1, work=None):
         if lane_name == "timing":
             TIMING_RUNS.cancel(session_of(request))
         return refused(None, len(inputs)) if inputs else []
-    admit.__name__ = f"admit_{lane_name}" + (f"_{units}" if units != 1 else "")
+    admit.__name__ = f"admit_{lane_name}"
     return admit
 
 
@@ -184,8 +186,29 @@ def work_of_source(source: str, *args, request=None) -> float:
 
 FORWARD = lane("forward")
 TIMING = lane("timing")
-EXPORT = lane("export")
-EXPORT_PACK = lane("pack", units=len(export.FIGURES) * len(export.FORMATS))    # every figure, every format
+def renders_of_export(query: str, figure: str, fmt: str, aspect: str = "16:9", request=None) -> int:
+    """What one export takes of the visitor's render share: 1, or 0 when the handler will refuse it by name
+    (a fuzzed or mistyped request costs no share)."""
+    try:
+        settings_of(query, request, need_model=False)
+        export.check_figure(figure), export.check_format(fmt), export.check_aspect(aspect)
+    except (ValidationError, gr.Error, TypeError):
+        return 0
+    return 1
+
+
+def renders_of_pack(query: str, aspect: str = "16:9", request=None) -> int:
+    """A lecture pack renders every figure in every format (0 when it will be refused by name)."""
+    try:
+        settings_of(query, request, need_model=False)
+        export.check_aspect(aspect)
+    except (ValidationError, gr.Error, TypeError):
+        return 0
+    return len(export.FIGURES) * len(export.FORMATS)
+
+
+EXPORT = lane("export", units=renders_of_export)
+EXPORT_PACK = lane("pack", units=renders_of_pack)
 # The page's cheap steps that stay in the queue (a page load's gr.Warning about a bad link needs it).
 CONTROL = lane("control")
 # Uploads: their own lane of 1 (the file check happens in upload_endpoint, so a refusal names the field).
@@ -197,7 +220,7 @@ UNQUEUED = dict(queue=False)
 
 def forward(work) -> dict:
     """The model-view lane for an event whose estimated work `work` computes from its inputs (the heavy lane
-    past HEAVY_REQUEST_FLOPS)."""
+    past LARGE_REQUEST_FLOPS)."""
     return lane("forward", work=work)
 
 

@@ -112,14 +112,17 @@ class Lane:
     count_running: bool = True
 
 
-# Forwards at once: 4 on a GPU; on a CPU one per core (each forward runs one torch thread, see
-# explorer.runs.configure_threads): more only time-share the cores.
+# Small forwards at once: 4 on a GPU; on a CPU two per core, up to 4 (each runs one torch thread, see
+# explorer.runs.configure_threads). A lecture-size view spends much of its slot on Python (building figures,
+# Gradio's postprocessing) waiting for the GIL, so one per core left a core idle: in the soak (30 visitors and
+# the attacker on 2 cores), honest model views p95 3.5 s with 2 slots, 2.6 s with 4. Heavy views have
+# their own lane of one.
 FORWARDS_AT_ONCE = 4 if torch.cuda.is_available() else max(1, min(4, 2 * (os.cpu_count() or 1)))
 
 LANES: dict[str, Lane] = {lane.name: lane for lane in (
     Lane("forward", "model views", running=FORWARDS_AT_ONCE, waiting=48, per_visitor=4, per_address=6),
-    # views over HEAVY_REQUEST_FLOPS (any event that draws one): one at a time, so they never hold the small views'
-    # slots
+    # views over settings.LARGE_REQUEST_FLOPS (any event that draws one): one at a time, so they never hold the
+    # small views' slots
     Lane("heavy", "large views", running=1, waiting=6, per_visitor=1, per_address=2),
     # the mask view (no model): one address holds fewer than run at once, so others always find a slot
     Lane("light", "mask views", running=6, waiting=64, per_visitor=2, per_address=3),
@@ -135,9 +138,6 @@ LANES: dict[str, Lane] = {lane.name: lane for lane in (
 # Gradio's own bound on everything queued; above the lanes' sum, so no lane's refusals are pre-empted by
 # Gradio's "Queue is full" (which names no field).
 QUEUE_MAX = 256
-# A view estimated above this goes to the heavy lane, one at a time, at a lower CPU priority (explorer.runs
-# LARGE_REQUEST_FLOPS): lecture views are < 0.3 GFLOP; phoenix-nano's 26-150; a mask view of T 2048, 2.
-HEAVY_REQUEST_FLOPS = 1e9
 
 
 def check_admission(lane: str, waiting: list, visitor: tuple, running: list = ()) -> None:
@@ -224,7 +224,7 @@ class Admission:
             pending = [t.visitor for t in self.tickets if t.lane == lane]
             waiting, running = lane_now()
             check_admission(lane, list(waiting) + pending, visitor, running)
-            shares = [(self.rates["export"], units)] if lane in ("export", "pack") else []
+            shares = [(self.rates["export"], units)] if lane in ("export", "pack") and units else []
             if flops >= 1e9:
                 shares.append((self.rates["work"], round(flops / 1e9)))
             for share in shares:

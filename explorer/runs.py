@@ -39,9 +39,8 @@ from models.recsys import RecsysBatch, RecsysModel, RecsysOutput, init_recsys, s
 from models.weights import EXTENSIONS, FAMILY_NAMES, WrongFamily, load_weights
 from models.xrex import XrexRecsys
 
-from .admission import HEAVY_REQUEST_FLOPS
-from .settings import (FAMILIES, WEIGHT_GEOMETRY, Settings, ValidationError, check_budget, device, estimate_params,
-                       memory_ceiling)
+from .settings import (FAMILIES, LARGE_REQUEST_FLOPS, WEIGHT_GEOMETRY, Settings, ValidationError, check_budget,
+                       device, estimate_params, memory_ceiling)
 
 log = logging.getLogger("explorer")
 
@@ -274,7 +273,6 @@ class ByteCache:
 # OS priority (nice +10, Linux sets it per thread): alone they run as fast, beside small ones they
 # yield. Threads of their own, because a thread cannot take its priority back without privileges,
 # and Gradio's worker threads serve every request.
-LARGE_REQUEST_FLOPS = HEAVY_REQUEST_FLOPS     # lecture's views: tens of MFLOP; phoenix-nano's: tens of GFLOP
 LOW_PRIORITY_NICE = 10
 
 

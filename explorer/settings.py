@@ -140,6 +140,12 @@ def max_request_bytes() -> int:
     return memory_ceiling() // 2
 
 
+# A request estimated above this is large: it runs at a lower CPU priority (explorer.runs) in the server's heavy
+# lane, one at a time (explorer.admission). Lecture views are < 0.3 GFLOP; phoenix-nano's 26-150; a mask view
+# of T 2048, 2.
+LARGE_REQUEST_FLOPS = 1e9
+
+
 def max_request_flops() -> float:
     return GPU_MAX_REQUEST_FLOPS if device() == "cuda" else CPU_MAX_REQUEST_FLOPS
 

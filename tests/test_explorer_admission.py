@@ -263,7 +263,7 @@ def test_the_page_is_built_once_and_page_loads_and_events_are_bounded_per_visito
 
 
 def test_a_heavy_model_view_is_admitted_to_the_heavy_lane_and_queued_there(monkeypatch):
-    """A view estimated over HEAVY_REQUEST_FLOPS takes the heavy lane's bounds (one per visitor), counts
+    """A view estimated over LARGE_REQUEST_FLOPS takes the heavy lane's bounds (one per visitor), counts
     against the visitor's work share, and waits in the heavy lane's queue whatever event asked for it;
     a small view of the same visitor still goes to the forward lane."""
     import handlers
