@@ -25,7 +25,9 @@ from explorer.admission import QUEUE_MAX
 from explorer.controls import CONTROL_FIELDS, LABELS
 from explorer.settings import (COLOR_SCALES, FAMILIES, INVARIANCE_OPS, PERTURBATIONS, VALUE_KINDS, XREX_ROPE, ZOOMS,
                                Settings, parse_settings, to_query)
-from handlers import (EXPORT, EXPORT_PACK, FORWARD, LIGHT, TAB_OUTPUTS, TABS, TIMING, UPLOAD, VIEW_ENDPOINTS,
+from handlers import (CONTROL, EXPORT, EXPORT_PACK, TAB_OUTPUTS, TABS, TIMING, UNQUEUED, UPLOAD, VIEW_ENDPOINTS,
+                      admit_every_event, forward, light, work_of_change, work_of_pick, work_of_query, work_of_source,
+                      work_of_tab,
                       bug_choices, control_change, control_change_on_page, export_endpoint, family_endpoint, family_on_page,
                       head_choices, lecture_pack_endpoint, limit_endpoint, link_to_controls, load_endpoint,
                       page_gone, pick_on_page, preset_choices, preset_endpoint, preset_on_page, present_key_on_page,
@@ -279,13 +281,14 @@ assert tuple(TAB_BUILDERS) == TABS
 # --- wiring: one function per group of events ---------------------------------------------------
 
 HIDDEN = dict(api_visibility="undocumented")      # the page's own steps: not on the API page
+STEP = dict(**HIDDEN, **UNQUEUED)                 # ... and those that need no queue (handlers.UNQUEUED)
 
 
 def redraw(page: SimpleNamespace, event, after: str):
     """After `event`: the address bar follows the query, then the visible tab is redrawn."""
-    return (event.then(None, [page.query, page.tab_state], None, js=WRITE_URL, **HIDDEN)
+    return (event.then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP)
             .then(render_tab, [page.query, page.tab_state], page.view_outputs, api_name=f"render_after_{after}",
-                  **figures_of(page.view_outputs), **HIDDEN, **FORWARD))
+                  **figures_of(page.view_outputs), **HIDDEN, **forward(work_of_tab)))
 
 
 def picked(control: gr.components.Component):
@@ -311,27 +314,27 @@ def wire_controls(page: SimpleNamespace, c: dict) -> None:
     page.pick.change(pick_on_page, [page.pick] + controls + [page.tab_state, page.query, page.marked],
                     [page.query, page.marked, page.limit_md] + controls + page.view_outputs,
                     api_name="render_after_pick", trigger_mode="always_last", **figures_of(page.view_outputs), **HIDDEN,
-                    **FORWARD, **RAW).then(None, [page.query, page.tab_state], None, js=WRITE_URL, **HIDDEN)
+                    **forward(work_of_pick), **RAW).then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP)
     for f, js in IN_BROWSER.items():    # no server request: the page redraws and writes the link
-        picked(c[f])(None, [c[f], page.query], [page.query], js=js, api_name=f"{f}_in_browser", **HIDDEN, **RAW) \
-            .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **HIDDEN)
+        picked(c[f])(None, [c[f], page.query], [page.query], js=js, api_name=f"{f}_in_browser", **STEP, **RAW) \
+            .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP)
     picked(c["query"])(None, [c["query"], page.query, page.query_redraw], [page.query, page.query_redraw], js=QUERY_ROW,
-                       api_name="query_in_browser", **HIDDEN, **RAW) \
-        .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **HIDDEN)
+                       api_name="query_in_browser", **STEP, **RAW) \
+        .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP)
     for f, js in (("layer", LAYER), ("head", HEAD_PICK), ("values", VALUES_PICK)):
         picked(c[f])(None, [c[f], c["query"], page.query, page.query_redraw], [page.query, page.query_redraw],
-                     js=js, api_name=f"{f}_in_browser", **HIDDEN, **RAW) \
-            .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **HIDDEN)
+                     js=js, api_name=f"{f}_in_browser", **STEP, **RAW) \
+            .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP)
     gr.on([picked(c[f]) for f in CONTROL_FIELDS if f not in ("preset", "family", "query", "layer", "head", "values",
                                                               *IN_BROWSER)]
           + [page.query_redraw.change], control_change_on_page,
           controls + [page.tab_state, page.query, page.marked],
           [page.query, page.marked, page.limit_md] + controls + page.view_outputs,
           api_name="render_on_change", trigger_mode="always_last", **figures_of(page.view_outputs), **HIDDEN,
-          **FORWARD, **RAW).then(None, [page.query, page.tab_state], None, js=WRITE_URL, **HIDDEN)
+          **forward(work_of_change), **RAW).then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP)
     page.hidden_q.change(control_change, controls + [page.tab_state], [page.query, c["head"]] + page.view_outputs,
-                         api_name="control_change", **FORWARD, **RAW)
-    page.hidden_q.blur(settings_endpoint, controls, page.hidden_out, api_name="settings", **RAW)
+                         api_name="control_change", **forward(work_of_change), **RAW)
+    page.hidden_q.blur(settings_endpoint, controls, page.hidden_out, api_name="settings", **UNQUEUED, **RAW)
 
 
 def wire_sources(page: SimpleNamespace, c: dict) -> None:
@@ -342,33 +345,33 @@ def wire_sources(page: SimpleNamespace, c: dict) -> None:
     for name, api_fn, page_fn, inputs, trigger in (
             ("preset", preset_endpoint, preset_on_page, [c["preset"]], page.hidden_q.focus),
             ("family", family_endpoint, family_on_page, [page.query, c["family"]], page.hidden_q.select)):
-        trigger(api_fn, inputs, page.hidden_out, api_name=name, **RAW)
+        trigger(api_fn, inputs, page.hidden_out, api_name=name, **UNQUEUED, **RAW)
         outputs = [page.query, page.limit_md] + controls + page.view_outputs
         picked(c[name])(page_fn, inputs + [page.tab_state], outputs, api_name=f"render_after_{name}",
-                        **figures_of(outputs), **HIDDEN, **FORWARD, **RAW) \
-            .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **HIDDEN)
+                        **figures_of(outputs), **HIDDEN, **forward(work_of_source), **RAW) \
+            .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP)
     ev = page.upload.upload(upload_endpoint, [page.query, page.upload], [page.query, page.upload_msg],
                             api_name="upload_weights", **UPLOAD)
     redraw(page, ev.success(query_to_controls, page.query, controls, api_name="sync_upload",
-                            show_progress="hidden", **HIDDEN), "upload")
+                            show_progress="hidden", **STEP), "upload")
 
 
 def wire_navigation(demo: gr.Blocks, page: SimpleNamespace, c: dict) -> None:
     """Opening a tab redraws it; a page load reads its link; closing the page forgets its uploads."""
     for name, tab in page.tab.items():
         tab.select(lambda n=name: n, None, page.tab_state, api_name=f"tab_{name}", show_progress="hidden",
-                   **HIDDEN) \
-           .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **HIDDEN) \
+                   **STEP) \
+           .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP) \
            .then(render_tab, [page.query, page.tab_state], page.view_outputs, api_name=f"render_{name}",
-                 **figures_of(page.view_outputs), **HIDDEN, **FORWARD)
-    page.copy.click(None, None, None, api_name="copy_link",
-                    js=COPY_LINK)
+                 **figures_of(page.view_outputs), **HIDDEN, **forward(work_of_tab))
+    page.copy.click(None, None, None, api_name="copy_link", js=COPY_LINK, **STEP)
+    # the load stays queued: its gr.Warning about a bad link reaches the page through the queue
     redraw(page, demo.load(load_endpoint, None, [page.query, page.tab_state, page.tabs, page.marked], api_name="load",
-                           **HIDDEN)
+                           **HIDDEN, **CONTROL)
            .success(link_to_controls, [page.query, page.marked], [c[f] for f in CONTROL_FIELDS], api_name="sync_load",
-                    show_progress="hidden", **HIDDEN)
-           .then(limit_endpoint, page.query, page.limit_md, api_name="limit_after_load", **HIDDEN), "load")
-    demo.load(None, None, None, js=PICK_ROW, api_name="pick_row", **HIDDEN)
+                    show_progress="hidden", **STEP)
+           .then(limit_endpoint, page.query, page.limit_md, api_name="limit_after_load", **STEP), "load")
+    demo.load(None, None, None, js=PICK_ROW, api_name="pick_row", **STEP)
     demo.unload(page_gone)
 
 
@@ -378,23 +381,22 @@ def wire_presentation(page: SimpleNamespace, c: dict) -> None:
     outputs = [page.query, page.limit_md] + [c[f] for f in CONTROL_FIELDS] + page.view_outputs
     page.key.click(present_key_on_page, [page.query, page.hidden_out, page.tab_state], outputs,
                    js="(q, keys, tab) => [q, explorer.present.pendingKey, tab]", api_name="render_after_key",
-                   **figures_of(outputs), **HIDDEN, **FORWARD, **RAW) \
-        .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **HIDDEN) \
-        .then(None, None, None, js="() => explorer.present.done()", **HIDDEN)
-    page.present.click(None, None, None, js="() => explorer.present.enter()", api_name="present", **HIDDEN)
+                   **figures_of(outputs), **HIDDEN, **forward(work_of_tab), **RAW) \
+        .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP) \
+        .then(None, None, None, js="() => explorer.present.done()", **STEP)
+    page.present.click(None, None, None, js="() => explorer.present.enter()", api_name="present", **STEP)
     # ↑ ↓ where the page holds the head's panel: drawn by the page, then the link, the dropdown and the address
     page.head_key.change(None, [page.head_key, page.query], page.query, js=HEAD_KEY, api_name="head_key_in_browser",
-                        **HIDDEN, **RAW) \
-        .then(head_of_link, page.query, c["head"], api_name="head_of_link", show_progress="hidden", **HIDDEN,
-              **LIGHT, **RAW) \
-        .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **HIDDEN)
+                        **STEP, **RAW) \
+        .then(head_of_link, page.query, c["head"], api_name="head_of_link", show_progress="hidden", **STEP, **RAW) \
+        .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP)
 
 
 def wire_view_api(page: SimpleNamespace, outputs: dict) -> None:
     """The API: one endpoint per view, the configuration as a query string."""
     for name in TAB_OUTPUTS:
         page.hidden_q.submit(VIEW_ENDPOINTS[name], page.hidden_q, outputs[name], api_name=name,
-                             **(LIGHT if name == "mask" else FORWARD))
+                             **(light(work_of_query(name)) if name == "mask" else forward(work_of_query(name))))
 
 
 def wire_timing(page: SimpleNamespace, t: SimpleNamespace) -> None:
@@ -419,10 +421,10 @@ def wire_timing(page: SimpleNamespace, t: SimpleNamespace) -> None:
                               api_name="timing_lengths_kept", **quiet).then(api_name="timing_check_after_kept", **check)
     gr.on([t.lengths.input, t.backends.input], api_name="timing_check", trigger_mode="always_last", **check)
     page.tab["timing"].select(timing_recorded, [page.query, t.geometry, t.dtype, t.figures[0]], t.figures,
-                              api_name="timing_recorded", **{**quiet, "queue": True})
+                              api_name="timing_recorded", **{**quiet, "queue": True}, **CONTROL)
     # a link that opens on this tab (the lesson's timing step) draws the committed curves as well
     page.tab_state.change(timing_recorded_on_link, [page.tab_state, page.query, t.geometry, t.dtype, t.figures[0]],
-                          t.figures, api_name="timing_recorded_on_link", **{**quiet, "queue": True})
+                          t.figures, api_name="timing_recorded_on_link", **{**quiet, "queue": True}, **CONTROL)
 
 
 def wire_export(page: SimpleNamespace, e: SimpleNamespace) -> None:
@@ -459,7 +461,9 @@ def build_app() -> gr.Blocks:
         wire_view_api(page, built)
         wire_timing(page, built["timing"])
         wire_export(page, built["export"])
-    demo.queue(default_concurrency_limit=4, max_size=QUEUE_MAX)
+    # api_open=False: a queued event never runs through /run/<name> past its lane (the default off a Space)
+    demo.queue(default_concurrency_limit=4, max_size=QUEUE_MAX, api_open=False)
+    admit_every_event(demo)
     watch_lanes(demo)
     skip_queue_analytics(demo)
     keep_outputs_out_of_session_state()

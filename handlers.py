@@ -22,8 +22,8 @@ from pydantic import model_validator
 from explorer import admission, controls, export, runs, timing, views
 from explorer.admission import LANES, visitor_of
 from explorer.controls import CONTROL_FIELDS
-from explorer.settings import (FAMILIES, PRESETS, Settings, ValidationError, check_model_fits, device, parse_query,
-                               parse_settings, retired_note, to_query, with_family)
+from explorer.settings import (FAMILIES, LARGE_REQUEST_FLOPS, PRESETS, Settings, ValidationError, check_model_fits,
+                               device, parse_query, parse_settings, retired_note, to_query, view_cost, with_family)
 from models.bugzoo import bug_names
 
 log = logging.getLogger("explorer")
@@ -41,17 +41,21 @@ TAB_OUTPUTS = {"mask": (4, 1), "attention": (3, 2), "anatomy": (4, 3), "isolatio
                "variants": (5, 2)}
 VIEW_OUTPUTS = sum(n for n, _ in TAB_OUTPUTS.values())
 # Every event that runs the ranking model (control changes, tab redraws, the view endpoints) queues in
-# one lane: at most LANES["forward"].running forwards at once across all of them, whichever event
-# asked. The mask view (no model, milliseconds) has its own; exports (one kaleido browser), uploads
-# and timing sweeps have lanes of 1. Each lane bounds how many may wait, and how many of them one
-# visitor's (explorer.admission): a request over a bound is refused by name when it is pushed.
+# one lane, or in the heavy lane when its estimated work is over LARGE_REQUEST_FLOPS: at most
+# LANES["forward"].running small forwards and one heavy at once, whichever event asked. The mask view (no
+# model, milliseconds) has its own lane; the page's other queued steps theirs; exports, packs, uploads and
+# timing sweeps have lanes of 1. Each lane bounds how many may wait, and how many of them one visitor's
+# (explorer.admission): a request over a bound is refused by name when it is pushed. Every other event runs
+# outside the queue (queue=False), bounded per visitor by the front door's request rates.
 ADMISSION = admission.Admission()
 
 
-def lane(name: str, units: int = 1) -> dict:
+def lane(name: str, units=1, work=None) -> dict:
     """The event keywords of lane `name`: its concurrency group and its admission check (a request
-    worth `units` of the lane's rate share, where it has one)."""
-    return dict(concurrency_id=name, concurrency_limit=LANES[name].running, validator=admit_to(name, units))
+    worth `units` of the lane's rate share, where it has one: a number, or `units(*inputs, request=...)`).
+    `work(*inputs, request=...)`: the request's estimated FLOPs, for a view (its lane then follows: its own,
+    or heavy)."""
+    return dict(concurrency_id=name, concurrency_limit=LANES[name].running, validator=admit_to(name, units, work))
 
 
 def watch_lanes(demo: gr.Blocks) -> None:
@@ -64,6 +68,19 @@ def watch_lanes(demo: gr.Blocks) -> None:
     for name, bound in LANES.items():
         queues[name] = EventQueue(name, bound.running)
         queues[name].queue = admission.WatchedQueue(name, ADMISSION)
+
+
+def admit_every_event(demo: gr.Blocks) -> None:
+    """Any event can be pushed into the queue by its index (Gradio's /queue/join checks no `queue=False`),
+    so every one passes a lane's admission: those wired without one (the page's own JS-only steps, the
+    unload, an event added later) are checked as page steps. A Stop (an event that `cancels`) takes no
+    check — Gradio hands it the session hash instead of its inputs, which a check could not read — and
+    runs in microseconds, bounded by the front door's event rate."""
+    for fn in demo.fns.values():
+        if fn.validator is None and not fn.cancels:
+            fn.validator = admit_to("control")
+        if fn.concurrency_id not in LANES:
+            fn.concurrency_id, fn.concurrency_limit = "control", LANES["control"].running
 
 
 def lane_now(request, lane_name: str) -> tuple[list, list]:
@@ -79,38 +96,137 @@ def lane_now(request, lane_name: str) -> tuple[list, list]:
         return [], []
 
 
-def admit_to(lane_name: str, units: int = 1):
+def admit_to(lane_name: str, units=1, work=None):
     """Gradio's `validator=` for a lane: it runs when an event is pushed, before it is queued, and
-    refuses it by name ("queue: got ...") when a bound of the lane would be passed. In the timing
-    lane a new Run replaces the visitor's running sweep (which stops within one timed block)."""
+    refuses it by name ("queue: got ...") when a bound of the lane would be passed. A model view (`work`
+    given) estimated over LARGE_REQUEST_FLOPS is admitted to the heavy lane instead, and its work counts
+    against the visitor's share. In the timing lane a new Run replaces the visitor's running sweep (which
+    stops within one timed block)."""
     def admit(request: gr.Request, *inputs):
-        # Gradio wants one gr.validate per input, the refusal shown on the first; with one input it
-        # reads the value itself (a 1-tuple would be taken for a valid answer: the check skipped)
-        verdicts = [gr.validate(True, "") for _ in inputs]
+        chosen, flops = lane_name, 0.0
+        http = getattr(request, "request", None)
         try:
-            ADMISSION.admit(lane_name, visitor_of(request), lambda: lane_now(request, lane_name), units)
+            if work is not None:
+                flops = work(*inputs, request=request)
+                chosen = "heavy" if flops > LARGE_REQUEST_FLOPS else lane_name
+            taken = units(*inputs, request=request) if callable(units) else units
+            ADMISSION.admit(chosen, visitor_of(request), lambda: lane_now(request, chosen), taken, flops, http)
         except ValidationError as e:
-            log.info("refused at admission (%s): %s", lane_name, e)
-            verdicts[0] = gr.validate(False, str(e))
-        else:
-            if lane_name == "timing":
-                TIMING_RUNS.cancel(session_of(request))
-        return verdicts[0] if len(verdicts) == 1 else tuple(verdicts)
-    admit.__name__ = f"admit_{lane_name}" + (f"_{units}" if units != 1 else "")
+            log.info("refused at admission (%s): %s", chosen, e)
+            if not inputs:              # no input to mark the refusal on: it is answered in words
+                raise gr.Error(as_text(str(e)), print_exception=False) from None
+            return refused(str(e), len(inputs))
+        if http is not None and chosen != lane_name:
+            http.state.lane = chosen                # admission.WatchedQueue queues it in that lane
+        if lane_name == "timing":
+            TIMING_RUNS.cancel(session_of(request))
+        return refused(None, len(inputs)) if inputs else []
+    admit.__name__ = f"admit_{lane_name}"
     return admit
+
+
+def refused(message, n: int):
+    """A validator's answer for `n` inputs: one gr.validate each, the refusal (if any) shown on the first. With
+    one input Gradio reads the value itself (a 1-tuple would be taken for a valid answer: the check skipped)."""
+    verdicts = [gr.validate(message is None, message or "")] + [gr.validate(True, "") for _ in range(n - 1)]
+    return verdicts[0] if n == 1 else tuple(verdicts)
+
+
+def view_work(s: Settings | None, tab: str) -> float:
+    """Estimated FLOPs of drawing `tab` with settings `s` (0: no model view, or settings the handler will
+    refuse by name anyway)."""
+    if s is None or tab not in TAB_OUTPUTS:
+        return 0.0
+    try:
+        return view_cost(s, tab).flops
+    except ValidationError:
+        return 0.0
+
+
+def _quietly(parse, *args) -> Settings | None:
+    try:
+        return parse(*args)
+    except (ValidationError, gr.Error, TypeError, ValueError):
+        return None
+
+
+def work_of_query(view: str):
+    """`work` for an endpoint of one view taking a query string."""
+    return lambda query, request=None: view_work(_quietly(settings_of, query, request), view)
+
+
+def work_of_tab(query: str, *rest, request=None) -> float:
+    """`work` for a redraw of the visible tab: (query, tab) or (query, keys, tab), the tab last."""
+    return view_work(_quietly(settings_of, query, request), rest[-1] if rest else "")
+
+
+def work_of_change(*args, request=None) -> float:
+    """`work` for a control change: (every control's value..., tab[, last valid link, marked]); the controls
+    as they parse, else the last valid link."""
+    n = len(CONTROL_FIELDS)
+    values, tab = args[:n], args[n] if len(args) > n else ""
+    uploaded = runs.uploads(session_of(request))
+    s = _quietly(lambda: parse_settings(dict(zip(CONTROL_FIELDS, values)), uploaded=uploaded))
+    if s is None and len(args) > n + 1:
+        s = _quietly(settings_of, args[n + 1], request)
+    return view_work(s, tab)
+
+
+def work_of_pick(pick: str, *args, request=None) -> float:
+    """`work` for a heatmap click: the pick, then as work_of_change."""
+    return work_of_change(*args, request=request)
+
+
+def work_of_source(source: str, *args, request=None) -> float:
+    """`work` for a preset pick (preset, tab) or a family switch (query, family, tab)."""
+    if len(args) == 1:
+        return view_work(_quietly(lambda: parse_query(preset_endpoint(source))), args[0])
+    return view_work(_quietly(lambda: parse_query(family_endpoint(source, args[0], request))), args[1])
 
 
 FORWARD = lane("forward")
 TIMING = lane("timing")
-EXPORT = lane("export")
-EXPORT_PACK = lane("export", units=len(export.FIGURES))        # a lecture pack renders every figure
-# The mask view runs no model (a few ms): its own lane, so a lecture's /mask never queues behind
-# four probe passes on phoenix-nano.
-LIGHT = lane("light")
-# Uploads: their own lane of 1, with no admission check: a validator sees Gradio's preprocessed
-# inputs, and the file check in that preprocessing ("weights file: got ...") would then reach the
-# visitor as a bare HTTP 400. The raw upload route's per-visitor share and QUEUE_MAX bound them.
-UPLOAD = dict(concurrency_id="upload", concurrency_limit=1)
+def renders_of_export(query: str, figure: str, fmt: str, aspect: str = "16:9", request=None) -> int:
+    """What one export takes of the visitor's render share: 1, or 0 when the handler will refuse it by name
+    (a fuzzed or mistyped request costs no share)."""
+    try:
+        settings_of(query, request, need_model=False)
+        export.check_figure(figure), export.check_format(fmt), export.check_aspect(aspect)
+    except (ValidationError, gr.Error, TypeError):
+        return 0
+    return 1
+
+
+def renders_of_pack(query: str, aspect: str = "16:9", request=None) -> int:
+    """A lecture pack renders every figure in every format (0 when it will be refused by name)."""
+    try:
+        settings_of(query, request, need_model=False)
+        export.check_aspect(aspect)
+    except (ValidationError, gr.Error, TypeError):
+        return 0
+    return len(export.FIGURES) * len(export.FORMATS)
+
+
+EXPORT = lane("export", units=renders_of_export)
+EXPORT_PACK = lane("pack", units=renders_of_pack)
+# The page's cheap steps that stay in the queue (a page load's gr.Warning about a bad link needs it).
+CONTROL = lane("control")
+# Uploads: their own lane of 1 (the file check happens in upload_endpoint, so a refusal names the field).
+UPLOAD = lane("upload")
+# The page's own steps that need no queue (parsing a link, setting controls, JS-only steps): they run at
+# once, bounded per visitor by the front door's request rates (explorer.admission.EVENT_RATE).
+UNQUEUED = dict(queue=False)
+
+
+def forward(work) -> dict:
+    """The model-view lane for an event whose estimated work `work` computes from its inputs (the heavy lane
+    past LARGE_REQUEST_FLOPS)."""
+    return lane("forward", work=work)
+
+
+def light(work) -> dict:
+    """The mask view's lane, likewise (a mask of T 2048 is heavy)."""
+    return lane("light", work=work)
 
 
 MAX_MESSAGE_CHARS = 2000
@@ -275,6 +391,7 @@ def timing_outputs(sw: timing.Sweep, req: timing.Request, recorded) -> tuple:
 
 
 TIMING_RUNS = timing.TimingRuns()
+SMALL_SWEEP_MAX_LEN = 256
 
 
 async def timing_endpoint(query: str, lengths: str, backends: list, geometry: str = None, dtype: str = None,
@@ -290,11 +407,14 @@ async def timing_endpoint(query: str, lengths: str, backends: list, geometry: st
     run = TIMING_RUNS.start(session)
     steps = timing.sweep(s, req, run)
     loop = asyncio.get_running_loop()
+    # a sweep past SMALL_SWEEP_MAX_LEN yields to small requests (runs at a lower CPU priority); a small one
+    # (milliseconds a step) would only wait behind them, holding the lane of one sweep at a time
+    pool = runs.LOW_PRIORITY if max(req.lengths) > SMALL_SWEEP_MAX_LEN else None
     ends_with_thread = False
     try:
         recorded = await loop.run_in_executor(None, timing_recorded_curves, req)
         while True:
-            step = loop.run_in_executor(runs.LOW_PRIORITY, timing_step, steps)   # yields to small requests
+            step = loop.run_in_executor(pool, timing_step, steps)
             try:
                 sw = await asyncio.shield(step)
             except asyncio.CancelledError:
@@ -388,6 +508,8 @@ def lecture_pack_endpoint(query: str, aspect: str = "16:9", request: gr.Request 
 
 @guarded
 def upload_endpoint(query: str, path: str, request: gr.Request = None):
+    if isinstance(path, NotAFile):
+        raise ValidationError("weights file", str(path), path.why)
     s = settings_of(query, request)
     if not path:
         raise ValidationError("weights file", path, "a .npz or .safetensors file")
@@ -477,6 +599,9 @@ def load_endpoint(request: gr.Request):
         gr.Info(as_text(f"link: {retired_note(params)}"))
     tab = params.get("tab", "mask")
     tab = tab if tab in TABS else "mask"
+    weights = params.get("weights", "")
+    if isinstance(weights, str) and weights.startswith("upload:"):    # a reload: its old page's upload is its own
+        runs.adopt(session_of(request), visitor_of(request)[0], weights.removeprefix("upload:"))
     s, problems = controls.from_link(params, runs.uploads(session_of(request)))
     if problems:
         gr.Warning(as_text("link: " + "; ".join(problems.values()) + ". The rest of the link was kept; the "
@@ -636,6 +761,16 @@ class UploadedFile(FileData):
         return {"path": "", "orig_name": str(value)[:200], "meta": {"_type": "gradio.FileData"}}
 
 
+class NotAFile(str):
+    """What the weights file input holds when it was sent no file it takes: the value sent (as text), and
+    what is allowed (`why`), for upload_endpoint's message."""
+
+    def __new__(cls, sent, why: str):
+        text = super().__new__(cls, str(sent))
+        text.why = why
+        return text
+
+
 def weights_file(**kw) -> gr.File:
     """A file input that answers anything but an uploaded file (e.g. a server-side path string from an
     API client) with "weights file: got ...; allowed: ..." instead of Gradio's generic error."""
@@ -644,10 +779,15 @@ def weights_file(**kw) -> gr.File:
     preprocess = upload.preprocess
 
     def uploaded_only(payload):
+        # no exception here: the upload lane's admission check preprocesses the inputs too, and an
+        # exception there would reach the visitor as a bare HTTP 400; upload_endpoint names the field
         if isinstance(payload, FileData) and not payload.path:
-            raise gr.Error(as_text(str(ValidationError(
-                "weights file", payload.orig_name, "a .npz or .safetensors file uploaded through the page or "
-                "gradio_client.handle_file"))), print_exception=False)
-        return preprocess(payload)
+            return NotAFile(payload.orig_name, "a .npz or .safetensors file uploaded through the page or "
+                            "gradio_client.handle_file")
+        try:
+            return preprocess(payload)
+        except gr.Error:                # Gradio's own check (a file type outside file_types)
+            name = getattr(payload, "orig_name", None) or os.path.basename(str(getattr(payload, "path", "")))
+            return NotAFile(name, "a .npz or .safetensors file (never pickle)")
     upload.preprocess = uploaded_only
     return upload

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import enum
 import json
 import os
 import platform
@@ -58,6 +59,9 @@ MIX = {
     "variants": ("/variants", 1),
     "timing (tiny)": ("/timing", 0.5),
 }
+
+
+MODEL_VIEWS = ("attention", "isolation", "invariance", "variants")       # of MIX: the views that run the model
 
 
 def visitor_query(rng: random.Random) -> str:
@@ -190,6 +194,15 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
+def family_rss_bytes(pid: int) -> int:
+    """Resident memory of `pid` and every process below it (the export browser counts: it is the server's)."""
+    total = 0
+    for p in (pid, *descendants(pid)):
+        with contextlib.suppress(OSError):
+            total += rss_bytes(p)
+    return total
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds a process has used so far (all its threads)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -212,9 +225,10 @@ def descendants(pid: int) -> list[int]:
 
 
 class RssSampler:
-    """The server's resident memory every 0.2 s on a thread, from start() to stop(): samples is a
-    list of (monotonic time, bytes); `cpu` the CPU seconds used meanwhile by the server and by the
-    processes it started (the export browser), each read once a second."""
+    """The server's resident memory every 0.2 s on a thread, from start() to stop(), with the processes it
+    started (the export browser: kaleido's Chromium and its renderers): samples is a list of (monotonic time,
+    bytes); `cpu` the CPU seconds used meanwhile by the server and by those processes, each read once a
+    second."""
 
     def __init__(self, pid: int):
         self.pid, self.samples, self.done = pid, [], threading.Event()
@@ -236,12 +250,16 @@ class RssSampler:
                     export_browser_s=round(sum(v for pid, v in used.items() if pid != self.pid), 1))
 
     def _run(self) -> None:
-        n = 0
+        n, family = 0, [self.pid]
         while not self.done.is_set():
-            with contextlib.suppress(OSError):
-                self.samples.append((time.monotonic(), rss_bytes(self.pid)))
             if n % 5 == 0:
+                family = [self.pid, *descendants(self.pid)]
                 self._read_cpu()
+            total = 0
+            for pid in family:
+                with contextlib.suppress(OSError):
+                    total += rss_bytes(pid)
+            self.samples.append((time.monotonic(), total))
             n += 1
             time.sleep(0.2)
 
@@ -402,22 +420,44 @@ def main_abuse(a) -> dict:
 
 # --- the soak (issue 19): honest visitors beside one attacker running findings 1-6 -------------------
 
-SOAK_TARGETS = dict(peak_rss_gb=6.0, rss_after_gb=1.5, after_s=30.0, honest_mask_p95_s=1.0, honest_failures=0)
+SOAK_TARGETS = dict(peak_rss_gb=6.0, rss_after_gb=1.5, after_s=30.0, honest_mask_p95_s=1.0, honest_failures=0,
+                   honest_model_views_p95_s=3.0)
 SETTLED_AFTER_S = 5.0                   # the start burst, reported apart (the target counts every request)
 ATTACKER = "198.51.100.66"              # the address the (simulated) proxy forwards for the attacker
 HEAVY_MASK = "preset=lecture&num_history=1535&num_candidates=512&zoom=candidates"
 FULL_MASK = "preset=lecture&num_history=1535&num_candidates=512&zoom=history tail"
 ZOOMED_GRID = ("preset=lecture&weights=random&num_layers=16&num_q_heads=8&num_kv_heads=8&num_history=80&"
                "num_candidates=512&zoom=candidates&head=-1")
-# finding -> what the attacker does in a loop (one thread each, all from ATTACKER)
-ATTACKS = {
-    "1 fresh session per heavy result": "/mask (T 2048) and a zoomed 16 x 8 attention grid, a new session hash each",
-    "2 one session floods /isolation": "12 joins at once from one session, again every 2 s",
-    "3 minted sessions take a lane": "8 /attention and 4 /export_figure joins, a new session hash each",
-    "4 uploads fill the store": "phoenix-nano weights (45 MB), a new session each",
-    "5 huge results": "/mask at T 2048 with the history tail at full resolution, in a loop",
-    "6 raw upload route": "50 MB bodies to /gradio_api/upload in a loop",
-}
+HEAVY_INVARIANCE = "preset=phoenix-nano&emb_size=1024&num_history=1500&weights=random"   # ~550 GFLOP, admitted
+PACK_PRESET = "preset=phoenix-2026-nano"
+
+
+class Attack(enum.Enum):
+    """What the attacker does in a loop, all from ATTACKER: (label, what it does, threads). Issue 19's
+    findings 1-6, then issue 28's modes (events that skipped admission, GET floods, heavy admitted work,
+    upload and pack loops)."""
+    FRESH_SESSIONS = ("1 fresh session per heavy result", "/mask (T 2048) and a zoomed 16 x 8 attention grid, "
+                      "a new session hash each", 1)
+    ONE_SESSION_FLOOD = ("2 one session floods /isolation", "12 joins at once from one session, again every 2 s", 1)
+    MINTED_SESSIONS = ("3 minted sessions take a lane", "8 /attention and 4 /export_figure joins, a new session "
+                       "hash each", 1)
+    UPLOAD_STORE = ("4 uploads fill the store", "phoenix-nano weights (45 MB), a new session each", 1)
+    HUGE_RESULTS = ("5 huge results", "/mask at T 2048 with the history tail at full resolution, in a loop", 1)
+    RAW_UPLOAD_ROUTE = ("6 raw upload route", "50 MB bodies to /gradio_api/upload in a loop", 1)
+    PAGE_STEP_FLOOD = ("7 page steps fill the queue", "20 connections joining the committed timing curves, the "
+                       "page load and the unload in a loop (events that skipped admission)", 20)
+    GET_FLOOD = ("8 GET flood", "10 connections getting / and /config in a loop", 10)
+    HEAVY_WORK = ("9 heavy admitted work", f"/invariance at {HEAVY_INVARIANCE} (~550 GFLOP) in a loop", 2)
+    PACK_LOOP = ("10 pack loop", f"lecture packs at {PACK_PRESET} in a loop", 1)
+    EXPORT_LOOP = ("11 export loop", "one-figure exports (the lecture mask, PNG) in a loop beside the packs", 1)
+
+    def __init__(self, label: str, does: str, threads: int):
+        self.label, self.does, self.threads = label, does, threads
+
+
+ATTACKS = list(Attack)
+# the attacks answered within their bounds (pooled figures, plain GETs of a cached page) rather than refused
+ANSWERED_ATTACKS = {Attack.FRESH_SESSIONS, Attack.HUGE_RESULTS}
 
 
 def _refusal(text: str) -> bool:
@@ -489,17 +529,17 @@ class RawClient:
                     rest_s=t_end - t_start - (run or 0.0))
 
 
-def attacker(kind: str, url: str, stop_at: list, records: list, lock: threading.Lock, tmp: Path,
+def attacker(attack: Attack, url: str, stop_at: list, records: list, lock: threading.Lock, tmp: Path,
              start: threading.Barrier) -> None:
     import uuid
     raw = RawClient(url, ATTACKER)
     fresh = lambda: uuid.uuid4().hex[:11]       # noqa: E731
     upload_file = None
-    if kind.startswith("4"):
+    if attack is Attack.UPLOAD_STORE:
         from explorer.settings import parse_query
         from models.recsys import RecsysModel, init_recsys
         from models.weights import save_weights
-        upload_file = tmp / "nano.safetensors"
+        upload_file = tmp / f"nano-{fresh()}.safetensors"
         save_weights(init_recsys(RecsysModel(parse_query("preset=phoenix-nano&weights=random").recsys_config()),
                                  "random", 7), upload_file)
     start.wait()
@@ -508,31 +548,32 @@ def attacker(kind: str, url: str, stop_at: list, records: list, lock: threading.
     def note(what, answer, t0):
         refused = answer is not None and _refusal(answer)
         with lock:
-            records.append(dict(side="attacker", kind=kind, what=what, latency_s=time.perf_counter() - t0,
+            records.append(dict(side="attacker", kind=attack.label, what=what, latency_s=time.perf_counter() - t0,
                                 refused=answer[:200] if refused else None,
                                 error=answer[:200] if answer and not refused else None))
+
+    def joined(what, code, text, t0):
+        note(what, None if code == 200 else f"HTTP {code}: {text}", t0)
     while time.monotonic() < stop_at[0]:
         i += 1
         t0 = time.perf_counter()
         try:
-            if kind.startswith("1"):
+            if attack is Attack.FRESH_SESSIONS:
                 api, query = ("/mask", HEAVY_MASK) if i % 2 else ("/attention", ZOOMED_GRID)
                 note(api, raw.call(api.lstrip("/"), [query], fresh()), t0)
-            elif kind.startswith("2"):
+            elif attack is Attack.ONE_SESSION_FLOOD:
                 session = fresh()
-                answers = [raw.join("isolation", ["preset=phoenix-nano&seed=1"], session) for _ in range(12)]
-                for code, text in answers:
-                    note("/isolation join", None if code == 200 else f"HTTP {code}: {text}", t0)
+                for code, text in [raw.join("isolation", ["preset=phoenix-nano&seed=1"], session) for _ in range(12)]:
+                    joined("/isolation join", code, text, t0)
                 time.sleep(2.0)
-            elif kind.startswith("3"):
+            elif attack is Attack.MINTED_SESSIONS:
                 for _ in range(8):
-                    code, text = raw.join("attention", ["preset=phoenix-nano&head=-1"], fresh())
-                    note("/attention join", None if code == 200 else f"HTTP {code}: {text}", t0)
+                    joined("/attention join", *raw.join("attention", ["preset=phoenix-nano&head=-1"], fresh()), t0)
                 for _ in range(4):
-                    code, text = raw.join("export_figure", [LECTURE_Q, "attention", "png", "16:9"], fresh())
-                    note("/export_figure join", None if code == 200 else f"HTTP {code}: {text}", t0)
+                    joined("/export_figure join", *raw.join("export_figure", [LECTURE_Q, "attention", "png", "16:9"],
+                                                            fresh()), t0)
                 time.sleep(1.0)
-            elif kind.startswith("4"):       # the file through the raw route, then the upload event
+            elif attack is Attack.UPLOAD_STORE:      # the file through the raw route, then the upload event
                 r = raw.http.post(f"{url}gradio_api/upload", headers=raw.headers(),
                                   files={"files": ("nano.safetensors", upload_file.read_bytes())})
                 if r.status_code != 200:
@@ -542,16 +583,30 @@ def attacker(kind: str, url: str, stop_at: list, records: list, lock: threading.
                 RAW_UPLOADS.append(path)
                 note("upload", raw.call("upload_weights", ["preset=phoenix-nano&weights=random", {
                     "path": path, "orig_name": "nano.safetensors", "meta": {"_type": "gradio.FileData"}}], fresh()), t0)
-            elif kind.startswith("5"):
+            elif attack is Attack.HUGE_RESULTS:
                 note("/mask", raw.call("mask", [FULL_MASK], fresh()), t0)
-            else:
+            elif attack is Attack.RAW_UPLOAD_ROUTE:
                 r = raw.http.post(f"{url}gradio_api/upload", headers=raw.headers(),
                                   files={"files": ("big.npz", b"\0" * (50 * 2**20))})
                 if r.status_code == 200:
                     RAW_UPLOADS.extend(json.loads(r.text))
                 note("raw upload", None if r.status_code == 200 else f"HTTP {r.status_code}: {r.text[:200]}", t0)
+            elif attack is Attack.PAGE_STEP_FLOOD:   # a session of its own per connection, joins without waiting
+                api = ("timing_recorded", "load", "page_gone")[i % 3]
+                data = [LECTURE_Q, "lecture", "float32", None] if api == "timing_recorded" else []
+                joined(f"{api} join", *raw.join(api, data, f"steps{id(threading.current_thread()) % 10**6}"), t0)
+            elif attack is Attack.GET_FLOOD:
+                r = raw.http.get(f"{url}{'' if i % 2 else 'config'}", headers=raw.headers())
+                note("GET " + ("/" if i % 2 else "/config"), None if r.status_code == 200 else
+                     f"HTTP {r.status_code}: {r.text[:200]}", t0)
+            elif attack is Attack.HEAVY_WORK:
+                note("/invariance", raw.call("invariance", [HEAVY_INVARIANCE], fresh()), t0)
+            elif attack is Attack.PACK_LOOP:
+                note("/lecture_pack", raw.call("lecture_pack", [PACK_PRESET, "16:9"], fresh()), t0)
+            else:
+                note("/export_figure", raw.call("export_figure", [LECTURE_Q, "mask", "png", "16:9"], fresh()), t0)
         except Exception as e:                  # noqa: BLE001 — the attacker's own failures are data too
-            note(kind, f"{type(e).__name__}: {str(e)[:200]}", t0)
+            note(attack.label, f"{type(e).__name__}: {str(e)[:200]}", t0)
 
 
 LECTURE_Q = "preset=lecture&weights=random"
@@ -610,16 +665,18 @@ def _client_machine(role: str, args: list, url: str, seed: int, tmp: str, ready,
     set up, wait for every machine (`ready`), start together (`go`), run to `stop_value` and put
     (records, the attacker's files in Gradio's cache) on `out`."""
     records, lock, stop_at = [], threading.Lock(), [float("inf")]
-    start = threading.Barrier(len(args) + 1)
+    n = sum(Attack[name].threads for name in args) if role == "attacker" else len(args)
+    start = threading.Barrier(n + 1)                    # every thread, and this one
     if role == "honest":
         fn = api_functions(url)
         threads = [threading.Thread(target=honest, args=(url, i, start, stop_at, records, lock, seed, fn),
                                     daemon=True) for i in args]
     elif role == "attacker":
-        threads = [threading.Thread(target=attacker, args=(kind, url, stop_at, records, lock, Path(tmp), start),
-                                    daemon=True) for kind in args]
+        threads = [threading.Thread(target=attacker, args=(Attack[name], url, stop_at, records, lock, Path(tmp), start),
+                                    daemon=True) for name in args for _ in range(Attack[name].threads)]
     else:
         threads = [threading.Thread(target=probe, args=(url, start, stop_at, records, lock), daemon=True)]
+    assert len(threads) == n
     for t in threads:
         t.start()
     ready.wait()
@@ -632,7 +689,7 @@ def _client_machine(role: str, args: list, url: str, seed: int, tmp: str, ready,
 
 
 def run_soak(url: str, honest_n: int, duration_s: float, seed: int, processes: int = 6,
-             records_out: Optional[Path] = None) -> dict:
+             records_out: Optional[Path] = None, attacks: Optional[list] = None) -> dict:
     import multiprocessing
     import queue as queue_module
     import tempfile
@@ -645,11 +702,13 @@ def run_soak(url: str, honest_n: int, duration_s: float, seed: int, processes: i
     for view, (api, _) in MIX.items():
         warm.predict(*request_args(view, rng), api_name=api)
     time.sleep(2.0)
-    rss_start = rss_bytes(pid)
+    rss_start = family_rss_bytes(pid)
     sampler = RssSampler(pid)
     ctx = multiprocessing.get_context("spawn")
     visitors = [list(range(honest_n))[k::processes] for k in range(min(processes, honest_n))]
-    machines = [("honest", v) for v in visitors] + [("attacker", list(ATTACKS))] * bool(ATTACKS) + [("probe", [0])]
+    attacks = ATTACKS if attacks is None else attacks
+    machines = ([("honest", v) for v in visitors] + [("attacker", [a.name for a in attacks])] * bool(attacks)
+                + [("probe", [0])])
     ready, go, stop_value, out = ctx.Barrier(len(machines) + 1), ctx.Barrier(len(machines) + 1), ctx.Value("d", 0.0), \
         ctx.Queue()
     records, still_running, client_cpu = [], 0, {}
@@ -678,7 +737,7 @@ def run_soak(url: str, honest_n: int, duration_s: float, seed: int, processes: i
         for p in procs:
             p.join(timeout=10)
         time.sleep(SOAK_TARGETS["after_s"])
-        rss_after = rss_bytes(pid)
+        rss_after = family_rss_bytes(pid)
         sampler.stop()
     samples = sampler.samples
     for path in RAW_UPLOADS:                        # the attacker's files in Gradio's cache (same machine)
@@ -686,7 +745,7 @@ def run_soak(url: str, honest_n: int, duration_s: float, seed: int, processes: i
             os.remove(path)
     during = [r for t, r in samples if t <= load_end]
     sides = {}
-    for side, kinds in (("honest", list(MIX)), ("attacker", list(ATTACKS))):
+    for side, kinds in (("honest", list(MIX)), ("attacker", [a.label for a in attacks])):
         sides[side] = {}
         for kind in kinds:
             rs = [r for r in records if r["side"] == side and r["kind"] == kind]
@@ -719,6 +778,8 @@ def run_soak(url: str, honest_n: int, duration_s: float, seed: int, processes: i
                     timeline_gb=[(round(t - t0, 1), round(r / 1e9, 3)) for t, r in samples[::10]]))
     m, mask_p95 = result["memory"], sides["honest"]["mask"]["p95_s"]
     result["honest_mask_p95_s"] = mask_p95
+    model_p95 = round(percentile(sorted(r["latency_s"] for r in honest_records if r["kind"] in MODEL_VIEWS), 95), 3)
+    result["honest_model_views_p95_s"] = model_p95
     first = min((r["t"] - r["latency_s"] for r in records if "t" in r), default=0.0)
     settled = sorted(r["latency_s"] for r in honest_records
                      if r["kind"] == "mask" and r["t"] - r["latency_s"] - first >= SETTLED_AFTER_S)
@@ -732,8 +793,9 @@ def run_soak(url: str, honest_n: int, duration_s: float, seed: int, processes: i
         honest_mask_p95_s=mask_p95 < SOAK_TARGETS["honest_mask_p95_s"],
         honest_failures=result["honest_total"]["failures"] <= SOAK_TARGETS["honest_failures"],
         # findings 1 and 5 are answered within their bounds (pooled figures), the others refused past them
-        attacker_refused_by_name=all(r["refused_by_name"] > 0 for k, r in sides["attacker"].items()
-                                     if k[0] in "2346")))
+        attacker_refused_by_name=all(sides["attacker"][a.label]["refused_by_name"] > 0 for a in attacks
+                                     if a not in ANSWERED_ATTACKS),
+        honest_model_views_p95_s=model_p95 < SOAK_TARGETS["honest_model_views_p95_s"]))
     return result
 
 
@@ -743,7 +805,8 @@ def main_soak(a) -> dict:
     when = dt.datetime.now(dt.timezone.utc)
     info = dict(kind="soak", date=when.isoformat(timespec="seconds"), git_commit=git_commit(), device=machine(),
                 parameters=dict(duration_s=a.duration, honest_visitors=a.sessions, attacker_address=ATTACKER,
-                                attacks=ATTACKS, honest_mix={v: dict(api=api, weight=w) for v, (api, w) in MIX.items()},
+                                attacks={x.label: dict(does=x.does, connections=x.threads) for x in a.attacks},
+                                honest_mix={v: dict(api=api, weight=w) for v, (api, w) in MIX.items()},
                                 memory_budget_bytes=memory_budget(),
                                 latency="end to end per request, queue wait included",
                                 clients=f"{a.client_processes} processes of honest visitors, one of the attacker, "
@@ -751,12 +814,13 @@ def main_soak(a) -> dict:
                                         "into phases), each with its own GIL, on the server's machine; every "
                                         "client speaks the page's protocol over plain HTTP (join, then the event "
                                         "stream), parsing what a browser parses",
-                                rss="server process VmRSS sampled every 0.2 s; 'after' 30 s after the load stops",
+                                rss="VmRSS of the server process and the processes it started (the export "
+                                    "browser), sampled every 0.2 s; 'after' 30 s after the load stops",
                                 addresses="every client sends X-Forwarded-For; the server trusts one proxy hop, "
                                           "so each honest visitor has its own address and the attacker one",
                                 conditions=a.conditions))
     report, out = run_and_write(a, lambda url: run_soak(url, a.sessions, a.duration, a.seed, a.client_processes,
-                                                                a.records),
+                                                                a.records, a.attacks),
                                 info, "load-soak", when)
     for side in ("honest", "attacker"):
         print(f"{side:<36}{'requests':>9}{'failed':>8}{'refused':>8}{'p50 s':>9}{'p95 s':>9}")
@@ -789,7 +853,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--records", type=Path, default=None, help="--soak: also write every request's record "
                     "(side, kind, latency, start time, the probe's phases) to this JSON file")
     ap.add_argument("--conditions", default="", help="--abuse: a note on the machine's state, kept in the file")
+    ap.add_argument("--attacks", default="", help="--soak: the attacks to run, by number (e.g. 7,8; none: honest "
+                    "visitors alone; default all)")
     a = ap.parse_args(argv)
+    numbers = {a_.label.split()[0]: a_ for a_ in ATTACKS}
+    chosen = [n.strip() for n in a.attacks.split(",") if n.strip() and n.strip() != "none"]
+    if set(chosen) - set(numbers):
+        ap.error(f"--attacks: got {a.attacks!r}; allowed: numbers among {', '.join(numbers)}, or none")
+    a.attacks = [numbers[n] for n in chosen] if chosen or a.attacks.strip() == "none" else ATTACKS
     if not 1 <= a.sessions <= 200:
         ap.error(f"--sessions: got {a.sessions}; allowed: 1..200")
     longest = 120 if a.soak else 60

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import contextlib
 import functools
 import html
 import io
@@ -23,6 +24,7 @@ import re
 import shutil
 import tempfile
 import threading
+import time
 import warnings
 import zipfile
 from dataclasses import dataclass, replace
@@ -36,7 +38,7 @@ from models.bugzoo import bug_names
 
 from . import runs, timing, views
 from .figures import lecture_theme
-from .settings import Settings, ValidationError, check_model_fits, to_query
+from .settings import Settings, ValidationError, check_model_fits, device, to_query, view_cost
 
 log = logging.getLogger("explorer")
 
@@ -44,7 +46,8 @@ FORMATS = ("png", "svg")
 # slide shapes: (width, height) in layout pixels; "figure" keeps the figure's own size (1400 wide)
 ASPECTS = {"16:9": (1600, 900), "4:3": (1440, 1080), "figure": None}
 MIN_TICK_PX = 16
-LESSON_MAX_BYTES = 15 << 20
+LESSON_MAX_BYTES = 15 << 20       # lesson.html: figures whose data would pass it stay in figures/ only
+LESSON_PAGE_BYTES = 64 << 10      # the page around the figures: headings, captions, what was left out
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class FigureSpec:
     index: int
     model: bool = False
     adjust: Callable[[Settings], Settings] = lambda s: s
+    cost: str = ""                  # the explorer.settings.view_cost entry of its view (model views)
 
 
 def _planted_bug(s: Settings) -> Settings:
@@ -72,19 +76,19 @@ FIGURES = {
     "mask": FigureSpec(views.mask_view, 0),
     "kernels": FigureSpec(views.kernel_view, 0),
     "kernels_candidates": FigureSpec(views.kernel_view, 0, adjust=_candidate_zoom),
-    "attention": FigureSpec(views.attention_view, 0, model=True),
-    "query_row": FigureSpec(views.attention_view, 1, model=True),
-    "anatomy_qk": FigureSpec(views.anatomy_view, 0, model=True),
-    "anatomy_steps": FigureSpec(views.anatomy_view, 1, model=True),
-    "anatomy_sum": FigureSpec(views.anatomy_view, 2, model=True),
-    "isolation": FigureSpec(views.isolation_view, 0, model=True),
-    "isolation_logits": FigureSpec(views.isolation_view, 1, model=True),
-    "invariance": FigureSpec(views.invariance_view, 0, model=True),
+    "attention": FigureSpec(views.attention_view, 0, model=True, cost="attention"),
+    "query_row": FigureSpec(views.attention_view, 1, model=True, cost="attention"),
+    "anatomy_qk": FigureSpec(views.anatomy_view, 0, model=True, cost="anatomy"),
+    "anatomy_steps": FigureSpec(views.anatomy_view, 1, model=True, cost="anatomy"),
+    "anatomy_sum": FigureSpec(views.anatomy_view, 2, model=True, cost="anatomy"),
+    "isolation": FigureSpec(views.isolation_view, 0, model=True, cost="isolation"),
+    "isolation_logits": FigureSpec(views.isolation_view, 1, model=True, cost="isolation"),
+    "invariance": FigureSpec(views.invariance_view, 0, model=True, cost="invariance"),
     "rope_angles": FigureSpec(views.rope_view, 0),
     "rope_qk": FigureSpec(views.rope_view, 1),
     "variant": FigureSpec(views.variant_view, 0),
     "variant_loss": FigureSpec(views.variant_view, 1),
-    "bug_zoo": FigureSpec(views.bug_zoo_view, 0, model=True, adjust=_planted_bug),
+    "bug_zoo": FigureSpec(views.bug_zoo_view, 0, model=True, adjust=_planted_bug, cost="variants"),
     "timing": FigureSpec(timing.recorded_view, 0),
     "timing_memory": FigureSpec(timing.recorded_view, 1),
     "timing_speedup": FigureSpec(timing.recorded_view, 2),
@@ -216,19 +220,35 @@ def as_drawn(fig: go.Figure) -> go.Figure:
     return go.Figure(dict(data=[t for t in fig.data if t.visible is not False], layout=fig.layout), _validate=False)
 
 
+def pack_max_flops() -> float:
+    """The model work one lecture pack may run (its figures' views, estimated): about 15 s of a free CPU
+    Space's core; a pack past it leaves the largest views' figures out, each exported alone instead."""
+    return 1e15 if device() == "cuda" else 150e9
+
+
 def all_figures(s: Settings) -> tuple[dict[str, tuple[go.Figure, str]], dict[str, str]]:
     """({name: (figure, caption)} for every figure that can be drawn here, {name: why not} for the
-    rest); each view runs once per settings it is drawn with."""
+    rest); each view runs once per settings it is drawn with, while the views' estimated work stays
+    within pack_max_flops (in lesson order)."""
     outputs, drawn, left_out = {}, {}, {}
+    spent = 0.0
     for name, spec in FIGURES.items():
         key = (spec.view, spec.adjust(s))
         try:
             if spec.model:
                 check_model_fits(s)
             if key not in outputs:
+                flops = view_cost(key[1], spec.cost).flops if spec.cost else 0.0
+                if spent + flops > pack_max_flops():
+                    raise ValidationError(
+                        "lecture pack", f"{(spent + flops) / 1e9:,.0f} GFLOP of model views with {name}",
+                        f"{pack_max_flops() / 1e9:,.0f} GFLOP per pack on this {device().upper()}: export "
+                        f"{name} alone (Export figure), or make the model smaller")
+                spent += flops
                 outputs[key] = spec.view(key[1])
         except ValidationError as e:
-            left_out[name] = f"runs the sidebar's model, which does not fit here: {e}" if spec.model else str(e)
+            fits = spec.model and e.field != "lecture pack"
+            left_out[name] = f"runs the sidebar's model, which does not fit here: {e}" if fits else str(e)
             continue
         except Exception as e:  # noqa: BLE001 — one figure's failure must not cost the class the pack
             log.exception("lecture pack: %s failed", name)
@@ -284,11 +304,76 @@ def _browser_found() -> bool:
     return bool(path) and os.access(path, os.X_OK)
 
 
-def _kaleido_server() -> None:
-    """Keep one headless chromium for every export: kaleido otherwise starts one per image (~5 s)."""
+# kaleido's headless Chromium (~1 GB with its renderer, measured in the soak) is counted in the memory
+# ceiling while it runs, and stopped BROWSER_IDLE_S after the last render (its memory back to the OS).
+BROWSER_BYTES = 1 << 30
+BROWSER_IDLE_S = 20.0
+class _FairLock:
+    """First come, first served: a released threading.Lock goes to whichever thread asks first, so a pack
+    rendering figure after figure could take it back before a one-figure export that waits."""
+
+    def __init__(self):
+        self.cond, self.issued, self.serving = threading.Condition(), 0, 0
+
+    def __enter__(self):
+        with self.cond:
+            ticket, self.issued = self.issued, self.issued + 1
+            self.cond.wait_for(lambda: self.serving == ticket)
+
+    def __exit__(self, *exc):
+        with self.cond:
+            self.serving += 1
+            self.cond.notify_all()
+
+
+_render_lock = _FairLock()
+_browser = {"up": False, "last": 0.0, "timer": None}
+
+
+@contextlib.contextmanager
+def _renderer():
+    """One render at a time, in one headless Chromium kept between renders (kaleido otherwise starts one per
+    image, ~5 s). A lecture pack renders figure by figure, so a one-figure export waits for one render of
+    it, never for the whole pack."""
     import kaleido
-    if hasattr(kaleido, "start_sync_server"):
-        kaleido.start_sync_server(silence_warnings=True)
+    with _render_lock:
+        if not _browser["up"]:
+            runs.MEMORY.hold("export browser", BROWSER_BYTES)
+            kaleido.start_sync_server(silence_warnings=True)
+            _browser["up"] = True
+        try:
+            yield
+        finally:
+            _browser["last"] = time.monotonic()
+            _stop_browser_later(BROWSER_IDLE_S)
+
+
+def _stop_browser_later(delay_s: float) -> None:
+    """(call under _render_lock) Stop the browser `delay_s` from now unless another render comes first."""
+    if _browser["timer"] is not None:
+        _browser["timer"].cancel()
+    _browser["timer"] = threading.Timer(delay_s, _stop_browser_if_idle)
+    _browser["timer"].daemon = True
+    _browser["timer"].start()
+
+
+def _stop_browser_if_idle() -> None:
+    with _render_lock:
+        if _browser["up"] and time.monotonic() - _browser["last"] >= BROWSER_IDLE_S:
+            _stop_browser()
+
+
+def stop_browser() -> None:
+    """Stop the export browser now (the next render starts it again)."""
+    with _render_lock:
+        _stop_browser()
+
+
+def _stop_browser() -> None:
+    import kaleido
+    kaleido.stop_sync_server(silence_warnings=True)
+    _browser["up"] = False
+    runs.MEMORY.release("export browser")
 
 
 def _browser_yields() -> None:
@@ -348,17 +433,17 @@ def figure_bytes(fig: go.Figure, fmt: str, scale: float = 3, aspect: str = "16:9
     if not _browser_found():
         raise ValueError("export: PNG/SVG export renders through kaleido, which needs a Chromium browser and "
                          "found none; install Debian's `chromium` (packages.txt does this on Spaces)")
-    _kaleido_server()
     fig = slide_figure(fig, aspect)
     width = 1400 if fig.layout.width is None else fig.layout.width
-    _browser_yields()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)    # "kopts ignored if using a server": expected
-            return fig.to_image(format=fmt, scale=scale if fmt == "png" else 1, width=width,
-                                height=fig.layout.height or 600)
-    finally:
-        _browser_yields()               # the browser (started by the first render) and renderers it added
+    with _renderer():
+        _browser_yields()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)    # "kopts ignored if using a server": expected
+                return fig.to_image(format=fmt, scale=scale if fmt == "png" else 1, width=width,
+                                    height=fig.layout.height or 600)
+        finally:
+            _browser_yields()           # the browser (started by the first render) and renderers it added
 
 
 def check_format(fmt) -> None:
@@ -406,11 +491,18 @@ def lesson_html(s: Settings, figs: dict[str, tuple[go.Figure, str]], left_out: d
     """One self-contained page: plotly.js inlined, every figure interactive (hover, zoom) in lesson
     order under its caption, what was left out at the end. Opens with no network and no server."""
     from plotly.offline import get_plotlyjs
-    sections, scripts = [], []
+    plotly_js = get_plotlyjs()
+    sections, scripts, left_out = [], [], dict(left_out)
+    room = LESSON_MAX_BYTES - len(plotly_js) - LESSON_PAGE_BYTES
     for i, (name, (fig, text)) in enumerate(figs.items()):
+        spec = lecture_theme(fig).to_json()
+        if len(spec) > room:            # the page stays under LESSON_MAX_BYTES: this one is in figures/ only
+            left_out[name] = (f"left out of lesson.html: its {len(spec) / 2**20:.1f} MB of data would take the "
+                              f"page past {LESSON_MAX_BYTES >> 20} MB (the PNG, SVG and NPZ are in the pack)")
+            continue
+        room -= len(spec)
         sections.append(f'<section id="{html.escape(name)}"><h2>{i + 1}. {html.escape(name)}</h2>'
                         f'<p>{html.escape(text)}</p><div class="figure" id="fig-{i}"></div></section>')
-        spec = lecture_theme(fig).to_json()
         scripts.append(f"Plotly.newPlot('fig-{i}', ...(s => [s.data, s.layout])({spec}), "
                        "{responsive: true, displaylogo: false});")
     missing = "".join(f"<li><b>{html.escape(n)}</b>: {html.escape(why)}</li>" for n, why in left_out.items())
@@ -418,7 +510,7 @@ def lesson_html(s: Settings, figs: dict[str, tuple[go.Figure, str]], left_out: d
 <html lang="en"><head><meta charset="utf-8"><title>Attention explorer — lesson ({html.escape(s.preset)})</title>
 <style>body{{font-family:DejaVu Sans,Arial,sans-serif;max-width:1500px;margin:2em auto;padding:0 1em;color:#222}}
 section{{margin:0 0 3em}} .figure{{width:100%}} code{{background:#f2f2f2;padding:0 .2em}}</style>
-<script>{get_plotlyjs()}</script></head><body>
+<script>{plotly_js}</script></head><body>
 <h1>Attention explorer — lesson</h1>
 <p>Configuration: <code>?{html.escape(to_query(s))}</code>. Every figure below is interactive (hover for values,
 drag to zoom, double-click to reset); the numbers drawn are in the pack's <code>data/</code> folder.</p>

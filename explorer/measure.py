@@ -490,16 +490,30 @@ def slug(text: str) -> str:
 
 def load_results(results_dir: Path = RESULTS_DIR) -> list[tuple[str, dict]]:
     """(file name, data) for every attention results file there; other JSON files (training, app latency,
-    load test) are skipped. The README tables and the app's "recorded" list both read through this."""
-    out = []
-    for path in sorted(Path(results_dir).glob("*.json")):
+    load test) are skipped. The README tables and the app's "recorded" list both read through this. Read
+    again only when a file changed (the timing tab asks on every opening); the data is shared: do not change it."""
+    paths = sorted(Path(results_dir).glob("*.json"))
+    stamps = []
+    for path in paths:
         try:
-            data = json.loads(path.read_text())
+            stat = path.stat()
+        except OSError:
+            continue
+        stamps.append((str(path), stat.st_mtime_ns, stat.st_size))
+    return _read_results(tuple(stamps))
+
+
+@functools.lru_cache(maxsize=4)
+def _read_results(stamps: tuple) -> list[tuple[str, dict]]:
+    out = []
+    for path, _, _ in stamps:
+        try:
+            data = json.loads(Path(path).read_text())
         except (OSError, ValueError):
             continue
         if isinstance(data, dict) and isinstance(data.get("records"), list) and "device_name" in data:
             data["records"] = [with_status(r) for r in data["records"]]
-            out.append((path.name, data))
+            out.append((Path(path).name, data))
     return out
 
 

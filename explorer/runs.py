@@ -39,7 +39,8 @@ from models.recsys import RecsysBatch, RecsysModel, RecsysOutput, init_recsys, s
 from models.weights import EXTENSIONS, FAMILY_NAMES, WrongFamily, load_weights
 from models.xrex import XrexRecsys
 
-from .settings import FAMILIES, WEIGHT_GEOMETRY, Settings, ValidationError, check_budget, device, memory_ceiling
+from .settings import (FAMILIES, LARGE_REQUEST_FLOPS, WEIGHT_GEOMETRY, Settings, ValidationError, check_budget,
+                       device, estimate_params, memory_ceiling)
 
 log = logging.getLogger("explorer")
 
@@ -85,14 +86,16 @@ def nbytes(value) -> int:
 
 
 class Memory:
-    """The one account of what the explorer holds: cache entries (least recently used first) and
-    reservations of running requests."""
+    """The one account of what the explorer holds: cache entries (least recently used first),
+    reservations of running requests, and what is held outside them for a while (`hold`: the export
+    browser while it runs)."""
 
     def __init__(self):
         self.cond = threading.Condition()
         self.entries: OrderedDict = OrderedDict()       # (cache, key) -> bytes, oldest first
         self.cached = 0
         self.reserved = 0
+        self.outside: dict[str, int] = {}               # name -> bytes held outside requests and caches
         self.caches: list["ByteCache"] = []
         self._held = threading.local()                  # this thread's reservation, for nested views
         self.last_active = time.monotonic()             # a request started or ended
@@ -102,7 +105,7 @@ class Memory:
         with self.cond:
             self.entries[(cache, key)] = size
             self.cached += size
-            self._evict(memory_ceiling() - self.reserved)
+            self._evict(self._room())
 
     def touch(self, cache, key) -> None:
         with self.cond:
@@ -112,6 +115,21 @@ class Memory:
     def drop(self, cache, key) -> None:
         with self.cond:
             self.cached -= self.entries.pop((cache, key), 0)
+
+    def _room(self) -> int:
+        """(call under self.cond) What the caches may hold beside the running requests and `outside`."""
+        return memory_ceiling() - self.reserved - sum(self.outside.values())
+
+    def hold(self, name: str, size: int) -> None:
+        """Count `size` bytes held outside any request (until `release(name)`): the caches make room."""
+        with self.cond:
+            self.outside[name] = size
+            self._evict(self._room())
+
+    def release(self, name: str) -> None:
+        with self.cond:
+            self.outside.pop(name, None)
+            self.cond.notify_all()
 
     def _evict(self, allowed: int) -> None:
         while self.cached > max(0, allowed) and self.entries:
@@ -129,10 +147,10 @@ class Memory:
             yield
             return
         with self.cond:
-            while self.reserved and size > small_request_bytes() and self.reserved + size > memory_ceiling():
+            while self.reserved and size > small_request_bytes() and self._room() < size:
                 self.cond.wait()
             self.reserved += size
-            self._evict(memory_ceiling() - self.reserved)
+            self._evict(self._room())
             self.last_active, self.trimmed = time.monotonic(), False
         self._held.depth = 1
         try:
@@ -255,7 +273,6 @@ class ByteCache:
 # OS priority (nice +10, Linux sets it per thread): alone they run as fast, beside small ones they
 # yield. Threads of their own, because a thread cannot take its priority back without privileges,
 # and Gradio's worker threads serve every request.
-LARGE_REQUEST_FLOPS = 1e9           # the lecture preset's views: tens of MFLOP; phoenix-nano's: tens of GFLOP
 LOW_PRIORITY_NICE = 10
 
 
@@ -400,6 +417,57 @@ def page_gone(session: str) -> None:
             _GONE[session] = time.monotonic()
 
 
+def _check_room(session: str, visitor: str, nbytes: int, name: str = "") -> dict[str, Upload]:
+    """(call under _uploads_lock) Refuse by name an upload of `nbytes` past the visitor's share or the store;
+    -> the session's uploads. The visitor's closed pages' uploads go first (a reload leaves its old page's
+    uploads behind: they are this visitor's own, and counted against the same share), then the session's
+    oldest past UPLOADS_PER_SESSION."""
+    for other in [o for o in _UPLOADS if o in _GONE and o != session]:
+        if any(u.visitor == visitor for u in _UPLOADS[other].values()):
+            _forget(other, "when your reloaded page uploaded again")
+    mine = _UPLOADS.get(session, {})
+    others = [n for n in mine if n != name]     # `name` is replaced; the oldest past the session's count go
+    evicted = set(others[:max(0, len(others) - UPLOADS_PER_SESSION + 1)]) | {name}
+    kept = [u for m in _UPLOADS.values() for n, u in m.items() if m is not mine or n not in evicted]
+    ours = sum(u.nbytes for u in kept if u.visitor == visitor)
+    if ours + nbytes > UPLOAD_SHARE_BYTES:
+        raise ValidationError("weights file", f"{ours + nbytes:,} bytes of weights held by your uploads",
+                              f"{UPLOAD_SHARE_BYTES:,} bytes per visitor (every page and client of one "
+                              f"address together) — close another page's uploads or wait "
+                              f"{UPLOAD_TTL_S / 60:.0f} minutes for them to be forgotten")
+    held = sum(u.nbytes for u in kept)
+    if held + nbytes > MAX_UPLOAD_STORE_BYTES:
+        raise ValidationError("weights file", f"{nbytes:,} bytes of weights",
+                              f"room in the server's upload store ({MAX_UPLOAD_STORE_BYTES - held:,} of "
+                              f"{MAX_UPLOAD_STORE_BYTES:,} bytes free; uploads are forgotten "
+                              f"{UPLOAD_TTL_S / 60:.0f} minutes after their last use) — try again later")
+    return mine
+
+
+def _forget(session: str, why: str) -> None:
+    """(call under _uploads_lock) Drop every upload of `session`, noting why for its next message."""
+    names, _ = _FORGOTTEN.get(session, (set(), ""))
+    _FORGOTTEN[session] = (names | set(_UPLOADS.pop(session, {})), why)
+    _GONE.pop(session, None)
+
+
+def adopt(session: str, visitor: str, name: str) -> bool:
+    """A page opened on a link naming `upload:<name>` takes that upload over from a closed page of the same
+    visitor (a reload: a new session hash, the old one gone), so it is not left counting against the share
+    until it expires. -> whether it did."""
+    with _uploads_lock:
+        for other, theirs in _UPLOADS.items():
+            u = theirs.get(name)
+            if other != session and other in _GONE and u is not None and u.visitor == visitor:
+                mine = _UPLOADS.setdefault(session, {})
+                mine[name] = theirs.pop(name)
+                if not theirs:
+                    del _UPLOADS[other]
+                    _GONE.pop(other, None)
+                return True
+    return False
+
+
 def _upload_state(weights: str) -> dict[str, torch.Tensor]:
     """The tensors behind "upload:<name>": the validation layer has checked that the asking session
     holds that name, and equal names are equal files, so any session's copy serves."""
@@ -429,18 +497,23 @@ def load_upload(s: Settings, path: str, session: str, visitor: str = "local") ->
     size = Path(path).stat().st_size
     if size > MAX_UPLOAD_BYTES:
         raise ValidationError("weights file", f"{size:,} bytes", f"at most {MAX_UPLOAD_BYTES:,} bytes")
+    expected = 4 * estimate_params(s)           # the fp32 state it would be: checked before any is built
+    with _uploads_lock:
+        _expire_uploads(time.monotonic())
+        _check_room(session, visitor, expected)
     # seeded first: a file exported from the original has no hash tables (production's: no input layer
     # this port models), and the model keeps these
-    model = _initialised(replace(s, weights="random"))
-    try:
-        load_weights(model.ranker if isinstance(model, XrexRecsys) else model, path, max_bytes=MAX_UPLOAD_BYTES)
-    except WrongFamily as e:
-        raise ValidationError("weights file", filename, f"weights of the model family chosen, {FAMILIES[s.family]}: "
-                              f"this file holds {FAMILY_NAMES[e.found]} — choose the family "
-                              f"{FAMILIES[e.found]} first") from None
-    except ValueError as e:
-        raise ValidationError("weights file", filename, "weights that match the configuration. "
-                              + str(e).split(":", 1)[-1].strip()) from None
+    with MEMORY.reserve(2 * expected):          # the model, and the file's tensors while they are copied in
+        model = _initialised(replace(s, weights="random"))
+        try:
+            load_weights(model.ranker if isinstance(model, XrexRecsys) else model, path, max_bytes=MAX_UPLOAD_BYTES)
+        except WrongFamily as e:
+            raise ValidationError("weights file", filename, f"weights of the model family chosen, "
+                                  f"{FAMILIES[s.family]}: this file holds {FAMILY_NAMES[e.found]} — choose the "
+                                  f"family {FAMILIES[e.found]} first") from None
+        except ValueError as e:
+            raise ValidationError("weights file", filename, "weights that match the configuration. "
+                                  + str(e).split(":", 1)[-1].strip()) from None
     with open(path, "rb") as f:
         name = hashlib.file_digest(f, "sha256").hexdigest()[:16]
     state = dict(model.state_dict())
@@ -449,23 +522,9 @@ def load_upload(s: Settings, path: str, session: str, visitor: str = "local") ->
     now = time.monotonic()
     with _uploads_lock:
         _expire_uploads(now)
-        mine = _UPLOADS.get(session, {})
+        mine = _check_room(session, visitor, nbytes, name)
         mine.pop(name, None)                     # uploaded again: now the newest, with this geometry
-        evicted = list(mine)[:max(0, len(mine) - UPLOADS_PER_SESSION + 1)]
-        kept = [u for m in _UPLOADS.values() for n, u in m.items() if m is not mine or n not in evicted]
-        ours = sum(u.nbytes for u in kept if u.visitor == visitor)
-        if ours + nbytes > UPLOAD_SHARE_BYTES:
-            raise ValidationError("weights file", f"{ours + nbytes:,} bytes of weights held by your uploads",
-                                  f"{UPLOAD_SHARE_BYTES:,} bytes per visitor (every page and client of one "
-                                  f"address together) — close another page's uploads or wait "
-                                  f"{UPLOAD_TTL_S / 60:.0f} minutes for them to be forgotten")
-        held = sum(u.nbytes for u in kept)
-        if held + nbytes > MAX_UPLOAD_STORE_BYTES:
-            raise ValidationError("weights file", f"{nbytes:,} bytes of weights",
-                                  f"room in the server's upload store ({MAX_UPLOAD_STORE_BYTES - held:,} of "
-                                  f"{MAX_UPLOAD_STORE_BYTES:,} bytes free; uploads are forgotten "
-                                  f"{UPLOAD_TTL_S / 60:.0f} minutes after their last use) — try again later")
-        for n in evicted:
+        for n in list(mine)[:max(0, len(mine) - UPLOADS_PER_SESSION + 1)]:
             del mine[n]
         mine[name] = Upload(state, geometry, nbytes, now, visitor)
         _UPLOADS[session] = mine

@@ -9,7 +9,6 @@ it into ``gr.Error``. ``to_query`` writes only what differs from the preset, and
 """
 from __future__ import annotations
 
-import functools
 import math
 import os
 from dataclasses import asdict, dataclass, fields, replace
@@ -28,7 +27,7 @@ from models.presets import PRESETS
 from models.recsys import RecsysConfig, SequenceLayout
 from models.variants import VARIANTS
 from models.weights import recsys_spec
-from models.xrex import XrexConfig, XrexRecsys, param_spec as xrex_spec
+from models.xrex import XrexConfig, param_spec as xrex_spec, project_then_sum_params
 
 WEIGHT_SOURCES = ("random", "zeros", "demo", "upload")
 # the fields that decide the weights' shapes: uploaded weights are held to the values they were loaded at
@@ -139,6 +138,12 @@ def memory_ceiling() -> int:
 def max_request_bytes() -> int:
     """One request may hold at most half the ceiling, so two of the largest can run side by side."""
     return memory_ceiling() // 2
+
+
+# A request estimated above this is large: it runs at a lower CPU priority (explorer.runs) in the server's heavy
+# lane, one at a time (explorer.admission). Lecture views are < 0.3 GFLOP; phoenix-nano's 26-150; a mask view
+# of T 2048, 2.
+LARGE_REQUEST_FLOPS = 1e9
 
 
 def max_request_flops() -> float:
@@ -394,11 +399,11 @@ def estimate_params(s: Settings) -> int:
     return sum(math.prod(shape) for _, shape, _ in recsys_spec(s.recsys_config()).values())
 
 
-@functools.lru_cache(maxsize=64)
 def _xrex_params(config: XrexConfig) -> int:
-    """models.xrex.XrexRecsys's parameters counted on the meta device (shapes only, no memory)."""
-    with torch.device("meta"):
-        return sum(p.numel() for p in XrexRecsys(config).parameters())
+    """models.xrex.XrexRecsys's parameters from its shapes: the trunk and head (param_spec) and the input
+    layer (project_then_sum_params); no module is built (a visitor may send a new geometry per request)."""
+    return (sum(math.prod(shape) for _, shape, _ in xrex_spec(config).values())
+            + project_then_sum_params(config))
 
 
 def trunk_params(s: Settings) -> int:

@@ -429,6 +429,16 @@ class ProjectThenSum(nn.Module):
         return emb, valid
 
 
+def project_then_sum_params(config: XrexConfig, *, hash_vocab_size: int = 1024, table_width: int = 128,
+                            num_hashes: int = 2, num_history_actions: int = 19, num_product_surfaces: int = 16) -> int:
+    """ProjectThenSum(config, ...)'s parameter count, from its shapes (no module built): the shared table,
+    one [W, D] projection per user hash of each prefix token and per post / author hash of history and
+    candidates, the history actions and the product surfaces."""
+    D, W, P = config.emb_size, table_width, config.num_user_prefix_tokens
+    projections = P * num_hashes + 2 * num_hashes + 2 * num_hashes
+    return hash_vocab_size * W + projections * W * D + (num_history_actions + num_product_surfaces) * D
+
+
 class XrexRecsys(nn.Module):
     """ProjectThenSum -> XrexRanker: a production-shaped ranker on the explorer's batches, with the
     interface of models.recsys.RecsysModel (forward(batch), score_embeddings, .transformer) so the

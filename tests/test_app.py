@@ -340,9 +340,9 @@ def test_every_event_that_runs_the_model_shares_one_concurrency_limit():
     own lane, so it never waits behind four probe passes."""
     import app
     import handlers
+    from explorer import admission
     fns = {fn.api_name: fn for fn in app.build_app().fns.values() if fn.api_name}
-    assert (fns["mask"].concurrency_id, fns["mask"].concurrency_limit) == (
-        handlers.LIGHT["concurrency_id"], handlers.LIGHT["concurrency_limit"])
+    assert (fns["mask"].concurrency_id, fns["mask"].concurrency_limit) == ("light", admission.LANES["light"].running)
     forward = {n for n in fns if n == "control_change" or n.startswith("render_")} | {
         "attention", "anatomy", "isolation", "invariance", "variants"}
     assert {(fns[n].concurrency_id, fns[n].concurrency_limit) for n in forward} == {
@@ -627,6 +627,40 @@ def test_every_computing_endpoint_refuses_one_session_over_its_share_at_the_http
             deadline = time.monotonic() + 60
             while any(handlers.lane_now(fake_request(demo), lane.name)) and time.monotonic() < deadline:
                 time.sleep(0.05)
+    finally:
+        gate.set()
+        demo.close()
+
+
+def test_every_event_passes_admission_before_it_is_queued(monkeypatch):
+    """Any event can be pushed by its index, also the page's own steps and the unload: every one carries a
+    lane's admission check (a Stop only cancels), none runs through /run/<name> past its lane, and one
+    session pushing the committed timing curves (a queued page step that skipped admission before) 12 times
+    while the first runs gets its share, the rest refused by name."""
+    import threading
+
+    import app
+    from explorer import admission, timing
+    monkeypatch.setenv(admission.TRUSTED_PROXIES_ENV, "1")
+    demo = app.build_app()
+    unchecked = [fn.api_name for fn in demo.fns.values()
+                 if not fn.cancels and (fn.validator is None or fn.concurrency_id not in admission.LANES)]
+    assert unchecked == [] and not demo.api_open
+    gate = threading.Event()
+    monkeypatch.setattr(timing, "timing_view", lambda *a, **k: gate.wait(60))
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=None, quiet=True)
+    try:
+        fn_index = {d.api_name: i for i, d in enumerate(demo.fns.values())}
+        direct = urllib.request.Request(f"{url}gradio_api/run/attention", data=json.dumps({"data": [LECTURE]}).encode(),
+                                        headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            urllib.request.urlopen(direct, timeout=30)
+        data = [LECTURE, "lecture", "float32", None]
+        answers = [join(url, fn_index["timing_recorded"], data, "flood", "198.51.100.9") for _ in range(12)]
+        lane = admission.LANES["control"]
+        refused = [body for code, body in answers if code == 422]
+        assert len(refused) == 12 - lane.per_visitor and all("queue: got" in b and "page steps" in b for b in refused)
+        assert join(url, fn_index["timing_recorded"], data, "honest", "203.0.113.9")[0] == 200
     finally:
         gate.set()
         demo.close()

@@ -57,7 +57,8 @@ def test_admission_bounds_the_lane_and_each_visitor_by_name():
         check_admission("timing", [b], b)
     check_admission("timing", [b], ("addr:c", "c"))                    # another visitor: fine
     full = [(f"addr:v{i}", f"v{i}") for i in range(timing.waiting)]
-    with pytest.raises(ValidationError, match=r"^queue: got '4 timing sweeps waiting'; allowed: 4 at once"):
+    with pytest.raises(ValidationError, match=rf"^queue: got '{timing.waiting} timing sweeps waiting'; "
+                                              rf"allowed: {timing.waiting} at once"):
         check_admission("timing", full, ("addr:new", "new"))
     check_admission("timing", [], b, running=[b])                      # a new Run replaces the running sweep
 
@@ -147,21 +148,23 @@ def test_lanes_serve_the_visitor_who_had_least_of_the_server_first(monkeypatch):
     assert gate.usage.of("addr:198.51.100.66") < 0.05
 
 
-def test_exports_have_a_rate_share_per_visitor_counted_in_figures():
+def test_exports_have_a_rate_share_per_visitor_counted_in_renders():
     now = [0.0]
     gate = Admission(clock=lambda: now[0])
     share = admission.EXPORT_SHARE
-    packs = share["max_bytes"] // 19
+    pack = 38                                            # a lecture pack: 19 figures, PNG and SVG
+    packs = share["max_bytes"] // pack
     for _ in range(packs):
-        gate.admit("export", ("addr:a", "s"), lambda: ([], []), units=19)
+        gate.admit("pack", ("addr:a", "s"), lambda: ([], []), units=pack)
         gate.tickets.clear()                             # each one queued and served
-    with pytest.raises(ValidationError, match=rf"^export: got '{19 * (packs + 1)} figures in 10 minutes'; "
-                                              rf"allowed: {share['max_bytes']} figures per visitor"):
-        gate.admit("export", ("addr:a", "s"), lambda: ([], []), units=19)
-    gate.admit("export", ("addr:b", "s"), lambda: ([], []), units=19)   # another visitor's share
+    with pytest.raises(ValidationError, match=rf"^export: got '{pack * (packs + 1)} renders in 10 minutes'; "
+                                              rf"allowed: {share['max_bytes']} renders per visitor"):
+        gate.admit("pack", ("addr:a", "s"), lambda: ([], []), units=pack)
+    gate.admit("pack", ("addr:b", "s"), lambda: ([], []), units=pack)   # another visitor's share
+    gate.admit("export", ("addr:a", "s2"), lambda: ([], []))            # one figure still fits
     now[0] = share["window_s"] + 1
     gate.tickets.clear()
-    gate.admit("export", ("addr:a", "s"), lambda: ([], []), units=19)
+    gate.admit("pack", ("addr:a", "s"), lambda: ([], []), units=pack)
 
 
 # --- byte and rate shares ------------------------------------------------------------------------
@@ -179,3 +182,139 @@ def test_a_rate_share_bounds_bytes_and_calls_per_visitor_within_its_window():
         share.take("a", 1)
     now[0] = 61.0
     share.take("a", 100)                                 # the window passed
+
+
+# --- round three: one visitor function, the front door's rates and cache, heavy work in its own lane ---
+
+def test_every_x_forwarded_for_line_counts_and_the_rightmost_hop_decides_everywhere():
+    """A client sends two X-Forwarded-For lines, the first forged; the proxy appends the real address to the
+    last. The queue (Starlette's Headers), the front door (ASGI's byte pairs) and a plain mapping all name
+    the same visitor: the address the trusted proxy appended."""
+    from starlette.datastructures import Headers
+    raw = [(b"x-forwarded-for", b"203.0.113.1"), (b"host", b"x"), (b"x-forwarded-for", b"198.51.100.7, 192.0.2.9")]
+    assert admission.forwarded_for(raw) == ["203.0.113.1", "198.51.100.7", "192.0.2.9"]
+    keys = {visitor_key(raw, "10.0.0.1", hops=1), visitor_key(Headers(raw=raw), "10.0.0.1", hops=1)}
+    assert keys == {"addr:192.0.2.9"}
+    assert visitor_key(Headers(raw=raw), "10.0.0.1", hops=3) == "addr:203.0.113.1"
+
+
+def test_a_token_bucket_bounds_each_visitor_and_names_when_to_retry():
+    now = [0.0]
+    bucket = admission.TokenBucket("events", burst=3, per_s=2, clock=lambda: now[0])
+    for _ in range(3):
+        bucket.take("a")
+    with pytest.raises(admission.RateLimited, match=r"^requests: got 'more events from your address than the "
+                                                    r"server answers'; allowed: 3 at once, then 2 a second; "
+                                                    r"retry in 0\.5 s") as refused:
+        bucket.take("a")
+    assert refused.value.retry_after_s == pytest.approx(0.5)
+    bucket.take("b")                                     # another visitor's bucket
+    now[0] = 0.5
+    bucket.take("a")                                     # refilled one
+
+
+class ToyApp:
+    """An ASGI app that counts the requests it answers."""
+
+    def __init__(self):
+        self.seen = []
+
+    async def __call__(self, scope, receive, send):
+        self.seen.append((scope["method"], scope["path"]))
+        body = f"page {len(self.seen)}".encode()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/html")]})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def call(door, method: str, path: str, address: str, body: bytes = b"") -> tuple[int, bytes]:
+    import asyncio
+    scope = {"type": "http", "method": method, "path": path, "root_path": "", "query_string": b"",
+             "client": (address, 1), "headers": [(b"host", b"space"), (b"content-length", str(len(body)).encode())]}
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+    asyncio.run(door(scope, receive, send))
+    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
+
+
+def test_the_page_is_built_once_and_page_loads_and_events_are_bounded_per_visitor(monkeypatch):
+    """GET / built by Gradio once and then served from the cache, byte for byte; one address past its
+    page-load or event rate is answered 429 by name before Gradio sees the request; another address is not."""
+    monkeypatch.setenv(admission.TRUSTED_PROXIES_ENV, "0")
+    monkeypatch.setattr(admission, "TARPIT_S", 0.0)
+    app = ToyApp()
+    door = admission.FrontDoor(app)
+    first = call(door, "GET", "/", "10.0.0.1")
+    assert all(call(door, "GET", "/", "10.0.0.1") == first for _ in range(5)) and app.seen == [("GET", "/")]
+    for _ in range(int(admission.PAGE_RATE["burst"]) - 6):
+        call(door, "GET", "/config", "10.0.0.1")
+    status, body = call(door, "GET", "/", "10.0.0.1")
+    assert status == 429 and b"requests: got 'more page loads from your address" in body
+    assert call(door, "GET", "/", "10.0.0.2") == first                       # another visitor
+    for _ in range(int(admission.EVENT_RATE["burst"])):
+        assert call(door, "POST", "/gradio_api/queue/join", "10.0.0.3", b"{}")[0] == 200
+    before = len(app.seen)
+    status, body = call(door, "POST", "/gradio_api/queue/join", "10.0.0.3", b"{}")
+    assert status == 429 and b"more events from your address" in body and len(app.seen) == before
+
+
+def test_a_heavy_model_view_is_admitted_to_the_heavy_lane_and_queued_there(monkeypatch):
+    """A view estimated over LARGE_REQUEST_FLOPS takes the heavy lane's bounds (one per visitor), counts
+    against the visitor's work share, and waits in the heavy lane's queue whatever event asked for it;
+    a small view of the same visitor still goes to the forward lane."""
+    import handlers
+    gate = Admission()
+    monkeypatch.setattr(handlers, "ADMISSION", gate)
+    forward_q, heavy_q = WatchedQueue("forward", gate), WatchedQueue("heavy", gate)
+    admit = handlers.admit_to("forward", work=lambda query, request=None: 1e12 if "big" in query else 1e6)
+
+    def request():
+        http = type("Http", (), {"state": type("State", (), {})(), "headers": {}, "client": None})()
+        return type("Request", (), {"request": http, "session_hash": "s", "headers": {}, "client": None,
+                                    "username": None})()
+    big = request()
+    assert admit(big, "big")["is_valid"] is True and big.request.state.lane == "heavy"
+    assert admit(request(), "big")["is_valid"] is False                      # one heavy per visitor at once
+    small = request()
+    assert admit(small, "small")["is_valid"] is True and not hasattr(small.request.state, "lane")
+    event = type("Event", (), {"session_hash": "s", "request": big.request, "concurrency_id": "forward"})()
+    forward_q.append(event)
+    assert list(heavy_q) == [event] and list(forward_q) == [] and event.concurrency_id == "heavy"
+    assert [t.lane for t in gate.tickets] == ["forward"]                     # the heavy ticket spent
+    assert sum(n for _, n in gate.rates["work"].log[admission.visitor_of(big)[0]]) == 1000   # 1e12 FLOPs
+
+
+def test_a_visitors_work_share_refuses_by_name_and_takes_nothing_when_it_refuses():
+    now = [0.0]
+    gate = Admission(clock=lambda: now[0])
+    limit = admission.WORK_SHARE["max_bytes"]
+    for _ in range(limit // 1000):
+        gate.admit("heavy", ("addr:a", "s"), lambda: ([], []), flops=1000e9)
+        gate.tickets.clear()
+    with pytest.raises(ValidationError, match=rf"^work: got '{limit + 1000:,} GFLOP in 10 minutes'; "
+                                              rf"allowed: {limit:,} GFLOP per visitor"):
+        gate.admit("heavy", ("addr:a", "s"), lambda: ([], []), flops=1000e9)
+    gate.admit("forward", ("addr:a", "s2"), lambda: ([], []), flops=0.2e9)    # under 1 GFLOP: not counted
+    with pytest.raises(ValidationError, match="export"):                     # a refused share takes no work
+        gate.admit("pack", ("addr:b", "s"), lambda: ([], []), units=10**6, flops=1000e9)
+    assert "addr:b" not in gate.rates["work"].log
+
+
+def test_a_refusal_for_rate_is_answered_late_so_a_loop_of_them_slows_down(monkeypatch):
+    """A client looping on refusals gets each TARPIT_S late (an await, no thread): about one a second per
+    connection instead of thousands."""
+    import time
+    monkeypatch.setenv(admission.TRUSTED_PROXIES_ENV, "0")
+    monkeypatch.setattr(admission, "TARPIT_S", 0.3)
+    door = admission.FrontDoor(ToyApp())
+    for _ in range(int(admission.PAGE_RATE["burst"])):
+        call(door, "GET", "/", "10.0.0.1")
+    t0 = time.monotonic()
+    assert call(door, "GET", "/", "10.0.0.1")[0] == 429 and time.monotonic() - t0 >= 0.3
+    monkeypatch.setattr(admission, "TARPIT_AT_ONCE", 0)                    # too many waiting: at once
+    t0 = time.monotonic()
+    assert call(door, "GET", "/", "10.0.0.1")[0] == 429 and time.monotonic() - t0 < 0.3

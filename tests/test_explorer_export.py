@@ -255,9 +255,8 @@ def _descendants(pid: int) -> list[int]:
 def test_the_export_browser_runs_below_the_views_priority(s):
     """A render keeps Chromium busy for about a core: the browser kaleido keeps for exports runs at
     runs.LOW_PRIORITY_NICE, so a class's views are not slowed by someone's exports."""
-    import kaleido
     from explorer import runs
-    kaleido.stop_sync_server(silence_warnings=True)
+    export.stop_browser()
     try:
         export.figure_bytes(views.mask_view(s)[0], "svg")
         nice = {}
@@ -272,4 +271,64 @@ def test_the_export_browser_runs_below_the_views_priority(s):
         assert nice, "no browser process found under this one"
         assert min(nice.values()) >= runs.LOW_PRIORITY_NICE, nice
     finally:
-        kaleido.stop_sync_server(silence_warnings=True)
+        export.stop_browser()
+
+
+# --- round three: a pack's work bounded, lesson.html under its limit, the browser counted and stopped -----
+
+def test_a_pack_past_its_work_budget_leaves_the_largest_views_out_by_name(s, monkeypatch):
+    """Model views are drawn in lesson order while their estimated work fits pack_max_flops; the rest are
+    listed as left out, naming the budget and how to get them (one at a time), and the cheap figures stay."""
+    from explorer.settings import view_cost
+    attention = view_cost(s, "attention").flops
+    monkeypatch.setattr(export, "pack_max_flops", lambda: attention * 1.5)
+    drawn, left_out = export.all_figures(s)
+    assert {"mask", "kernels", "attention", "query_row", "rope_angles", "timing"} <= set(drawn)
+    assert "anatomy_qk" in left_out and "isolation" in left_out
+    assert left_out["anatomy_qk"].startswith("lecture pack: got ") and "export anatomy_qk alone" in left_out["anatomy_qk"]
+
+
+def test_lesson_html_stays_under_its_limit_and_says_what_it_left_out(s, monkeypatch):
+    from plotly.offline import get_plotlyjs
+    figs, _ = export.all_figures(s)
+    limit = len(get_plotlyjs()) + export.LESSON_PAGE_BYTES + 20_000
+    monkeypatch.setattr(export, "LESSON_MAX_BYTES", limit)
+    page = export.lesson_html(s, figs, {})
+    assert len(page.encode()) <= limit
+    assert "left out of lesson.html" in page and page.count('class="figure"') < len(figs)
+
+
+def test_the_export_browser_is_counted_while_it_runs_and_stopped_when_idle(s, monkeypatch, tmp_path):
+    """kaleido's Chromium (~1 GB) is held in the memory ceiling while it runs and stopped BROWSER_IDLE_S after
+    the last render, its hold released."""
+    import time
+
+    from explorer import runs
+    monkeypatch.setattr(export, "BROWSER_IDLE_S", 0.5)
+    export.export_figure(s, "mask", "svg", str(tmp_path))
+    assert runs.MEMORY.outside.get("export browser") == export.BROWSER_BYTES
+    deadline = time.monotonic() + 30
+    while "export browser" in runs.MEMORY.outside and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "export browser" not in runs.MEMORY.outside and not export._browser["up"]
+    export.export_figure(s, "mask", "svg", str(tmp_path))                 # and starts again when asked
+    assert runs.MEMORY.outside.get("export browser") == export.BROWSER_BYTES
+
+
+def test_renders_are_served_in_the_order_they_asked():
+    """One render at a time, first come first served: a pack rendering figure after figure cannot take the
+    browser back before a one-figure export that waits."""
+    import threading
+    import time
+    lock, order = export._FairLock(), []
+    lock.__enter__()
+    waiting = []
+    for i in range(4):
+        t = threading.Thread(target=lambda i=i: (lock.__enter__(), order.append(i), lock.__exit__()))
+        t.start()
+        waiting.append(t)
+        time.sleep(0.05)                               # each asks after the one before
+    lock.__exit__()
+    for t in waiting:
+        t.join(5)
+    assert order == [0, 1, 2, 3]

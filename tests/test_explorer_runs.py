@@ -199,3 +199,52 @@ def test_production_uploads_get_grok_uploads_checks(tmp_path):
     served = runs.build_model(parse_query(f"{XREX}&weights=upload:{name}", uploaded=runs.uploads("alice"))).ranker
     for a, b in zip(served.state_dict().values(), ranker16.state_dict().values()):
         assert_bit_exact(a, b, "no rounding")
+
+
+# --- round three: the share checked before any work, a reload keeps its uploads, memory counted ---------
+
+def test_an_upload_past_the_share_is_refused_before_its_model_is_built(tmp_path, monkeypatch):
+    """The visitor's share and the store are checked against the size the geometry implies before the
+    model is built (2 s for a 40M-parameter one): a refused upload costs a lookup."""
+    path = weight_file(tmp_path)[0]
+    monkeypatch.setattr(runs, "UPLOAD_SHARE_BYTES", 1000)
+    built = []
+    monkeypatch.setattr(runs, "_initialised", lambda s: built.append(s))
+    with pytest.raises(ValidationError, match=r"^weights file: got '[\d,]+ bytes of weights held by your uploads'"):
+        runs.load_upload(parse_query(LECTURE), str(path), "alice", "addr:a")
+    assert built == []
+
+
+def test_building_an_upload_holds_its_memory(tmp_path, monkeypatch):
+    seen = []
+    real = runs._initialised
+    monkeypatch.setattr(runs, "_initialised", lambda s: seen.append(runs.MEMORY.reserved) or real(s))
+    runs.load_upload(parse_query(LECTURE), str(weight_file(tmp_path)[0]), "alice", "addr:a")
+    assert seen and seen[0] >= 2 * 4 * runs.estimate_params(parse_query(LECTURE))
+
+
+def test_a_reloaded_page_takes_its_uploads_over_and_nobody_elses(tmp_path):
+    """A reload is a new session hash and the old page gone: the page opened on a link naming the upload takes
+    it over (no second copy counted against the share); another visitor, or a page still open, keeps its own."""
+    name = runs.load_upload(parse_query(LECTURE), str(weight_file(tmp_path)[0]), "before-reload", "addr:a")
+    assert not runs.adopt("after-reload", "addr:a", name)          # the first page is still open
+    runs.page_gone("before-reload")
+    assert not runs.adopt("stranger", "addr:b", name)              # another visitor's closed page
+    assert runs.adopt("after-reload", "addr:a", name)
+    assert name in runs.uploads("after-reload") and "before-reload" not in runs._UPLOADS
+
+
+def test_a_visitors_closed_pages_make_room_for_its_new_upload(tmp_path, monkeypatch):
+    """Uploads left by the visitor's own closed pages (reloaded without the link) go before its share refuses
+    a new one; another visitor's closed page keeps its uploads for the grace period."""
+    path = weight_file(tmp_path)[0]
+    runs.load_upload(parse_query(LECTURE), str(path), "probe", "addr:x")
+    size = next(iter(runs._UPLOADS.pop("probe").values())).nbytes
+    monkeypatch.setattr(runs, "UPLOAD_SHARE_BYTES", size)
+    runs.load_upload(parse_query(LECTURE), str(path), "old-page", "addr:a")
+    runs.load_upload(parse_query(LECTURE), str(path), "other-visitor", "addr:b")
+    runs.page_gone("old-page")
+    runs.page_gone("other-visitor")
+    runs.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=2)[0]), "new-page", "addr:a")
+    assert "old-page" not in runs._UPLOADS and "other-visitor" in runs._UPLOADS
+    assert runs.forgotten("old-page", next(iter(runs.uploads("other-visitor")))) is not None
