@@ -356,8 +356,8 @@ def _float(name: str, value: Any, lo: Optional[float] = None, hi: Optional[float
 
 
 def _choice(name: str, value: Any, choices) -> str:
-    v = value.strip() if isinstance(value, str) else value
-    if v not in choices:
+    v = value.strip() if isinstance(value, str) else None     # only a name is a choice (a list is unhashable)
+    if v is None or v not in choices:
         raise ValidationError(name, value, ", ".join(map(str, choices)))
     return v
 

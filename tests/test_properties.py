@@ -311,6 +311,19 @@ def test_settings_parser_names_the_one_bad_field(explorer, data):
     assert isinstance(info.value, settings_mod.ValidationError) and info.value.field == name
 
 
+def test_every_field_refuses_lists_and_dicts_by_name(explorer):
+    """Not sampled: every field meets every structured value (a list or a dict is unhashable; the
+    parser once raised TypeError for preset=[] where hypothesis had only tried strings)."""
+    settings_mod, _ = explorer
+    names = field_names(explorer)
+    for name in names:
+        for value in ([], [1], ["lecture"], {}, {"a": 1}, (1,), b"lecture"):
+            with pytest.raises(Exception) as info:
+                settings_mod.parse_settings({**SMALL, name: value})
+            assert_clear(info.value, names, name)
+            assert isinstance(info.value, settings_mod.ValidationError) and info.value.field == name, (name, value)
+
+
 @st.composite
 def small_settings(draw):
     kv = draw(st.integers(1, 2))
