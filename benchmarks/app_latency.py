@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from explorer.localhost import running_app  # noqa: E402
+from server.localhost import running_app  # noqa: E402
 from models.runinfo import RESULTS_DIR, device_name, git_commit, percentile  # noqa: E402
 
 TARGETS = dict(cold_start_s=10.0, control_change_p95_ms=150.0, nano_s=3.0)

@@ -47,7 +47,7 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from explorer.localhost import running_app  # noqa: E402
+from server.localhost import running_app  # noqa: E402
 from models.runinfo import RESULTS_DIR, cpu_model, git_commit, percentile  # noqa: E402
 
 # view -> (api name, weight in the mix); the timing sweep is tiny: two short lengths, naive only
@@ -800,7 +800,7 @@ def run_soak(url: str, honest_n: int, duration_s: float, seed: int, processes: i
 
 
 def main_soak(a) -> dict:
-    from explorer.admission import TRUSTED_PROXIES_ENV, memory_budget
+    from server.admission import TRUSTED_PROXIES_ENV, memory_budget
     os.environ[TRUSTED_PROXIES_ENV] = "1"       # the server sits behind one (simulated) proxy: X-Forwarded-For
     when = dt.datetime.now(dt.timezone.utc)
     info = dict(kind="soak", date=when.isoformat(timespec="seconds"), git_commit=git_commit(), device=machine(),

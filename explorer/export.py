@@ -27,18 +27,17 @@ import threading
 import time
 import warnings
 import zipfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import plotly.graph_objects as go
 
-from models.bugzoo import bug_names
 
 from . import runs, timing, views
 from .figures import lecture_theme
-from .settings import Settings, ValidationError, check_model_fits, device, to_query, view_cost
+from .settings import Settings, ValidationError, check_model_fits, device, to_query
 
 log = logging.getLogger("explorer")
 
@@ -52,47 +51,33 @@ LESSON_PAGE_BYTES = 64 << 10      # the page around the figures: headings, capti
 
 @dataclass(frozen=True)
 class FigureSpec:
-    """One exportable figure: the view that draws it, its index in what the view returns, whether it
-    runs the sidebar's model (then it needs the model to fit this device), and the settings that
-    change it for the pack (`adjust`: e.g. the bug zoo plants a bug when none is chosen)."""
-    view: Callable
+    """One exportable figure (a Plot of explorer.views.VIEWS that names it): the view and part that draw
+    it, its index in what the part returns, whether it runs the sidebar's model (then it needs the model
+    to fit this device), and the settings that change it for the pack (`adjust`: e.g. the bug zoo plants
+    a bug when none is chosen)."""
+    view: views.View
+    part: int
     index: int
     model: bool = False
-    adjust: Callable[[Settings], Settings] = lambda s: s
-    cost: str = ""                  # the explorer.settings.view_cost entry of its view (model views)
+    adjust: Callable[[Settings], Settings] = views._same
+
+    def draw(self, s: Settings) -> tuple:
+        return self.view.draw_part(self.part, s)
 
 
-def _planted_bug(s: Settings) -> Settings:
-    """The bug-zoo slide shows a bug: the chosen one, else the family's first."""
-    return s if s.bug != "none" else replace(s, bug=bug_names(s.family)[0])
+def _figure_specs() -> dict[str, FigureSpec]:
+    """Every export a view's record names, in tab order (the pack and lesson.html keep this order)."""
+    specs = {}
+    for view in views.VIEWS.values():
+        for p, part in enumerate(view.parts):
+            for i, out in enumerate(part.outputs):
+                for export in getattr(out, "exports", ()):
+                    name, adjust = (export, views._same) if isinstance(export, str) else export
+                    specs[name] = FigureSpec(view, p, i, part.model, adjust)
+    return specs
 
 
-def _candidate_zoom(s: Settings) -> Settings:
-    return replace(s, zoom="history tail")
-
-
-# figure name -> how to draw it, in lesson order (the pack and lesson.html keep this order)
-FIGURES = {
-    "mask": FigureSpec(views.mask_view, 0),
-    "kernels": FigureSpec(views.kernel_view, 0),
-    "kernels_candidates": FigureSpec(views.kernel_view, 0, adjust=_candidate_zoom),
-    "attention": FigureSpec(views.attention_view, 0, model=True, cost="attention"),
-    "query_row": FigureSpec(views.attention_view, 1, model=True, cost="attention"),
-    "anatomy_qk": FigureSpec(views.anatomy_view, 0, model=True, cost="anatomy"),
-    "anatomy_steps": FigureSpec(views.anatomy_view, 1, model=True, cost="anatomy"),
-    "anatomy_sum": FigureSpec(views.anatomy_view, 2, model=True, cost="anatomy"),
-    "isolation": FigureSpec(views.isolation_view, 0, model=True, cost="isolation"),
-    "isolation_logits": FigureSpec(views.isolation_view, 1, model=True, cost="isolation"),
-    "invariance": FigureSpec(views.invariance_view, 0, model=True, cost="invariance"),
-    "rope_angles": FigureSpec(views.rope_view, 0),
-    "rope_qk": FigureSpec(views.rope_view, 1),
-    "variant": FigureSpec(views.variant_view, 0),
-    "variant_loss": FigureSpec(views.variant_view, 1),
-    "bug_zoo": FigureSpec(views.bug_zoo_view, 0, model=True, adjust=_planted_bug, cost="variants"),
-    "timing": FigureSpec(timing.recorded_view, 0),
-    "timing_memory": FigureSpec(timing.recorded_view, 1),
-    "timing_speedup": FigureSpec(timing.recorded_view, 2),
-}
+FIGURES = _figure_specs()
 
 
 def check_figure(name) -> FigureSpec:
@@ -209,7 +194,7 @@ def figure(s: Settings, name: str) -> go.Figure:
     spec = check_figure(name)
     if spec.model:
         check_model_fits(s)
-    return as_drawn(spec.view(spec.adjust(s))[spec.index])
+    return as_drawn(spec.draw(spec.adjust(s))[spec.index])
 
 
 def as_drawn(fig: go.Figure) -> go.Figure:
@@ -233,19 +218,19 @@ def all_figures(s: Settings) -> tuple[dict[str, tuple[go.Figure, str]], dict[str
     outputs, drawn, left_out = {}, {}, {}
     spent = 0.0
     for name, spec in FIGURES.items():
-        key = (spec.view, spec.adjust(s))
+        key = (spec.view.name, spec.part, spec.adjust(s))
         try:
             if spec.model:
                 check_model_fits(s)
             if key not in outputs:
-                flops = view_cost(key[1], spec.cost).flops if spec.cost else 0.0
+                flops = spec.view.estimate(key[2]).flops if spec.model else 0.0
                 if spent + flops > pack_max_flops():
                     raise ValidationError(
                         "lecture pack", f"{(spent + flops) / 1e9:,.0f} GFLOP of model views with {name}",
                         f"{pack_max_flops() / 1e9:,.0f} GFLOP per pack on this {device().upper()}: export "
                         f"{name} alone (Export figure), or make the model smaller")
                 spent += flops
-                outputs[key] = spec.view(key[1])
+                outputs[key] = spec.draw(key[2])
         except ValidationError as e:
             fits = spec.model and e.field != "lecture pack"
             left_out[name] = f"runs the sidebar's model, which does not fit here: {e}" if fits else str(e)

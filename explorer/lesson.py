@@ -17,9 +17,7 @@ from models.masks import KERNEL_TILINGS, kernel_work
 
 STORIES = {"isolation": "Candidates never see each other", "flash": "What flash attention skips"}
 # the figure each tab shows first (its elem_id): what presentation mode fills the screen with
-MAIN_FIGURE = {"mask": "mask-plot", "attention": "attention-plot", "anatomy": "anatomy-plot",
-               "isolation": "isolation-plot", "invariance": "invariance-plot", "variants": "variants-plot",
-               "timing": "time-plot"}
+MAIN_FIGURE = {v.name: v.main for v in views.VIEWS.values() if v.main}
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 from urllib.parse import parse_qsl, urlencode
 
 import torch
@@ -22,7 +22,7 @@ from models.bugzoo import bug_names
 from models.demo import DEMO_WEIGHTS, XREX_DEMO_WEIGHTS, demo_config
 from models.grok import ROPE_MODES, TransformerConfig
 from models.masks import MASK_KINDS, PREFIX_MODES, model_mask_kind
-from models.probes import PERTURBATIONS, PROBES
+from models.probes import PERTURBATIONS
 from models.presets import PRESETS
 from models.recsys import RecsysConfig, SequenceLayout
 from models.variants import VARIANTS
@@ -66,7 +66,7 @@ GPU_MAX_TRACE_BYTES = 8 * 2**30
 MAX_BATCH = 8                       # rows of inputs per forward; the views show one of them
 MAX_SWEEP_SECONDS_CPU = 30.0
 MAX_SWEEP_SECONDS_GPU = 120.0
-# What one request may cost, estimated from the settings before it runs (explorer.settings.view_cost):
+# What one request may cost, estimated from the settings before it runs (explorer.views.View.estimate):
 # floating-point work of every forward it runs (probe passes included) — a 2-core CPU Space does
 # ~20-40 GFLOP/s per thread, so 600 GFLOP is well under a minute — and the memory it holds while it runs.
 CPU_MAX_REQUEST_FLOPS = 600e9
@@ -594,64 +594,15 @@ def model_bytes(s: Settings) -> int:
     return 4 * estimate_params(s)
 
 
-# The bug zoo (views.bug_zoo_view) probes six models on a capped layout of at most this many positions;
-# causality perturbs each of at most 16 of them (models.probes.PROBES["causality"].max_positions).
-BUG_ZOO_MAX_POSITIONS = 128
-
-
-def _bug_zoo_cost(s: Settings) -> Cost:
-    models = 1 + len(bug_names("grok"))
-    T = min(s.seq_len, BUG_ZOO_MAX_POSITIONS)
-    Tc = min(T, PROBES["causality"].max_positions)
-    per_model = (forward_cost(s, 2, T)                       # isolation: before and after
-                 + forward_cost(s, 2, T)                     # parity: the model and the correct trunk
-                 + forward_cost(s, 2 * max(1, min(Tc - 1, 16)), Tc))   # causality: perturbed + unperturbed rows
-    total = Cost(per_model.forwards * models, per_model.flops * models, per_model.peak_bytes)
-    layer0 = forward_cost(s, 1, record=True)                  # the chosen bug's recorded trace, full length
-    return (total + layer0).holding(2 * model_bytes(s))       # a bugged copy beside the model
-
-
-def _view_costs(s: Settings) -> dict:
-    B = s.batch_size
-    recorded = forward_cost(s, B, record=True)                # runs.forward: the one recorded forward
-    kept = recorded_bytes(s, B)                               # ... which stays while the others run
-    return {
-        # two [T, T] masks, bool and float; building them is ~500 operations a cell (T 2048: ~1 s)
-        "mask": Cost(flops=500.0 * s.seq_len ** 2, peak_bytes=2 * 9 * s.seq_len ** 2),
-        "attention": recorded,
-        "anatomy": recorded,
-        # the recorded forward, the perturbed batch recorded, and both rows again under a causal mask
-        "isolation": recorded + forward_cost(s, B, record=True).holding(kept)
-        + forward_cost(s, 2, record=True).holding(kept)
-        + (forward_cost(s, B) if s.perturbation == "replace" else Cost()),
-        # three RoPE modes x (before, after), unrecorded
-        "invariance": Cost(6 * B, 6 * forward_cost(s, B).flops, forward_cost(s, B).peak_bytes),
-        "variants": recorded + _bug_zoo_cost(s).holding(kept),
-    }
-
-
-VIEWS = ("mask", "attention", "anatomy", "isolation", "invariance", "variants")
-# figures each view returns (explorer.views), each bounded by FIGURE_PEAK_BYTES
-VIEW_FIGURES = {"mask": 1, "attention": 2, "anatomy": 3, "isolation": 2, "invariance": 3, "variants": 3}
-
-
-def view_cost(s: Settings, view: str) -> Cost:
-    """What the `view` request costs with these settings (plus the model it needs)."""
-    costs = _view_costs(s)
-    if view not in costs:
-        raise ValidationError("view", view, ", ".join(costs))
-    cost = costs[view].holding(VIEW_FIGURES[view] * FIGURE_PEAK_BYTES)
-    return cost if view == "mask" else cost.holding(model_bytes(s))
-
-
 # the fields a visitor can turn down to make a request cheaper, in the order they are suggested
 _COST_FIELDS = ("batch_size", "num_history", "num_candidates", "num_layers", "num_q_heads", "emb_size")
 
 
-def check_budget(s: Settings, view: str) -> Cost:
-    """Refuse, by name, a request whose estimated work or memory exceeds this device's budget.
-    The field named is the one whose halving saves the most. -> the cost, when it fits."""
-    cost = view_cost(s, view)
+def check_budget(s: Settings, view: str, estimate: Callable[[Settings], Cost]) -> Cost:
+    """Refuse, by name, a request of the `view` view whose estimated work or memory (`estimate`, e.g.
+    explorer.views.VIEWS[view].estimate) exceeds this device's budget. The field named is the one whose
+    halving saves the most. -> the cost, when it fits."""
+    cost = estimate(s)
     flops, held = max_request_flops(), max_request_bytes()
     if cost.flops <= flops and cost.peak_bytes <= held:
         return cost
@@ -664,7 +615,7 @@ def check_budget(s: Settings, view: str) -> Cost:
             half = max(s.num_kv_heads, half - half % s.num_kv_heads)
         t = replace(s, **{name: half}, **({"candidate_padding": 0} if name == "num_candidates" else {}),
                     **({"history_padding": 0} if name == "num_history" else {}), row=0)
-        c = view_cost(t, view)
+        c = estimate(t)
         return max(c.flops / flops, c.peak_bytes / held)
     field = min((f for f in _COST_FIELDS if getattr(s, f) > 1), key=after_halving, default="num_history")
     raise ValidationError(field, getattr(s, field),

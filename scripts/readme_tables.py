@@ -346,7 +346,15 @@ def bugzoo_block() -> str:
     return "\n".join(lines)
 
 
+def views_block() -> str:
+    """The README's view table: one row per tab, from its record (explorer.views.VIEWS)."""
+    from explorer.views import VIEWS
+    return "\n".join(["| view | what it shows |", "|---|---|"]
+                     + [f"| {v.title} | {v.teaches} |" for v in VIEWS.values()])
+
+
 BLOCKS = {
+    "views": views_block,
     "perf-table": lambda: markdown(load_results()),
     "app-latency": app_latency_block,
     "browser-latency": browser_latency_block,

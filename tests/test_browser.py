@@ -6,7 +6,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from explorer.localhost import wait_for_plot
+from server.localhost import wait_for_plot
 from served import figure
 from tolerances import assert_bit_exact
 

@@ -279,8 +279,8 @@ def test_the_export_browser_runs_below_the_views_priority(s):
 def test_a_pack_past_its_work_budget_leaves_the_largest_views_out_by_name(s, monkeypatch):
     """Model views are drawn in lesson order while their estimated work fits pack_max_flops; the rest are
     listed as left out, naming the budget and how to get them (one at a time), and the cheap figures stay."""
-    from explorer.settings import view_cost
-    attention = view_cost(s, "attention").flops
+    from explorer.views import VIEWS
+    attention = VIEWS["attention"].estimate(s).flops
     monkeypatch.setattr(export, "pack_max_flops", lambda: attention * 1.5)
     drawn, left_out = export.all_figures(s)
     assert {"mask", "kernels", "attention", "query_row", "rope_angles", "timing"} <= set(drawn)

@@ -99,22 +99,6 @@ def test_progress_names_the_length_being_measured_and_a_t_squared_eta():
     assert sw.progress() == ""
 
 
-def test_timing_runs_stop_a_visitors_run_and_say_how_far_it_got():
-    runs = timing.TimingRuns()
-    mine, theirs = runs.start("a", budget_s=None), runs.start("b", budget_s=None)
-    mine.total, mine.done = 4, 1
-    assert runs.running() == 2
-    assert runs.cancel("a") == "Stopped after 1 of 4 lengths: the measured points are kept."
-    assert mine.stopped() == "cancelled" and theirs.stopped() is None
-    runs.end("a", mine)
-    assert runs.running() == 1 and runs.cancel("a") == ""
-    later = runs.start("a", budget_s=None)          # a new run has its own flag: never un-stops the old
-    assert later.stopped() is None and mine.stopped() == "cancelled"
-    with runs.measuring():
-        assert runs.threads == 1
-    assert runs.threads == 0
-
-
 def test_defaults_on_cpu_tick_the_backends_that_win_here_and_say_why():
     """On CPU flex (compiled, skips empty tiles) is the exact backend that wins: ticked by default;
     structured (separate dense calls) is not. Every backend has a line saying why it is fast or slow."""

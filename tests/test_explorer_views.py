@@ -525,4 +525,4 @@ def test_a_zoomed_grid_is_pooled_to_the_figure_payload_bound(monkeypatch):
     shown = sum(np.asarray(t.z).size for t in fig.data if t.type == "heatmap")
     assert shown <= 50_000 and 8 * 200 * 200 > 50_000
     assert "zoom: candidates" in fig.layout.title.text and "full resolution" not in fig.layout.title.text
-    assert settings.view_cost(s, "attention").peak_bytes >= 2 * settings.FIGURE_PEAK_BYTES
+    assert views.VIEWS["attention"].estimate(s).peak_bytes >= 2 * settings.FIGURE_PEAK_BYTES

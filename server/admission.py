@@ -17,11 +17,11 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
-from .settings import ValidationError
+from explorer.settings import ValidationError
 
 # --- who is asking ----------------------------------------------------------------------------
 
@@ -113,7 +113,7 @@ class Lane:
 
 
 # Small forwards at once: 4 on a GPU; on a CPU two per core, up to 4 (each runs one torch thread, see
-# explorer.runs.configure_threads). A lecture-size view spends much of its slot on Python (building figures,
+# server.memory.configure_threads). A lecture-size view spends much of its slot on Python (building figures,
 # Gradio's postprocessing) waiting for the GIL, so one per core left a core idle: in the soak (30 visitors and
 # the attacker on 2 cores), honest model views p95 3.5 s with 2 slots, 2.6 s with 4. Heavy views have
 # their own lane of one.
@@ -293,10 +293,10 @@ PROCESS_BASE_BYTES = 1_100_000_000      # interpreter, torch, gradio, plotly, th
 
 def memory_budget() -> dict[str, int]:
     """What the server process may hold, part by part (bytes): the ceiling of caches and running
-    requests (figures on their way out included, explorer.settings.view_cost), small requests let
+    requests (figures on their way out included, explorer.views.View.estimate), small requests let
     past it, every visitor's uploads, Gradio's session states, and the process itself."""
-    from . import runs
-    from .settings import memory_ceiling
+    from explorer import runs
+    from explorer.settings import memory_ceiling
     parts = {"caches and running requests (EXPLORER_MEMORY_BYTES)": memory_ceiling(),
              "small requests past the ceiling (mask lane)": LANES["light"].running * runs.small_request_bytes(),
              "uploaded weights (every visitor)": runs.MAX_UPLOAD_STORE_BYTES,
@@ -599,3 +599,7 @@ def _declared_length(scope) -> int:
             except ValueError:
                 return -1
     return -1
+
+
+# the one admission of this process: every lane, share and visitor count (server.lanes, server.guard)
+ADMISSION = Admission()
