@@ -23,8 +23,10 @@ import gradio as gr
 from explorer import admission, export, lesson, runs, timing
 from explorer.admission import QUEUE_MAX
 from explorer.controls import CONTROL_FIELDS, LABELS
-from explorer.settings import (COLOR_SCALES, FAMILIES, INVARIANCE_OPS, PERTURBATIONS, VALUE_KINDS, XREX_ROPE, ZOOMS,
-                               Settings, parse_settings, to_query)
+from explorer.families import FAMILIES, XREX_ROPE
+from explorer.links import to_query
+from explorer.schema import Settings
+from explorer.settings import COLOR_SCALES, INVARIANCE_OPS, VALUE_KINDS, ZOOMS, parse_settings
 from handlers import (CONTROL, EXPORT, EXPORT_PACK, TAB_OUTPUTS, TABS, TIMING, UNQUEUED, UPLOAD, VIEW_ENDPOINTS,
                       admit_every_event, forward, light, work_of_change, work_of_pick, work_of_query, work_of_source,
                       work_of_tab,
@@ -37,6 +39,7 @@ from handlers import (CONTROL, EXPORT, EXPORT_PACK, TAB_OUTPUTS, TABS, TIMING, U
 from models.attention import CAP_METHODS
 from models.grok import ROPE_MODES
 from models.masks import MASK_KINDS, PREFIX_MODES
+from models.probes import PERTURBATIONS
 from models.variants import VARIANTS
 
 log = logging.getLogger("explorer")

@@ -22,9 +22,13 @@ from pydantic import model_validator
 from explorer import admission, controls, export, runs, timing, views
 from explorer.admission import LANES, visitor_of
 from explorer.controls import CONTROL_FIELDS
-from explorer.settings import (FAMILIES, LARGE_REQUEST_FLOPS, PRESETS, Settings, ValidationError, check_model_fits,
-                               device, parse_query, parse_settings, retired_note, to_query, view_cost, with_family)
+from explorer.families import FAMILIES
+from explorer.limits import LARGE_REQUEST_FLOPS, check_model_fits, device, view_cost
+from explorer.links import parse_query, retired_note, to_query
+from explorer.schema import Settings, ValidationError
+from explorer.settings import parse_settings, with_family
 from models.bugzoo import bug_names
+from models.presets import PRESETS
 
 log = logging.getLogger("explorer")
 

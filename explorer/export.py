@@ -38,7 +38,9 @@ from models.bugzoo import bug_names
 
 from . import runs, timing, views
 from .figures import lecture_theme
-from .settings import Settings, ValidationError, check_model_fits, device, to_query, view_cost
+from .limits import check_model_fits, device, view_cost
+from .links import to_query
+from .schema import Settings, ValidationError
 
 log = logging.getLogger("explorer")
 
@@ -59,7 +61,7 @@ class FigureSpec:
     index: int
     model: bool = False
     adjust: Callable[[Settings], Settings] = lambda s: s
-    cost: str = ""                  # the explorer.settings.view_cost entry of its view (model views)
+    cost: str = ""                  # the explorer.limits.view_cost entry of its view (model views)
 
 
 def _planted_bug(s: Settings) -> Settings:

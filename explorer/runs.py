@@ -6,8 +6,8 @@ underneath on the geometry and weight source only; ``forward(s)`` runs the ranki
 
 Memory is bounded in bytes, not entries: every cache here (and the probe caches in explorer.views)
 is a ``ByteCache``; their entries and the requests running (``bounded``: a view's estimated peak
-from explorer.settings.view_cost, reserved before it starts) share one ceiling,
-explorer.settings.memory_ceiling() (env EXPLORER_MEMORY_BYTES). Least recently used entries go first;
+from explorer.limits.view_cost, reserved before it starts) share one ceiling,
+explorer.limits.memory_ceiling() (env EXPLORER_MEMORY_BYTES). Least recently used entries go first;
 a request that does not fit waits until running ones finish. Each cache entry is computed once
 under its own lock, so different settings run concurrently and equal ones wait for the first.
 """
@@ -39,8 +39,10 @@ from models.recsys import RecsysBatch, RecsysModel, RecsysOutput, init_recsys, s
 from models.weights import EXTENSIONS, FAMILY_NAMES, WrongFamily, load_weights
 from models.xrex import XrexRecsys
 
-from .settings import (FAMILIES, LARGE_REQUEST_FLOPS, WEIGHT_GEOMETRY, Settings, ValidationError, check_budget,
-                       device, estimate_params, memory_ceiling)
+from .families import FAMILIES
+from .limits import LARGE_REQUEST_FLOPS, check_budget, device, estimate_params, memory_ceiling
+from .schema import Settings, ValidationError
+from .settings import WEIGHT_GEOMETRY
 
 log = logging.getLogger("explorer")
 
@@ -301,7 +303,7 @@ def on_low_priority(fn: Callable, *args, **kwargs):
 
 def bounded(view: str):
     """A view function that states its cost first: refused by name past the device's budget
-    (explorer.settings.check_budget), else run once its estimated memory fits under the ceiling,
+    (explorer.limits.check_budget), else run once its estimated memory fits under the ceiling,
     at a lower CPU priority when it is large."""
     def decorate(fn):
         @functools.wraps(fn)

@@ -17,6 +17,7 @@ import torch
 from models.attention import apply_cap
 from models.bugzoo import BUGS, bug_report, with_bug
 from models.masks import EMPTY, FULL, KERNEL_TILINGS, AttentionMask, kernel_work, ranker_bounds
+from models.presets import PRESETS
 from models.probes import PROBES, capped_layout, other_candidates, perturb
 from models.grok import RotaryEmbedding
 from models.recall import load_trained_variant, recall_example
@@ -28,8 +29,9 @@ from models.xrex import right_anchored_positions
 from . import runs
 from .figures import (DIVERGING, MASK_SCALE, SEGMENT_NAMES, SEQUENTIAL, TILE_SCALE, Panel, bar_figure,
                       grouped_bar_figure, heatmap_figure, line_figure, stacked_bars_figure)
-from .settings import (BUG_ZOO_MAX_POSITIONS, INVARIANCE_OPS, MAX_FIGURE_CELLS, PRESETS, VALUE_KINDS, Settings,
-                       parse_settings)
+from .limits import BUG_ZOO_MAX_POSITIONS, MAX_FIGURE_CELLS
+from .schema import Settings
+from .settings import INVARIANCE_OPS, VALUE_KINDS, parse_settings
 
 # the mask table's tile column: production's H100 serving tiles (64 query rows x 128 keys)
 BLOCK_Q, BLOCK_KV = KERNEL_TILINGS["h100-serve"].block_q, KERNEL_TILINGS["h100-serve"].block_kv
@@ -88,7 +90,7 @@ def zoom_region(s: Settings) -> tuple[list[int], list[int]]:
 
 def cells(s: Settings, full: int, panels: int = 1) -> int:
     """max_cells per axis: `full` for the whole sequence, zoomed regions at full resolution, as far as
-    the figure's `panels` stay within MAX_FIGURE_CELLS (explorer.settings: the bytes a view sends are
+    the figure's `panels` stay within MAX_FIGURE_CELLS (explorer.limits: the bytes a view sends are
     bounded before its work starts); pooled beyond that."""
     rows, cols = zoom_region(s)
     r, c = len(rows), len(cols)

@@ -14,7 +14,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 gradio_client = pytest.importorskip("gradio_client")
-from explorer.settings import Settings  # noqa: E402  (the app's own field order)
+from explorer.schema import Settings  # noqa: E402  (the app's own field order)
 
 CONTROL_FIELDS = [f.name for f in fields(Settings)]
 VIEWS = ("/mask", "/attention", "/anatomy", "/isolation", "/invariance", "/variants")

@@ -7,7 +7,7 @@ import pytest
 from explorer import admission
 from explorer.admission import (LANES, QUEUE_MAX, Admission, RateShare, WatchedQueue, check_admission, client_address,
                                 visitor_key)
-from explorer.settings import ValidationError
+from explorer.schema import ValidationError
 
 
 # --- who is asking -----------------------------------------------------------------------------
