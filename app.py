@@ -23,8 +23,10 @@ import gradio as gr
 
 from explorer import export, lesson, runs, timing, views
 from explorer.controls import CONTROL_FIELDS, LABELS, NUMBER_FIELDS
-from explorer.settings import (COLOR_SCALES, FAMILIES, INVARIANCE_OPS, PERTURBATIONS, VALUE_KINDS, XREX_ROPE, ZOOMS,
-                               Settings, parse_settings, to_query)
+from explorer.families import FAMILIES, XREX_ROPE
+from explorer.links import to_query
+from explorer.schema import Settings
+from explorer.settings import COLOR_SCALES, INVARIANCE_OPS, VALUE_KINDS, ZOOMS, parse_settings
 from explorer.views import VIEWS, drawn_views
 from server import admission, gradio_patches, memory
 from server.admission import QUEUE_MAX
@@ -43,6 +45,7 @@ from server.timing_events import (stop_timing, timing_check, timing_endpoint, ti
 from models.attention import CAP_METHODS
 from models.grok import ROPE_MODES
 from models.masks import MASK_KINDS, PREFIX_MODES
+from models.probes import PERTURBATIONS
 from models.variants import VARIANTS
 
 log = logging.getLogger("explorer")

@@ -273,7 +273,7 @@ class RssSampler:
 
 def _weights_file(tmp: Path, seed: int) -> Path:
     """A valid upload for the lecture geometry (random weights of another seed)."""
-    from explorer.settings import parse_query
+    from explorer.links import parse_query
     from models.recsys import RecsysModel, init_recsys
     from models.weights import save_weights
     s = parse_query("preset=lecture&weights=random")
@@ -398,7 +398,7 @@ def run_and_write(a, run_fn, info: dict, stem: str, when) -> tuple[dict, Path]:
 
 
 def main_abuse(a) -> dict:
-    from explorer.settings import DEFAULT_MEMORY_CEILING, MEMORY_CEILING_ENV
+    from explorer.limits import DEFAULT_MEMORY_CEILING, MEMORY_CEILING_ENV
     when = dt.datetime.now(dt.timezone.utc)
     info = dict(kind="abuse", date=when.isoformat(timespec="seconds"), git_commit=git_commit(), device=machine(),
                 parameters=dict(duration_s=a.duration, clients=ABUSE, cap_sized=CAP_SIZED,
@@ -536,7 +536,7 @@ def attacker(attack: Attack, url: str, stop_at: list, records: list, lock: threa
     fresh = lambda: uuid.uuid4().hex[:11]       # noqa: E731
     upload_file = None
     if attack is Attack.UPLOAD_STORE:
-        from explorer.settings import parse_query
+        from explorer.links import parse_query
         from models.recsys import RecsysModel, init_recsys
         from models.weights import save_weights
         upload_file = tmp / f"nano-{fresh()}.safetensors"

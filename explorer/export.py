@@ -37,7 +37,9 @@ import plotly.graph_objects as go
 
 from . import runs, timing, views
 from .figures import lecture_theme
-from .settings import Settings, ValidationError, check_model_fits, device, to_query
+from .limits import check_model_fits, device
+from .links import to_query
+from .schema import Settings, ValidationError
 
 log = logging.getLogger("explorer")
 

@@ -12,7 +12,8 @@ from typing import Callable, Optional
 import numpy as np
 
 from explorer import runs, views
-from explorer.settings import Settings, parse_query
+from explorer.links import parse_query
+from explorer.schema import Settings
 from models.masks import KERNEL_TILINGS, kernel_work
 
 STORIES = {"isolation": "Candidates never see each other", "flash": "What flash attention skips"}
@@ -24,7 +25,7 @@ MAIN_FIGURE = {v.name: v.main for v in views.VIEWS.values() if v.main}
 class Step:
     story: str                  # a key of STORIES
     title: str
-    query: str                  # the app's query string (explorer.settings.to_query's form)
+    query: str                  # the app's query string (explorer.links.to_query's form)
     tab: str
     claim: str                  # one line, shown under the figure
     figure: str = ""            # elem_id of the figure the claim is about ('' = the tab's main figure)

@@ -39,8 +39,10 @@ from models.recsys import RecsysBatch, RecsysModel, RecsysOutput, init_recsys, s
 from models.weights import EXTENSIONS, FAMILY_NAMES, WrongFamily, load_weights
 from models.xrex import XrexRecsys
 
-from .settings import (FAMILIES, LARGE_REQUEST_FLOPS, WEIGHT_GEOMETRY, Settings, ValidationError,
-                       device, estimate_params, memory_ceiling)
+from .families import FAMILIES
+from .limits import LARGE_REQUEST_FLOPS, device, estimate_params, memory_ceiling
+from .schema import Settings, ValidationError
+from .settings import WEIGHT_GEOMETRY
 
 log = logging.getLogger("explorer")
 

@@ -25,7 +25,8 @@ from models.runinfo import RESULTS_DIR, device_name
 from .figures import FONT, TEMPLATE, Figure, _log_ticks
 from .measure import (Grid, Run, Status, grid_for, load_results, matmul_tflops, on_gpu,
                       sweep as benchmark_sweep)
-from .settings import Settings, ValidationError, device, sweep_budget_s, timing_max_len
+from .limits import device, sweep_budget_s, timing_max_len
+from .schema import Settings, ValidationError
 
 SETTINGS_GEOMETRY = "model settings"
 # benchmark geometries the tab offers, per device: phoenix-prod is what the GPU is for (B=256, the

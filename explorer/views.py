@@ -18,6 +18,7 @@ import torch
 from models.attention import apply_cap
 from models.bugzoo import BUGS, bug_names, bug_report, with_bug
 from models.masks import EMPTY, FULL, KERNEL_TILINGS, AttentionMask, kernel_work, ranker_bounds
+from models.presets import PRESETS
 from models.probes import PROBES, capped_layout, other_candidates, perturb
 from models.grok import RotaryEmbedding
 from models.recall import load_trained_variant, recall_example
@@ -29,8 +30,10 @@ from models.xrex import right_anchored_positions
 from . import runs
 from .figures import (DIVERGING, MASK_SCALE, SEGMENT_NAMES, SEQUENTIAL, TILE_SCALE, Panel, bar_figure,
                       grouped_bar_figure, heatmap_figure, line_figure, stacked_bars_figure)
-from .settings import (FIGURE_PEAK_BYTES, INVARIANCE_OPS, MAX_FIGURE_CELLS, PRESETS, VALUE_KINDS, Cost, Settings,
-                       ValidationError, check_budget, forward_cost, model_bytes, parse_settings, recorded_bytes)
+from .limits import (FIGURE_PEAK_BYTES, MAX_FIGURE_CELLS, Cost, check_budget, forward_cost, model_bytes,
+                     recorded_bytes)
+from .schema import Settings, ValidationError
+from .settings import INVARIANCE_OPS, VALUE_KINDS, parse_settings
 from .timing import recorded_view
 
 # The bug zoo (bug_zoo_view) probes six models on a capped layout of at most this many positions;
@@ -94,7 +97,7 @@ def zoom_region(s: Settings) -> tuple[list[int], list[int]]:
 
 def cells(s: Settings, full: int, panels: int = 1) -> int:
     """max_cells per axis: `full` for the whole sequence, zoomed regions at full resolution, as far as
-    the figure's `panels` stay within MAX_FIGURE_CELLS (explorer.settings: the bytes a view sends are
+    the figure's `panels` stay within MAX_FIGURE_CELLS (explorer.limits: the bytes a view sends are
     bounded before its work starts); pooled beyond that."""
     rows, cols = zoom_region(s)
     r, c = len(rows), len(cols)

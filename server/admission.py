@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from explorer.settings import ValidationError
+from explorer.schema import ValidationError
 
 # --- who is asking ----------------------------------------------------------------------------
 
@@ -121,7 +121,7 @@ FORWARDS_AT_ONCE = 4 if torch.cuda.is_available() else max(1, min(4, 2 * (os.cpu
 
 LANES: dict[str, Lane] = {lane.name: lane for lane in (
     Lane("forward", "model views", running=FORWARDS_AT_ONCE, waiting=48, per_visitor=4, per_address=6),
-    # views over settings.LARGE_REQUEST_FLOPS (any event that draws one): one at a time, so they never hold the
+    # views over limits.LARGE_REQUEST_FLOPS (any event that draws one): one at a time, so they never hold the
     # small views' slots
     Lane("heavy", "large views", running=1, waiting=6, per_visitor=1, per_address=2),
     # the mask view (no model): one address holds fewer than run at once, so others always find a slot
@@ -296,7 +296,7 @@ def memory_budget() -> dict[str, int]:
     requests (figures on their way out included, explorer.views.View.estimate), small requests let
     past it, every visitor's uploads, Gradio's session states, and the process itself."""
     from explorer import runs
-    from explorer.settings import memory_ceiling
+    from explorer.limits import memory_ceiling
     parts = {"caches and running requests (EXPLORER_MEMORY_BYTES)": memory_ceiling(),
              "small requests past the ceiling (mask lane)": LANES["light"].running * runs.small_request_bytes(),
              "uploaded weights (every visitor)": runs.MAX_UPLOAD_STORE_BYTES,
@@ -356,7 +356,7 @@ class RateShare:
 # key, renders per window (a lecture pack renders every figure of export.FIGURES in each format). A lecturer
 # making slides renders a few dozen; a loop of them would keep the browser busy for everyone.
 EXPORT_SHARE = dict(max_bytes=80, max_calls=80, window_s=600.0, unit="renders", what="exports")
-# Model work per visitor key, estimated before a request runs (explorer.settings.view_cost): on average a
+# Model work per visitor key, estimated before a request runs (explorer.limits.view_cost): on average a
 # quarter of a free Space's core for one address. A student on phoenix-nano draws ~30 views in 10 minutes
 # (26-150 GFLOP each); a loop of the largest the budget admits (~550 GFLOP) gets 5, then waits for the
 # window; lecture views (< 1 GFLOP) never count. A class behind one NAT address shares it: raise it there.

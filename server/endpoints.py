@@ -10,8 +10,9 @@ import gradio as gr
 
 from explorer import controls, export, runs
 from explorer.controls import CONTROL_FIELDS
-from explorer.settings import to_query
-from explorer.settings import ValidationError, parse_settings
+from explorer.links import to_query
+from explorer.schema import ValidationError
+from explorer.settings import parse_settings
 from explorer.views import VIEWS, Text, View, drawn_views
 
 from .admission import visitor_of

@@ -11,8 +11,9 @@ import gradio as gr
 import torch
 
 from explorer import runs
-from explorer.settings import parse_query
-from explorer.settings import Settings, ValidationError, check_model_fits, device
+from explorer.links import parse_query
+from explorer.limits import check_model_fits, device
+from explorer.schema import Settings, ValidationError
 
 from .admission import ADMISSION, visitor_of
 

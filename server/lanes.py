@@ -16,8 +16,10 @@ import gradio as gr
 
 from explorer import export, runs
 from explorer.controls import CONTROL_FIELDS
-from explorer.settings import parse_query
-from explorer.settings import LARGE_REQUEST_FLOPS, Settings, ValidationError, parse_settings
+from explorer.links import parse_query
+from explorer.limits import LARGE_REQUEST_FLOPS
+from explorer.schema import Settings, ValidationError
+from explorer.settings import parse_settings
 from explorer.views import VIEWS
 
 from . import admission

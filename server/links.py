@@ -6,10 +6,14 @@ import gradio as gr
 
 from explorer import controls, runs
 from explorer.controls import CONTROL_FIELDS
-from explorer.settings import (FAMILIES, PRESETS, Settings, device, parse_settings, retired_note, to_query,
-                               with_family)
+from explorer.families import FAMILIES
+from explorer.limits import device
+from explorer.links import retired_note, to_query
+from explorer.schema import Settings
+from explorer.settings import parse_settings, with_family
 from explorer.views import VIEWS
 from models.bugzoo import bug_names
+from models.presets import PRESETS
 
 from .admission import visitor_of
 from .guard import as_text, guarded, limit_note, model_limit, session_of, settings_of

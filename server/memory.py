@@ -11,7 +11,7 @@ import time
 import torch
 
 from explorer.runs import MEMORY
-from explorer.settings import ValidationError
+from explorer.schema import ValidationError
 
 log = logging.getLogger("explorer")
 

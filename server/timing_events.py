@@ -7,7 +7,7 @@ import asyncio
 import gradio as gr
 
 from explorer import runs, timing
-from explorer.settings import ValidationError
+from explorer.schema import ValidationError
 
 from .guard import as_markdown_text, guarded, session_of, settings_of
 from .timing_runs import TIMING_RUNS

@@ -9,7 +9,7 @@ import threading
 from typing import Optional
 
 from explorer.measure import Run
-from explorer.settings import sweep_budget_s
+from explorer.limits import sweep_budget_s
 from explorer.timing import LiveRun
 
 log = logging.getLogger("explorer")

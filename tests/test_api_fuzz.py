@@ -14,7 +14,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 gradio_client = pytest.importorskip("gradio_client")
-from explorer.settings import Settings  # noqa: E402  (the app's own field order)
+from explorer.schema import Settings  # noqa: E402  (the app's own field order)
 from explorer.views import drawn_views  # noqa: E402
 
 CONTROL_FIELDS = [f.name for f in fields(Settings)]

@@ -9,8 +9,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from explorer import runs, settings, views
-from explorer.settings import ValidationError, check_budget, estimate_params, parse_query
+from explorer import limits, runs, settings, views
+from explorer.limits import check_budget, estimate_params
+from explorer.links import parse_query
+from explorer.schema import ValidationError
 from explorer.views import VIEWS, check_view, drawn_views
 
 
@@ -237,8 +239,8 @@ def test_a_small_request_never_waits_behind_large_ones(monkeypatch):
 
 def test_the_mask_view_is_small_at_every_layout_the_device_allows():
     """...so the mask view never waits for memory, even at the longest layout (default ceiling)."""
-    s = parse_query(f"preset=phoenix-nano&num_history={settings.max_seq_len() - 65}", need_model=False)
-    assert s.seq_len == settings.max_seq_len()
+    s = parse_query(f"preset=phoenix-nano&num_history={limits.max_seq_len() - 65}", need_model=False)
+    assert s.seq_len == limits.max_seq_len()
     assert view_cost(s, "mask").peak_bytes <= runs.small_request_bytes()
 
 
@@ -272,11 +274,11 @@ def test_views_never_change_the_process_thread_count(monkeypatch):
 
 
 def test_memory_ceiling_from_the_environment(monkeypatch):
-    monkeypatch.setenv(settings.MEMORY_CEILING_ENV, "6e9")
-    assert settings.memory_ceiling() == 6_000_000_000 and settings.max_request_bytes() == 3_000_000_000
-    monkeypatch.setenv(settings.MEMORY_CEILING_ENV, "lots")
+    monkeypatch.setenv(limits.MEMORY_CEILING_ENV, "6e9")
+    assert limits.memory_ceiling() == 6_000_000_000 and limits.max_request_bytes() == 3_000_000_000
+    monkeypatch.setenv(limits.MEMORY_CEILING_ENV, "lots")
     with pytest.raises(ValidationError, match="EXPLORER_MEMORY_BYTES: got 'lots'"):
-        settings.memory_ceiling()
+        limits.memory_ceiling()
 
 
 def test_an_idle_server_shrinks_its_caches_and_returns_the_memory(monkeypatch):

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from explorer import export, views
-from explorer.settings import PRESETS, parse_query
+from explorer.links import parse_query
+from models.presets import PRESETS
 from tolerances import assert_bit_exact
 
 pytestmark = pytest.mark.slow     # kaleido starts chromium
@@ -164,8 +165,8 @@ def test_mask_and_kernel_figures_export_at_every_preset(preset, tmp_path):
 
 
 def test_the_pack_at_a_production_preset_lists_what_it_left_out_and_why(tmp_path, monkeypatch):
-    from explorer import settings
-    monkeypatch.setattr(settings, "max_params", lambda: 1)      # as a CPU meets phoenix-2026
+    from explorer import limits
+    monkeypatch.setattr(limits, "max_params", lambda: 1)      # as a CPU meets phoenix-2026
     s = parse_query("preset=lecture&weights=random", need_model=False)
     monkeypatch.setattr(export, "FORMATS", ("svg",))
     with zipfile.ZipFile(export.lecture_pack(s, str(tmp_path))) as z:

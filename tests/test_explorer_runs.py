@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from explorer import runs
-from explorer.settings import ValidationError, parse_query
+from explorer.links import parse_query
+from explorer.schema import ValidationError
 from models.recsys import RecsysModel, init_recsys
 from models.weights import save_weights
 from tolerances import assert_bit_exact

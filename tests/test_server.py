@@ -3,7 +3,7 @@ the timing sweeps' stop flags by visitor."""
 import pytest
 import torch
 
-from explorer.settings import ValidationError
+from explorer.schema import ValidationError
 from server import memory
 from server.timing_runs import TimingRuns
 

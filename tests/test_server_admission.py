@@ -7,7 +7,7 @@ import pytest
 from server import admission
 from server.admission import (LANES, QUEUE_MAX, Admission, RateShare, WatchedQueue, check_admission, client_address,
                                 visitor_key)
-from explorer.settings import ValidationError
+from explorer.schema import ValidationError
 
 
 # --- who is asking -----------------------------------------------------------------------------
