@@ -95,7 +95,7 @@ def max_request_bytes() -> int:
 
 
 # A request estimated above this is large: it runs at a lower CPU priority (explorer.runs) in the server's heavy
-# lane, one at a time (explorer.admission). Lecture views are < 0.3 GFLOP; phoenix-nano's 26-150; a mask view
+# lane, one at a time (server.admission). Lecture views are < 0.3 GFLOP; phoenix-nano's 26-150; a mask view
 # of T 2048, 2.
 LARGE_REQUEST_FLOPS = 1e9
 

@@ -293,7 +293,7 @@ def _initialised(s: Settings) -> RecsysModel | XrexRecsys:
 # Held per session (Gradio's session hash; gradio_client keeps one per Client) and never listed to
 # anyone else; forgotten UPLOAD_TTL_S after their last use, or PAGE_GONE_GRACE_S after the page
 # was closed (a dropped heartbeat of an open page is back within seconds). A session keeps its newest
-# UPLOADS_PER_SESSION; the sessions of one visitor key (explorer.admission: an address or a signed-in
+# UPLOADS_PER_SESSION; the sessions of one visitor key (server.admission: an address or a signed-in
 # user) hold at most UPLOAD_SHARE_BYTES together, and nobody's uploads evict another's: when the
 # store (MAX_UPLOAD_STORE_BYTES) is full, a new upload is refused by name instead.
 # Names are the file's content hash, so two sessions holding one name hold the same weights.
@@ -310,7 +310,7 @@ class Upload:
     geometry: dict[str, Any]            # the settings its shapes were checked against
     nbytes: int
     used: float                         # time.monotonic() of the last use
-    visitor: str = "local"              # explorer.admission's visitor key of the session that loaded it
+    visitor: str = "local"              # server.admission's visitor key of the session that loaded it
 
 
 _UPLOADS: dict[str, dict[str, Upload]] = {}     # session -> name -> upload, oldest first

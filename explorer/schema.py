@@ -1,6 +1,6 @@
 """What a configuration is: the frozen ``Settings`` every view reads, and ``ValidationError``, which every
 layer above raises when a value will not do (a ValueError whose message names the field, the value and what
-is allowed; handlers.py turns it into ``gr.Error``). The bottom of the settings modules: explorer.limits and
+is allowed; server/guard.py turns it into ``gr.Error``). The bottom of the settings modules: explorer.limits and
 explorer.families read these; explorer.settings parses raw values into them.
 """
 from __future__ import annotations

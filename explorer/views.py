@@ -937,13 +937,30 @@ def _bug_report(s: Settings, row: int):
 # lesson's and presentation mode's main figure (explorer/lesson.py), the README's view table
 # (scripts/readme_tables.py). Adding a view: its function above and a record below.
 
+def _same(s: Settings) -> Settings:
+    return s
+
+
+@dataclass(frozen=True)
+class Export:
+    """A figure the Export tab and the lecture pack draw from a Plot: its name; what it shows of the
+    settings (`facts`, each in the words its title uses: 'layer 0', 'query head 1', 'query C2'; file
+    names and captions are made of them); its caption, a sentence or two a slide can carry, from
+    (the settings drawn, their facts, the settings chosen); and the settings it is drawn with (`adjust`:
+    e.g. the bug zoo plants a bug when none is chosen)."""
+    name: str
+    caption: Callable[[Settings, dict, Settings], str]
+    facts: Callable[[Settings], dict] = lambda s: {}
+    adjust: Callable[[Settings], Settings] = _same
+
+
 @dataclass(frozen=True)
 class Plot:
     """A figure a view returns: its label on the page, its element id (the page's scripts and the lesson
-    find it by this), and the export figures drawn from it (name, or (name, settings adjustment))."""
+    find it by this), and the exports drawn from it."""
     label: str
     elem_id: str | None = None
-    exports: tuple = ()
+    exports: tuple[Export, ...] = ()
     show_label: bool = True
 
 
@@ -961,10 +978,6 @@ class Part:
     draw: Callable[[Settings], tuple]
     outputs: tuple
     model: bool = False
-
-
-def _same(s: Settings) -> Settings:
-    return s
 
 
 @dataclass(frozen=True)
@@ -1052,10 +1065,6 @@ def _variants_cost(s: Settings) -> Cost:
     return _recorded(s) + _bug_zoo_cost(s).holding(recorded_bytes(s, s.batch_size))
 
 
-def _candidate_zoom(s: Settings) -> Settings:
-    return replace(s, zoom="history tail")
-
-
 def _planted_bug(s: Settings) -> Settings:
     """The bug-zoo slide shows a bug: the chosen one, else the family's first."""
     return s if s.bug != "none" else replace(s, bug=bug_names(s.family)[0])
@@ -1065,6 +1074,111 @@ def _mask_cost(s: Settings) -> Cost:
     """Two [T, T] masks, bool and float, and the kernels' tile maps; building them is ~500 operations a
     cell (T 2048: ~1 s)."""
     return Cost(flops=500.0 * s.seq_len ** 2, peak_bytes=2 * 9 * s.seq_len ** 2)
+
+
+# --- what each exported figure shows, and its caption -----------------------------------------------
+
+def _row(s: Settings) -> str:
+    return f"query {s.layout.token_labels()[s.query_position]}"
+
+
+def _attention_facts(s: Settings) -> dict:
+    if s.head >= 0:
+        return dict(layer=f"layer {s.layer}", head=f"query head {s.head}")
+    heads = grid_heads(s.num_q_heads, s.num_kv_heads)
+    return dict(layer="every layer", head="and head" if len(heads) == s.num_q_heads
+                else f"query heads 0-{heads[-1]} of {s.num_q_heads}")
+
+
+def _one_row_facts(s: Settings) -> dict:
+    return dict(layer=f"layer {s.layer}", head=f"query head {max(s.head, 0)}", row=_row(s))
+
+
+def _perturbed_facts(s: Settings) -> dict:
+    return dict(candidate=f"perturbing {s.layout.token_labels()[s.candidate_start_offset + s.candidate]}")
+
+
+def _lay(s: Settings) -> str:
+    return (f"{s.num_user} user token(s), {s.num_history} history items and {s.num_candidates} candidates "
+            f"(T = {s.seq_len})")
+
+
+def _where(f: dict) -> str:
+    return ", ".join(v for k, v in f.items() if k in ("layer", "head")).replace(", and head", " and head")
+
+
+def _recorded_caption(words: str):
+    return lambda s, f, chosen: words + recorded_view(s)[3]
+
+
+EXPORT_MASK = Export("mask", lambda s, f, chosen: (
+    f"Who may attend to whom over {_lay(s)}: rows are queries, columns keys; blue cells may attend. Left the "
+    f"model's own mask '{s.mask_kind}', right '{s.compare}' for comparison; dashed lines separate user, history "
+    "and candidates."))
+EXPORT_KERNELS = (
+    Export("kernels", lambda s, f, chosen: (
+        f"The work production's attention kernels do over this layout (T = {s.seq_len}): tiles run in full, run "
+        "with a mask, skipped, and pairs computed that the mask hides.")),
+    Export("kernels_candidates", lambda s, f, chosen: (
+        f"The same kernel tiles, {f.get('zoom')}: the last history positions and the {s.num_candidates} "
+        "candidates at full resolution, where the skipped tiles are."),
+        facts=lambda s: dict(zoom="zoom: history tail"),                    # zoom_note's words
+        adjust=lambda s: replace(s, zoom="history tail")))
+EXPORT_ATTENTION = Export("attention", lambda s, f, chosen: (
+    f"Attention {s.values} of {_where(f)}, from the model's own forward pass ({s.weights} weights) over {_lay(s)}; "
+    f"colour scale {s.color}."), facts=_attention_facts)
+EXPORT_QUERY_ROW = Export("query_row", lambda s, f, chosen: (
+    f"The attention weights of {f.get('row')} in {_where(f)}: one bar per key, coloured by segment (user, history, "
+    "candidate)."), facts=lambda s: dict(layer=f"layer {s.layer}", head=f"head {max(s.head, 0)}", row=_row(s)))
+EXPORT_ANATOMY = (
+    Export("anatomy_qk", lambda s, f, chosen: (
+        f"Step 1 for {f.get('row')} ({_where(f)}): the query vector and every key vector after the rotary "
+        "position embedding, one row each, one column per dimension."), facts=_one_row_facts),
+    Export("anatomy_steps", lambda s, f, chosen: (
+        f"Steps 2–6 for {f.get('row')} ({_where(f)}): the dot product q·k per key, times the attention "
+        f"{'scale √128/key size' if s.family == 'xrex' else 'multiplier'} {s.attn_scale:.4g}, after the "
+        f"{s.cap_method} cap, with masked keys removed, and after the softmax: the attention weights."),
+        facts=_one_row_facts),
+    Export("anatomy_sum", lambda s, f, chosen: (
+        f"Step 7 for {f.get('row')} ({_where(f)}): each key's value vector times its attention weight, and their "
+        "sum (last row), the head's output."), facts=_one_row_facts))
+EXPORT_ISOLATION = (
+    Export("isolation", lambda s, f, chosen: (
+        f"How far the residual stream moves, per layer and position, after {f.get('candidate')} ({s.perturbation}): "
+        f"under the '{s.mask_kind}' mask only its own column changes; under a causal mask the change reaches later "
+        "candidates."), facts=_perturbed_facts),
+    Export("isolation_logits", lambda s, f, chosen: (
+        f"The largest change in each candidate's action logits after {f.get('candidate')}, for the "
+        f"'{s.mask_kind}' mask and the causal mask."), facts=_perturbed_facts))
+EXPORT_INVARIANCE = Export("invariance", lambda s, f, chosen: (
+    f"Each kept candidate's score change after '{s.operation}' on the candidate set, for each RoPE position mode: "
+    "zero means the score does not depend on the other candidates or its slot."))
+EXPORT_ROPE = (
+    Export("rope_angles", lambda s, f, chosen: (
+        f"The rotary embedding's angle (mod 2π) for each dimension pair and position (base {s.rope_base:g}, "
+        f"offset {s.rope_offset}): low pairs turn fast, high pairs slowly.")),
+    Export("rope_qk", lambda s, f, chosen: (
+        "q·k for q = k = 1 after rotation, against the distance between the two positions: it depends only on "
+        "the distance, not on the absolute positions.")))
+EXPORT_VARIANT = (
+    Export("variant", lambda s, f, chosen: (
+        f"Attention weights of the {f.get('variant')} variant from the course notebooks, trained on associative "
+        "recall; ticks are the tokens of one held-out example, the queried pair outlined."),
+        facts=lambda s: dict(variant=f"'{s.variant}'")),
+    Export("variant_loss", lambda s, f, chosen: (
+        "Training loss of every attention variant on associative recall; the legend gives each one's held-out "
+        "accuracy.")))
+EXPORT_BUG_ZOO = Export("bug_zoo", lambda s, f, chosen: (
+    f"Attention weights in layer 0, head 0 of the {'production' if s.family == 'xrex' else 'grok.py'} trunk with "
+    f"the {f.get('bug')} planted" + (" (no bug was chosen: the family's first is shown)." if chosen.bug != s.bug
+                                    else ".")),
+    facts=lambda s: dict(layer="layer 0", head="head 0", bug=f"bug '{s.bug}'"), adjust=_planted_bug)
+EXPORT_TIMING = (
+    Export("timing", _recorded_caption("Time per attention call, median with min-max bars over the repeats. ")),
+    Export("timing_memory", _recorded_caption("Peak memory of one attention call above its inputs. ")),
+    Export("timing_speedup", _recorded_caption(
+        "Speed-up of each backend over naive attention at the same T in the same run, beside the grey bound of "
+        "what skipping the mask's empty tiles alone would give. ")))
 
 
 VIEWS: dict[str, View] = {v.name: v for v in (
@@ -1078,9 +1192,9 @@ VIEWS: dict[str, View] = {v.name: v for v in (
                  "128×128): full, masked or skipped, the share each skips and any pair computed that the mask "
                  "hides (`models.masks.KERNEL_TILINGS`, the same tiles the `fa4` backend's block-sparse tensors "
                  "are built from).",
-         parts=(Part(mask_view, (Plot("mask", "mask-plot", exports=("mask",)), Text())),
+         parts=(Part(mask_view, (Plot("mask", "mask-plot", exports=(EXPORT_MASK,)), Text())),
                 Part(kernel_view, (Plot("production's kernels: tiles run and skipped", "kernel-plot",
-                                        exports=("kernels", ("kernels_candidates", _candidate_zoom))), Text()))),
+                                        exports=EXPORT_KERNELS), Text()))),
          cost=_mask_cost, controls=("compare",), needs_model=False),
     View("attention", "2 · Attention",
          look_for="Look for: candidate rows attend to history and to themselves only; heads sharing a KV head "
@@ -1093,8 +1207,8 @@ VIEWS: dict[str, View] = {v.name: v for v in (
                  "full resolution. Hover a cell for query, key, their segments and the value; click a cell to pick "
                  "its query row (the link follows), and the chosen row is outlined in every panel (the Mask tab's "
                  "too).",
-         parts=(Part(attention_view, (Plot("attention", "attention-plot", exports=("attention",)),
-                                      Plot("query row", "query-bars-plot", exports=("query_row",)),
+         parts=(Part(attention_view, (Plot("attention", "attention-plot", exports=(EXPORT_ATTENTION,)),
+                                      Plot("query row", "query-bars-plot", exports=(EXPORT_QUERY_ROW,)),
                                       Text("query-text")), model=True),),
          cost=_recorded, controls=("values", "color")),
     View("anatomy", "2b · Anatomy",
@@ -1104,17 +1218,17 @@ VIEWS: dict[str, View] = {v.name: v for v in (
          teaches="One query row of one head, step by step from the recorded forward: q and every k after RoPE, q·k "
                  "per key, × the multiplier, the cap, the mask, the softmax, and the weighted sum of V — a small "
                  "figure and the numbers for each step.",
-         parts=(Part(anatomy_view, (Plot("q and k after RoPE", "anatomy-plot", exports=("anatomy_qk",)),
-                                    Plot("q·k → weights, step by step", exports=("anatomy_steps",)),
-                                    Plot("weighted sum of V", exports=("anatomy_sum",)), Text()), model=True),),
+         parts=(Part(anatomy_view, (Plot("q and k after RoPE", "anatomy-plot", exports=EXPORT_ANATOMY[:1]),
+                                    Plot("q·k → weights, step by step", exports=EXPORT_ANATOMY[1:2]),
+                                    Plot("weighted sum of V", exports=EXPORT_ANATOMY[2:]), Text()), model=True),),
          cost=_recorded),
     View("isolation", "3 · Isolation",
          look_for="Look for: under the recsys mask, perturbing candidate j changes only its own column; under the "
                   "causal mask the change leaks into every later candidate.",
          teaches="Perturb one candidate (scale, noise, replace) and no other candidate changes by a single bit "
                  "under the recsys mask; under a causal mask later candidates move.",
-         parts=(Part(isolation_view, (Plot("change per layer and position", "isolation-plot", exports=("isolation",)),
-                                      Plot("change per candidate", exports=("isolation_logits",)), Text(lead=True)),
+         parts=(Part(isolation_view, (Plot("change per layer and position", "isolation-plot", exports=EXPORT_ISOLATION[:1]),
+                                      Plot("change per candidate", exports=EXPORT_ISOLATION[1:]), Text(lead=True)),
                      model=True),),
          cost=_isolation_cost, controls=("candidate", "perturbation", "delta", "replace_with"), gpu=True),
     View("invariance", "4 · Invariance & RoPE",
@@ -1123,19 +1237,19 @@ VIEWS: dict[str, View] = {v.name: v for v in (
          teaches="Permute, drop or add candidates: with `sequential` RoPE a candidate's slot changes its score; "
                  "`shared` positions or no RoPE make scoring batch-invariant. The RoPE panel shows rotation angles "
                  "and that q·k depends only on distance.",
-         parts=(Part(invariance_view, (Plot("score change", "invariance-plot", exports=("invariance",)), Text()),
+         parts=(Part(invariance_view, (Plot("score change", "invariance-plot", exports=(EXPORT_INVARIANCE,)), Text()),
                      model=True),
-                Part(rope_view, (Plot("RoPE angles", exports=("rope_angles",)),
-                                 Plot("q·k vs distance", exports=("rope_qk",)), Text()))),
+                Part(rope_view, (Plot("RoPE angles", exports=EXPORT_ROPE[:1]),
+                                 Plot("q·k vs distance", exports=EXPORT_ROPE[1:]), Text()))),
          cost=_invariance_cost, controls=("operation",), gpu=True),
     View("variants", "5 · Variants",
          look_for="Look for: in the trained model's last row, the weight on the queried key/value pair (outlined).",
          teaches="MHA / MQA / GQA / MLA / talking heads / encoders / encoder–decoder / DIN through the same "
                  "heatmaps; each course-notebook bug planted in the trunk, and which probe catches it.",
-         parts=(Part(variant_view, (Plot("variant attention", "variants-plot", exports=("variant",)),
+         parts=(Part(variant_view, (Plot("variant attention", "variants-plot", exports=EXPORT_VARIANT[:1]),
                                     Plot("training loss of every variant", "variants-loss-plot",
-                                         exports=("variant_loss",)), Text(lead=True))),
-                Part(bug_zoo_view, (Plot("attention with the bug", exports=(("bug_zoo", _planted_bug),)),
+                                         exports=EXPORT_VARIANT[1:]), Text(lead=True))),
+                Part(bug_zoo_view, (Plot("attention with the bug", exports=(EXPORT_BUG_ZOO,)),
                                     Text(lead=True)), model=True)),
          cost=_variants_cost, controls=("variant", "bug")),
     View("timing", "6 · Flash vs naive",
@@ -1149,9 +1263,9 @@ VIEWS: dict[str, View] = {v.name: v for v in (
                  "beside the time saved, and the speed-up chart draws the bound skipping alone would give. Points "
                  "appear as each length is measured, with a T²-scaled ETA; Stop keeps them and says how far the "
                  "run got.",
-         parts=(Part(recorded_view, (Plot("time", "time-plot", exports=("timing",), show_label=False),
-                                     Plot("memory", exports=("timing_memory",), show_label=False),
-                                     Plot("speed-up", exports=("timing_speedup",), show_label=False), Text())),)),
+         parts=(Part(recorded_view, (Plot("time", "time-plot", exports=EXPORT_TIMING[:1], show_label=False),
+                                     Plot("memory", exports=EXPORT_TIMING[1:2], show_label=False),
+                                     Plot("speed-up", exports=EXPORT_TIMING[2:], show_label=False), Text())),)),
     View("export", "7 · Export",
          look_for="Look for: figures redrawn in the lecture theme at 16:9, with captions describing each one.",
          teaches="Any figure as PNG (3×) or SVG in a lecture theme (large fonts, tick labels ≥ 16 px, "

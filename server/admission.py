@@ -1,6 +1,6 @@
 """Who a visitor is, and how much of the server one visitor may hold: the lanes requests queue in,
 their admission (checked when a request is pushed, before it waits), and per-visitor byte and rate
-shares (uploads). Plain Python: handlers.py hands in the request objects and Gradio's queue.
+shares (uploads). Plain Python: server/lanes.py hands in the request objects and Gradio's queue.
 
 A visitor is keyed on what the client cannot mint: an HF-signed-in user where present, else the
 client address as the proxy in front forwards it (the address it appends to X-Forwarded-For, not the

@@ -82,7 +82,7 @@ def guarded(fn):
         except Exception:
             log.exception("unexpected error in %s", fn.__name__)
             raise gr.Error(f"{fn.__name__}: internal error (logged)", print_exception=False) from None
-        finally:                        # the visitor's usage orders the lanes (explorer.admission.Usage)
+        finally:                        # the visitor's usage orders the lanes (server.admission.Usage)
             ADMISSION.served(visitor_of(current_request())[0], time.monotonic() - started)
     return wrapper
 

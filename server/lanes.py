@@ -208,7 +208,7 @@ UPLOAD = lane("upload")
 
 
 # The page's own steps that need no queue (parsing a link, setting controls, JS-only steps): they run at
-# once, bounded per visitor by the front door's request rates (explorer.admission.EVENT_RATE).
+# once, bounded per visitor by the front door's request rates (server.admission.EVENT_RATE).
 UNQUEUED = dict(queue=False)
 
 

@@ -28,8 +28,7 @@ def test_each_view_returns_what_its_record_says(name):
 def test_records_name_their_figures_once():
     ids = [o.elem_id for v in VIEWS.values() for o in v.outputs if o.elem_id]
     assert len(ids) == len(set(ids))
-    exports = [e if isinstance(e, str) else e[0] for v in VIEWS.values() for o in v.outputs
-               for e in getattr(o, "exports", ())]
+    exports = [e.name for v in VIEWS.values() for o in v.outputs for e in getattr(o, "exports", ())]
     assert len(exports) == len(set(exports))
     assert all(v.main for v in drawn_views()) and all(any(isinstance(o, Text) for o in v.outputs)
                                                       for v in drawn_views())   # where a device limit is said
@@ -46,8 +45,10 @@ def toy_view(s):
 
 views.VIEWS["toy"] = views.View(
     "toy", "8 · Toy", look_for="Look for: the toy bars.", teaches="A toy view that draws two bars.",
-    parts=(views.Part(toy_view, (views.Plot("toy figure", "toy-plot", exports=("toy",)), views.Text())),),
-    cost=lambda s: Cost(flops=1e8 * s.num_history, peak_bytes=1000), controls=("seed",), needs_model=False)
+    parts=(views.Part(toy_view, (views.Plot("toy figure", "toy-plot", exports=(views.Export(
+        "toy", lambda s, facts, chosen: f"Two bars: the seed {s.seed} and {facts['history']}.",
+        facts=lambda s: dict(history=f"{s.num_history} history slots")),)), views.Text())),),
+    cost=lambda s: Cost(flops=1e8 * s.num_history, peak_bytes=1000), needs_model=False)
 
 import app
 from explorer import export, lesson
@@ -58,8 +59,11 @@ from server.admission import LANES
 
 found = {}
 demo = app.build_app()
-page = json.dumps(demo.get_config_file())
-found["page"] = all(t in page for t in ("8 · Toy", "toy-plot", "Look for: the toy bars.")) and "toy" in app.LESSON_DATA
+page = [(type(b).__name__, getattr(b, "label", None), getattr(b, "elem_id", None), getattr(b, "value", None))
+        for b in demo.blocks.values()]
+found["page"] = (("Tab", "8 · Toy", None, None) in [(t, l, None, None) for t, l, _, _ in page]
+                 and ("Plot", "toy figure", "toy-plot") in [p[:3] for p in page]
+                 and any(v == "Look for: the toy bars." for *_, v in page) and "toy-plot" in app.LESSON_DATA)
 found["api"] = "toy" in [fn.api_name for fn in demo.fns.values()]
 fig, text = endpoints.VIEW_ENDPOINTS["toy"]("preset=lecture&seed=5")
 found["endpoint"] = [list(fig.data[0].y), text]
@@ -68,7 +72,8 @@ found["redraw"] = [list(flat[-2].data[0].y), flat[-1]]
 s = parse_query("preset=lecture&num_history=40")
 found["cost"] = [lanes.view_work(s, "toy"), views.VIEWS["toy"].estimate(s).peak_bytes - 1000 == FIGURE_PEAK_BYTES]
 drawn, left_out = export.all_figures(parse_query("preset=lecture&seed=7"))
-found["pack"] = [list(drawn["toy"][0].data[0].y), "toy" in export.FIGURES, lesson.MAIN_FIGURE["toy"]]
+found["pack"] = [list(drawn["toy"][0].data[0].y), drawn["toy"][1], export.file_stem(parse_query("preset=lecture"), "toy"),
+                 lesson.MAIN_FIGURE["toy"]]
 found["readme"] = "| 8 · Toy | A toy view that draws two bars. |" in views_block()
 print("FOUND" + json.dumps(found))
 '''
@@ -76,7 +81,7 @@ print("FOUND" + json.dumps(found))
 
 @pytest.mark.slow
 def test_a_view_added_as_one_record_reaches_every_consumer(tmp_path):
-    """Registered before the app is built (as its own module would be): the tab, its controls and figure,
+    """Registered before the app is built (as its own module would be): the tab, its figure,
     the API endpoint and the page's redraw, the work the admission estimates, the pack, presentation
     mode's main figure and the README's row."""
     script = tmp_path / "toy.py"
@@ -88,7 +93,7 @@ def test_a_view_added_as_one_record_reaches_every_consumer(tmp_path):
     assert line, done.stdout[-2000:] + done.stderr[-4000:]
     found = json.loads(line[5:])
     assert found["page"] and found["api"] and found["readme"]
-    assert found["endpoint"] == [[5, 4], "toy of seed 5"]            # the lecture preset's 4 history slots
-    assert found["redraw"] == [[6, 4], "toy of seed 6"]
+    assert found["endpoint"] == [[5, 5], "toy of seed 5"]            # the lecture preset's 5 history slots
+    assert found["redraw"] == [[6, 5], "toy of seed 6"]
     assert found["cost"] == [4e9, True]
-    assert found["pack"] == [[7, 4], True, "toy-plot"]
+    assert found["pack"] == [[7, 5], "Two bars: the seed 7 and 5 history slots.", "toy-lecture-slots", "toy-plot"]
