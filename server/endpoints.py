@@ -23,8 +23,11 @@ from .links import family_endpoint, limit_endpoint, preset_endpoint, query_to_co
 
 def view_endpoint(view: View):
     """The API endpoint of a view: the configuration as a query string -> the view's outputs."""
+    name = view.name
+
     def endpoint(query: str, request: gr.Request = None):
-        return view.draw(settings_of(query, request, need_model=view.needs_model))
+        current = VIEWS[name]                   # the record as it is now (a test may stand one in)
+        return current.draw(settings_of(query, request, need_model=current.needs_model))
     endpoint.__name__ = endpoint.__qualname__ = f"{view.name}_endpoint"
     return guarded(gpu(endpoint) if view.gpu else endpoint)
 

@@ -602,15 +602,16 @@ def test_every_computing_endpoint_refuses_one_session_over_its_share_at_the_http
     answered HTTP 422 naming the bound, and another address is still admitted."""
     import threading
     import time
+    from dataclasses import replace
 
     import app
-    from server import lanes
     from explorer import views
-    from server import admission
+    from server import admission, lanes
     monkeypatch.setenv(admission.TRUSTED_PROXIES_ENV, "1")
     gate = threading.Event()
-    for fn in ("mask_view", "attention_view", "anatomy_view", "isolation_view", "invariance_view", "variant_view"):
-        monkeypatch.setattr(views, fn, lambda s, *a, **k: gate.wait(60))
+    for view in views.drawn_views():            # every view's parts wait for the gate
+        parts = tuple(replace(p, draw=lambda s, *a, **k: (gate.wait(60), ())[1]) for p in view.parts)
+        monkeypatch.setitem(views.VIEWS, view.name, replace(view, parts=parts))
     demo = app.build_app()
     _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=None, quiet=True)
     try:

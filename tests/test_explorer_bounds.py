@@ -70,7 +70,7 @@ def test_view_costs_grow_with_the_work_they_do():
 
 @pytest.mark.parametrize("view", ["attention", "anatomy", "isolation", "invariance", "variants"])
 def test_a_request_past_the_budget_is_refused_by_name_before_it_runs(monkeypatch, view):
-    monkeypatch.setattr(settings, "CPU_MAX_REQUEST_FLOPS", 1e6)
+    monkeypatch.setattr(limits, "CPU_MAX_REQUEST_FLOPS", 1e6)
     s = parse_query("preset=lecture&weights=random&seed=77&num_history=40")
     runs.clear_caches()
     with pytest.raises(ValidationError, match=rf"^(batch_size|num_history|num_candidates|num_layers|num_q_heads|"
@@ -83,13 +83,13 @@ def test_cap_sized_isolation_is_refused_by_its_memory_and_the_attention_view_is_
     """56 query heads at T 1087 record ~505 MiB per forward; the isolation probe holds several of them
     at once."""
     s = parse_query("preset=phoenix-nano&num_q_heads=56&num_kv_heads=8&num_layers=1")
-    assert budget(s, "attention").peak_bytes < settings.max_request_bytes()
+    assert budget(s, "attention").peak_bytes < limits.max_request_bytes()
     with pytest.raises(ValidationError, match=r"MiB, \d\.\dx this CPU's budget"):
         budget(s, "isolation")
 
 
 def test_the_bug_zoo_budget_holds_at_phoenix_nano():
-    assert budget(parse_query("preset=phoenix-nano"), "variants").flops < settings.CPU_MAX_REQUEST_FLOPS
+    assert budget(parse_query("preset=phoenix-nano"), "variants").flops < limits.CPU_MAX_REQUEST_FLOPS
 
 
 # --- the causality probe: batched, exact, and capped ---------------------------------------------

@@ -267,7 +267,7 @@ def test_every_figure_is_sent_as_plotly_writes_it(query):
     from explorer.figures import Figure
     s = parse_query(query)
     for name, spec in FIGURES.items():
-        fig = spec.view(spec.adjust(s))[spec.index]
+        fig = spec.draw(spec.adjust(s))[spec.index]
         assert isinstance(fig, Figure), name
         assert fig.to_json() == go.Figure.to_json(fig), name
         for trace in fig.data:
