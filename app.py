@@ -1,5 +1,6 @@
 """Attention explorer for recommendation transformers — the Gradio app. Layout and wiring only:
-the functions the events call live in handlers.py, the work in explorer/ (plain functions) and models/.
+the functions the events call live in server/, the work in explorer/ (plain functions) and models/;
+the tabs of drawn views are built from their records (explorer.views.VIEWS).
 
     python app.py            # http://127.0.0.1:7860 (GRADIO_SERVER_NAME / GRADIO_SERVER_PORT override)
 
@@ -8,11 +9,11 @@ Every view is also an API endpoint taking the URL query string of a configuratio
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import signal
-import sys
 import threading
 from dataclasses import fields
 from pathlib import Path
@@ -20,23 +21,31 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from explorer import admission, export, lesson, runs, timing
-from explorer.admission import QUEUE_MAX
-from explorer.controls import CONTROL_FIELDS, LABELS
-from explorer.settings import (COLOR_SCALES, FAMILIES, INVARIANCE_OPS, PERTURBATIONS, VALUE_KINDS, XREX_ROPE, ZOOMS,
-                               Settings, parse_settings, to_query)
-from handlers import (CONTROL, EXPORT, EXPORT_PACK, TAB_OUTPUTS, TABS, TIMING, UNQUEUED, UPLOAD, VIEW_ENDPOINTS,
-                      admit_every_event, forward, light, work_of_change, work_of_pick, work_of_query, work_of_source,
-                      work_of_tab,
-                      bug_choices, control_change, control_change_on_page, export_endpoint, family_endpoint, family_on_page,
-                      head_choices, lecture_pack_endpoint, limit_endpoint, link_to_controls, load_endpoint,
-                      page_gone, pick_on_page, preset_choices, preset_endpoint, preset_on_page, present_key_on_page,
-                      head_of_link, query_to_controls, render_tab, settings_endpoint, settings_of, stop_timing,
-                      timing_check, timing_endpoint, timing_lengths, timing_lengths_kept, timing_options, timing_recorded,
-                      timing_recorded_on_link, upload_endpoint, watch_lanes, weight_choices, weights_file)
+from explorer import export, lesson, runs, timing, views
+from explorer.controls import CONTROL_FIELDS, LABELS, NUMBER_FIELDS
+from explorer.families import FAMILIES, XREX_ROPE
+from explorer.links import to_query
+from explorer.schema import Settings
+from explorer.settings import COLOR_SCALES, INVARIANCE_OPS, VALUE_KINDS, ZOOMS, parse_settings
+from explorer.views import VIEWS, drawn_views
+from server import admission, gradio_patches, memory
+from server.admission import QUEUE_MAX
+from server.endpoints import (VIEW_ENDPOINTS, control_change, control_change_on_page, export_endpoint, family_on_page,
+                              lecture_pack_endpoint, page_gone, pick_on_page, preset_on_page, present_key_on_page,
+                              render_tab, upload_endpoint)
+from server.gradio_patches import weights_file
+from server.guard import settings_of
+from server.lanes import (CONTROL, EXPORT, EXPORT_PACK, TIMING, UNQUEUED, UPLOAD, admit_every_event, forward, light,
+                          watch_lanes, work_of_change, work_of_pick, work_of_query, work_of_source, work_of_tab)
+from server.links import (bug_choices, family_endpoint, head_choices, head_of_link, limit_endpoint, link_to_controls,
+                          load_endpoint, preset_choices, preset_endpoint, query_to_controls, settings_endpoint,
+                          weight_choices)
+from server.timing_events import (stop_timing, timing_check, timing_endpoint, timing_lengths, timing_lengths_kept,
+                                  timing_options, timing_recorded, timing_recorded_on_link)
 from models.attention import CAP_METHODS
 from models.grok import ROPE_MODES
 from models.masks import MASK_KINDS, PREFIX_MODES
+from models.probes import PERTURBATIONS
 from models.variants import VARIANTS
 
 log = logging.getLogger("explorer")
@@ -76,25 +85,6 @@ LAYER = "(layer, v, q, n) => explorer.layerPick(layer, v, q, n)"        # likewi
 HEAD_PICK = "(head, v, q, n) => explorer.headPick(head, v, q, n)"        # another head of a one-head view
 VALUES_PICK = "(values, v, q, n) => explorer.valuesPick(values, v, q, n)"  # another value kind of one
 HEAD_KEY = "(head, q) => explorer.withParam(q, 'head', head.split(':')[0], '-1')"   # a head stepHead drew
-
-# what to look for, one line per tab
-LOOK_FOR = {
-    "mask": "Look for: the candidate block's diagonal (each candidate sees the user, the history and only "
-            "itself) against the causal mask, where later candidates also see earlier ones.",
-    "attention": "Look for: candidate rows attend to history and to themselves only; heads sharing a KV head "
-                 "(grouped query attention) often look alike; switch colour to quantile or log on random weights.",
-    "anatomy": "Look for: how one query row is built — q·k per key, scaled, capped, masked to −∞, normalised by the "
-               "softmax, and the weights mixing the values into the output. Layer, head (the grid shows head 0) and "
-               "query row are chosen above the tabs.",
-    "isolation": "Look for: under the recsys mask, perturbing candidate j changes only its own column; under the "
-                 "causal mask the change leaks into every later candidate.",
-    "invariance": "Look for: with sequential RoPE positions, reordering candidates moves their scores; with shared "
-                  "or no positions they stay put (batch invariance).",
-    "variants": "Look for: in the trained model's last row, the weight on the queried key/value pair (outlined).",
-    "timing": "Look for: where a fused kernel that skips empty tiles (flex here) pulls away from naive as T grows, "
-              "and how its speed-up compares with the grey line, what skipping work alone could save.",
-    "export": "Look for: figures redrawn in the lecture theme at 16:9, with captions describing each one.",
-}
 
 def number_boxes(d: Settings, c: dict, names: list[str], **kw) -> None:
     """A number box per Settings field, labelled (explorer.controls.LABELS); integer boxes for int fields.
@@ -180,50 +170,38 @@ def view_controls(d: Settings, c: dict) -> None:
         number_boxes(d, c, ["query"], elem_id="query-row")
 
 
-def mask_tab(d: Settings, c: dict) -> list:
-    c["compare"] = gr.Dropdown(list(MASK_KINDS), value=d.compare, label=LABELS["compare"])
-    return [gr.Plot(label="mask", elem_id="mask-plot"), gr.Markdown(),
-            gr.Plot(label="production's kernels: tiles run and skipped", elem_id="kernel-plot"), gr.Markdown()]
+# the views' own controls that pick from a list: a radio for a few choices, a menu for many
+CHOICES = {"values": VALUE_KINDS, "color": COLOR_SCALES, "perturbation": PERTURBATIONS, "operation": INVARIANCE_OPS,
+           "compare": MASK_KINDS, "variant": VARIANTS, "bug": None}
+MENUS = ("compare", "variant", "bug")
 
 
-def attention_tab(d: Settings, c: dict) -> list:
-    with gr.Row():
-        c["values"] = gr.Radio(list(VALUE_KINDS), value=d.values, label=LABELS["values"])
-        c["color"] = gr.Radio(list(COLOR_SCALES), value=d.color, label=LABELS["color"])
-    return [gr.Plot(label="attention", elem_id="attention-plot"), gr.Plot(label="query row", elem_id="query-bars-plot"),
-            gr.Markdown(elem_id="query-text")]
+def view_control(d: Settings, c: dict, field: str) -> None:
+    if field in NUMBER_FIELDS:
+        number_boxes(d, c, [field])
+        return
+    choices = bug_choices() if field == "bug" else list(CHOICES[field])
+    c[field] = (gr.Dropdown if field in MENUS else gr.Radio)(choices, value=getattr(d, field), label=LABELS[field])
 
 
-def anatomy_tab(d: Settings, c: dict) -> list:
-    return [gr.Plot(label="q and k after RoPE", elem_id="anatomy-plot"),
-            gr.Plot(label="q·k → weights, step by step"), gr.Plot(label="weighted sum of V"), gr.Markdown()]
+def output_component(out: views.Plot | views.Text):
+    if isinstance(out, views.Plot):
+        return gr.Plot(label=out.label, elem_id=out.elem_id, show_label=out.show_label)
+    return gr.Markdown(elem_id=out.elem_id)
 
 
-def isolation_tab(d: Settings, c: dict) -> list:
-    with gr.Row():
-        number_boxes(d, c, ["candidate"])
-        c["perturbation"] = gr.Radio(list(PERTURBATIONS), value=d.perturbation, label=LABELS["perturbation"])
-        number_boxes(d, c, ["delta", "replace_with"])
-    text = gr.Markdown()
-    return [gr.Plot(label="change per layer and position", elem_id="isolation-plot"),
-            gr.Plot(label="change per candidate"), text]
-
-
-def invariance_tab(d: Settings, c: dict) -> list:
-    c["operation"] = gr.Radio(list(INVARIANCE_OPS), value=d.operation, label=LABELS["operation"])
-    return [gr.Plot(label="score change", elem_id="invariance-plot"), gr.Markdown(),
-            gr.Plot(label="RoPE angles"), gr.Plot(label="q·k vs distance"), gr.Markdown()]
-
-
-def variants_tab(d: Settings, c: dict) -> list:
-    with gr.Row():
-        c["variant"] = gr.Dropdown(list(VARIANTS), value=d.variant, label=LABELS["variant"])
-        c["bug"] = gr.Dropdown(bug_choices(), value=d.bug, label=LABELS["bug"])
-    text = gr.Markdown()
-    fig = gr.Plot(label="variant attention", elem_id="variants-plot")
-    loss = gr.Plot(label="training loss of every variant", elem_id="variants-loss-plot")
-    bug_text = gr.Markdown()
-    return [fig, loss, text, gr.Plot(label="attention with the bug"), bug_text]
+def view_tab(view: views.View, d: Settings, c: dict) -> list:
+    """A drawn view's tab from its record: its own controls (in a row), then each part's outputs, a
+    leading text above its part's figures. -> the outputs in the endpoint's order."""
+    with gr.Row() if len(view.controls) > 1 else contextlib.nullcontext():
+        for field in view.controls:
+            view_control(d, c, field)
+    built = []
+    for part in view.parts:
+        shown = sorted(range(len(part.outputs)), key=lambda i: not getattr(part.outputs[i], "lead", False))
+        made = {i: output_component(part.outputs[i]) for i in shown}
+        built += [made[i] for i in range(len(part.outputs))]
+    return built
 
 
 def timing_tab(d: Settings, c: dict) -> SimpleNamespace:
@@ -270,18 +248,15 @@ def export_tab(d: Settings, c: dict) -> SimpleNamespace:
     return e
 
 
-# every tab in TABS order: its title and builder
-TAB_BUILDERS = {"mask": ("1 · Mask", mask_tab), "attention": ("2 · Attention", attention_tab),
-                "anatomy": ("2b · Anatomy", anatomy_tab), "isolation": ("3 · Isolation", isolation_tab),
-                "invariance": ("4 · Invariance & RoPE", invariance_tab), "variants": ("5 · Variants", variants_tab),
-                "timing": ("6 · Flash vs naive", timing_tab), "export": ("7 · Export", export_tab)}
-assert tuple(TAB_BUILDERS) == TABS
+# the tabs the app builds and wires itself (explorer.views.VIEWS without a cost); every other tab is
+# built from its view's record (view_tab)
+OWN_TABS = {"timing": timing_tab, "export": export_tab}
 
 
 # --- wiring: one function per group of events ---------------------------------------------------
 
 HIDDEN = dict(api_visibility="undocumented")      # the page's own steps: not on the API page
-STEP = dict(**HIDDEN, **UNQUEUED)                 # ... and those that need no queue (handlers.UNQUEUED)
+STEP = dict(**HIDDEN, **UNQUEUED)                 # ... and those that need no queue (server.lanes.UNQUEUED)
 
 
 def redraw(page: SimpleNamespace, event, after: str):
@@ -394,9 +369,10 @@ def wire_presentation(page: SimpleNamespace, c: dict) -> None:
 
 def wire_view_api(page: SimpleNamespace, outputs: dict) -> None:
     """The API: one endpoint per view, the configuration as a query string."""
-    for name in TAB_OUTPUTS:
-        page.hidden_q.submit(VIEW_ENDPOINTS[name], page.hidden_q, outputs[name], api_name=name,
-                             **(light(work_of_query(name)) if name == "mask" else forward(work_of_query(name))))
+    for view in drawn_views():
+        lane = forward if view.needs_model else light       # the mask builds no model: milliseconds
+        page.hidden_q.submit(VIEW_ENDPOINTS[view.name], page.hidden_q, outputs[view.name], api_name=view.name,
+                             **lane(work_of_query(view.name)))
 
 
 def wire_timing(page: SimpleNamespace, t: SimpleNamespace) -> None:
@@ -449,11 +425,12 @@ def build_app() -> gr.Blocks:
                 view_controls(d, c)
                 built, page.tab = {}, {}
                 with gr.Tabs() as page.tabs:
-                    for name, (title, build) in TAB_BUILDERS.items():
-                        with gr.Tab(title, id=name) as page.tab[name]:
-                            gr.Markdown(LOOK_FOR[name])
-                            built[name] = build(d, c)
-        page.view_outputs = [out for name in TAB_OUTPUTS for out in built[name]]
+                    for view in VIEWS.values():
+                        with gr.Tab(view.title, id=view.name) as page.tab[view.name]:
+                            gr.Markdown(view.look_for)
+                            built[view.name] = (view_tab(view, d, c) if view.drawn
+                                                else OWN_TABS[view.name](d, c))
+        page.view_outputs = [out for view in drawn_views() for out in built[view.name]]
         wire_controls(page, c)
         wire_sources(page, c)
         wire_navigation(demo, page, c)
@@ -465,68 +442,11 @@ def build_app() -> gr.Blocks:
     demo.queue(default_concurrency_limit=4, max_size=QUEUE_MAX, api_open=False)
     admit_every_event(demo)
     watch_lanes(demo)
-    skip_queue_analytics(demo)
-    keep_outputs_out_of_session_state()
-    skip_absent_matplotlib()
+    gradio_patches.skip_queue_analytics(demo)
+    gradio_patches.keep_outputs_out_of_session_state()
+    gradio_patches.skip_absent_matplotlib()
     return demo
 
-
-# What Gradio keeps per session: a copy of the page's config (~230 KB, built in ~11 ms on the event
-# loop for every new session hash) and, by default, the last value of every output (the figures: 17 MB
-# for a heavy mask, 346 MB for a zoomed grid), for 10,000 sessions and an hour after a page closes —
-# outside every ceiling of ours, and a client mints a session per call. Both serve only deep links
-# (/gradio_api/deep_link), which this app does not offer (the address bar carries the settings), so
-# neither is kept, and at most admission.SESSION_CAPACITY sessions are (oldest dropped first: its page
-# keeps working, the next event of it starts a fresh state).
-
-
-def keep_outputs_out_of_session_state() -> None:
-    """Gradio's SessionState builds a deep-link copy of every component's config when a session
-    starts and copies each output's value into it: the copy starts empty, and values go nowhere (the
-    one other place, with watch_lanes, that touches Gradio's internals; tests/test_app.py fails if
-    they move)."""
-    from gradio.state_holder import SessionState
-    make = SessionState.__init__
-    if getattr(make, "without_deep_link_config", False):
-        return
-
-    def init(self, blocks):
-        make(self, _NoDeepLinkConfig(blocks))
-    init.without_deep_link_config = True
-    SessionState.__init__ = init
-    SessionState._update_value_in_config = lambda self, key, value: None
-
-
-def skip_queue_analytics(demo: gr.Blocks) -> None:
-    """After every event Gradio's queue rebuilds a pandas summary of the last 10,000 events (8-13 ms
-    holding the GIL, measured; 6 % of the server's GIL time in the soak) for its monitoring dashboard,
-    which this app does not open. It is never rebuilt, and the queue keeps only the last QUEUE_MAX
-    events' records (each names the session it came from). Gradio reads both from its environment
-    (GRADIO_ANALYTICS_CACHE_FREQUENCY, GRADIO_ANALYTICS_MAX_EVENTS) when the queue is made; set here
-    on the queue itself, so a run with other settings in its environment gets the same server."""
-    demo._queue.ANAYLTICS_CACHE_FREQUENCY = sys.maxsize        # (sic) Gradio's spelling
-    demo._queue.ANALYTICS_MAX_EVENTS = QUEUE_MAX
-
-
-def skip_absent_matplotlib() -> None:
-    """Gradio tries `import matplotlib` on entering and leaving every event (to switch its backend).
-    Where it is not installed, each try searches sys.path again, on the event loop: marking it absent
-    once makes each try a dictionary lookup."""
-    import importlib.util
-    if "matplotlib" not in sys.modules and importlib.util.find_spec("matplotlib") is None:
-        sys.modules["matplotlib"] = None
-
-
-class _NoDeepLinkConfig:
-    """The Blocks as SessionState sees them, with no component to build a deep-link config of (it
-    builds one for each component also in `blocks.blocks`)."""
-    blocks: dict = {}
-
-    def __init__(self, blocks):
-        self._blocks = blocks
-
-    def __getattr__(self, name):
-        return getattr(self._blocks, name)
 
 
 def launch_options() -> dict:
@@ -553,7 +473,7 @@ def warm_up() -> None:
         log.exception("warm-up of the timing tab's flex kernels failed")
 
 
-# show_error=True: our own functions answer every problem as a gr.Error already (`handlers.guarded`), so what
+# show_error=True: our own functions answer every problem as a gr.Error already (`server.guard.guarded`), so what
 # this adds is Gradio's own refusal of a malformed call — "An event handler (mask_endpoint) didn't
 # receive enough input values (needed: 1, got: 0)" — which show_error=False blanks to {"error": null}.
 def stop_on_sigterm() -> None:
@@ -567,10 +487,10 @@ def stop_on_sigterm() -> None:
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
     stop_on_sigterm()
-    runs.configure_threads()            # once, before any worker thread runs a forward
+    memory.configure_threads()          # once, before any worker thread runs a forward
     demo = build_app()
-    runs.freeze_startup_objects()       # the idle trim's collections then skip the page and the imports
-    runs.start_idle_trim()
+    memory.freeze_startup_objects()     # the idle trim's collections then skip the page and the imports
+    memory.start_idle_trim()
     warm = threading.Timer(3.0, warm_up)
     warm.daemon = True
     warm.start()

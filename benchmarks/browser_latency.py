@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from explorer.localhost import launch_browser, running_app, wait_for_plot  # noqa: E402
+from server.localhost import launch_browser, running_app, wait_for_plot  # noqa: E402
 from models.runinfo import checkout, device_name, git_commit, percentile  # noqa: E402
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"

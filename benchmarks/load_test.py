@@ -47,7 +47,7 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from explorer.localhost import running_app  # noqa: E402
+from server.localhost import running_app  # noqa: E402
 from models.runinfo import RESULTS_DIR, cpu_model, git_commit, percentile  # noqa: E402
 
 # view -> (api name, weight in the mix); the timing sweep is tiny: two short lengths, naive only
@@ -273,7 +273,7 @@ class RssSampler:
 
 def _weights_file(tmp: Path, seed: int) -> Path:
     """A valid upload for the lecture geometry (random weights of another seed)."""
-    from explorer.settings import parse_query
+    from explorer.links import parse_query
     from models.recsys import RecsysModel, init_recsys
     from models.weights import save_weights
     s = parse_query("preset=lecture&weights=random")
@@ -398,7 +398,7 @@ def run_and_write(a, run_fn, info: dict, stem: str, when) -> tuple[dict, Path]:
 
 
 def main_abuse(a) -> dict:
-    from explorer.settings import DEFAULT_MEMORY_CEILING, MEMORY_CEILING_ENV
+    from explorer.limits import DEFAULT_MEMORY_CEILING, MEMORY_CEILING_ENV
     when = dt.datetime.now(dt.timezone.utc)
     info = dict(kind="abuse", date=when.isoformat(timespec="seconds"), git_commit=git_commit(), device=machine(),
                 parameters=dict(duration_s=a.duration, clients=ABUSE, cap_sized=CAP_SIZED,
@@ -536,7 +536,7 @@ def attacker(attack: Attack, url: str, stop_at: list, records: list, lock: threa
     fresh = lambda: uuid.uuid4().hex[:11]       # noqa: E731
     upload_file = None
     if attack is Attack.UPLOAD_STORE:
-        from explorer.settings import parse_query
+        from explorer.links import parse_query
         from models.recsys import RecsysModel, init_recsys
         from models.weights import save_weights
         upload_file = tmp / f"nano-{fresh()}.safetensors"
@@ -800,7 +800,7 @@ def run_soak(url: str, honest_n: int, duration_s: float, seed: int, processes: i
 
 
 def main_soak(a) -> dict:
-    from explorer.admission import TRUSTED_PROXIES_ENV, memory_budget
+    from server.admission import TRUSTED_PROXIES_ENV, memory_budget
     os.environ[TRUSTED_PROXIES_ENV] = "1"       # the server sits behind one (simulated) proxy: X-Forwarded-For
     when = dt.datetime.now(dt.timezone.utc)
     info = dict(kind="soak", date=when.isoformat(timespec="seconds"), git_commit=git_commit(), device=machine(),

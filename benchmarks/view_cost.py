@@ -38,7 +38,10 @@ CASES = {"lecture attention, one head": ("preset=lecture&head=0", "attention_vie
 ONE_REPEAT = """
 import json, statistics, sys, time
 from explorer import views
-from explorer.settings import parse_query
+try:
+    from explorer.links import parse_query
+except ImportError:                                   # a --before version older than explorer.links
+    from explorer.settings import parse_query
 cases, inner = json.loads(sys.argv[1]), int(sys.argv[2])
 out = {}
 for name, (link, view) in cases.items():

@@ -11,7 +11,9 @@ import re
 from dataclasses import fields, replace
 from typing import Any, Mapping, Optional
 
-from explorer.settings import MAX_BATCH, Settings, ValidationError, parse_settings
+from explorer.limits import MAX_BATCH
+from explorer.schema import Settings, ValidationError
+from explorer.settings import parse_settings
 
 CONTROL_FIELDS = [f.name for f in fields(Settings)]
 NUMBER_FIELDS = {f.name for f in fields(Settings) if f.type in ("int", "float")}

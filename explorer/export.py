@@ -27,18 +27,17 @@ import threading
 import time
 import warnings
 import zipfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import plotly.graph_objects as go
 
-from models.bugzoo import bug_names
-
-from . import runs, timing, views
+from . import runs, views
 from .figures import lecture_theme
-from .settings import Settings, ValidationError, check_model_fits, device, to_query, view_cost
+from .limits import check_model_fits, device
+from .links import to_query
+from .schema import Settings, ValidationError
 
 log = logging.getLogger("explorer")
 
@@ -52,47 +51,30 @@ LESSON_PAGE_BYTES = 64 << 10      # the page around the figures: headings, capti
 
 @dataclass(frozen=True)
 class FigureSpec:
-    """One exportable figure: the view that draws it, its index in what the view returns, whether it
-    runs the sidebar's model (then it needs the model to fit this device), and the settings that
-    change it for the pack (`adjust`: e.g. the bug zoo plants a bug when none is chosen)."""
-    view: Callable
+    """One exportable figure (an Export of a Plot in explorer.views.VIEWS): the view and part that draw
+    it, its index in what the part returns, whether it runs the sidebar's model (then it needs the model
+    to fit this device), and its record (facts, caption, settings)."""
+    view: views.View
+    part: int
     index: int
-    model: bool = False
-    adjust: Callable[[Settings], Settings] = lambda s: s
-    cost: str = ""                  # the explorer.settings.view_cost entry of its view (model views)
+    model: bool
+    export: views.Export
+
+    def adjust(self, s: Settings) -> Settings:
+        return self.export.adjust(s)
+
+    def draw(self, s: Settings) -> tuple:
+        return self.view.draw_part(self.part, s)
 
 
-def _planted_bug(s: Settings) -> Settings:
-    """The bug-zoo slide shows a bug: the chosen one, else the family's first."""
-    return s if s.bug != "none" else replace(s, bug=bug_names(s.family)[0])
+def _figure_specs() -> dict[str, FigureSpec]:
+    """Every export a view's record names, in tab order (the pack and lesson.html keep this order)."""
+    return {export.name: FigureSpec(view, p, i, part.model, export)
+            for view in views.VIEWS.values() for p, part in enumerate(view.parts)
+            for i, out in enumerate(part.outputs) for export in getattr(out, "exports", ())}
 
 
-def _candidate_zoom(s: Settings) -> Settings:
-    return replace(s, zoom="history tail")
-
-
-# figure name -> how to draw it, in lesson order (the pack and lesson.html keep this order)
-FIGURES = {
-    "mask": FigureSpec(views.mask_view, 0),
-    "kernels": FigureSpec(views.kernel_view, 0),
-    "kernels_candidates": FigureSpec(views.kernel_view, 0, adjust=_candidate_zoom),
-    "attention": FigureSpec(views.attention_view, 0, model=True, cost="attention"),
-    "query_row": FigureSpec(views.attention_view, 1, model=True, cost="attention"),
-    "anatomy_qk": FigureSpec(views.anatomy_view, 0, model=True, cost="anatomy"),
-    "anatomy_steps": FigureSpec(views.anatomy_view, 1, model=True, cost="anatomy"),
-    "anatomy_sum": FigureSpec(views.anatomy_view, 2, model=True, cost="anatomy"),
-    "isolation": FigureSpec(views.isolation_view, 0, model=True, cost="isolation"),
-    "isolation_logits": FigureSpec(views.isolation_view, 1, model=True, cost="isolation"),
-    "invariance": FigureSpec(views.invariance_view, 0, model=True, cost="invariance"),
-    "rope_angles": FigureSpec(views.rope_view, 0),
-    "rope_qk": FigureSpec(views.rope_view, 1),
-    "variant": FigureSpec(views.variant_view, 0),
-    "variant_loss": FigureSpec(views.variant_view, 1),
-    "bug_zoo": FigureSpec(views.bug_zoo_view, 0, model=True, adjust=_planted_bug, cost="variants"),
-    "timing": FigureSpec(timing.recorded_view, 0),
-    "timing_memory": FigureSpec(timing.recorded_view, 1),
-    "timing_speedup": FigureSpec(timing.recorded_view, 2),
-}
+FIGURES = _figure_specs()
 
 
 def check_figure(name) -> FigureSpec:
@@ -105,28 +87,7 @@ def shown(s: Settings, name: str) -> dict[str, str]:
     """What one figure shows of the settings, each fact as the words its title uses ('layer 0',
     'query head 1', 'query C2', "bug 'x'"): captions and file names are generated from these."""
     spec = check_figure(name)
-    s = spec.adjust(s)
-    row = f"query {s.layout.token_labels()[s.query_position]}"
-    if name == "attention":
-        if s.head >= 0:
-            return dict(layer=f"layer {s.layer}", head=f"query head {s.head}")
-        heads = views.grid_heads(s.num_q_heads, s.num_kv_heads)
-        return dict(layer="every layer", head="and head" if len(heads) == s.num_q_heads
-                    else f"query heads 0-{heads[-1]} of {s.num_q_heads}")
-    if name == "query_row":
-        return dict(layer=f"layer {s.layer}", head=f"head {max(s.head, 0)}", row=row)
-    if name.startswith("anatomy"):
-        return dict(layer=f"layer {s.layer}", head=f"query head {max(s.head, 0)}", row=row)
-    if name.startswith("isolation"):
-        label = s.layout.token_labels()[s.candidate_start_offset + s.candidate]
-        return dict(candidate=f"perturbing {label}")
-    if name == "bug_zoo":
-        return dict(layer="layer 0", head="head 0", bug=f"bug '{s.bug}'")
-    if name == "variant":
-        return dict(variant=f"'{s.variant}'")
-    if name == "kernels_candidates":
-        return dict(zoom="zoom: history tail")              # views.zoom_note's words
-    return {}
+    return spec.export.facts(spec.adjust(s))
 
 
 def file_stem(s: Settings, name: str) -> str:
@@ -154,53 +115,7 @@ def caption(s: Settings, name: str) -> str:
     """What the figure shows, in a sentence or two a slide can carry, from the settings it was drawn
     with (`shown`): its layer, head, query row, candidate or bug."""
     spec = check_figure(name)
-    f, chosen, s = shown(s, name), s, spec.adjust(s)
-    lay = (f"{s.num_user} user token(s), {s.num_history} history items and {s.num_candidates} candidates "
-           f"(T = {s.seq_len})")
-    where = ", ".join(v for k, v in f.items() if k in ("layer", "head")).replace(", and head", " and head")
-    return {
-        "mask": f"Who may attend to whom over {lay}: rows are queries, columns keys; blue cells may attend. "
-                f"Left the model's own mask '{s.mask_kind}', right '{s.compare}' for comparison; dashed lines "
-                "separate user, history and candidates.",
-        "kernels": f"The work production's attention kernels do over this layout (T = {s.seq_len}): tiles run in "
-                   "full, run with a mask, skipped, and pairs computed that the mask hides.",
-        "kernels_candidates": f"The same kernel tiles, {f.get('zoom')}: the last history positions and the "
-                              f"{s.num_candidates} candidates at full resolution, where the skipped tiles are.",
-        "attention": f"Attention {s.values} of {where}, from the model's own forward pass ({s.weights} weights) "
-                     f"over {lay}; colour scale {s.color}.",
-        "query_row": f"The attention weights of {f.get('row')} in {where}: one bar per key, coloured by segment "
-                     "(user, history, candidate).",
-        "anatomy_qk": f"Step 1 for {f.get('row')} ({where}): the query vector and every key vector after the "
-                      "rotary position embedding, one row each, one column per dimension.",
-        "anatomy_steps": f"Steps 2–6 for {f.get('row')} ({where}): the dot product q·k per key, times the attention "
-                         f"{'scale √128/key size' if s.family == 'xrex' else 'multiplier'} {s.attn_scale:.4g}, "
-                         f"after the {s.cap_method} cap, with masked keys removed, and after the softmax: the "
-                         "attention weights.",
-        "anatomy_sum": f"Step 7 for {f.get('row')} ({where}): each key's value vector times its attention weight, "
-                       "and their sum (last row), the head's output.",
-        "isolation": f"How far the residual stream moves, per layer and position, after {f.get('candidate')} "
-                     f"({s.perturbation}): under the '{s.mask_kind}' mask only its own column changes; "
-                     "under a causal mask the change reaches later candidates.",
-        "isolation_logits": f"The largest change in each candidate's action logits after "
-                            f"{f.get('candidate')}, for the '{s.mask_kind}' mask and the causal mask.",
-        "invariance": f"Each kept candidate's score change after '{s.operation}' on the candidate set, for each RoPE "
-                      "position mode: zero means the score does not depend on the other candidates or its slot.",
-        "rope_angles": f"The rotary embedding's angle (mod 2π) for each dimension pair and position (base "
-                       f"{s.rope_base:g}, offset {s.rope_offset}): low pairs turn fast, high pairs slowly.",
-        "rope_qk": "q·k for q = k = 1 after rotation, against the distance between the two positions: it depends "
-                   "only on the distance, not on the absolute positions.",
-        "variant": f"Attention weights of the {f.get('variant')} variant from the course notebooks, trained on "
-                   "associative recall; ticks are the tokens of one held-out example, the queried pair outlined.",
-        "variant_loss": "Training loss of every attention variant on associative recall; the legend gives "
-                        "each one's held-out accuracy.",
-        "bug_zoo": f"Attention weights in layer 0, head 0 of the {'production' if s.family == 'xrex' else 'grok.py'} "
-                   f"trunk with the {f.get('bug')} planted"
-                   + (" (no bug was chosen: the family's first is shown)." if chosen.bug != s.bug else "."),
-        "timing": "Time per attention call, median with min-max bars over the repeats. ",
-        "timing_memory": "Peak memory of one attention call above its inputs. ",
-        "timing_speedup": "Speed-up of each backend over naive attention at the same T in the same run, beside "
-                          "the grey bound of what skipping the mask's empty tiles alone would give. ",
-    }[name] + (timing.recorded_view(s)[3] if name.startswith("timing") else "")
+    return spec.export.caption(spec.adjust(s), shown(s, name), s)
 
 
 def figure(s: Settings, name: str) -> go.Figure:
@@ -209,7 +124,7 @@ def figure(s: Settings, name: str) -> go.Figure:
     spec = check_figure(name)
     if spec.model:
         check_model_fits(s)
-    return as_drawn(spec.view(spec.adjust(s))[spec.index])
+    return as_drawn(spec.draw(spec.adjust(s))[spec.index])
 
 
 def as_drawn(fig: go.Figure) -> go.Figure:
@@ -233,19 +148,19 @@ def all_figures(s: Settings) -> tuple[dict[str, tuple[go.Figure, str]], dict[str
     outputs, drawn, left_out = {}, {}, {}
     spent = 0.0
     for name, spec in FIGURES.items():
-        key = (spec.view, spec.adjust(s))
+        key = (spec.view.name, spec.part, spec.adjust(s))
         try:
             if spec.model:
                 check_model_fits(s)
             if key not in outputs:
-                flops = view_cost(key[1], spec.cost).flops if spec.cost else 0.0
+                flops = spec.view.estimate(key[2]).flops if spec.model else 0.0
                 if spent + flops > pack_max_flops():
                     raise ValidationError(
                         "lecture pack", f"{(spent + flops) / 1e9:,.0f} GFLOP of model views with {name}",
                         f"{pack_max_flops() / 1e9:,.0f} GFLOP per pack on this {device().upper()}: export "
                         f"{name} alone (Export figure), or make the model smaller")
                 spent += flops
-                outputs[key] = spec.view(key[1])
+                outputs[key] = spec.draw(key[2])
         except ValidationError as e:
             fits = spec.model and e.field != "lecture pack"
             left_out[name] = f"runs the sidebar's model, which does not fit here: {e}" if fits else str(e)

@@ -12,21 +12,20 @@ from typing import Callable, Optional
 import numpy as np
 
 from explorer import runs, views
-from explorer.settings import Settings, parse_query
+from explorer.links import parse_query
+from explorer.schema import Settings
 from models.masks import KERNEL_TILINGS, kernel_work
 
 STORIES = {"isolation": "Candidates never see each other", "flash": "What flash attention skips"}
 # the figure each tab shows first (its elem_id): what presentation mode fills the screen with
-MAIN_FIGURE = {"mask": "mask-plot", "attention": "attention-plot", "anatomy": "anatomy-plot",
-               "isolation": "isolation-plot", "invariance": "invariance-plot", "variants": "variants-plot",
-               "timing": "time-plot"}
+MAIN_FIGURE = {v.name: v.main for v in views.VIEWS.values() if v.main}
 
 
 @dataclass(frozen=True)
 class Step:
     story: str                  # a key of STORIES
     title: str
-    query: str                  # the app's query string (explorer.settings.to_query's form)
+    query: str                  # the app's query string (explorer.links.to_query's form)
     tab: str
     claim: str                  # one line, shown under the figure
     figure: str = ""            # elem_id of the figure the claim is about ('' = the tab's main figure)

@@ -5,8 +5,8 @@ underneath on the geometry and weight source only; ``forward(s)`` runs the ranki
 ``record=True`` and every view reads the same traces. Both are memoised on the frozen Settings.
 
 Memory is bounded in bytes, not entries: every cache here (and the probe caches in explorer.views)
-is a ``ByteCache``; their entries and the requests running (``bounded``: a view's estimated peak
-from explorer.settings.view_cost, reserved before it starts) share one ceiling,
+is a ``ByteCache``; their entries and the requests running (``within_budget``: a view's estimated peak
+from explorer.views.View.estimate, reserved before it starts) share one ceiling,
 explorer.settings.memory_ceiling() (env EXPLORER_MEMORY_BYTES). Least recently used entries go first;
 a request that does not fit waits until running ones finish. Each cache entry is computed once
 under its own lock, so different settings run concurrently and equal ones wait for the first.
@@ -39,31 +39,12 @@ from models.recsys import RecsysBatch, RecsysModel, RecsysOutput, init_recsys, s
 from models.weights import EXTENSIONS, FAMILY_NAMES, WrongFamily, load_weights
 from models.xrex import XrexRecsys
 
-from .settings import (FAMILIES, LARGE_REQUEST_FLOPS, WEIGHT_GEOMETRY, Settings, ValidationError, check_budget,
-                       device, estimate_params, memory_ceiling)
+from .families import FAMILIES
+from .limits import LARGE_REQUEST_FLOPS, device, estimate_params, memory_ceiling
+from .schema import Settings, ValidationError
+from .settings import WEIGHT_GEOMETRY
 
 log = logging.getLogger("explorer")
-
-
-# --- threads: decided once, at start-up ------------------------------------------------------
-
-THREADS_ENV = "EXPLORER_THREADS"
-
-
-def configure_threads() -> int:
-    """torch's intra-op threads for the whole process, set once before the server starts (app.py):
-    up to four requests run at once, and on a busy 2-core machine a second OpenMP thread per request
-    makes forwards wait at barriers (measured: a phoenix-nano probe pass 8 s with 2 threads, 0.36 s
-    with 1, other engineers' jobs running). Default 1; EXPLORER_THREADS overrides."""
-    raw = os.environ.get(THREADS_ENV, "1")
-    try:
-        n = int(raw)
-    except ValueError:
-        n = 0
-    if not 1 <= n <= (os.cpu_count() or 1):
-        raise ValidationError(THREADS_ENV, raw, f"an integer in [1, {os.cpu_count()}]")
-    torch.set_num_threads(n)
-    return n
 
 
 # --- memory: caches and running requests under one ceiling in bytes ---------------------------
@@ -185,15 +166,13 @@ class Memory:
 
 
 def small_request_bytes() -> int:
-    """Requests up to 1/32 of the ceiling run at once (128 MiB of 4 GiB): the light lane runs at most
-    4 of them, so they pass the ceiling by at most 1/8 of it."""
-    return memory_ceiling() // 32
+    """Requests up to 1/24 of the ceiling run at once (170 MiB of 4 GiB; the mask view at the longest
+    layout holds its masks and both its figures on their way out, 148 MiB): the light lane runs at most
+    4 of them, so they pass the ceiling by at most 1/6 of it."""
+    return memory_ceiling() // 24
 
 
 MEMORY = Memory()
-
-IDLE_TRIM_S = 10.0                  # no request for this long: the caches shrink to IDLE_KEEP_BYTES
-IDLE_KEEP_BYTES = 256 * 2**20       # the lecture preset's models and forwards fit many times over
 
 
 def release_freed_memory() -> None:
@@ -204,27 +183,6 @@ def release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
-
-
-def freeze_startup_objects() -> None:
-    """Move everything alive now (the imports, the page: ~424,000 objects) out of the collector's
-    reach for good. A full gc.collect holds the GIL throughout — 220 ms here, about a second under
-    load, with every request stalled — and the idle trim runs one; after this it scans only what
-    requests made since (0 ms after the warm-up forwards). Call once, after the page is built."""
-    gc.collect()
-    gc.freeze()
-
-
-def start_idle_trim(period_s: float = 2.0) -> threading.Thread:
-    """The server's janitor (app.py starts it once): every `period_s`, MEMORY.trim_if_idle."""
-    def loop():
-        while True:
-            time.sleep(period_s)
-            if MEMORY.trim_if_idle(IDLE_TRIM_S, IDLE_KEEP_BYTES):
-                log.info("idle: caches trimmed to %d MiB, freed memory returned", MEMORY.cached >> 20)
-    thread = threading.Thread(target=loop, name="idle-trim", daemon=True)
-    thread.start()
-    return thread
 
 
 class ByteCache:
@@ -299,21 +257,16 @@ def on_low_priority(fn: Callable, *args, **kwargs):
     return LOW_PRIORITY.submit(run).result()
 
 
-def bounded(view: str):
-    """A view function that states its cost first: refused by name past the device's budget
-    (explorer.settings.check_budget), else run once its estimated memory fits under the ceiling,
-    at a lower CPU priority when it is large."""
-    def decorate(fn):
-        @functools.wraps(fn)
-        def run(s: Settings, *args, **kwargs):
-            cost = check_budget(s, view)
-            nested = getattr(MEMORY._held, "depth", 0)
-            with MEMORY.reserve(cost.peak_bytes):
-                if cost.flops > LARGE_REQUEST_FLOPS and not nested:
-                    return on_low_priority(fn, s, *args, **kwargs)
-                return fn(s, *args, **kwargs)
-        return run
-    return decorate
+def within_budget(cost, fn: Callable):
+    """fn() once `cost.peak_bytes` fits under the ceiling (reserved while it runs), at a lower CPU
+    priority when its work is large (`cost`: explorer.views.View.estimate, already within the device's
+    budget). A view drawn inside another's reservation does not reserve again."""
+    nested = getattr(MEMORY._held, "depth", 0)
+    with MEMORY.reserve(cost.peak_bytes):
+        if cost.flops > LARGE_REQUEST_FLOPS and not nested:
+            return on_low_priority(fn)
+        return fn()
+
 
 MAX_UPLOAD_BYTES = 200 * 2**20      # one file; phoenix-nano in fp32 is ~45 MB
 
@@ -340,7 +293,7 @@ def _initialised(s: Settings) -> RecsysModel | XrexRecsys:
 # Held per session (Gradio's session hash; gradio_client keeps one per Client) and never listed to
 # anyone else; forgotten UPLOAD_TTL_S after their last use, or PAGE_GONE_GRACE_S after the page
 # was closed (a dropped heartbeat of an open page is back within seconds). A session keeps its newest
-# UPLOADS_PER_SESSION; the sessions of one visitor key (explorer.admission: an address or a signed-in
+# UPLOADS_PER_SESSION; the sessions of one visitor key (server.admission: an address or a signed-in
 # user) hold at most UPLOAD_SHARE_BYTES together, and nobody's uploads evict another's: when the
 # store (MAX_UPLOAD_STORE_BYTES) is full, a new upload is refused by name instead.
 # Names are the file's content hash, so two sessions holding one name hold the same weights.
@@ -357,7 +310,7 @@ class Upload:
     geometry: dict[str, Any]            # the settings its shapes were checked against
     nbytes: int
     used: float                         # time.monotonic() of the last use
-    visitor: str = "local"              # explorer.admission's visitor key of the session that loaded it
+    visitor: str = "local"              # server.admission's visitor key of the session that loaded it
 
 
 _UPLOADS: dict[str, dict[str, Upload]] = {}     # session -> name -> upload, oldest first

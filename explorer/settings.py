@@ -1,261 +1,40 @@
 """The one validation layer: every control of the explorer, parsed from raw UI / API / URL values.
 
-``parse_settings(raw)`` turns a mapping of strings or numbers (a URL query string, the UI's control
-values, a gradio_client call) into a frozen, hashable ``Settings``. Fields left out take the preset's
-values, so ``?preset=phoenix-nano`` alone is a full configuration. Every violation raises
-``ValidationError(field, value, allowed)`` — a ValueError whose message names all three; handlers.py turns
-it into ``gr.Error``. ``to_query`` writes only what differs from the preset, and
-``parse_query(to_query(s)) == s``.
+``parse_settings(raw)`` turns a mapping of strings or numbers (a URL query string's pairs, the UI's control
+values, a gradio_client call) into a frozen, hashable ``explorer.schema.Settings``, one step per group of
+fields (layout, model, weights, RoPE, view options), each checked against the fields before it. Fields left
+out take the preset's values (explorer.families.defaults), so ``preset=phoenix-nano`` alone is a full
+configuration; the device's limits come from explorer.limits. Every violation raises ``ValidationError``
+naming the field, the value and what is allowed. ``with_family`` re-parses settings under another family.
 """
 from __future__ import annotations
 
 import math
-import os
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, fields
 from typing import Any, Mapping, Optional
-from urllib.parse import parse_qsl, urlencode
-
-import torch
 
 from models.attention import CAP_METHODS
 from models.bugzoo import bug_names
-from models.demo import DEMO_WEIGHTS, XREX_DEMO_WEIGHTS, demo_config
-from models.grok import ROPE_MODES, TransformerConfig
-from models.masks import MASK_KINDS, PREFIX_MODES, model_mask_kind
-from models.probes import PERTURBATIONS, PROBES
+from models.demo import XREX_DEMO_WEIGHTS
+from models.grok import ROPE_MODES
+from models.masks import MASK_KINDS, PREFIX_MODES
+from models.probes import PERTURBATIONS
 from models.presets import PRESETS
-from models.recsys import RecsysConfig, SequenceLayout
 from models.variants import VARIANTS
-from models.weights import recsys_spec
-from models.xrex import XrexConfig, param_spec as xrex_spec, project_then_sum_params
+
+from .families import FAMILIES, GROK_COUNTERPART, XREX_FIXED, XREX_ROPE, defaults, demo_transformer, preset_family
+from .limits import MAX_BATCH, check_model_fits, device, max_seq_len
+from .schema import Settings, ValidationError
 
 WEIGHT_SOURCES = ("random", "zeros", "demo", "upload")
 # the fields that decide the weights' shapes: uploaded weights are held to the values they were loaded at
 WEIGHT_GEOMETRY = ("preset", "family", "num_user", "emb_size", "key_size", "num_q_heads", "num_kv_heads", "num_layers",
                    "widening_factor")
-# the model family every view runs: grok.py's port (models/grok.py, models/recsys.py) or production's
-# 2026 trunk (models/xrex.py) behind a production-shaped input (models.xrex.XrexRecsys)
-FAMILIES = {"grok": "grok.py (2025 open source)", "xrex": "production (2026)"}
-XREX_ROPE = "right-anchored"        # production's positions; grok.py's rope modes do not apply to it
-# what the production family fixes when a 2025 preset runs on it (a link or a family switch)
-XREX_FIXED = dict(prefix="bidirectional", rope_mode=XREX_ROPE, cap_method="none", weights="random", rope_offset=0)
-# Every preset (models.presets.PRESETS) belongs to one family: grok.py's may be moved to production's trunk
-# with the family control; production's imply it. Leaving production's family from one of its presets goes to
-# grok.py's preset of the same geometry.
-GROK_COUNTERPART = {name: next(grok for grok, q in PRESETS.items()
-                               if q.family == "grok" and q.geometry == p.geometry)
-                    for name, p in PRESETS.items() if p.family == "xrex"}
 VALUE_KINDS = ("probabilities", "capped logits", "masked logits")
 COLOR_SCALES = ("linear", "log", "quantile")
 # heatmap regions drawn at full resolution (explorer.views.zoom_region)
 ZOOMS = ("all", "candidates", "history tail", "query row")
 INVARIANCE_OPS = ("permute", "drop", "add")
-
-# The longest layout any view draws (the mask view builds no model: two [T, T] masks and tile maps):
-# production's padded sequence (2 + 1022 + 128 = 1152) and more. What a model view may run is bounded by
-# its memory and work instead (check_model_fits, check_budget), which name the field to turn down.
-CPU_MAX_SEQ_LEN = 2048
-GPU_MAX_SEQ_LEN = 4096
-# ... and on a CPU a model of about phoenix-nano's size.
-CPU_MAX_PARAMS = 40_000_000
-GPU_MAX_PARAMS = 1_500_000_000
-# The recorded forward keeps every layer's attention weights and capped logits ([Hq, T, T] fp32 each)
-# and runs.forward caches 8 of them: phoenix-nano needs 144 MiB; 64 heads x 16 layers at T 1087 9 GiB.
-CPU_MAX_TRACE_BYTES = 512 * 2**20
-GPU_MAX_TRACE_BYTES = 8 * 2**30
-MAX_BATCH = 8                       # rows of inputs per forward; the views show one of them
-MAX_SWEEP_SECONDS_CPU = 30.0
-MAX_SWEEP_SECONDS_GPU = 120.0
-# What one request may cost, estimated from the settings before it runs (explorer.settings.view_cost):
-# floating-point work of every forward it runs (probe passes included) — a 2-core CPU Space does
-# ~20-40 GFLOP/s per thread, so 600 GFLOP is well under a minute — and the memory it holds while it runs.
-CPU_MAX_REQUEST_FLOPS = 600e9
-GPU_MAX_REQUEST_FLOPS = 200e12
-# Everything the explorer keeps (cached models, recorded forwards, probe results) plus what running
-# requests hold stays under this many bytes (explorer.runs admits requests and evicts caches against
-# it). 4 GiB leaves a free 16 GB Space (and the process's own ~1 GB) plenty of headroom.
-MEMORY_CEILING_ENV = "EXPLORER_MEMORY_BYTES"
-DEFAULT_MEMORY_CEILING = 4 * 2**30
-# What a view sends back is bounded before it runs: heatmap cells per figure (a zoomed grid is pooled
-# past it), each ~6 bytes on the wire (float32 as base64 plus the JSON around it), held about three
-# times over while it is serialised (figure, JSON, response) — counted in every view's peak bytes.
-MAX_FIGURE_CELLS = 2_200_000
-FIGURE_PEAK_BYTES = 3 * 6 * MAX_FIGURE_CELLS
-# The timing tab's sequence lengths: memory-bound backends are refused per point by the benchmark's RAM
-# guard, and the sweep by its time budget; on a GPU flash goes on to 32k where naive runs out of memory.
-TIMING_MAX_LEN_CPU = 2048
-TIMING_MAX_LEN_GPU = 32768
-
-
-class ValidationError(ValueError):
-    """A control holds a value the explorer cannot use. The message names field, value and what is allowed;
-    `also`: the other fields whose values make it invalid (KV heads for a query-head count they do not divide)."""
-
-    def __init__(self, field: str, value: Any, allowed: str, also: tuple = ()):
-        self.field, self.value, self.allowed, self.also = field, value, allowed, tuple(also)
-        shown = repr(value)
-        if len(shown) > 60:
-            shown = shown[:57] + "..."
-        super().__init__(f"{field}: got {shown}; allowed: {allowed}")
-
-
-def device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def max_seq_len() -> int:
-    return GPU_MAX_SEQ_LEN if device() == "cuda" else CPU_MAX_SEQ_LEN
-
-
-def max_params() -> int:
-    return GPU_MAX_PARAMS if device() == "cuda" else CPU_MAX_PARAMS
-
-
-def max_trace_bytes() -> int:
-    return GPU_MAX_TRACE_BYTES if device() == "cuda" else CPU_MAX_TRACE_BYTES
-
-
-def timing_max_len() -> int:
-    return TIMING_MAX_LEN_GPU if device() == "cuda" else TIMING_MAX_LEN_CPU
-
-
-def sweep_budget_s() -> float:
-    return MAX_SWEEP_SECONDS_GPU if device() == "cuda" else MAX_SWEEP_SECONDS_CPU
-
-
-def memory_ceiling() -> int:
-    """Bytes the explorer's caches and running requests may hold together (env EXPLORER_MEMORY_BYTES)."""
-    raw = os.environ.get(MEMORY_CEILING_ENV, "")
-    try:
-        value = int(float(raw)) if raw.strip() else DEFAULT_MEMORY_CEILING
-    except ValueError:
-        raise ValidationError(MEMORY_CEILING_ENV, raw, "a number of bytes, e.g. 4e9") from None
-    if value < 2**28:
-        raise ValidationError(MEMORY_CEILING_ENV, raw, "at least 268435456 (256 MiB)")
-    return value
-
-
-def max_request_bytes() -> int:
-    """One request may hold at most half the ceiling, so two of the largest can run side by side."""
-    return memory_ceiling() // 2
-
-
-# A request estimated above this is large: it runs at a lower CPU priority (explorer.runs) in the server's heavy
-# lane, one at a time (explorer.admission). Lecture views are < 0.3 GFLOP; phoenix-nano's 26-150; a mask view
-# of T 2048, 2.
-LARGE_REQUEST_FLOPS = 1e9
-
-
-def max_request_flops() -> float:
-    return GPU_MAX_REQUEST_FLOPS if device() == "cuda" else CPU_MAX_REQUEST_FLOPS
-
-
-@dataclass(frozen=True)
-class Settings:
-    preset: str = "lecture"
-    family: str = "grok"             # FAMILIES: grok.py's trunk or production's (2026)
-    # sequence layout
-    num_user: int = 1
-    num_history: int = 5
-    num_candidates: int = 3
-    history_padding: int = 0
-    candidate_padding: int = 0
-    batch_size: int = 1              # rows of inputs generated and run together
-    row: int = 0                     # the batch row every view shows
-    # model geometry and attention
-    emb_size: int = 64
-    key_size: int = 16
-    num_q_heads: int = 4
-    num_kv_heads: int = 2
-    num_layers: int = 2
-    widening_factor: float = 4.0
-    multiplier: float = 0.25
-    cap_method: str = "tanh"
-    logit_cap: float = 30.0
-    prefix: str = "causal"
-    # weights and data
-    weights: str = "random"
-    seed: int = 0
-    # RoPE
-    rope_base: float = 10000.0
-    rope_offset: int = 0
-    rope_mode: str = "sequential"
-    # view options (part of the URL so a link reproduces the picture)
-    layer: int = 0
-    head: int = -1                   # -1: every head of the layer as a grid
-    values: str = "probabilities"
-    color: str = "linear"
-    query: int = -1                  # -1: the first candidate
-    zoom: str = "all"                # ZOOMS: the whole sequence, or one region at full resolution
-    candidate: int = 0
-    perturbation: str = "scale"
-    delta: float = 2.0
-    replace_with: int = 1
-    operation: str = "permute"
-    compare: str = "causal"          # the mask kind drawn beside the model's own
-    variant: str = "gqa"             # models.variants.VARIANTS, drawn in the Variants view
-    bug: str = "none"                # models.bugzoo.BUGS planted in the trunk, or none
-
-    # --- what the models need --------------------------------------------------------
-    @property
-    def layout(self) -> SequenceLayout:
-        return SequenceLayout(self.num_user, self.num_history, self.num_candidates,
-                              self.history_padding, self.candidate_padding)
-
-    @property
-    def mask_kind(self) -> str:
-        """The model's own mask: grok.py's recsys mask, or production's bidirectional prefix."""
-        return model_mask_kind(self.prefix)
-
-    @property
-    def seq_len(self) -> int:
-        return self.num_user + self.num_history + self.num_candidates
-
-    @property
-    def candidate_start_offset(self) -> int:
-        return self.num_user + self.num_history
-
-    def xrex_config(self) -> XrexConfig:
-        """Production's trunk at this geometry (family xrex): P = num_user, L = num_history, attention
-        scale sqrt(128)/key_size (the multiplier control is grok.py's); qk_norm and primer_norm as the
-        production preset sets them (flagship's, qk_norm on and no primer norm, under a 2025 preset)."""
-        base = PRESETS[self.preset].xrex_config()
-        return XrexConfig(emb_size=self.emb_size, num_layers=self.num_layers, num_q_heads=self.num_q_heads,
-                          num_kv_heads=self.num_kv_heads, key_size=self.key_size,
-                          widening_factor=self.widening_factor, num_user_prefix_tokens=self.num_user,
-                          history_seq_len=self.num_history, attn_logit_cap=self.logit_cap,
-                          attn_logit_cap_method=self.cap_method, rope_base_exponent=int(self.rope_base),
-                          qk_norm=base.qk_norm, primer_norm=base.primer_norm)
-
-    @property
-    def attn_scale(self) -> float:
-        """What q.k is multiplied by: grok.py's multiplier control, or production's sqrt(128)/key_size."""
-        return self.xrex_config().attn_scale if self.family == "xrex" else self.multiplier
-
-    def transformer_config(self, **changes) -> TransformerConfig:
-        cfg = TransformerConfig(
-            emb_size=self.emb_size, key_size=self.key_size, num_q_heads=self.num_q_heads,
-            num_kv_heads=self.num_kv_heads, num_layers=self.num_layers,
-            widening_factor=self.widening_factor, attn_output_multiplier=self.multiplier,
-            logit_cap=self.logit_cap, cap_method=self.cap_method, rope_base=self.rope_base,
-            # production's right-anchored positions have no grok.py mode: its grok config serves shapes and costs
-            rope_mode=changes.pop("rope_mode", self.rope_mode if self.rope_mode in ROPE_MODES else "sequential"),
-            rope_offset=self.rope_offset, prefix=self.prefix)
-        return cfg.replace(**changes) if changes else cfg
-
-    def recsys_config(self) -> RecsysConfig:
-        """The ranking model's config: the demo world's vocabulary for demo weights, else the preset's.
-        For the production family only the batch's vocabularies and shapes are read from it."""
-        if self.family == "grok" and self.weights == "demo":
-            return replace(demo_config(), transformer=self.transformer_config())
-        return RecsysConfig(self.transformer_config(), num_user_tokens=self.num_user)
-
-    @property
-    def query_position(self) -> int:
-        return self.candidate_start_offset if self.query < 0 else self.query
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 _FIELDS = {f.name: f for f in fields(Settings)}
@@ -264,51 +43,6 @@ RETIRED_FIELDS = {
     "backend": "the views' attention-backend control was removed (it changed nothing: every view and probe "
                "runs naive attention, whose weights the heatmaps read); the Timing tab times every backend",
 }
-
-
-def retired_note(keys) -> str:
-    """What an old link's retired fields were, and why they are ignored ('' when it has none)."""
-    return "; ".join(f"{k}: ignored ({RETIRED_FIELDS[k]})" for k in sorted(set(keys) & RETIRED_FIELDS.keys()))
-
-
-def preset_family(name: str) -> str:
-    """The family a preset belongs to: production's presets imply it, grok.py's start on grok.py's."""
-    return PRESETS[name].family
-
-
-def preset_defaults(name: str) -> dict:
-    """Every field a preset sets, its family included."""
-    if name not in PRESETS:
-        raise ValidationError("preset", name, ", ".join(PRESETS))
-    p = PRESETS[name]
-    shape = dict(preset=name, family=p.family, **asdict(p.layout), **asdict(p.geometry))
-    if p.family == "xrex":
-        return {**shape, **_xrex_settings(p.xrex_config())}
-    t = p.transformer
-    return dict(shape, multiplier=t.attn_output_multiplier, cap_method=t.cap_method, logit_cap=t.logit_cap,
-                prefix=t.prefix, rope_base=t.rope_base, rope_offset=t.rope_offset, rope_mode=t.rope_mode,
-                weights="demo" if name == "lecture" and demo_transformer() is not None else "random")
-
-
-def _xrex_settings(c: XrexConfig) -> dict:
-    """What a production preset sets beyond its shape (PRODUCTION.md §1): its scale and cap, the bidirectional
-    prefix, right-anchored positions, random weights."""
-    capped = c.attn_logit_cap > 0 and c.attn_logit_cap_method != "none"
-    return dict(multiplier=c.attn_scale, cap_method=c.attn_logit_cap_method if capped else "none",
-                logit_cap=c.attn_logit_cap if capped else Settings.logit_cap, prefix="bidirectional",
-                rope_base=float(c.rope_base_exponent), rope_offset=0, rope_mode=XREX_ROPE, weights="random")
-
-
-def defaults(preset: str, family: str) -> dict:
-    """What a configuration holds before any field is set: the preset's values, and what production's
-    family fixes when a 2025 preset runs on it. A production preset runs on production's family only."""
-    d = preset_defaults(preset)
-    if family == d["family"]:
-        return d
-    if family == "grok":
-        raise ValidationError("family", family, f"xrex (production, 2026) with the production preset {preset}; "
-                              f"for grok.py's trunk at this geometry choose the preset {GROK_COUNTERPART[preset]}")
-    return {**d, "family": family, **XREX_FIXED}
 
 
 # --- scalar parsers: each raises ValidationError naming the field ------------------------
@@ -362,12 +96,6 @@ def _choice(name: str, value: Any, choices) -> str:
     return v
 
 
-def demo_transformer() -> Optional[TransformerConfig]:
-    """The trained demo model's geometry, or None in a checkout without the weights file
-    (python -m models.train_demo writes it)."""
-    return demo_config().transformer if DEMO_WEIGHTS.exists() else None
-
-
 def _check_demo_geometry(v: dict) -> None:
     demo = demo_transformer()
     if demo is None:
@@ -390,28 +118,6 @@ def _check_upload_geometry(v: dict, weights: str, geometry: Mapping[str, Any]) -
                               + "); set it back, or choose random, zeros or demo weights", also=changed)
 
 
-def estimate_params(s: Settings) -> int:
-    """The ranking model's parameter count, from its own shapes: grok.py's (models.weights.recsys_spec:
-    the embedding tables, the user / history / candidate projections and the trunk), or production's
-    (its trunk and head, models.xrex.param_spec, and the input layer's tables and projections)."""
-    if s.family == "xrex":
-        return _xrex_params(s.xrex_config())
-    return sum(math.prod(shape) for _, shape, _ in recsys_spec(s.recsys_config()).values())
-
-
-def _xrex_params(config: XrexConfig) -> int:
-    """models.xrex.XrexRecsys's parameters from its shapes: the trunk and head (param_spec) and the input
-    layer (project_then_sum_params); no module is built (a visitor may send a new geometry per request)."""
-    return (sum(math.prod(shape) for _, shape, _ in xrex_spec(config).values())
-            + project_then_sum_params(config))
-
-
-def trunk_params(s: Settings) -> int:
-    """The parameters every token passes through: the trunk's layers (no embedding tables or head)."""
-    spec = xrex_spec(s.xrex_config()) if s.family == "xrex" else recsys_spec(s.recsys_config())
-    return sum(math.prod(shape) for key, (_, shape, _) in spec.items() if key.startswith("transformer/"))
-
-
 def parse_settings(raw: Mapping[str, Any] | None = None, *,
                    uploaded: Optional[Mapping[str, Mapping[str, Any]]] = None, need_model: bool = True) -> Settings:
     """Raw values (strings from a URL, numbers from the UI) -> a valid Settings, or ValidationError.
@@ -421,7 +127,23 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *,
     `need_model=False` leaves out the device's model limits (check_model_fits): the mask view
     draws phoenix-prod's layout on a CPU without building the model.
     """
-    uploaded = uploaded or {}
+    preset, family, merged = _merged(raw)
+    v: dict[str, Any] = {"preset": preset, "family": family}
+    # each step adds its fields to v, in this order: a field's bounds may depend on those parsed before it
+    _parse_layout(v, merged)
+    _parse_model(v, merged)
+    _parse_weights(v, merged, uploaded or {})
+    _parse_rope(v, merged)
+    _parse_view_options(v, merged)
+    s = Settings(**v)
+    if need_model:
+        check_model_fits(s)
+    return s
+
+
+def _merged(raw: Mapping[str, Any] | None) -> tuple[str, str, dict]:
+    """The preset, the family and every field's raw value: what was sent (retired fields dropped, None left
+    out) over the preset's defaults for that family. Unknown fields are refused."""
     raw = {k: v for k, v in dict(raw or {}).items() if k not in RETIRED_FIELDS}
     unknown = sorted(k for k in raw if k not in _FIELDS)
     if unknown:
@@ -429,9 +151,12 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *,
     preset = _choice("preset", raw.get("preset", Settings.preset), PRESETS)
     family = _choice("family", preset_family(preset) if raw.get("family") is None else raw["family"], tuple(FAMILIES))
     merged = {**asdict(Settings()), **defaults(preset, family), **{k: v for k, v in raw.items() if v is not None}}
-    T_cap = max_seq_len()
-    v: dict[str, Any] = {"preset": preset, "family": family}
+    return preset, family, merged
 
+
+def _parse_layout(v: dict, merged: Mapping[str, Any]) -> None:
+    """The sequence layout and the batch: user, history and candidate tokens within this device's longest."""
+    T_cap = max_seq_len()
     v["num_user"] = _int("num_user", merged["num_user"], 1, 8)
     v["num_history"] = _int("num_history", merged["num_history"], 0, T_cap)
     v["num_candidates"] = _int("num_candidates", merged["num_candidates"], 1, 512,
@@ -448,6 +173,10 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *,
                               f"user + history + candidates <= {T_cap} on {device().upper()} "
                               f"(here {T}; production's padded sequence is 1152)", also=("num_user", "num_candidates"))
 
+
+def _parse_model(v: dict, merged: Mapping[str, Any]) -> None:
+    """The trunk's geometry and attention: sizes, heads (query heads grouped over KV heads), cap and prefix."""
+    family = v["family"]
     v["emb_size"] = _int("emb_size", merged["emb_size"], 8, 4096)
     v["key_size"] = _int("key_size", merged["key_size"], 2, 256)
     if v["key_size"] % 2:
@@ -468,6 +197,10 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *,
         raise ValidationError("prefix", v["prefix"], "bidirectional with the production (2026) family: its "
                               "prefix attends both ways", also=("family",))
 
+
+def _parse_weights(v: dict, merged: Mapping[str, Any], uploaded: Mapping[str, Mapping[str, Any]]) -> None:
+    """Weights and seed: an upload holds the geometry it was loaded at, the demo weights theirs."""
+    family = v["family"]
     weights = merged["weights"]
     if isinstance(weights, str) and weights.startswith("upload:") and weights[7:] in uploaded:
         _check_upload_geometry(v, weights, uploaded[weights[7:]])
@@ -484,6 +217,10 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *,
     if v["weights"] == "demo":
         _check_demo_geometry(v)
 
+
+def _parse_rope(v: dict, merged: Mapping[str, Any]) -> None:
+    """RoPE's base, offset and mode: production's family has its own right-anchored positions."""
+    family = v["family"]
     v["rope_base"] = _float("rope_base", merged["rope_base"], 1, 1e9, lo_open=True)
     v["rope_offset"] = _int("rope_offset", merged["rope_offset"], 0, 1_000_000)
     if family == "xrex":
@@ -499,6 +236,10 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *,
     else:
         v["rope_mode"] = _choice("rope_mode", merged["rope_mode"], ROPE_MODES)
 
+
+def _parse_view_options(v: dict, merged: Mapping[str, Any]) -> None:
+    """What the views show (layer, head, query, candidate, probe options): within the layout and model above."""
+    family, T = v["family"], v["num_user"] + v["num_history"] + v["num_candidates"]
     v["layer"] = _int("layer", merged["layer"], 0, v["num_layers"] - 1, also=("num_layers",))
     v["head"] = _int("head", merged["head"], -1, v["num_q_heads"] - 1, why="-1 shows every head",
                      also=("num_q_heads",))
@@ -524,178 +265,6 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *,
         raise ValidationError("bug", merged["bug"], ", ".join(("none", *bug_names(family))) + elsewhere,
                               also=("family",) if other else ())
 
-    s = Settings(**v)
-    if need_model:
-        check_model_fits(s)
-    return s
-
-
-def check_model_fits(s: Settings) -> None:
-    """The model and its recorded attention fit this device, or ValidationError naming the field."""
-    n = estimate_params(s)
-    if n > max_params():
-        raise ValidationError("emb_size", s.emb_size,
-                              f"a model of at most {max_params() / 1e6:.0f}M parameters on {device().upper()} "
-                              f"(this one has about {n / 1e6:.0f}M: it needs a GPU, as phoenix-prod, phoenix-2026 and "
-                              f"phoenix-2026-seqpack do)")
-    if trace_bytes(s) > max_trace_bytes() and trace_bytes(replace(s, batch_size=1)) <= max_trace_bytes():
-        raise ValidationError("batch_size", s.batch_size,
-                              f"a batch whose recorded attention fits in {max_trace_bytes() / 2**20:.0f} MiB on "
-                              f"{device().upper()} (here {trace_bytes(s) / 2**20:.0f} MiB): fewer rows")
-    if trace_bytes(s) > max_trace_bytes():
-        raise ValidationError("num_layers", s.num_layers,
-                              f"layers x query heads x T^2 within {max_trace_bytes() / 2**20:.0f} MiB of recorded "
-                              f"attention on {device().upper()} (here {s.num_layers} x {s.num_q_heads} x "
-                              f"{s.seq_len}^2 needs {trace_bytes(s) / 2**20:.0f} MiB): fewer layers, heads or tokens")
-
-
-def trace_bytes(s: Settings, rows: Optional[int] = None) -> int:
-    """Memory of one recorded forward's attention: probabilities and logits, fp32 [B, Hq, T, T] per layer."""
-    return 2 * 4 * (s.batch_size if rows is None else rows) * s.num_layers * s.num_q_heads * s.seq_len ** 2
-
-
-# --- what a request costs, estimated before it starts ------------------------------------------
-
-@dataclass(frozen=True)
-class Cost:
-    """Work and memory of one view's request, from the settings alone."""
-    forwards: int = 0          # passes through the trunk, each counted once per batch row
-    flops: float = 0.0         # their floating-point work: matmuls on every token + attention's T^2
-    peak_bytes: int = 0        # what it holds while it runs: recorded traces, probe passes, model copies
-
-    def __add__(self, other: "Cost") -> "Cost":
-        return Cost(self.forwards + other.forwards, self.flops + other.flops,
-                    max(self.peak_bytes, other.peak_bytes))
-
-    def holding(self, extra_bytes: int) -> "Cost":
-        return replace(self, peak_bytes=self.peak_bytes + extra_bytes)
-
-
-def forward_cost(s: Settings, rows: int = 1, seq_len: Optional[int] = None, record: bool = False) -> Cost:
-    """One trunk pass over `rows` sequences of `seq_len` (default the layout's) tokens: 2 x trunk
-    parameters per token, plus q.k and p.v (4 x T^2 x key_size per query head) per layer. Memory: one
-    layer's [rows, Hq, T, T] logits, capped logits and probabilities while it runs, the residual
-    stream, and with `record` every layer's traces."""
-    T = s.seq_len if seq_len is None else seq_len
-    flops = rows * (2 * T * trunk_params(s) + s.num_layers * 4 * s.num_q_heads * T * T * s.key_size)
-    ffn = s.xrex_config().ffn_hidden if s.family == "xrex" else s.transformer_config().ffn_hidden
-    held = 3 * 4 * rows * s.num_q_heads * T * T + 4 * 4 * rows * T * max(s.emb_size, ffn)
-    return Cost(rows, float(flops), held + (recorded_bytes(s, rows, T) if record else 0))
-
-
-def recorded_bytes(s: Settings, rows: int, seq_len: Optional[int] = None) -> int:
-    """What a recorded forward keeps after it ran: every layer's probabilities and logits
-    [rows, Hq, T, T] and its two residual streams [rows, T, D], fp32."""
-    T = s.seq_len if seq_len is None else seq_len
-    return 2 * 4 * rows * s.num_layers * T * (s.num_q_heads * T + s.emb_size)
-
-
-def model_bytes(s: Settings) -> int:
-    return 4 * estimate_params(s)
-
-
-# The bug zoo (views.bug_zoo_view) probes six models on a capped layout of at most this many positions;
-# causality perturbs each of at most 16 of them (models.probes.PROBES["causality"].max_positions).
-BUG_ZOO_MAX_POSITIONS = 128
-
-
-def _bug_zoo_cost(s: Settings) -> Cost:
-    models = 1 + len(bug_names("grok"))
-    T = min(s.seq_len, BUG_ZOO_MAX_POSITIONS)
-    Tc = min(T, PROBES["causality"].max_positions)
-    per_model = (forward_cost(s, 2, T)                       # isolation: before and after
-                 + forward_cost(s, 2, T)                     # parity: the model and the correct trunk
-                 + forward_cost(s, 2 * max(1, min(Tc - 1, 16)), Tc))   # causality: perturbed + unperturbed rows
-    total = Cost(per_model.forwards * models, per_model.flops * models, per_model.peak_bytes)
-    layer0 = forward_cost(s, 1, record=True)                  # the chosen bug's recorded trace, full length
-    return (total + layer0).holding(2 * model_bytes(s))       # a bugged copy beside the model
-
-
-def _view_costs(s: Settings) -> dict:
-    B = s.batch_size
-    recorded = forward_cost(s, B, record=True)                # runs.forward: the one recorded forward
-    kept = recorded_bytes(s, B)                               # ... which stays while the others run
-    return {
-        # two [T, T] masks, bool and float; building them is ~500 operations a cell (T 2048: ~1 s)
-        "mask": Cost(flops=500.0 * s.seq_len ** 2, peak_bytes=2 * 9 * s.seq_len ** 2),
-        "attention": recorded,
-        "anatomy": recorded,
-        # the recorded forward, the perturbed batch recorded, and both rows again under a causal mask
-        "isolation": recorded + forward_cost(s, B, record=True).holding(kept)
-        + forward_cost(s, 2, record=True).holding(kept)
-        + (forward_cost(s, B) if s.perturbation == "replace" else Cost()),
-        # three RoPE modes x (before, after), unrecorded
-        "invariance": Cost(6 * B, 6 * forward_cost(s, B).flops, forward_cost(s, B).peak_bytes),
-        "variants": recorded + _bug_zoo_cost(s).holding(kept),
-    }
-
-
-VIEWS = ("mask", "attention", "anatomy", "isolation", "invariance", "variants")
-# figures each view returns (explorer.views), each bounded by FIGURE_PEAK_BYTES
-VIEW_FIGURES = {"mask": 1, "attention": 2, "anatomy": 3, "isolation": 2, "invariance": 3, "variants": 3}
-
-
-def view_cost(s: Settings, view: str) -> Cost:
-    """What the `view` request costs with these settings (plus the model it needs)."""
-    costs = _view_costs(s)
-    if view not in costs:
-        raise ValidationError("view", view, ", ".join(costs))
-    cost = costs[view].holding(VIEW_FIGURES[view] * FIGURE_PEAK_BYTES)
-    return cost if view == "mask" else cost.holding(model_bytes(s))
-
-
-# the fields a visitor can turn down to make a request cheaper, in the order they are suggested
-_COST_FIELDS = ("batch_size", "num_history", "num_candidates", "num_layers", "num_q_heads", "emb_size")
-
-
-def check_budget(s: Settings, view: str) -> Cost:
-    """Refuse, by name, a request whose estimated work or memory exceeds this device's budget.
-    The field named is the one whose halving saves the most. -> the cost, when it fits."""
-    cost = view_cost(s, view)
-    flops, held = max_request_flops(), max_request_bytes()
-    if cost.flops <= flops and cost.peak_bytes <= held:
-        return cost
-    over = max(cost.flops / flops, cost.peak_bytes / held)
-
-    def after_halving(name):
-        lo = 1 if name != "num_history" else 0
-        half = max(lo, getattr(s, name) // 2)
-        if name == "num_q_heads":
-            half = max(s.num_kv_heads, half - half % s.num_kv_heads)
-        t = replace(s, **{name: half}, **({"candidate_padding": 0} if name == "num_candidates" else {}),
-                    **({"history_padding": 0} if name == "num_history" else {}), row=0)
-        c = view_cost(t, view)
-        return max(c.flops / flops, c.peak_bytes / held)
-    field = min((f for f in _COST_FIELDS if getattr(s, f) > 1), key=after_halving, default="num_history")
-    raise ValidationError(field, getattr(s, field),
-                          f"a smaller value: the {view} view would run {cost.forwards} trunk passes "
-                          f"({cost.flops / 1e9:,.0f} GFLOP) holding {cost.peak_bytes / 2**20:,.0f} MiB, "
-                          f"{over:.1f}x this {device().upper()}'s budget per request of {flops / 1e9:,.0f} GFLOP "
-                          f"and {held / 2**20:,.0f} MiB")
-
-
-# --- URL query string --------------------------------------------------------------------
-
-def to_query(s: Settings) -> str:
-    """Only what differs from the preset, so links stay short; the preset always comes first."""
-    base = {**asdict(Settings()), **defaults(s.preset, s.family), "family": preset_family(s.preset)}
-    diff = {k: val for k, val in asdict(s).items() if k != "preset" and val != base[k]}
-    return urlencode({"preset": s.preset, **{k: _fmt(val) for k, val in diff.items()}})
-
-
-def _fmt(val: Any) -> str:
-    return repr(val) if isinstance(val, float) else str(val)
-
-
-def parse_query(query: str, *, uploaded: Optional[Mapping[str, Mapping[str, Any]]] = None,
-                need_model: bool = True) -> Settings:
-    if not isinstance(query, str):
-        raise ValidationError("query string", query, "text like 'preset=lecture&num_candidates=4'")
-    if len(query) > 4000:
-        raise ValidationError("query string", query, "at most 4000 characters")
-    pairs = parse_qsl(query.lstrip("?"), keep_blank_values=True)
-    return parse_settings(dict(pairs), uploaded=uploaded, need_model=need_model)
-
 
 def with_family(s: Settings, family: str) -> Settings:
     """The settings moved to another model family, the rest kept: what the family fixes (production:
@@ -715,4 +284,3 @@ def with_family(s: Settings, family: str) -> Settings:
         except ValidationError:
             pass
     return out
-

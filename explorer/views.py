@@ -9,14 +9,16 @@ import functools
 import json
 import math
 from dataclasses import dataclass, replace
+from typing import Callable, Optional
 
 import numpy as np
 import plotly.graph_objects as go
 import torch
 
 from models.attention import apply_cap
-from models.bugzoo import BUGS, bug_report, with_bug
+from models.bugzoo import BUGS, bug_names, bug_report, with_bug
 from models.masks import EMPTY, FULL, KERNEL_TILINGS, AttentionMask, kernel_work, ranker_bounds
+from models.presets import PRESETS
 from models.probes import PROBES, capped_layout, other_candidates, perturb
 from models.grok import RotaryEmbedding
 from models.recall import load_trained_variant, recall_example
@@ -28,8 +30,15 @@ from models.xrex import right_anchored_positions
 from . import runs
 from .figures import (DIVERGING, MASK_SCALE, SEGMENT_NAMES, SEQUENTIAL, TILE_SCALE, Panel, bar_figure,
                       grouped_bar_figure, heatmap_figure, line_figure, stacked_bars_figure)
-from .settings import (BUG_ZOO_MAX_POSITIONS, INVARIANCE_OPS, MAX_FIGURE_CELLS, PRESETS, VALUE_KINDS, Settings,
-                       parse_settings)
+from .limits import (FIGURE_PEAK_BYTES, MAX_FIGURE_CELLS, Cost, check_budget, forward_cost, model_bytes,
+                     recorded_bytes)
+from .schema import Settings, ValidationError
+from .settings import INVARIANCE_OPS, VALUE_KINDS, parse_settings
+from .timing import recorded_view
+
+# The bug zoo (bug_zoo_view) probes six models on a capped layout of at most this many positions;
+# causality perturbs each of at most 16 of them (models.probes.PROBES["causality"].max_positions).
+BUG_ZOO_MAX_POSITIONS = 128
 
 # the mask table's tile column: production's H100 serving tiles (64 query rows x 128 keys)
 BLOCK_Q, BLOCK_KV = KERNEL_TILINGS["h100-serve"].block_q, KERNEL_TILINGS["h100-serve"].block_kv
@@ -88,7 +97,7 @@ def zoom_region(s: Settings) -> tuple[list[int], list[int]]:
 
 def cells(s: Settings, full: int, panels: int = 1) -> int:
     """max_cells per axis: `full` for the whole sequence, zoomed regions at full resolution, as far as
-    the figure's `panels` stay within MAX_FIGURE_CELLS (explorer.settings: the bytes a view sends are
+    the figure's `panels` stay within MAX_FIGURE_CELLS (explorer.limits: the bytes a view sends are
     bounded before its work starts); pooled beyond that."""
     rows, cols = zoom_region(s)
     r, c = len(rows), len(cols)
@@ -118,7 +127,6 @@ def zoom_note(s: Settings, max_cells: int) -> str:
 
 # --- 1. mask -------------------------------------------------------------------------------
 
-@runs.bounded("mask")
 def mask_view(s: Settings) -> tuple[go.Figure, str]:
     kinds = [s.mask_kind, s.compare]
     masks = [layout_mask(s, k) for k in kinds]
@@ -162,7 +170,6 @@ def _kernel_grids(kind: str, layout) -> dict:
     return {name: kernel_grid(mask, name) for name in KERNEL_TILINGS}
 
 
-@runs.bounded("mask")
 def kernel_view(s: Settings) -> tuple[go.Figure, str]:
     """The element mask beside the tiles production's kernels run over it, and the share of work each
     skips."""
@@ -269,7 +276,6 @@ def panels_on_page(s: Settings) -> list[tuple[str, int, int]]:
     return own
 
 
-@runs.bounded("attention")
 def attention_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
     G = s.num_q_heads // s.num_kv_heads
     look = VALUE_LOOK[s.values]
@@ -384,7 +390,6 @@ def row_anatomy(s: Settings) -> RowAnatomy:
         float((probs @ v - out).abs().max()))
 
 
-@runs.bounded("anatomy")
 def anatomy_view(s: Settings) -> tuple[go.Figure, go.Figure, go.Figure, str]:
     """One attention row step by step: q and k after RoPE; q·k per key; times the multiplier; the cap;
     the mask; the softmax; the weighted sum of V. Every number is read from the recorded forward (the
@@ -524,7 +529,6 @@ def verdict(r: IsolationReading) -> str:
     return f"{r.mask_kind}: largest change on any other candidate: {r.largest_other:.6g} ({r.worst}) — {state}"
 
 
-@runs.bounded("isolation")
 def isolation_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
     ours, causal = isolation_reading(s), isolation_reading(s, "causal")
     labels, seg = s.layout.token_labels(), s.layout.segments()
@@ -600,7 +604,6 @@ def _invariance(s: Settings, operation: str, candidate: int, row: int):
     return before[[o for o, _ in pairs]], after[[n for _, n in pairs]], pairs
 
 
-@runs.bounded("invariance")
 def invariance_view(s: Settings) -> tuple[go.Figure, str]:
     labels = s.layout.token_labels()[s.candidate_start_offset:]
     per_mode = {}
@@ -881,7 +884,6 @@ def variant_loss_figure(report: dict | None, selected: str = "") -> go.Figure:
     return fig
 
 
-@runs.bounded("variants")
 def bug_zoo_view(s: Settings) -> tuple[go.Figure, str]:
     """The seed notebooks' bugs planted in the current trunk, each probe's verdict, and the chosen
     bug's layer-0 attention through the heatmap builder."""
@@ -927,3 +929,361 @@ def _bug_report(s: Settings, row: int):
     capped = capped_layout(base.embeddings[r], base.valid[r], base.candidate_start_offset, BUG_ZOO_MAX_POSITIONS)
     return bug_report(runs.build_model(s).transformer, *capped)
 
+
+
+# --- the registry: one record per tab -------------------------------------------------------------
+# Everything that lists views reads VIEWS: the page's tabs and their outputs (app.py), the API's
+# endpoints and the admission's cost estimates (server/), the exported figures (explorer/export.py), the
+# lesson's and presentation mode's main figure (explorer/lesson.py), the README's view table
+# (scripts/readme_tables.py). Adding a view: its function above and a record below.
+
+def _same(s: Settings) -> Settings:
+    return s
+
+
+@dataclass(frozen=True)
+class Export:
+    """A figure the Export tab and the lecture pack draw from a Plot: its name; what it shows of the
+    settings (`facts`, each in the words its title uses: 'layer 0', 'query head 1', 'query C2'; file
+    names and captions are made of them); its caption, a sentence or two a slide can carry, from
+    (the settings drawn, their facts, the settings chosen); and the settings it is drawn with (`adjust`:
+    e.g. the bug zoo plants a bug when none is chosen)."""
+    name: str
+    caption: Callable[[Settings, dict, Settings], str]
+    facts: Callable[[Settings], dict] = lambda s: {}
+    adjust: Callable[[Settings], Settings] = _same
+
+
+@dataclass(frozen=True)
+class Plot:
+    """A figure a view returns: its label on the page, its element id (the page's scripts and the lesson
+    find it by this), and the exports drawn from it."""
+    label: str
+    elem_id: str | None = None
+    exports: tuple[Export, ...] = ()
+    show_label: bool = True
+
+
+@dataclass(frozen=True)
+class Text:
+    """A Markdown text a view returns; `lead`: shown above its part's figures."""
+    elem_id: str | None = None
+    lead: bool = False
+
+
+@dataclass(frozen=True)
+class Part:
+    """One function of the view's settings and the outputs it returns, in order. `model`: it runs the
+    sidebar's ranking model (so an export of it needs the model to fit this device)."""
+    draw: Callable[[Settings], tuple]
+    outputs: tuple
+    model: bool = False
+
+
+@dataclass(frozen=True)
+class View:
+    """A tab of the page. A drawn view (`cost` given) is also an API endpoint (/<name>) taking the
+    configuration as a query string and returning every part's outputs in order; the app builds its tab
+    from `controls` (Settings fields, in a row) and `outputs`. A tab without `cost` (timing, export) is
+    built and wired by the app itself; its parts, if any, are what its exports draw."""
+    name: str                   # the tab's id, the endpoint's api_name, the link's tab=
+    title: str                  # the tab's title
+    look_for: str               # the line under the title
+    teaches: str                # the README's line: what it shows
+    parts: tuple = ()
+    cost: Optional[Callable[[Settings], Cost]] = None   # its estimated work and memory, figures excluded
+    controls: tuple = ()        # the tab's own Settings fields
+    needs_model: bool = True    # False: drawn for any layout, building no model (the mask)
+    gpu: bool = False           # borrows a ZeroGPU device for each call
+
+    @property
+    def outputs(self) -> tuple:
+        return tuple(o for p in self.parts for o in p.outputs)
+
+    @property
+    def drawn(self) -> bool:
+        return self.cost is not None
+
+    @property
+    def main(self) -> Optional[str]:
+        """The figure presentation mode and the lesson show first (its elem_id)."""
+        return next((o.elem_id for o in self.outputs if isinstance(o, Plot)), None)
+
+    def estimate(self, s: Settings) -> Cost:
+        """What one request costs: the parts' work and memory, every figure on its way out, the model."""
+        plots = sum(isinstance(o, Plot) for o in self.outputs)
+        cost = self.cost(s).holding(plots * FIGURE_PEAK_BYTES)
+        return cost.holding(model_bytes(s)) if self.needs_model else cost
+
+    def draw(self, s: Settings) -> tuple:
+        """Every output, refused by name past this device's budget and run once its memory fits."""
+        cost = check_budget(s, self.name, self.estimate)
+        return runs.within_budget(cost, lambda: tuple(out for p in self.parts for out in p.draw(s)))
+
+    def draw_part(self, index: int, s: Settings) -> tuple:
+        """One part's outputs (an export), within the whole view's budget where the part is what that
+        budget is for (the model's parts; every part of a view without a model)."""
+        part = self.parts[index]
+        if not (self.drawn and (part.model or not self.needs_model)):
+            return part.draw(s)
+        cost = check_budget(s, self.name, self.estimate)
+        return runs.within_budget(cost, lambda: part.draw(s))
+
+
+def _recorded(s: Settings) -> Cost:
+    return forward_cost(s, s.batch_size, record=True)        # runs.forward: the one recorded forward
+
+
+def _isolation_cost(s: Settings) -> Cost:
+    """The recorded forward, the perturbed batch recorded, and both rows again under a causal mask."""
+    B, kept = s.batch_size, recorded_bytes(s, s.batch_size)  # the first stays while the others run
+    return (_recorded(s) + forward_cost(s, B, record=True).holding(kept)
+            + forward_cost(s, 2, record=True).holding(kept)
+            + (forward_cost(s, B) if s.perturbation == "replace" else Cost()))
+
+
+def _invariance_cost(s: Settings) -> Cost:
+    """Three RoPE modes x (before, after), unrecorded."""
+    one = forward_cost(s, s.batch_size)
+    return Cost(6 * s.batch_size, 6 * one.flops, one.peak_bytes)
+
+
+def _bug_zoo_cost(s: Settings) -> Cost:
+    """Six models probed on a capped layout, and the chosen bug's recorded trace beside the forward."""
+    models = 1 + len(bug_names("grok"))
+    T = min(s.seq_len, BUG_ZOO_MAX_POSITIONS)
+    Tc = min(T, PROBES["causality"].max_positions)
+    per_model = (forward_cost(s, 2, T)                       # isolation: before and after
+                 + forward_cost(s, 2, T)                     # parity: the model and the correct trunk
+                 + forward_cost(s, 2 * max(1, min(Tc - 1, 16)), Tc))   # causality: perturbed + unperturbed rows
+    total = Cost(per_model.forwards * models, per_model.flops * models, per_model.peak_bytes)
+    layer0 = forward_cost(s, 1, record=True)                  # the chosen bug's recorded trace, full length
+    return (total + layer0).holding(2 * model_bytes(s))       # a bugged copy beside the model
+
+
+def _variants_cost(s: Settings) -> Cost:
+    return _recorded(s) + _bug_zoo_cost(s).holding(recorded_bytes(s, s.batch_size))
+
+
+def _planted_bug(s: Settings) -> Settings:
+    """The bug-zoo slide shows a bug: the chosen one, else the family's first."""
+    return s if s.bug != "none" else replace(s, bug=bug_names(s.family)[0])
+
+
+def _mask_cost(s: Settings) -> Cost:
+    """Two [T, T] masks, bool and float, and the kernels' tile maps; building them is ~500 operations a
+    cell (T 2048: ~1 s)."""
+    return Cost(flops=500.0 * s.seq_len ** 2, peak_bytes=2 * 9 * s.seq_len ** 2)
+
+
+# --- what each exported figure shows, and its caption -----------------------------------------------
+
+def _row(s: Settings) -> str:
+    return f"query {s.layout.token_labels()[s.query_position]}"
+
+
+def _attention_facts(s: Settings) -> dict:
+    if s.head >= 0:
+        return dict(layer=f"layer {s.layer}", head=f"query head {s.head}")
+    heads = grid_heads(s.num_q_heads, s.num_kv_heads)
+    return dict(layer="every layer", head="and head" if len(heads) == s.num_q_heads
+                else f"query heads 0-{heads[-1]} of {s.num_q_heads}")
+
+
+def _one_row_facts(s: Settings) -> dict:
+    return dict(layer=f"layer {s.layer}", head=f"query head {max(s.head, 0)}", row=_row(s))
+
+
+def _perturbed_facts(s: Settings) -> dict:
+    return dict(candidate=f"perturbing {s.layout.token_labels()[s.candidate_start_offset + s.candidate]}")
+
+
+def _lay(s: Settings) -> str:
+    return (f"{s.num_user} user token(s), {s.num_history} history items and {s.num_candidates} candidates "
+            f"(T = {s.seq_len})")
+
+
+def _where(f: dict) -> str:
+    return ", ".join(v for k, v in f.items() if k in ("layer", "head")).replace(", and head", " and head")
+
+
+def _recorded_caption(words: str):
+    return lambda s, f, chosen: words + recorded_view(s)[3]
+
+
+EXPORT_MASK = Export("mask", lambda s, f, chosen: (
+    f"Who may attend to whom over {_lay(s)}: rows are queries, columns keys; blue cells may attend. Left the "
+    f"model's own mask '{s.mask_kind}', right '{s.compare}' for comparison; dashed lines separate user, history "
+    "and candidates."))
+EXPORT_KERNELS = (
+    Export("kernels", lambda s, f, chosen: (
+        f"The work production's attention kernels do over this layout (T = {s.seq_len}): tiles run in full, run "
+        "with a mask, skipped, and pairs computed that the mask hides.")),
+    Export("kernels_candidates", lambda s, f, chosen: (
+        f"The same kernel tiles, {f.get('zoom')}: the last history positions and the {s.num_candidates} "
+        "candidates at full resolution, where the skipped tiles are."),
+        facts=lambda s: dict(zoom="zoom: history tail"),                    # zoom_note's words
+        adjust=lambda s: replace(s, zoom="history tail")))
+EXPORT_ATTENTION = Export("attention", lambda s, f, chosen: (
+    f"Attention {s.values} of {_where(f)}, from the model's own forward pass ({s.weights} weights) over {_lay(s)}; "
+    f"colour scale {s.color}."), facts=_attention_facts)
+EXPORT_QUERY_ROW = Export("query_row", lambda s, f, chosen: (
+    f"The attention weights of {f.get('row')} in {_where(f)}: one bar per key, coloured by segment (user, history, "
+    "candidate)."), facts=lambda s: dict(layer=f"layer {s.layer}", head=f"head {max(s.head, 0)}", row=_row(s)))
+EXPORT_ANATOMY = (
+    Export("anatomy_qk", lambda s, f, chosen: (
+        f"Step 1 for {f.get('row')} ({_where(f)}): the query vector and every key vector after the rotary "
+        "position embedding, one row each, one column per dimension."), facts=_one_row_facts),
+    Export("anatomy_steps", lambda s, f, chosen: (
+        f"Steps 2–6 for {f.get('row')} ({_where(f)}): the dot product q·k per key, times the attention "
+        f"{'scale √128/key size' if s.family == 'xrex' else 'multiplier'} {s.attn_scale:.4g}, after the "
+        f"{s.cap_method} cap, with masked keys removed, and after the softmax: the attention weights."),
+        facts=_one_row_facts),
+    Export("anatomy_sum", lambda s, f, chosen: (
+        f"Step 7 for {f.get('row')} ({_where(f)}): each key's value vector times its attention weight, and their "
+        "sum (last row), the head's output."), facts=_one_row_facts))
+EXPORT_ISOLATION = (
+    Export("isolation", lambda s, f, chosen: (
+        f"How far the residual stream moves, per layer and position, after {f.get('candidate')} ({s.perturbation}): "
+        f"under the '{s.mask_kind}' mask only its own column changes; under a causal mask the change reaches later "
+        "candidates."), facts=_perturbed_facts),
+    Export("isolation_logits", lambda s, f, chosen: (
+        f"The largest change in each candidate's action logits after {f.get('candidate')}, for the "
+        f"'{s.mask_kind}' mask and the causal mask."), facts=_perturbed_facts))
+EXPORT_INVARIANCE = Export("invariance", lambda s, f, chosen: (
+    f"Each kept candidate's score change after '{s.operation}' on the candidate set, for each RoPE position mode: "
+    "zero means the score does not depend on the other candidates or its slot."))
+EXPORT_ROPE = (
+    Export("rope_angles", lambda s, f, chosen: (
+        f"The rotary embedding's angle (mod 2π) for each dimension pair and position (base {s.rope_base:g}, "
+        f"offset {s.rope_offset}): low pairs turn fast, high pairs slowly.")),
+    Export("rope_qk", lambda s, f, chosen: (
+        "q·k for q = k = 1 after rotation, against the distance between the two positions: it depends only on "
+        "the distance, not on the absolute positions.")))
+EXPORT_VARIANT = (
+    Export("variant", lambda s, f, chosen: (
+        f"Attention weights of the {f.get('variant')} variant from the course notebooks, trained on associative "
+        "recall; ticks are the tokens of one held-out example, the queried pair outlined."),
+        facts=lambda s: dict(variant=f"'{s.variant}'")),
+    Export("variant_loss", lambda s, f, chosen: (
+        "Training loss of every attention variant on associative recall; the legend gives each one's held-out "
+        "accuracy.")))
+EXPORT_BUG_ZOO = Export("bug_zoo", lambda s, f, chosen: (
+    f"Attention weights in layer 0, head 0 of the {'production' if s.family == 'xrex' else 'grok.py'} trunk with "
+    f"the {f.get('bug')} planted" + (" (no bug was chosen: the family's first is shown)." if chosen.bug != s.bug
+                                    else ".")),
+    facts=lambda s: dict(layer="layer 0", head="head 0", bug=f"bug '{s.bug}'"), adjust=_planted_bug)
+EXPORT_TIMING = (
+    Export("timing", _recorded_caption("Time per attention call, median with min-max bars over the repeats. ")),
+    Export("timing_memory", _recorded_caption("Peak memory of one attention call above its inputs. ")),
+    Export("timing_speedup", _recorded_caption(
+        "Speed-up of each backend over naive attention at the same T in the same run, beside the grey bound of "
+        "what skipping the mask's empty tiles alone would give. ")))
+
+
+VIEWS: dict[str, View] = {v.name: v for v in (
+    View("mask", "1 · Mask",
+         look_for="Look for: the candidate block's diagonal (each candidate sees the user, the history and only "
+                  "itself) against the causal mask, where later candidates also see earlier ones.",
+         teaches="Who may attend to whom: candidates see the user, the history and themselves, never each other. "
+                 "Two mask kinds side by side, and counts of how much work a mask-aware kernel skips, per element "
+                 "and per 64×128 tile. Beside the element mask, the tiles production's kernels run over the layout "
+                 "(H100 training 64×64, H100 serving 64×128 with unmasked history blocks, FA4 block-sparse "
+                 "128×128): full, masked or skipped, the share each skips and any pair computed that the mask "
+                 "hides (`models.masks.KERNEL_TILINGS`, the same tiles the `fa4` backend's block-sparse tensors "
+                 "are built from).",
+         parts=(Part(mask_view, (Plot("mask", "mask-plot", exports=(EXPORT_MASK,)), Text())),
+                Part(kernel_view, (Plot("production's kernels: tiles run and skipped", "kernel-plot",
+                                        exports=EXPORT_KERNELS), Text()))),
+         cost=_mask_cost, controls=("compare",), needs_model=False),
+    View("attention", "2 · Attention",
+         look_for="Look for: candidate rows attend to history and to themselves only; heads sharing a KV head "
+                  "(grouped query attention) often look alike; switch colour to quantile or log on random weights.",
+         teaches="The model's own attention weights, layer × head, query heads grouped under their shared KV head "
+                 "(GQA). Pick a query row to see where its attention goes; switch to capped or masked logits and "
+                 "log colour (a symmetric log that keeps the sign of logits) to see the soft cap at work; quantile "
+                 "colour shows structure in random weights. Long sequences are pooled in blocks that never cross a "
+                 "segment boundary; *heatmap zoom* draws the candidate block, the history tail or one query row at "
+                 "full resolution. Hover a cell for query, key, their segments and the value; click a cell to pick "
+                 "its query row (the link follows), and the chosen row is outlined in every panel (the Mask tab's "
+                 "too).",
+         parts=(Part(attention_view, (Plot("attention", "attention-plot", exports=(EXPORT_ATTENTION,)),
+                                      Plot("query row", "query-bars-plot", exports=(EXPORT_QUERY_ROW,)),
+                                      Text("query-text")), model=True),),
+         cost=_recorded, controls=("values", "color")),
+    View("anatomy", "2b · Anatomy",
+         look_for="Look for: how one query row is built — q·k per key, scaled, capped, masked to −∞, normalised by "
+                  "the softmax, and the weights mixing the values into the output. Layer, head (the grid shows "
+                  "head 0) and query row are chosen above the tabs.",
+         teaches="One query row of one head, step by step from the recorded forward: q and every k after RoPE, q·k "
+                 "per key, × the multiplier, the cap, the mask, the softmax, and the weighted sum of V — a small "
+                 "figure and the numbers for each step.",
+         parts=(Part(anatomy_view, (Plot("q and k after RoPE", "anatomy-plot", exports=EXPORT_ANATOMY[:1]),
+                                    Plot("q·k → weights, step by step", exports=EXPORT_ANATOMY[1:2]),
+                                    Plot("weighted sum of V", exports=EXPORT_ANATOMY[2:]), Text()), model=True),),
+         cost=_recorded),
+    View("isolation", "3 · Isolation",
+         look_for="Look for: under the recsys mask, perturbing candidate j changes only its own column; under the "
+                  "causal mask the change leaks into every later candidate.",
+         teaches="Perturb one candidate (scale, noise, replace) and no other candidate changes by a single bit "
+                 "under the recsys mask; under a causal mask later candidates move.",
+         parts=(Part(isolation_view, (Plot("change per layer and position", "isolation-plot", exports=EXPORT_ISOLATION[:1]),
+                                      Plot("change per candidate", exports=EXPORT_ISOLATION[1:]), Text(lead=True)),
+                     model=True),),
+         cost=_isolation_cost, controls=("candidate", "perturbation", "delta", "replace_with"), gpu=True),
+    View("invariance", "4 · Invariance & RoPE",
+         look_for="Look for: with sequential RoPE positions, reordering candidates moves their scores; with shared "
+                  "or no positions they stay put (batch invariance).",
+         teaches="Permute, drop or add candidates: with `sequential` RoPE a candidate's slot changes its score; "
+                 "`shared` positions or no RoPE make scoring batch-invariant. The RoPE panel shows rotation angles "
+                 "and that q·k depends only on distance.",
+         parts=(Part(invariance_view, (Plot("score change", "invariance-plot", exports=(EXPORT_INVARIANCE,)), Text()),
+                     model=True),
+                Part(rope_view, (Plot("RoPE angles", exports=EXPORT_ROPE[:1]),
+                                 Plot("q·k vs distance", exports=EXPORT_ROPE[1:]), Text()))),
+         cost=_invariance_cost, controls=("operation",), gpu=True),
+    View("variants", "5 · Variants",
+         look_for="Look for: in the trained model's last row, the weight on the queried key/value pair (outlined).",
+         teaches="MHA / MQA / GQA / MLA / talking heads / encoders / encoder–decoder / DIN through the same "
+                 "heatmaps; each course-notebook bug planted in the trunk, and which probe catches it.",
+         parts=(Part(variant_view, (Plot("variant attention", "variants-plot", exports=EXPORT_VARIANT[:1]),
+                                    Plot("training loss of every variant", "variants-loss-plot",
+                                         exports=EXPORT_VARIANT[1:]), Text(lead=True))),
+                Part(bug_zoo_view, (Plot("attention with the bug", exports=(EXPORT_BUG_ZOO,)),
+                                    Text(lead=True)), model=True)),
+         cost=_variants_cost, controls=("variant", "bug")),
+    View("timing", "6 · Flash vs naive",
+         look_for="Look for: where a fused kernel that skips empty tiles (flex here) pulls away from naive as T "
+                  "grows, and how its speed-up compares with the grey line, what skipping work alone could save.",
+         teaches="The attention backends timed live on this machine for the current shape (time, memory, speed-up, "
+                 "error vs naive; budget-capped and cancellable, at every preset: attention shapes need no model), "
+                 "beside the committed benchmark files (dotted; one colour per backend everywhere). The exact "
+                 "backends that win here are ticked by default (flex on CPU), each with a line on why it is fast "
+                 "or slow here; a table puts the work the mask lets a block-sparse kernel skip (tiles, FLOPs) "
+                 "beside the time saved, and the speed-up chart draws the bound skipping alone would give. Points "
+                 "appear as each length is measured, with a T²-scaled ETA; Stop keeps them and says how far the "
+                 "run got.",
+         parts=(Part(recorded_view, (Plot("time", "time-plot", exports=EXPORT_TIMING[:1], show_label=False),
+                                     Plot("memory", exports=EXPORT_TIMING[1:2], show_label=False),
+                                     Plot("speed-up", exports=EXPORT_TIMING[2:], show_label=False), Text())),)),
+    View("export", "7 · Export",
+         look_for="Look for: figures redrawn in the lecture theme at 16:9, with captions describing each one.",
+         teaches="Any figure as PNG (3×) or SVG in a lecture theme (large fonts, tick labels ≥ 16 px, "
+                 "colour-blind-safe palette, white background) at a slide shape (16:9 by default, 4:3, or the "
+                 "figure's own), or a lecture pack: every figure this device can draw at the settings as PNG, SVG "
+                 "and the numbers drawn (`data/*.npz`), named for the preset, layer, head and row shown; captions "
+                 "generated from each figure's own settings; what was left out and why (a production model on a "
+                 "CPU); the configuration; and `lesson.html`, every figure interactive in lesson order in one file "
+                 "that needs no network (plotly.js inlined, ~5 MB at lecture)."),
+)}
+
+
+def drawn_views() -> list[View]:
+    """The views with an endpoint of their own, in tab order."""
+    return [v for v in VIEWS.values() if v.drawn]
+
+
+def check_view(name) -> View:
+    if not isinstance(name, str) or name not in VIEWS:          # a list from an API client is unhashable
+        raise ValidationError("view", name, ", ".join(VIEWS))
+    return VIEWS[name]

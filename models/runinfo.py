@@ -20,7 +20,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 # a result is "+dirty" when the code that produced it differs from its commit here
-CODE_PATHS = ("app.py", "handlers.py", "benchmarks", "explorer", "models", "scripts")
+CODE_PATHS = ("app.py", "server", "benchmarks", "explorer", "models", "scripts")
 
 
 @contextlib.contextmanager

@@ -16,12 +16,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from explorer.localhost import launch_browser, running_app, wait_for_plot  # noqa: E402
+from explorer.views import VIEWS as TABS  # noqa: E402
+from server.localhost import launch_browser, running_app, wait_for_plot  # noqa: E402
 
-VIEWS = [("mask", "1 · Mask"), ("attention", "2 · Attention"), ("anatomy", "2b · Anatomy"),
-         ("isolation", "3 · Isolation"),
-         ("invariance", "4 · Invariance & RoPE"), ("variants", "5 · Variants"),
-         ("timing", "6 · Flash vs naive"), ("export", "7 · Export")]
+VIEWS = [(v.name, v.title) for v in TABS.values()]      # every tab: its id and the title to click
 # presentation mode (static/present.js): name -> (link, text the drawn figure's title holds); the lesson's
 # kernel tile-map step is explorer.lesson's
 PRESENT = {"present-attention": ("?preset=lecture&layer=1&head=3&query=7&tab=attention&present=1",

@@ -34,7 +34,7 @@ explorer.writeUrl = (q, tab) => {
 // of one head, that layer and head. gr.Plot has no click event, so plotly's own plotly_click is heard on
 // each plot as it is drawn; the trace's meta (rows: each row's first sequence position; layer, head;
 // written by explorer.figures) goes as `layer=1&head=3&query=7` into the hidden #pick box, whose change
-// event (a Textbox fires .input on keys only) runs handlers.pick_on_page: those controls set together, the
+// event (a Textbox fires .input on keys only) runs server.endpoints.pick_on_page: those controls set together, the
 // view redrawn (the row outlined) and the link moved.
 explorer.pickRow = () => {
     let clicks = 0;

@@ -14,10 +14,11 @@ import pytest
 pytestmark = pytest.mark.slow
 
 gradio_client = pytest.importorskip("gradio_client")
-from explorer.settings import Settings  # noqa: E402  (the app's own field order)
+from explorer.schema import Settings  # noqa: E402  (the app's own field order)
+from explorer.views import drawn_views  # noqa: E402
 
 CONTROL_FIELDS = [f.name for f in fields(Settings)]
-VIEWS = ("/mask", "/attention", "/anatomy", "/isolation", "/invariance", "/variants")
+VIEWS = tuple(f"/{v.name}" for v in drawn_views())
 # endpoints fuzzed argument by argument below; the rest take a query string (+ the visible tab) or nothing
 BY_ARGUMENT = ("/settings", "/control_change", "/render_on_change", "/timing", "/export_figure", "/lecture_pack",
                "/upload_weights", "/preset", "/family")

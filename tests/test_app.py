@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from explorer.views import variant_training_report
-from explorer.localhost import running_app
+from server.localhost import running_app
 from served import array, plot_data
 from tolerances import randn_attention_abs_bound, relative_error, rounding_bound
 
@@ -45,7 +45,8 @@ def test_a_preset_too_large_for_the_device_draws_its_mask_and_names_the_limit(cl
     with pytest.raises(AppError, match=r"emb_size: got 2560; allowed: .*needs a GPU"):
         client.predict("preset=phoenix-prod", api_name="/attention")
     from dataclasses import fields
-    from explorer.settings import Settings, parse_query
+    from explorer.links import parse_query
+    from explorer.schema import Settings
     s = parse_query("preset=phoenix-prod", need_model=False)
     out = client.predict(*[getattr(s, f.name) for f in fields(Settings)], "attention", "preset=lecture",
                          api_name="/render_on_change")
@@ -59,7 +60,8 @@ def test_an_invalid_control_is_marked_and_the_others_keep_working(client):
     """lecture -> query heads 8 (locked by the demo weights) -> RoPE offset 100: the offset still redraws,
     the heads box carries the message, and the link keeps the last valid heads."""
     from dataclasses import fields
-    from explorer.settings import Settings, parse_query
+    from explorer.links import parse_query
+    from explorer.schema import Settings
     names = [f.name for f in fields(Settings)]
     s = parse_query("preset=lecture&head=0")
     values = [getattr(s, n) for n in names]
@@ -131,7 +133,8 @@ def test_variants_endpoint(client):
 def test_settings_and_preset_endpoints_write_the_query(client):
     assert client.predict("phoenix-nano", api_name="/preset") == "preset=phoenix-nano"
     from dataclasses import fields
-    from explorer.settings import Settings, parse_query
+    from explorer.links import parse_query
+    from explorer.schema import Settings
     s = parse_query(LECTURE + "&num_candidates=5&head=2")
     values = [getattr(s, f.name) for f in fields(Settings)]
     q = client.predict(*values, api_name="/settings")
@@ -156,7 +159,7 @@ def test_timing_refuses_a_backend_this_device_does_not_run_before_running(client
 def test_production_presets_time_and_export_on_a_cpu(client):
     """The defect: at phoenix-2026 on a CPU, Run left bare 'Error' badges and even the mask figure
     could not be exported. Attention shapes and masks need no model; the model's figures say why not."""
-    from explorer.settings import parse_query
+    from explorer.links import parse_query
     if torch.cuda.is_available():
         pytest.skip("on a GPU phoenix-2026's model fits")
     query = "preset=phoenix-2026"
@@ -171,9 +174,9 @@ def test_production_presets_time_and_export_on_a_cpu(client):
 
 
 def test_opening_the_timing_tab_keeps_lengths_that_fit_and_replaces_those_that_do_not():
-    import handlers
-    assert handlers.timing_lengths_kept("preset=lecture", "model settings", "16, 32") == {"__type__": "update"}
-    fixed = handlers.timing_lengths_kept("preset=phoenix-2026", "model settings", "64, 128, 256, 512")["value"]
+    from server import timing_events
+    assert timing_events.timing_lengths_kept("preset=lecture", "model settings", "16, 32") == {"__type__": "update"}
+    fixed = timing_events.timing_lengths_kept("preset=phoenix-2026", "model settings", "64, 128, 256, 512")["value"]
     assert fixed == "256, 512, 1024, 2048"          # phoenix-2026 holds 128 candidate slots: T > 128
 
 
@@ -294,7 +297,8 @@ def test_bad_input_is_a_clear_error_and_the_server_keeps_serving(client, api, ar
 
 def test_control_change_validates_and_redraws_only_the_visible_tab(client):
     from dataclasses import fields
-    from explorer.settings import Settings, parse_query
+    from explorer.links import parse_query
+    from explorer.schema import Settings
     s = parse_query(LECTURE + "&head=2&values=capped+logits")
     out = client.predict(*[getattr(s, f.name) for f in fields(Settings)], "attention", api_name="/control_change")
     query, head, attn_fig = out[0], out[1], out[6]      # then mask fig + text, kernel fig + text, attention fig, ...
@@ -339,16 +343,16 @@ def test_every_event_that_runs_the_model_shares_one_concurrency_limit():
     as one group, not each event on its own default limit. The mask endpoint runs no model: it has its
     own lane, so it never waits behind four probe passes."""
     import app
-    import handlers
-    from explorer import admission
+    from server import lanes
+    from server import admission
     fns = {fn.api_name: fn for fn in app.build_app().fns.values() if fn.api_name}
     assert (fns["mask"].concurrency_id, fns["mask"].concurrency_limit) == ("light", admission.LANES["light"].running)
     forward = {n for n in fns if n == "control_change" or n.startswith("render_")} | {
         "attention", "anatomy", "isolation", "invariance", "variants"}
     assert {(fns[n].concurrency_id, fns[n].concurrency_limit) for n in forward} == {
-        (handlers.FORWARD["concurrency_id"], handlers.FORWARD["concurrency_limit"])}
+        (lanes.FORWARD["concurrency_id"], lanes.FORWARD["concurrency_limit"])}
     others = {fns[n].concurrency_id for n in fns if n not in forward}
-    assert handlers.FORWARD["concurrency_id"] not in others
+    assert lanes.FORWARD["concurrency_id"] not in others
 
 
 def test_every_event_reading_a_control_takes_its_value_as_sent():
@@ -366,15 +370,15 @@ def test_every_event_reading_a_control_takes_its_value_as_sent():
 def test_the_weights_list_shows_only_this_visitors_uploads(tmp_path, monkeypatch):
     """In-process, with two visitors' requests: the dropdown each is sent lists their own uploads only."""
     from types import SimpleNamespace
-    import handlers
+    from server import endpoints, links
     from explorer import runs
     monkeypatch.setattr(runs, "_UPLOADS", {})
     alice, bob = SimpleNamespace(session_hash="alice"), SimpleNamespace(session_hash="bob")
-    q, _ = handlers.upload_endpoint(LECTURE, str(make_weights(tmp_path)[0]), alice)
+    q, _ = endpoints.upload_endpoint(LECTURE, str(make_weights(tmp_path)[0]), alice)
     name = parse_qs(q)["weights"][0]
 
     def choices(request, query):
-        weights = handlers.query_to_controls(query, request)[handlers.CONTROL_FIELDS.index("weights")]
+        weights = links.query_to_controls(query, request)[endpoints.CONTROL_FIELDS.index("weights")]
         return [value for _, value in weights["choices"]]
     assert name in choices(alice, q)
     assert choices(bob, LECTURE) == ["demo", "random", "zeros"]
@@ -400,18 +404,18 @@ def test_stop_then_run_again_stops_the_old_sweep_within_one_point():
     import time
     from types import SimpleNamespace
 
-    import handlers
+    from server import timing_events, timing_runs
 
     async def main():
         page = SimpleNamespace(session_hash="one-visitor")
         old_outs, new_outs = [], []
-        old = asyncio.create_task(consume(handlers.timing_endpoint(*LONG_SWEEP, request=page), old_outs))
-        while not handlers.TIMING_RUNS.running():
+        old = asyncio.create_task(consume(timing_events.timing_endpoint(*LONG_SWEEP, request=page), old_outs))
+        while not timing_runs.TIMING_RUNS.running():
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.5)                     # the old sweep is inside its first point
-        handlers.stop_timing(page)
+        timing_events.stop_timing(page)
         stopped_at = time.perf_counter()
-        new = asyncio.create_task(consume(handlers.timing_endpoint(LECTURE, "16", ["naive"], request=page), new_outs))
+        new = asyncio.create_task(consume(timing_events.timing_endpoint(LECTURE, "16", ["naive"], request=page), new_outs))
         await asyncio.wait_for(asyncio.gather(old, new), timeout=60)
         return time.perf_counter() - stopped_at, old_outs, new_outs
 
@@ -419,7 +423,7 @@ def test_stop_then_run_again_stops_the_old_sweep_within_one_point():
     assert took < 10, f"the old sweep ran {took:.1f} s past Stop"
     assert re.search(r"Stopped after \d of 6 lengths \(Stop was pressed\)", old_outs[-1][-1])   # and says so
     assert "Stopped" not in new_outs[-1][-1] and "T = 16" in new_outs[-1][-1]
-    assert handlers.TIMING_RUNS.running() == 0
+    assert timing_runs.TIMING_RUNS.running() == 0
 
 
 def test_a_cancelled_sweep_answers_at_once_and_the_next_waits_for_its_thread():
@@ -429,14 +433,14 @@ def test_a_cancelled_sweep_answers_at_once_and_the_next_waits_for_its_thread():
     import asyncio
     import time
 
-    import handlers
+    from server import timing_events, timing_runs
 
     async def main():
         deadline = time.monotonic() + 120
-        while (handlers.TIMING_RUNS.threads or handlers.TIMING_RUNS.unfinished) and time.monotonic() < deadline:
+        while (timing_runs.TIMING_RUNS.threads or timing_runs.TIMING_RUNS.unfinished) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)                    # an earlier test's sweep in this process stops first
-        task = asyncio.create_task(consume(handlers.timing_endpoint(LONG_SWEEP[0], "2048", ["naive"]), []))
-        while not handlers.TIMING_RUNS.threads:         # inside its one long step (seconds)
+        task = asyncio.create_task(consume(timing_events.timing_endpoint(LONG_SWEEP[0], "2048", ["naive"]), []))
+        while not timing_runs.TIMING_RUNS.threads:         # inside its one long step (seconds)
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.2)
         t0 = time.perf_counter()
@@ -444,10 +448,10 @@ def test_a_cancelled_sweep_answers_at_once_and_the_next_waits_for_its_thread():
         with pytest.raises(asyncio.CancelledError):
             await task
         answered = time.perf_counter() - t0
-        still_measuring = handlers.TIMING_RUNS.threads
+        still_measuring = timing_runs.TIMING_RUNS.threads
         outs = []
-        await asyncio.wait_for(consume(handlers.timing_endpoint(LECTURE, "16", ["naive"]), outs), timeout=60)
-        return answered, still_measuring, outs, handlers.TIMING_RUNS.running()
+        await asyncio.wait_for(consume(timing_events.timing_endpoint(LECTURE, "16", ["naive"]), outs), timeout=60)
+        return answered, still_measuring, outs, timing_runs.TIMING_RUNS.running()
 
     answered, still_measuring, outs, running = asyncio.run(main())
     assert answered < 1.0 and still_measuring == 1        # answered while the old block still ran
@@ -497,15 +501,15 @@ def test_every_view_runs_the_production_family(client):
 def test_an_old_link_with_a_backend_opens_with_a_note(monkeypatch):
     """In-process page load of a link made before the backend control was removed."""
     from types import SimpleNamespace
-    import handlers
+    from server import links
     notes = []
-    monkeypatch.setattr(handlers.gr, "Info", notes.append)
+    monkeypatch.setattr(links.gr, "Info", notes.append)
     req = SimpleNamespace(session_hash="old-link", query_params={"preset": "lecture", "backend": "flash_attn",
                                                                  "head": "1"})
-    q, tab, _, marked = handlers.load_endpoint(req)     # (query, tab to open, the tabs' update, controls to mark)
+    q, tab, _, marked = links.load_endpoint(req)     # (query, tab to open, the tabs' update, controls to mark)
     assert "head=1" in q and "backend" not in q and tab == "mask"
     assert len(notes) == 1 and "backend: ignored" in notes[0] and marked == {}
-    assert handlers.load_endpoint(SimpleNamespace(session_hash="new", query_params={"head": "1"})) and len(notes) == 1
+    assert links.load_endpoint(SimpleNamespace(session_hash="new", query_params={"head": "1"})) and len(notes) == 1
 
 
 # --- admission: one visitor cannot fill the queue -------------------------------------------------
@@ -519,8 +523,8 @@ def test_the_queue_refuses_by_name_past_a_lanes_bounds_and_the_mask_keeps_answer
     from dataclasses import replace
 
     import app
-    import handlers
-    from explorer import admission
+    from server import lanes, timing_runs
+    from server import admission
     monkeypatch.setitem(admission.LANES, "timing", replace(admission.LANES["timing"], waiting=2))
     monkeypatch.setenv(admission.TRUSTED_PROXIES_ENV, "1")
     demo = app.build_app()
@@ -529,16 +533,16 @@ def test_the_queue_refuses_by_name_past_a_lanes_bounds_and_the_mask_keeps_answer
         a, b, c, d = (Client(url, verbose=False, headers={"X-Forwarded-For": f"192.0.2.{i}"}) for i in range(4))
         running = a.submit(*LONG_SWEEP, api_name="/timing")
         deadline = time.monotonic() + 60
-        while not handlers.TIMING_RUNS.running() and time.monotonic() < deadline:
+        while not timing_runs.TIMING_RUNS.running() and time.monotonic() < deadline:
             time.sleep(0.05)
         queued = [b.submit(LECTURE, "16", ["naive"], api_name="/timing")]
-        while handlers.lane_now(fake_request(demo), "timing")[0] == [] and time.monotonic() < deadline:
+        while lanes.lane_now(fake_request(demo), "timing")[0] == [] and time.monotonic() < deadline:
             time.sleep(0.05)
         t0 = time.monotonic()
         with pytest.raises(Exception, match=r"queue: got '1 of your timing sweeps waiting'; allowed: 1 per visitor"):
             b.predict(LECTURE, "16", ["naive"], api_name="/timing")
         queued.append(c.submit(LECTURE, "16", ["naive"], api_name="/timing"))
-        while len(handlers.lane_now(fake_request(demo), "timing")[0]) < 2 and time.monotonic() < deadline:
+        while len(lanes.lane_now(fake_request(demo), "timing")[0]) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         with pytest.raises(Exception, match=r"queue: got '2 timing sweeps waiting'; allowed: 2 at once"):
             d.predict(LECTURE, "16", ["naive"], api_name="/timing")
@@ -598,14 +602,16 @@ def test_every_computing_endpoint_refuses_one_session_over_its_share_at_the_http
     answered HTTP 422 naming the bound, and another address is still admitted."""
     import threading
     import time
+    from dataclasses import replace
 
     import app
-    import handlers
-    from explorer import admission, views
+    from explorer import views
+    from server import admission, lanes
     monkeypatch.setenv(admission.TRUSTED_PROXIES_ENV, "1")
     gate = threading.Event()
-    for fn in ("mask_view", "attention_view", "anatomy_view", "isolation_view", "invariance_view", "variant_view"):
-        monkeypatch.setattr(views, fn, lambda s, *a, **k: gate.wait(60))
+    for view in views.drawn_views():            # every view's parts wait for the gate
+        parts = tuple(replace(p, draw=lambda s, *a, **k: (gate.wait(60), ())[1]) for p in view.parts)
+        monkeypatch.setitem(views.VIEWS, view.name, replace(view, parts=parts))
     demo = app.build_app()
     _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=None, quiet=True)
     try:
@@ -625,7 +631,7 @@ def test_every_computing_endpoint_refuses_one_session_over_its_share_at_the_http
             assert join(url, fn_index[api], [LECTURE], f"honest-{api}", f"203.0.113.{k}")[0] == 200, api
             gate.set()                                  # the admitted ones run; the lane drains
             deadline = time.monotonic() + 60
-            while any(handlers.lane_now(fake_request(demo), lane.name)) and time.monotonic() < deadline:
+            while any(lanes.lane_now(fake_request(demo), lane.name)) and time.monotonic() < deadline:
                 time.sleep(0.05)
     finally:
         gate.set()
@@ -640,7 +646,8 @@ def test_every_event_passes_admission_before_it_is_queued(monkeypatch):
     import threading
 
     import app
-    from explorer import admission, timing
+    from explorer import timing
+    from server import admission
     monkeypatch.setenv(admission.TRUSTED_PROXIES_ENV, "1")
     demo = app.build_app()
     unchecked = [fn.api_name for fn in demo.fns.values()
@@ -683,7 +690,7 @@ def own_probs(query: str, embeddings=None, ranker=None) -> np.ndarray:
     (the server builds the same seeded model): [T, T]. Another process, maybe on other CPU kernels and another
     thread count: the same real numbers, compared within layer0_bound."""
     from explorer import runs
-    from explorer.settings import parse_query
+    from explorer.links import parse_query
     out = runs.forward(parse_query(query))
     if ranker is not None:
         with torch.no_grad():
@@ -694,7 +701,7 @@ def own_probs(query: str, embeddings=None, ranker=None) -> np.ndarray:
 def layer0_bound(query: str) -> float:
     """Rounding bound of layer 0's attention weights: the embedding stage, the norm, the projections, RoPE,
     q.k and the softmax (depth 8), n the widest of these reductions."""
-    from explorer.settings import parse_query
+    from explorer.links import parse_query
     s = parse_query(query)
     return rounding_bound(torch.float32, max(s.emb_size, s.seq_len), depth=8)
 
@@ -749,7 +756,7 @@ def test_production_weights_upload_and_the_attention_view_is_their_forward(clien
     """A file saved from a random XrexRanker (production's stacked names) loads through the upload
     endpoint; the attention view's numbers are that ranker's own forward. A grok.py file is refused by
     name while the family is production's."""
-    from explorer.settings import parse_query
+    from explorer.links import parse_query
     from models.weights import save_weights
     from models.xrex import XrexRanker, init_xrex
     ranker = init_xrex(XrexRanker(parse_query(SMALL_XREX).xrex_config()), 42).eval()
@@ -772,16 +779,16 @@ def test_presets_and_the_family_control_agree_on_any_device():
     """In-process: every preset of both families is offered (the too-large ones say so in the list);
     a production preset brings its family; the family control answers on phoenix-prod too (it was
     refused on a CPU: 'emb_size: got 2560', before the model views were even asked for)."""
-    import handlers
-    from explorer.settings import PRESETS
-    choices = dict((value, label) for label, value in handlers.preset_choices())
+    from server import links
+    from models.presets import PRESETS
+    choices = dict((value, label) for label, value in links.preset_choices())
     assert set(choices) == set(PRESETS) and {"phoenix-2026", "phoenix-2026-nano", "phoenix-2026-seqpack"} <= set(choices)
     assert choices["phoenix-2026-nano"] == "phoenix-2026-nano"                       # runs on a CPU
     assert "mask view only" in choices["phoenix-2026"] and "mask view only" in choices["phoenix-2026-seqpack"]
-    assert handlers.preset_endpoint("phoenix-2026-nano") == "preset=phoenix-2026-nano"
-    assert handlers.preset_endpoint("lecture") == "preset=lecture"                  # a 2025 preset: grok.py's family
-    assert handlers.family_endpoint("preset=phoenix-prod&head=1", "xrex") == "preset=phoenix-prod&family=xrex&head=1"
-    back = handlers.family_endpoint("preset=phoenix-2026&head=1", "grok")
+    assert links.preset_endpoint("phoenix-2026-nano") == "preset=phoenix-2026-nano"
+    assert links.preset_endpoint("lecture") == "preset=lecture"                  # a 2025 preset: grok.py's family
+    assert links.family_endpoint("preset=phoenix-prod&head=1", "xrex") == "preset=phoenix-prod&family=xrex&head=1"
+    back = links.family_endpoint("preset=phoenix-2026&head=1", "grok")
     assert back.startswith("preset=phoenix-prod&num_user=2") and "family" not in back
 
 
@@ -792,7 +799,7 @@ def front_door_server():
     """app.py's server in this process, launched as __main__ launches it (front door, session capacity),
     behind one trusted proxy, with a small raw-upload share."""
     import app
-    from explorer import admission
+    from server import admission
     mp = pytest.MonkeyPatch()
     mp.setenv(admission.TRUSTED_PROXIES_ENV, "1")
     mp.setattr(admission, "UPLOAD_ROUTE_SHARE", dict(max_bytes=3000, max_calls=5, window_s=3600.0))
@@ -810,7 +817,7 @@ HEAVY_MASK = "preset=lecture&num_history=1535&num_candidates=512&zoom=candidates
 def test_no_session_keeps_a_copy_of_its_outputs(front_door_server):
     """No output is kept in session state (a heavy /mask is 17 MB, and a client can mint a session per
     call), and the number of sessions kept is bounded."""
-    from explorer import admission
+    from server import admission
     demo, url = front_door_server
     for i in range(3):
         Client(url, verbose=False, headers={"X-Forwarded-For": f"192.0.2.{i}"}).predict(HEAVY_MASK, api_name="/mask")
@@ -916,14 +923,14 @@ def test_the_started_server_leaves_the_page_and_imports_out_of_every_collection(
     import subprocess
     import sys
     code = ("import gc, app\n"
-            "from explorer import runs\n"
+            "from server import memory\n"
             "app.build_app()\n"
             "before = len(gc.get_objects())\n"
-            "runs.freeze_startup_objects()\n"
+            "memory.freeze_startup_objects()\n"
             "print(before, gc.get_freeze_count(), len(gc.get_objects()))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     before, frozen, left = map(int, out.stdout.split()[-3:])
     assert frozen >= 0.9 * before and left < 0.01 * before, (before, frozen, left)
     main = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "app.py")).read()
-    assert main.index("runs.freeze_startup_objects()") < main.index("demo.launch(")
+    assert main.index("memory.freeze_startup_objects()") < main.index("demo.launch(")

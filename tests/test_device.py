@@ -192,7 +192,7 @@ def test_cuda_explorer_views(preset):
     """Every view function on the GPU (the views keep each tensor on the explorer's device)."""
     pytest.importorskip("plotly")
     from explorer import views
-    from explorer.settings import parse_query
+    from explorer.links import parse_query
     s = parse_query(f"preset={preset}")
     names = ["mask_view", "isolation_view"] + (["attention_view", "invariance_view", "rope_view"]
                                                if preset != "phoenix-prod" else [])

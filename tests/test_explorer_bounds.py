@@ -9,8 +9,19 @@ from dataclasses import replace
 import pytest
 import torch
 
-from explorer import runs, settings, views
-from explorer.settings import ValidationError, check_budget, estimate_params, parse_query, view_cost
+from explorer import limits, runs, settings, views
+from explorer.limits import check_budget, estimate_params
+from explorer.links import parse_query
+from explorer.schema import ValidationError
+from explorer.views import VIEWS, check_view, drawn_views
+
+
+def view_cost(s, view):
+    return VIEWS[view].estimate(s)
+
+
+def budget(s, view):
+    return check_budget(s, view, VIEWS[view].estimate)
 from models.bugzoo import with_bug
 from models.grok import Transformer
 from models.probes import capped_layout, perturb, causality_probe, run_probe
@@ -49,24 +60,22 @@ def test_a_model_over_the_cap_only_through_num_user_is_refused_by_name():
 def test_view_costs_grow_with_the_work_they_do():
     s = parse_query("preset=lecture&weights=random&num_history=60")
     longer = replace(s, num_history=120)
-    for view in settings.VIEWS[1:]:
+    for view in [v.name for v in drawn_views()][1:]:
         a, b = view_cost(s, view), view_cost(longer, view)
         assert 0 < a.flops < b.flops and 0 < a.peak_bytes < b.peak_bytes, view
     assert view_cost(s, "isolation").forwards > view_cost(s, "attention").forwards
     with pytest.raises(ValidationError, match="view: got 'nope'"):
-        view_cost(s, "nope")
+        check_view("nope")
 
 
-@pytest.mark.parametrize("view, fn", [("attention", views.attention_view), ("anatomy", views.anatomy_view),
-                                      ("isolation", views.isolation_view), ("invariance", views.invariance_view),
-                                      ("variants", views.bug_zoo_view)])
-def test_a_request_past_the_budget_is_refused_by_name_before_it_runs(monkeypatch, view, fn):
-    monkeypatch.setattr(settings, "CPU_MAX_REQUEST_FLOPS", 1e6)
+@pytest.mark.parametrize("view", ["attention", "anatomy", "isolation", "invariance", "variants"])
+def test_a_request_past_the_budget_is_refused_by_name_before_it_runs(monkeypatch, view):
+    monkeypatch.setattr(limits, "CPU_MAX_REQUEST_FLOPS", 1e6)
     s = parse_query("preset=lecture&weights=random&seed=77&num_history=40")
     runs.clear_caches()
     with pytest.raises(ValidationError, match=rf"^(batch_size|num_history|num_candidates|num_layers|num_q_heads|"
                                               rf"emb_size): got \d+; allowed: a smaller value: the {view} view would run"):
-        fn(s)
+        VIEWS[view].draw(s)
     assert runs.MEMORY.cached == 0 and not any(c.entries for c in runs.MEMORY.caches)   # nothing ran
 
 
@@ -74,13 +83,13 @@ def test_cap_sized_isolation_is_refused_by_its_memory_and_the_attention_view_is_
     """56 query heads at T 1087 record ~505 MiB per forward; the isolation probe holds several of them
     at once."""
     s = parse_query("preset=phoenix-nano&num_q_heads=56&num_kv_heads=8&num_layers=1")
-    assert check_budget(s, "attention").peak_bytes < settings.max_request_bytes()
+    assert budget(s, "attention").peak_bytes < limits.max_request_bytes()
     with pytest.raises(ValidationError, match=r"MiB, \d\.\dx this CPU's budget"):
-        check_budget(s, "isolation")
+        budget(s, "isolation")
 
 
 def test_the_bug_zoo_budget_holds_at_phoenix_nano():
-    assert check_budget(parse_query("preset=phoenix-nano"), "variants").flops < settings.CPU_MAX_REQUEST_FLOPS
+    assert budget(parse_query("preset=phoenix-nano"), "variants").flops < limits.CPU_MAX_REQUEST_FLOPS
 
 
 # --- the causality probe: batched, exact, and capped ---------------------------------------------
@@ -230,8 +239,8 @@ def test_a_small_request_never_waits_behind_large_ones(monkeypatch):
 
 def test_the_mask_view_is_small_at_every_layout_the_device_allows():
     """...so the mask view never waits for memory, even at the longest layout (default ceiling)."""
-    s = parse_query(f"preset=phoenix-nano&num_history={settings.max_seq_len() - 65}", need_model=False)
-    assert s.seq_len == settings.max_seq_len()
+    s = parse_query(f"preset=phoenix-nano&num_history={limits.max_seq_len() - 65}", need_model=False)
+    assert s.seq_len == limits.max_seq_len()
     assert view_cost(s, "mask").peak_bytes <= runs.small_request_bytes()
 
 
@@ -264,24 +273,12 @@ def test_views_never_change_the_process_thread_count(monkeypatch):
     views.attention_view(s), views.isolation_view(s), views.invariance_view(s), views.bug_zoo_view(s)
 
 
-def test_threads_are_configured_once_from_the_environment(monkeypatch):
-    before = torch.get_num_threads()
-    try:
-        monkeypatch.setenv(runs.THREADS_ENV, "1")
-        assert runs.configure_threads() == 1 and torch.get_num_threads() == 1
-        monkeypatch.setenv(runs.THREADS_ENV, "many")
-        with pytest.raises(ValidationError, match="EXPLORER_THREADS: got 'many'; allowed: an integer in"):
-            runs.configure_threads()
-    finally:
-        torch.set_num_threads(before)
-
-
 def test_memory_ceiling_from_the_environment(monkeypatch):
-    monkeypatch.setenv(settings.MEMORY_CEILING_ENV, "6e9")
-    assert settings.memory_ceiling() == 6_000_000_000 and settings.max_request_bytes() == 3_000_000_000
-    monkeypatch.setenv(settings.MEMORY_CEILING_ENV, "lots")
+    monkeypatch.setenv(limits.MEMORY_CEILING_ENV, "6e9")
+    assert limits.memory_ceiling() == 6_000_000_000 and limits.max_request_bytes() == 3_000_000_000
+    monkeypatch.setenv(limits.MEMORY_CEILING_ENV, "lots")
     with pytest.raises(ValidationError, match="EXPLORER_MEMORY_BYTES: got 'lots'"):
-        settings.memory_ceiling()
+        limits.memory_ceiling()
 
 
 def test_an_idle_server_shrinks_its_caches_and_returns_the_memory(monkeypatch):
@@ -314,12 +311,15 @@ def test_large_views_run_at_a_lower_cpu_priority_and_small_ones_do_not(monkeypat
     def priority():
         return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
-    @runs.bounded("attention")
+    def bounded(fn):
+        return lambda s: runs.within_budget(view_cost(s, "attention"), lambda: fn(s))
+
+    @bounded
     def inner(s):
         seen["nested"] = priority()
         return "inner"
 
-    @runs.bounded("attention")
+    @bounded
     def view(s):
         seen[s.preset] = priority()
         if s.preset == "phoenix-nano":

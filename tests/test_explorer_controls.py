@@ -7,7 +7,9 @@ from dataclasses import asdict, replace
 import pytest
 
 from explorer.controls import LABELS, from_link, keep_valid, last_valid_note, short_label
-from explorer.settings import ValidationError, parse_query, parse_settings
+from explorer.links import parse_query
+from explorer.schema import ValidationError
+from explorer.settings import parse_settings
 
 RANDOM = parse_query("preset=lecture&weights=random", need_model=False)
 

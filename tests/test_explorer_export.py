@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from explorer import export, views
-from explorer.settings import PRESETS, parse_query
+from explorer.links import parse_query
+from models.presets import PRESETS
 from tolerances import assert_bit_exact
 
 pytestmark = pytest.mark.slow     # kaleido starts chromium
@@ -164,8 +165,8 @@ def test_mask_and_kernel_figures_export_at_every_preset(preset, tmp_path):
 
 
 def test_the_pack_at_a_production_preset_lists_what_it_left_out_and_why(tmp_path, monkeypatch):
-    from explorer import settings
-    monkeypatch.setattr(settings, "max_params", lambda: 1)      # as a CPU meets phoenix-2026
+    from explorer import limits
+    monkeypatch.setattr(limits, "max_params", lambda: 1)      # as a CPU meets phoenix-2026
     s = parse_query("preset=lecture&weights=random", need_model=False)
     monkeypatch.setattr(export, "FORMATS", ("svg",))
     with zipfile.ZipFile(export.lecture_pack(s, str(tmp_path))) as z:
@@ -279,8 +280,8 @@ def test_the_export_browser_runs_below_the_views_priority(s):
 def test_a_pack_past_its_work_budget_leaves_the_largest_views_out_by_name(s, monkeypatch):
     """Model views are drawn in lesson order while their estimated work fits pack_max_flops; the rest are
     listed as left out, naming the budget and how to get them (one at a time), and the cheap figures stay."""
-    from explorer.settings import view_cost
-    attention = view_cost(s, "attention").flops
+    from explorer.views import VIEWS
+    attention = VIEWS["attention"].estimate(s).flops
     monkeypatch.setattr(export, "pack_max_flops", lambda: attention * 1.5)
     drawn, left_out = export.all_figures(s)
     assert {"mask", "kernels", "attention", "query_row", "rope_angles", "timing"} <= set(drawn)

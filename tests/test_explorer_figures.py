@@ -5,7 +5,8 @@ import pytest
 
 from explorer import runs, views
 from explorer.figures import Panel, heatmap_figure, pool, segment_bins
-from explorer.settings import max_seq_len, parse_query
+from explorer.limits import max_seq_len
+from explorer.links import parse_query
 from tolerances import assert_bit_exact, relative_error, rounding_bound
 
 NANO = "preset=phoenix-nano"          # T = 1 + 1022 + 64 = 1087: pooled on screen
@@ -266,7 +267,7 @@ def test_every_figure_is_sent_as_plotly_writes_it(query):
     from explorer.figures import Figure
     s = parse_query(query)
     for name, spec in FIGURES.items():
-        fig = spec.view(spec.adjust(s))[spec.index]
+        fig = spec.draw(spec.adjust(s))[spec.index]
         assert isinstance(fig, Figure), name
         assert fig.to_json() == go.Figure.to_json(fig), name
         for trace in fig.data:

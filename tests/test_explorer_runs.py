@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from explorer import runs
-from explorer.settings import ValidationError, parse_query
+from explorer.links import parse_query
+from explorer.schema import ValidationError
 from models.recsys import RecsysModel, init_recsys
 from models.weights import save_weights
 from tolerances import assert_bit_exact
@@ -101,7 +102,7 @@ def test_one_visitors_sessions_share_one_part_of_the_store(tmp_path, monkeypatch
 def test_a_closed_page_keeps_its_uploads_for_a_grace_period_and_says_when_they_went(tmp_path, monkeypatch):
     """Uploads go PAGE_GONE_GRACE_S after the page left (a dropped heartbeat is not a closed page), any
     request of the session brings it back, and a later use names what happened."""
-    import handlers
+    from server import guard
     name = runs.load_upload(parse_query(LECTURE), str(weight_file(tmp_path)[0]), "alice")
     clock = [runs.time.monotonic()]
     monkeypatch.setattr(runs.time, "monotonic", lambda: clock[0])
@@ -116,7 +117,7 @@ def test_a_closed_page_keeps_its_uploads_for_a_grace_period_and_says_when_they_w
     with pytest.raises(ValidationError, match=r"weights: got 'upload:\w+'; allowed: an upload the server still "
                                               r"holds: these weights were forgotten 10 minutes after the page was "
                                               r"closed; upload the file again"):
-        handlers.settings_of(LECTURE.replace("random", f"upload:{name}"), page)
+        guard.settings_of(LECTURE.replace("random", f"upload:{name}"), page)
 
 
 def test_a_geometry_change_with_uploaded_weights_is_answered_by_name(tmp_path):

@@ -6,8 +6,11 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
-from explorer.settings import (CPU_MAX_SEQ_LEN, Settings, ValidationError, parse_query, parse_settings,
-                               preset_defaults, retired_note, to_query)
+from explorer.families import preset_defaults
+from explorer.limits import CPU_MAX_SEQ_LEN
+from explorer.links import parse_query, retired_note, to_query
+from explorer.schema import Settings, ValidationError
+from explorer.settings import parse_settings
 
 BAD = [
     ("num_q_heads", "3", "multiple of num_kv_heads"),
@@ -193,13 +196,14 @@ def test_a_production_preset_sets_production_family_and_its_geometry(name):
 def test_production_presets_name_their_device_limit_and_nano_runs_on_cpu():
     """The full-size production presets are refused for model views by field, before anything runs;
     nano (T 1152) fits the CPU's memory and work budget."""
-    from explorer.settings import VIEWS, check_budget
+    from explorer.limits import check_budget
+    from explorer.views import drawn_views
     for name in ("phoenix-2026", "phoenix-2026-seqpack"):
         with pytest.raises(ValidationError, match=r"emb_size: got 2560; allowed: .*needs a GPU"):
             parse_query(f"preset={name}")
     s = parse_query("preset=phoenix-2026-nano")
-    for view in VIEWS:
-        check_budget(s, view)
+    for view in drawn_views():
+        check_budget(s, view.name, view.estimate)
 
 
 def test_preset_and_family_stay_consistent_and_links_carry_both():

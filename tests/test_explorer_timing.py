@@ -7,7 +7,8 @@ import json
 import pytest
 
 from explorer import timing
-from explorer.settings import ValidationError, parse_query
+from explorer.links import parse_query
+from explorer.schema import ValidationError
 from models.presets import PRESETS
 from tolerances import randn_attention_abs_bound
 
@@ -97,22 +98,6 @@ def test_progress_names_the_length_being_measured_and_a_t_squared_eta():
     assert sw.progress().startswith("Measuring T = 128 (2 of 3 lengths), about 40 s left")
     sw.done = True
     assert sw.progress() == ""
-
-
-def test_timing_runs_stop_a_visitors_run_and_say_how_far_it_got():
-    runs = timing.TimingRuns()
-    mine, theirs = runs.start("a", budget_s=None), runs.start("b", budget_s=None)
-    mine.total, mine.done = 4, 1
-    assert runs.running() == 2
-    assert runs.cancel("a") == "Stopped after 1 of 4 lengths: the measured points are kept."
-    assert mine.stopped() == "cancelled" and theirs.stopped() is None
-    runs.end("a", mine)
-    assert runs.running() == 1 and runs.cancel("a") == ""
-    later = runs.start("a", budget_s=None)          # a new run has its own flag: never un-stops the old
-    assert later.stopped() is None and mine.stopped() == "cancelled"
-    with runs.measuring():
-        assert runs.threads == 1
-    assert runs.threads == 0
 
 
 def test_defaults_on_cpu_tick_the_backends_that_win_here_and_say_why():

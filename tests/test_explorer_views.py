@@ -6,7 +6,9 @@ import torch
 
 from explorer import runs, views
 from explorer.figures import Panel, boundaries, heatmap_figure, pool
-from explorer.settings import VALUE_KINDS, demo_transformer, parse_query
+from explorer.families import demo_transformer
+from explorer.links import parse_query
+from explorer.settings import VALUE_KINDS
 from tolerances import assert_beyond_rounding, assert_bit_exact, assert_rounding_close, rounding_bound
 
 LECTURE = "preset=lecture&weights=random"
@@ -518,11 +520,11 @@ def test_a_zoomed_grid_is_pooled_to_the_figure_payload_bound(monkeypatch):
     """With `zoom` set a figure still holds at most MAX_FIGURE_CELLS heatmap cells (16 layers x 8 heads x
     512 candidates unpooled is a 180 MB response); past it the panels pool and the title does not claim
     full resolution. Its bytes are counted in the view's cost."""
-    from explorer import settings
+    from explorer import limits
     monkeypatch.setattr(views, "MAX_FIGURE_CELLS", 50_000)
     s = parse_query("preset=lecture&weights=random&num_candidates=200&zoom=candidates&head=-1")
     fig = views.attention_view(s)[0]
     shown = sum(np.asarray(t.z).size for t in fig.data if t.type == "heatmap")
     assert shown <= 50_000 and 8 * 200 * 200 > 50_000
     assert "zoom: candidates" in fig.layout.title.text and "full resolution" not in fig.layout.title.text
-    assert settings.view_cost(s, "attention").peak_bytes >= 2 * settings.FIGURE_PEAK_BYTES
+    assert views.VIEWS["attention"].estimate(s).peak_bytes >= 2 * limits.FIGURE_PEAK_BYTES

@@ -1,16 +1,22 @@
 """The house has floors: models/ at the bottom imports nothing of ours above it; explorer/ imports models/
-and itself; handlers.py (the functions the app's events call) imports explorer/ and only app.py imports it;
-app.py wires them and nothing imports it; benchmarks/ and scripts/ are entry points that nothing imports;
-and no module of ours imports itself back through others. Read from every import statement (function-level
-ones included), without running any of them."""
+and itself, and nothing of a server (no gradio, no asyncio, no web framework): plain functions of
+Settings; server/ (what serves many visitors: admission, lanes, the event handlers, Gradio's internals)
+imports explorer/ and models/, and only app.py imports it; app.py wires them and nothing imports it;
+benchmarks/ and scripts/ are entry points that nothing imports; and no module of ours imports itself
+back through others. Read from every import statement (function-level ones included), without running
+any of them."""
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("models", "explorer", "benchmarks", "scripts")
-MAY_IMPORT = {"models": {"models"}, "explorer": {"models", "explorer"}}   # the lower floors' whole allowance
+PACKAGES = ("models", "explorer", "server", "benchmarks", "scripts")
+# the lower floors' whole allowance
+MAY_IMPORT = {"models": {"models"}, "explorer": {"models", "explorer"}, "server": {"models", "explorer", "server"}}
 ENTRY_POINTS = ("app", "benchmarks", "scripts")                            # imported by tests only
-IMPORTED_ONLY_BY = {"handlers": {"app"}}                                   # besides tests
+# besides tests and itself; the benchmarks and the screenshots start the app through server.localhost
+IMPORTED_ONLY_BY = {"server": {"app", "server", "benchmarks", "scripts"}}
+# what serves visitors, never imported below the server floor
+SERVING = ("gradio", "gradio_client", "asyncio", "starlette", "fastapi", "uvicorn", "pydantic")
 
 
 def module_name(path: Path) -> str:
@@ -19,7 +25,7 @@ def module_name(path: Path) -> str:
 
 
 def our_modules() -> dict[str, Path]:
-    files = [ROOT / "app.py", ROOT / "handlers.py"]
+    files = [ROOT / "app.py"]
     files += [p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))]
     return {module_name(p): p for p in files}
 
@@ -29,6 +35,17 @@ def resolve(name: str, modules) -> str:
     while name and name not in modules:
         name = name.rpartition(".")[0]
     return name
+
+
+def imported_names(path: Path) -> set[str]:
+    """Every module name an import statement of `path` names (absolute imports; ours and others')."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module)
+    return found
 
 
 def imports_of(name: str, path: Path, modules) -> set[str]:
@@ -70,10 +87,17 @@ def test_entry_points_are_imported_by_nothing_but_tests():
     assert not importers, "\n".join(importers)
 
 
-def test_handlers_are_imported_by_the_app_alone():
+def test_the_server_floor_is_imported_by_the_app_alone():
     importers = [f"{m} imports {t}" for m, targets in import_graph().items() for t in sorted(targets)
-                 if floor(t) in IMPORTED_ONLY_BY and m not in IMPORTED_ONLY_BY[floor(t)]]
+                 if floor(t) in IMPORTED_ONLY_BY and floor(m) not in IMPORTED_ONLY_BY[floor(t)]]
     assert not importers, "\n".join(importers)
+
+
+def test_explorer_and_models_hold_no_server_machinery():
+    """explorer/ and models/ are plain functions: no Gradio, no event loop, no web framework."""
+    serving = [f"{name} imports {m}" for name, path in our_modules().items() if floor(name) in ("models", "explorer")
+               for m in sorted(imported_names(path)) if m.split(".")[0] in SERVING]
+    assert not serving, "\n".join(serving)
 
 
 def test_no_import_cycles():
@@ -99,4 +123,6 @@ def test_the_graph_sees_imports():
     assert "models.grok" in graph["models.xrex"]                 # from .grok import ... (relative)
     assert "models.attention" in graph["explorer.timing"]        # import inside a function
     assert any(floor(t) == "explorer" for t in graph["app"])
-    assert "handlers" in graph["app"] and "explorer.settings" in graph["handlers"]
+    assert "server.endpoints" in graph["app"] and "explorer.views" in graph["server.endpoints"]
+    assert "gradio" in imported_names(ROOT / "server" / "guard.py")          # the serving check reads names
+    assert "asyncio" in imported_names(ROOT / "server" / "timing_events.py")

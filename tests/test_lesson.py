@@ -8,8 +8,9 @@ import pytest
 from explorer import lesson
 from explorer.controls import from_link
 from explorer.lesson import LESSON, MAIN_FIGURE, STORIES
+from explorer.views import VIEWS
 
-TABS = ("mask", "attention", "anatomy", "isolation", "invariance", "variants", "timing", "export")
+TABS = tuple(VIEWS)
 
 
 @pytest.mark.parametrize("index", range(len(LESSON)), ids=[st.title for st in LESSON])

@@ -6,7 +6,7 @@ from dataclasses import asdict
 import pytest
 
 from explorer.measure import GRIDS, grid_for
-from explorer.settings import parse_query, to_query
+from explorer.links import parse_query, to_query
 from models.presets import PRESETS
 
 

@@ -9,6 +9,7 @@
 """
 import math
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -231,14 +232,14 @@ def test_trunk_refuses_inputs_that_do_not_fit_by_name(config, layout, data):
 
 @pytest.fixture(scope="module")
 def explorer():
-    """explorer.settings and explorer.runs (the app's own parser and model builder)."""
-    from explorer import runs, settings as settings_mod
-    return settings_mod, runs
+    """The app's own parser and model builder: explorer.schema, .settings, .limits, .links and .runs."""
+    from explorer import limits, links, runs, schema, settings as settings_mod
+    return SimpleNamespace(schema=schema, settings=settings_mod, limits=limits, links=links, runs=runs)
 
 
 def field_names(explorer):
     from dataclasses import fields
-    return [f.name for f in fields(explorer[0].Settings)]
+    return [f.name for f in fields(explorer.schema.Settings)]
 
 
 # anything a URL, a form or a gradio_client caller can send
@@ -267,18 +268,17 @@ def assert_clear(error, names, *expected):
 @BOUNDED
 @given(data=st.data())
 def test_settings_parser_accepts_or_refuses_anything_by_name(explorer, data):
-    settings_mod, _ = explorer
     names = field_names(explorer)
     keys = data.draw(st.lists(st.sampled_from(names + ["unknown_field"]), max_size=5, unique=True), "keys")
     raw = {k: data.draw(WILD, k) for k in keys}
     try:
-        s = settings_mod.parse_settings(raw)
+        s = explorer.settings.parse_settings(raw)
     except Exception as e:                          # noqa: BLE001 — the property is about the type
         assert_clear(e, names)
-        assert isinstance(e, settings_mod.ValidationError)
+        assert isinstance(e, explorer.schema.ValidationError)
     else:
-        assert isinstance(s, settings_mod.Settings)
-        assert s.seq_len <= settings_mod.max_seq_len()
+        assert isinstance(s, explorer.schema.Settings)
+        assert s.seq_len <= explorer.limits.max_seq_len()
 
 
 def bad_values_for(name: str) -> list:
@@ -299,29 +299,27 @@ SMALL = dict(preset="lecture", weights="random", num_history=4, num_candidates=3
 @BOUNDED
 @given(data=st.data())
 def test_settings_parser_names_the_one_bad_field(explorer, data):
-    settings_mod, _ = explorer
     names = field_names(explorer)
     name = data.draw(st.sampled_from(names), "field")
     value = data.draw(st.sampled_from(bad_values_for(name)), "value")
     as_text = data.draw(st.booleans(), "as_text")              # URL values arrive as strings
     raw = {**SMALL, name: str(value) if as_text and not isinstance(value, str) else value}
     with pytest.raises(Exception) as info:
-        settings_mod.parse_settings(raw)
+        explorer.settings.parse_settings(raw)
     assert_clear(info.value, names, name)
-    assert isinstance(info.value, settings_mod.ValidationError) and info.value.field == name
+    assert isinstance(info.value, explorer.schema.ValidationError) and info.value.field == name
 
 
 def test_every_field_refuses_lists_and_dicts_by_name(explorer):
     """Not sampled: every field meets every structured value (a list or a dict is unhashable; the
     parser once raised TypeError for preset=[] where hypothesis had only tried strings)."""
-    settings_mod, _ = explorer
     names = field_names(explorer)
     for name in names:
         for value in ([], [1], ["lecture"], {}, {"a": 1}, (1,), b"lecture"):
             with pytest.raises(Exception) as info:
-                settings_mod.parse_settings({**SMALL, name: value})
+                explorer.settings.parse_settings({**SMALL, name: value})
             assert_clear(info.value, names, name)
-            assert isinstance(info.value, settings_mod.ValidationError) and info.value.field == name, (name, value)
+            assert isinstance(info.value, explorer.schema.ValidationError) and info.value.field == name, (name, value)
 
 
 @st.composite
@@ -350,9 +348,9 @@ def small_settings(draw):
 @FEW
 @given(raw=small_settings())
 def test_valid_settings_round_trip_and_keep_candidates_isolated(explorer, raw):
-    settings_mod, runs = explorer
-    s = settings_mod.parse_settings(raw)
-    assert settings_mod.parse_query(settings_mod.to_query(s)) == s
+    runs = explorer.runs
+    s = explorer.settings.parse_settings(raw)
+    assert explorer.links.parse_query(explorer.links.to_query(s)) == s
     model = runs.build_model(s)
     batch = runs.batch_for(s)
     with torch.no_grad():

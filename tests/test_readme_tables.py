@@ -116,3 +116,12 @@ def test_browser_latency_block_shows_both_versions_and_each_control_kind(tmp_pat
     assert "| before | radio (colour) | display | `lecture` | 60 ms | 343 ms | < 100 ms (must 150) | **missed** |" in md
     assert "| after | radio (colour) | display | `lecture` | 60 ms | 90 ms | < 100 ms (must 150) | met |" in md
     assert "**before** = commit `1b1412f`" in md and "load average 3.0 before, 4.5 after" in md
+
+
+def test_the_readme_view_table_is_the_registry():
+    """Every tab's row comes from its record (explorer.views.VIEWS): a view added there appears here
+    once scripts/readme_tables.py is run, and this fails until it is."""
+    from explorer.views import VIEWS
+    block = readme_tables.views_block()
+    assert block in (ROOT / "README.md").read_text(), "README's views block is stale: run scripts/readme_tables.py"
+    assert [line.split(" | ")[0].lstrip("| ") for line in block.splitlines()[2:]] == [v.title for v in VIEWS.values()]

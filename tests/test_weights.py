@@ -324,7 +324,7 @@ def test_app_opens_a_jax_export(tmp_path):
     """The README's export: the original's params flattened to .npz, no config, no hash tables.
     The app's upload accepts it for a matching geometry, and the model it serves holds those params."""
     from explorer import runs
-    from explorer.settings import Settings
+    from explorer.schema import Settings
     params = original_params("phoenix_model", seed=5)
     path = tmp_path / "phoenix.npz"
     np.savez(path, **{f"{module}/{name}": np.asarray(value, np.float32)
@@ -483,7 +483,7 @@ def test_safetensors_header_limits_are_checked_before_reading(tmp_path):
 def test_the_magnitude_bound_keeps_the_worst_case_forward_finite(query):
     """Every parameter at +MAX_ABS_WEIGHT (all products aligned), no logit cap, the largest multiplier:
     the scores are finite, so weights that pass the check cannot overflow the forward."""
-    from explorer.settings import parse_query
+    from explorer.links import parse_query
     from models.haiku_tree import MAX_ABS_WEIGHT
     s = parse_query(query)
     model = RecsysModel(s.recsys_config())

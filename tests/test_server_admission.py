@@ -4,10 +4,10 @@ import threading
 
 import pytest
 
-from explorer import admission
-from explorer.admission import (LANES, QUEUE_MAX, Admission, RateShare, WatchedQueue, check_admission, client_address,
+from server import admission
+from server.admission import (LANES, QUEUE_MAX, Admission, RateShare, WatchedQueue, check_admission, client_address,
                                 visitor_key)
-from explorer.settings import ValidationError
+from explorer.schema import ValidationError
 
 
 # --- who is asking -----------------------------------------------------------------------------
@@ -266,11 +266,11 @@ def test_a_heavy_model_view_is_admitted_to_the_heavy_lane_and_queued_there(monke
     """A view estimated over LARGE_REQUEST_FLOPS takes the heavy lane's bounds (one per visitor), counts
     against the visitor's work share, and waits in the heavy lane's queue whatever event asked for it;
     a small view of the same visitor still goes to the forward lane."""
-    import handlers
+    from server import lanes
     gate = Admission()
-    monkeypatch.setattr(handlers, "ADMISSION", gate)
+    monkeypatch.setattr(lanes, "ADMISSION", gate)
     forward_q, heavy_q = WatchedQueue("forward", gate), WatchedQueue("heavy", gate)
-    admit = handlers.admit_to("forward", work=lambda query, request=None: 1e12 if "big" in query else 1e6)
+    admit = lanes.admit_to("forward", work=lambda query, request=None: 1e12 if "big" in query else 1e6)
 
     def request():
         http = type("Http", (), {"state": type("State", (), {})(), "headers": {}, "client": None})()

@@ -1,6 +1,6 @@
 """Who a visitor is, and how much of the server one visitor may hold: the lanes requests queue in,
 their admission (checked when a request is pushed, before it waits), and per-visitor byte and rate
-shares (uploads). Plain Python: handlers.py hands in the request objects and Gradio's queue.
+shares (uploads). Plain Python: server/lanes.py hands in the request objects and Gradio's queue.
 
 A visitor is keyed on what the client cannot mint: an HF-signed-in user where present, else the
 client address as the proxy in front forwards it (the address it appends to X-Forwarded-For, not the
@@ -17,11 +17,11 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
-from .settings import ValidationError
+from explorer.schema import ValidationError
 
 # --- who is asking ----------------------------------------------------------------------------
 
@@ -113,7 +113,7 @@ class Lane:
 
 
 # Small forwards at once: 4 on a GPU; on a CPU two per core, up to 4 (each runs one torch thread, see
-# explorer.runs.configure_threads). A lecture-size view spends much of its slot on Python (building figures,
+# server.memory.configure_threads). A lecture-size view spends much of its slot on Python (building figures,
 # Gradio's postprocessing) waiting for the GIL, so one per core left a core idle: in the soak (30 visitors and
 # the attacker on 2 cores), honest model views p95 3.5 s with 2 slots, 2.6 s with 4. Heavy views have
 # their own lane of one.
@@ -121,7 +121,7 @@ FORWARDS_AT_ONCE = 4 if torch.cuda.is_available() else max(1, min(4, 2 * (os.cpu
 
 LANES: dict[str, Lane] = {lane.name: lane for lane in (
     Lane("forward", "model views", running=FORWARDS_AT_ONCE, waiting=48, per_visitor=4, per_address=6),
-    # views over settings.LARGE_REQUEST_FLOPS (any event that draws one): one at a time, so they never hold the
+    # views over limits.LARGE_REQUEST_FLOPS (any event that draws one): one at a time, so they never hold the
     # small views' slots
     Lane("heavy", "large views", running=1, waiting=6, per_visitor=1, per_address=2),
     # the mask view (no model): one address holds fewer than run at once, so others always find a slot
@@ -293,10 +293,10 @@ PROCESS_BASE_BYTES = 1_100_000_000      # interpreter, torch, gradio, plotly, th
 
 def memory_budget() -> dict[str, int]:
     """What the server process may hold, part by part (bytes): the ceiling of caches and running
-    requests (figures on their way out included, explorer.settings.view_cost), small requests let
+    requests (figures on their way out included, explorer.views.View.estimate), small requests let
     past it, every visitor's uploads, Gradio's session states, and the process itself."""
-    from . import runs
-    from .settings import memory_ceiling
+    from explorer import runs
+    from explorer.limits import memory_ceiling
     parts = {"caches and running requests (EXPLORER_MEMORY_BYTES)": memory_ceiling(),
              "small requests past the ceiling (mask lane)": LANES["light"].running * runs.small_request_bytes(),
              "uploaded weights (every visitor)": runs.MAX_UPLOAD_STORE_BYTES,
@@ -356,7 +356,7 @@ class RateShare:
 # key, renders per window (a lecture pack renders every figure of export.FIGURES in each format). A lecturer
 # making slides renders a few dozen; a loop of them would keep the browser busy for everyone.
 EXPORT_SHARE = dict(max_bytes=80, max_calls=80, window_s=600.0, unit="renders", what="exports")
-# Model work per visitor key, estimated before a request runs (explorer.settings.view_cost): on average a
+# Model work per visitor key, estimated before a request runs (explorer.limits.view_cost): on average a
 # quarter of a free Space's core for one address. A student on phoenix-nano draws ~30 views in 10 minutes
 # (26-150 GFLOP each); a loop of the largest the budget admits (~550 GFLOP) gets 5, then waits for the
 # window; lecture views (< 1 GFLOP) never count. A class behind one NAT address shares it: raise it there.
@@ -599,3 +599,7 @@ def _declared_length(scope) -> int:
             except ValueError:
                 return -1
     return -1
+
+
+# the one admission of this process: every lane, share and visitor count (server.lanes, server.guard)
+ADMISSION = Admission()

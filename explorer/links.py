@@ -1,0 +1,40 @@
+"""The link codec: Settings as a URL query string and back. ``to_query`` writes only what differs from the
+preset's values (the preset always first), so links stay short, and ``parse_query(to_query(s)) == s``;
+``parse_query`` reads a link through explorer.settings' one validation layer. ``retired_note`` names the
+fields an old link still carries, which parsing ignores.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any, Mapping, Optional
+from urllib.parse import parse_qsl, urlencode
+
+from .families import defaults, preset_family
+from .schema import Settings, ValidationError
+from .settings import RETIRED_FIELDS, parse_settings
+
+
+def retired_note(keys) -> str:
+    """What an old link's retired fields were, and why they are ignored ('' when it has none)."""
+    return "; ".join(f"{k}: ignored ({RETIRED_FIELDS[k]})" for k in sorted(set(keys) & RETIRED_FIELDS.keys()))
+
+
+def to_query(s: Settings) -> str:
+    """Only what differs from the preset, so links stay short; the preset always comes first."""
+    base = {**asdict(Settings()), **defaults(s.preset, s.family), "family": preset_family(s.preset)}
+    diff = {k: val for k, val in asdict(s).items() if k != "preset" and val != base[k]}
+    return urlencode({"preset": s.preset, **{k: _fmt(val) for k, val in diff.items()}})
+
+
+def _fmt(val: Any) -> str:
+    return repr(val) if isinstance(val, float) else str(val)
+
+
+def parse_query(query: str, *, uploaded: Optional[Mapping[str, Mapping[str, Any]]] = None,
+                need_model: bool = True) -> Settings:
+    if not isinstance(query, str):
+        raise ValidationError("query string", query, "text like 'preset=lecture&num_candidates=4'")
+    if len(query) > 4000:
+        raise ValidationError("query string", query, "at most 4000 characters")
+    pairs = parse_qsl(query.lstrip("?"), keep_blank_values=True)
+    return parse_settings(dict(pairs), uploaded=uploaded, need_model=need_model)

@@ -1,0 +1,178 @@
+"""The view endpoints (one per drawn view of explorer.views.VIEWS, each taking the configuration as a
+URL query string), the page's redraws (a control change, a heatmap click, a preset, presentation
+mode's keys: the visible tab redrawn in the same round trip), the exports and the weights upload."""
+from __future__ import annotations
+
+import os
+from urllib.parse import parse_qsl
+
+import gradio as gr
+
+from explorer import controls, export, runs
+from explorer.controls import CONTROL_FIELDS
+from explorer.links import to_query
+from explorer.schema import ValidationError
+from explorer.settings import parse_settings
+from explorer.views import VIEWS, Text, View, drawn_views
+
+from .admission import visitor_of
+from .gradio_patches import NotAFile
+from .guard import as_markdown_text, gpu, guarded, limit_note, model_limit, session_of, settings_of
+from .links import family_endpoint, limit_endpoint, preset_endpoint, query_to_controls, settings_endpoint, head_choices
+
+
+def view_endpoint(view: View):
+    """The API endpoint of a view: the configuration as a query string -> the view's outputs."""
+    name = view.name
+
+    def endpoint(query: str, request: gr.Request = None):
+        current = VIEWS[name]                   # the record as it is now (a test may stand one in)
+        return current.draw(settings_of(query, request, need_model=current.needs_model))
+    endpoint.__name__ = endpoint.__qualname__ = f"{view.name}_endpoint"
+    return guarded(gpu(endpoint) if view.gpu else endpoint)
+
+
+VIEW_ENDPOINTS = {v.name: view_endpoint(v) for v in drawn_views()}
+# the outputs every redraw fills: each drawn view's, in tab order (app.py's page.view_outputs)
+VIEW_OUTPUTS = sum(len(v.outputs) for v in drawn_views())
+
+
+@guarded
+def render_tab(query: str, tab: str, request: gr.Request = None):
+    """Redraw only the visible tab (the others redraw when they are opened): every drawn view's outputs,
+    skipped but the visible one's. A view whose model does not fit this device says so in its first text."""
+    view = check_tab(tab)
+    s = settings_of(query, request, need_model=False)   # every tab checks the query, also those drawn on demand
+    limit = model_limit(s) if view.drawn and view.needs_model else ""
+    if limit:
+        shown = [None] * len(view.outputs)
+        shown[next(i for i, o in enumerate(view.outputs) if isinstance(o, Text))] = limit_note(limit)
+    else:
+        shown = VIEW_ENDPOINTS[view.name](query, request) if view.drawn else None
+    flat = []
+    for v in drawn_views():
+        flat += list(shown) if v is view else [gr.skip()] * len(v.outputs)
+    return flat
+
+
+def check_tab(tab) -> View:
+    if not isinstance(tab, str) or tab not in VIEWS:        # a list from an API client is unhashable
+        raise ValidationError("tab", tab, ", ".join(VIEWS))
+    return VIEWS[tab]
+
+
+@guarded
+def control_change(request: gr.Request, *args):
+    """What one control change does on the page, in one round trip: validate every control, write
+    the query string, keep the head list in step with the geometry, redraw the visible tab."""
+    *values, tab = args
+    query = settings_endpoint(request, *values)
+    s = settings_of(query, request)
+    return [query, gr.update(choices=head_choices(s), value=s.head)] + render_tab(query, tab, request)
+
+
+@guarded
+def control_change_on_page(request: gr.Request, *args):
+    """The page's control change: like control_change, but an invalid value is marked at its control
+    (its message under it) instead of refusing the whole change; the last valid view stays drawn and
+    every other control keeps working. Model views name the device limit instead of failing."""
+    *values, tab, last_query, marked = args
+    last = settings_of(last_query, request, need_model=False)
+    s, problems = controls.keep_valid(dict(zip(CONTROL_FIELDS, values)), last, runs.uploads(session_of(request)))
+    query = to_query(s)
+    limit = model_limit(s)
+    marks = {f: gr.update(info="⚠ " + msg, elem_classes=["invalid"]) for f, msg in problems.items()}
+    for f in set(marked or []) - set(problems):
+        marks[f] = gr.update(info=None, elem_classes=[])
+    updates = [marks.get(f, gr.skip()) for f in CONTROL_FIELDS]
+    head = CONTROL_FIELDS.index("head")
+    updates[head] = gr.update(choices=head_choices(s), value=s.head, **({"info": None, "elem_classes": []}
+                                                                       if "head" in (marked or []) else {}))
+    if "head" in problems:
+        updates[head] = gr.update(choices=head_choices(s), info="⚠ " + problems["head"], elem_classes=["invalid"])
+    views_out = render_tab(query, tab, request) if query != last_query else [gr.skip()] * VIEW_OUTPUTS
+    note = "\n\n".join(n for n in (controls.last_valid_note(problems), limit_note(limit)) if n)
+    return [query, sorted(problems), note] + updates + views_out
+
+
+PICKED = ("layer", "head", "query")
+
+
+@guarded
+def pick_on_page(request: gr.Request, pick: str, *args):
+    """A click on a heatmap cell (static/page.js writes `layer=1&head=3&query=7`, or only `query` for a
+    panel of no one head): those controls set together, then the usual control change; the layer and
+    query boxes show the values drawn."""
+    *values, tab, last_query, marked = args
+    chosen = dict(parse_qsl(pick if isinstance(pick, str) else "", keep_blank_values=True))
+    if not chosen or set(chosen) - {*PICKED, "n"}:
+        raise ValidationError("pick", pick, "layer=<int>&head=<int>&query=<int> from a click on a heatmap")
+    for f in PICKED:
+        if f in chosen:
+            values[CONTROL_FIELDS.index(f)] = chosen[f]
+    out = control_change_on_page(request, *values, tab, last_query, marked)
+    s = settings_of(out[0], request, need_model=False)
+    first = 3                            # control_change_on_page: query, marked, note, then the controls
+    for f in ("layer", "query"):
+        if f in chosen and f not in out[1]:
+            out[first + CONTROL_FIELDS.index(f)] = gr.update(value=getattr(s, f))
+    return out
+
+
+def source_change_on_page(query: str, tab: str, request=None) -> list:
+    """After a preset or family switch on the page, in the same round trip: the query string, the device
+    note, every control set from it and the visible tab redrawn (one event instead of four chained)."""
+    return ([query, limit_endpoint(query, request)] + query_to_controls(query, request)
+            + render_tab(query, tab, request))
+
+
+@guarded
+def present_key_on_page(query: str, keys: str, tab: str, request: gr.Request = None):
+    """Presentation mode's keys, comma-separated (those pressed since the last answer): the view stepped
+    (explorer.controls.step_view), every control set from it and the visible tab redrawn."""
+    s = settings_of(query, request, need_model=False)
+    for key in str(keys or "").split(",")[:64]:
+        if key:
+            s = controls.step_view(s, key)
+    return source_change_on_page(to_query(s), tab, request)
+
+
+@guarded
+def preset_on_page(preset: str, tab: str, request: gr.Request = None):
+    return source_change_on_page(preset_endpoint(preset), tab, request)
+
+
+@guarded
+def family_on_page(query: str, family: str, tab: str, request: gr.Request = None):
+    return source_change_on_page(family_endpoint(query, family, request), tab, request)
+
+
+@guarded
+def export_endpoint(query: str, figure: str, fmt: str, aspect: str = "16:9", request: gr.Request = None):
+    # mask, tile and timing figures need no model: they export at every preset (export.figure checks
+    # the model for the figures that run it)
+    return export.export_figure(settings_of(query, request, need_model=False), figure, fmt, aspect=aspect)
+
+
+@guarded
+def lecture_pack_endpoint(query: str, aspect: str = "16:9", request: gr.Request = None):
+    return export.lecture_pack(settings_of(query, request, need_model=False), aspect=aspect)
+
+
+@guarded
+def upload_endpoint(query: str, path: str, request: gr.Request = None):
+    if isinstance(path, NotAFile):
+        raise ValidationError("weights file", str(path), path.why)
+    s = settings_of(query, request)
+    if not path:
+        raise ValidationError("weights file", path, "a .npz or .safetensors file")
+    name = runs.load_upload(s, path, session_of(request), visitor_of(request)[0])
+    s = parse_settings({**s.to_dict(), "weights": f"upload:{name}"}, uploaded=runs.uploads(session_of(request)))
+    return to_query(s), (f"Loaded {as_markdown_text(os.path.basename(path))}: every shape matches; "
+                         "the views now use it (for this visitor only).")
+
+
+def page_gone(request: gr.Request = None):
+    """The page was closed, or its connection dropped: its uploads go runs.PAGE_GONE_GRACE_S later
+    unless it comes back (any request of the session), rather than after runs.UPLOAD_TTL_S."""
+    runs.page_gone(session_of(request))

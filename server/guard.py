@@ -1,0 +1,120 @@
+"""Every handler's guard: what a visitor sent becomes settings (their own uploads), every refusal a
+gr.Error naming its field, every message safe to show; a bug is logged, never shown."""
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import time
+
+import gradio as gr
+import torch
+
+from explorer import runs
+from explorer.links import parse_query
+from explorer.limits import check_model_fits, device
+from explorer.schema import Settings, ValidationError
+
+from .admission import ADMISSION, visitor_of
+
+log = logging.getLogger("explorer")
+
+
+try:  # Hugging Face ZeroGPU: heavy calls borrow a GPU when the Space has one
+    import spaces
+    gpu = spaces.GPU
+except ImportError:
+    def gpu(fn):
+        return fn
+
+
+MAX_MESSAGE_CHARS = 2000
+
+
+def current_request():
+    """The gr.Request of the event being answered (None in a direct call)."""
+    from gradio.context import LocalContext
+    return LocalContext.request.get(None)
+
+
+def for_api_client() -> bool:
+    """The event being answered comes from an API client (gradio_client and the JS client send
+    x-gradio-user: api, MCP mcp; the page sends app), which shows messages as plain text."""
+    return (getattr(current_request(), "headers", None) or {}).get("x-gradio-user") in ("api", "mcp")
+
+
+def as_text(message: str) -> str:
+    """A message for a toast, shown as the text it is. Gradio renders gr.Error / gr.Warning messages as
+    (sanitised) HTML on the page, and messages echo what a visitor sent — a shared link's
+    `?seed=<a href=...>` would become a link in someone else's toast, `<img src=...>` a request to an
+    outside host. For the page (or an unknown caller) < and > become entities, so no element can
+    start; API clients read the words as they are."""
+    if len(message) > MAX_MESSAGE_CHARS:
+        message = message[:MAX_MESSAGE_CHARS - 3] + "..."
+    return message if for_api_client() else message.replace("<", "&lt;").replace(">", "&gt;")
+
+
+def as_markdown_text(text: str) -> str:
+    """`text` (e.g. an uploaded file's name) inside a gr.Markdown value, shown literally: Markdown's
+    punctuation backslash-escaped and < > as entities, so no link, image, element or code span can be
+    made of it."""
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!|~])", r"\\\1", text[:MAX_MESSAGE_CHARS]).replace("<", "&lt;") \
+        .replace(">", "&gt;")
+
+
+def guarded(fn):
+    """No traceback reaches the page: the validation layer's refusals (ValidationError) become gr.Error
+    with the field named, CUDA out-of-memory frees the caches, anything else — a bug — is logged with
+    its traceback and answered "internal error (logged)"."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        started = time.monotonic()
+        try:
+            return fn(*args, **kwargs)
+        except gr.Error:
+            raise
+        except ValidationError as e:
+            raise gr.Error(as_text(str(e)), print_exception=False) from None
+        except torch.OutOfMemoryError:
+            runs.clear_caches()
+            raise gr.Error("out of GPU memory for this configuration; caches were freed — try a shorter "
+                           "sequence or a smaller model", print_exception=False) from None
+        except Exception:
+            log.exception("unexpected error in %s", fn.__name__)
+            raise gr.Error(f"{fn.__name__}: internal error (logged)", print_exception=False) from None
+        finally:                        # the visitor's usage orders the lanes (server.admission.Usage)
+            ADMISSION.served(visitor_of(current_request())[0], time.monotonic() - started)
+    return wrapper
+
+
+def session_of(request) -> str:
+    """The visitor: Gradio's session hash (one per page load; gradio_client keeps one per Client)."""
+    return getattr(request, "session_hash", None) or "api"
+
+
+def settings_of(query: str, request=None, need_model: bool = True) -> Settings:
+    """The validated settings of a query string, for the visitor who sent it (their own uploads).
+    `need_model=False`: the layout and view options only (the mask view builds no model)."""
+    session = session_of(request)
+    try:
+        return parse_query(query, uploaded=runs.uploads(session), need_model=need_model)
+    except ValidationError as e:
+        why = runs.forgotten(session, str(e.value).removeprefix("upload:")) if e.field == "weights" else None
+        if why:
+            raise ValidationError("weights", e.value, f"an upload the server still holds: these weights were "
+                                  f"forgotten {why}; upload the file again") from None
+        raise
+
+
+def model_limit(s: Settings) -> str:
+    """'' when the model of `s` runs on this device, else why not (the field named), in one line."""
+    try:
+        check_model_fits(s)
+    except ValidationError as e:
+        return str(e)
+    return ""
+
+
+def limit_note(limit: str) -> str:
+    return (f"⚠ **This model does not fit on {device().upper()}** — {limit}. The Mask tab still draws the layout; "
+            "the model views wait for smaller settings." if limit else "")

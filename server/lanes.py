@@ -1,0 +1,223 @@
+"""The queue's lanes and the admission check every event passes before it is queued.
+
+Every event that runs the ranking model (control changes, tab redraws, the view endpoints) queues in
+one lane, or in the heavy lane when its estimated work (explorer.views.View.estimate) is over
+LARGE_REQUEST_FLOPS: at most LANES["forward"].running small forwards and one heavy at once, whichever
+event asked. The mask view (no model, milliseconds) has its own lane; the page's other queued steps
+theirs; exports, packs, uploads and timing sweeps have lanes of 1. Each lane bounds how many may wait,
+and how many of them one visitor's (server.admission): a request over a bound is refused by name when
+it is pushed. Every other event runs outside the queue (queue=False), bounded per visitor by the front
+door's request rates."""
+from __future__ import annotations
+
+import logging
+
+import gradio as gr
+
+from explorer import export, runs
+from explorer.controls import CONTROL_FIELDS
+from explorer.links import parse_query
+from explorer.limits import LARGE_REQUEST_FLOPS
+from explorer.schema import Settings, ValidationError
+from explorer.settings import parse_settings
+from explorer.views import VIEWS
+
+from . import admission
+from .admission import ADMISSION, LANES, visitor_of
+from .guard import as_text, session_of, settings_of
+from .links import family_endpoint, preset_endpoint
+from .timing_runs import TIMING_RUNS
+
+log = logging.getLogger("explorer")
+
+
+def lane(name: str, units=1, work=None) -> dict:
+    """The event keywords of lane `name`: its concurrency group and its admission check (a request
+    worth `units` of the lane's rate share, where it has one: a number, or `units(*inputs, request=...)`).
+    `work(*inputs, request=...)`: the request's estimated FLOPs, for a view (its lane then follows: its own,
+    or heavy)."""
+    return dict(concurrency_id=name, concurrency_limit=LANES[name].running, validator=admit_to(name, units, work))
+
+
+def watch_lanes(demo: gr.Blocks) -> None:
+    """Gradio 6 has no public hook on its queue: this is the one place that touches its internals
+    (Queue.event_queue_per_concurrency_id, EventQueue.queue). Each lane's queue is made up front as
+    an admission.WatchedQueue, so a request's ticket ends the moment it is queued (atomic bounds);
+    tests/test_app.py fails if they move."""
+    from gradio.queueing import EventQueue
+    queues = demo._queue.event_queue_per_concurrency_id
+    for name, bound in LANES.items():
+        queues[name] = EventQueue(name, bound.running)
+        queues[name].queue = admission.WatchedQueue(name, ADMISSION)
+
+
+def admit_every_event(demo: gr.Blocks) -> None:
+    """Any event can be pushed into the queue by its index (Gradio's /queue/join checks no `queue=False`),
+    so every one passes a lane's admission: those wired without one (the page's own JS-only steps, the
+    unload, an event added later) are checked as page steps. A Stop (an event that `cancels`) takes no
+    check — Gradio hands it the session hash instead of its inputs, which a check could not read — and
+    runs in microseconds, bounded by the front door's event rate."""
+    for fn in demo.fns.values():
+        if fn.validator is None and not fn.cancels:
+            fn.validator = admit_to("control")
+        if fn.concurrency_id not in LANES:
+            fn.concurrency_id, fn.concurrency_limit = "control", LANES["control"].running
+
+
+def lane_now(request, lane_name: str) -> tuple[list, list]:
+    """(waiting, running): (visitor key, session) of each event in a lane now."""
+    try:
+        queue = request.request.app.get_blocks()._queue
+        waiting = queue.event_queue_per_concurrency_id.get(lane_name)
+        running = [e for job in list(queue.active_jobs) if job for e in job if e.concurrency_id == lane_name]
+        return ([visitor_of(e) for e in list(waiting.queue)] if waiting is not None else [],
+                [visitor_of(e) for e in running])
+    except AttributeError:              # a Gradio that moved them: admit (logged), never refuse everyone
+        log.warning("cannot read Gradio's queue: admission bounds are off", exc_info=True)
+        return [], []
+
+
+def admit_to(lane_name: str, units=1, work=None):
+    """Gradio's `validator=` for a lane: it runs when an event is pushed, before it is queued, and
+    refuses it by name ("queue: got ...") when a bound of the lane would be passed. A model view (`work`
+    given) estimated over LARGE_REQUEST_FLOPS is admitted to the heavy lane instead, and its work counts
+    against the visitor's share. In the timing lane a new Run replaces the visitor's running sweep (which
+    stops within one timed block)."""
+    def admit(request: gr.Request, *inputs):
+        chosen, flops = lane_name, 0.0
+        http = getattr(request, "request", None)
+        try:
+            if work is not None:
+                flops = work(*inputs, request=request)
+                chosen = "heavy" if flops > LARGE_REQUEST_FLOPS else lane_name
+            taken = units(*inputs, request=request) if callable(units) else units
+            ADMISSION.admit(chosen, visitor_of(request), lambda: lane_now(request, chosen), taken, flops, http)
+        except ValidationError as e:
+            log.info("refused at admission (%s): %s", chosen, e)
+            if not inputs:              # no input to mark the refusal on: it is answered in words
+                raise gr.Error(as_text(str(e)), print_exception=False) from None
+            return refused(str(e), len(inputs))
+        if http is not None and chosen != lane_name:
+            http.state.lane = chosen                # admission.WatchedQueue queues it in that lane
+        if lane_name == "timing":
+            TIMING_RUNS.cancel(session_of(request))
+        return refused(None, len(inputs)) if inputs else []
+    admit.__name__ = f"admit_{lane_name}"
+    return admit
+
+
+def refused(message, n: int):
+    """A validator's answer for `n` inputs: one gr.validate each, the refusal (if any) shown on the first. With
+    one input Gradio reads the value itself (a 1-tuple would be taken for a valid answer: the check skipped)."""
+    verdicts = [gr.validate(message is None, message or "")] + [gr.validate(True, "") for _ in range(n - 1)]
+    return verdicts[0] if n == 1 else tuple(verdicts)
+
+
+def view_work(s: Settings | None, tab: str) -> float:
+    """Estimated FLOPs of drawing `tab` with settings `s` (0: no model view, or settings the handler will
+    refuse by name anyway)."""
+    view = VIEWS.get(tab) if isinstance(tab, str) else None
+    if s is None or view is None or not view.drawn:
+        return 0.0
+    try:
+        return view.estimate(s).flops
+    except ValidationError:
+        return 0.0
+
+
+def _quietly(parse, *args) -> Settings | None:
+    try:
+        return parse(*args)
+    except (ValidationError, gr.Error, TypeError, ValueError):
+        return None
+
+
+def work_of_query(view: str):
+    """`work` for an endpoint of one view taking a query string."""
+    return lambda query, request=None: view_work(_quietly(settings_of, query, request), view)
+
+
+def work_of_tab(query: str, *rest, request=None) -> float:
+    """`work` for a redraw of the visible tab: (query, tab) or (query, keys, tab), the tab last."""
+    return view_work(_quietly(settings_of, query, request), rest[-1] if rest else "")
+
+
+def work_of_change(*args, request=None) -> float:
+    """`work` for a control change: (every control's value..., tab[, last valid link, marked]); the controls
+    as they parse, else the last valid link."""
+    n = len(CONTROL_FIELDS)
+    values, tab = args[:n], args[n] if len(args) > n else ""
+    uploaded = runs.uploads(session_of(request))
+    s = _quietly(lambda: parse_settings(dict(zip(CONTROL_FIELDS, values)), uploaded=uploaded))
+    if s is None and len(args) > n + 1:
+        s = _quietly(settings_of, args[n + 1], request)
+    return view_work(s, tab)
+
+
+def work_of_pick(pick: str, *args, request=None) -> float:
+    """`work` for a heatmap click: the pick, then as work_of_change."""
+    return work_of_change(*args, request=request)
+
+
+def work_of_source(source: str, *args, request=None) -> float:
+    """`work` for a preset pick (preset, tab) or a family switch (query, family, tab)."""
+    if len(args) == 1:
+        return view_work(_quietly(lambda: parse_query(preset_endpoint(source))), args[0])
+    return view_work(_quietly(lambda: parse_query(family_endpoint(source, args[0], request))), args[1])
+
+
+FORWARD = lane("forward")
+
+
+TIMING = lane("timing")
+
+
+def renders_of_export(query: str, figure: str, fmt: str, aspect: str = "16:9", request=None) -> int:
+    """What one export takes of the visitor's render share: 1, or 0 when the handler will refuse it by name
+    (a fuzzed or mistyped request costs no share)."""
+    try:
+        settings_of(query, request, need_model=False)
+        export.check_figure(figure), export.check_format(fmt), export.check_aspect(aspect)
+    except (ValidationError, gr.Error, TypeError):
+        return 0
+    return 1
+
+
+def renders_of_pack(query: str, aspect: str = "16:9", request=None) -> int:
+    """A lecture pack renders every figure in every format (0 when it will be refused by name)."""
+    try:
+        settings_of(query, request, need_model=False)
+        export.check_aspect(aspect)
+    except (ValidationError, gr.Error, TypeError):
+        return 0
+    return len(export.FIGURES) * len(export.FORMATS)
+
+
+EXPORT = lane("export", units=renders_of_export)
+
+
+EXPORT_PACK = lane("pack", units=renders_of_pack)
+
+
+# The page's cheap steps that stay in the queue (a page load's gr.Warning about a bad link needs it).
+CONTROL = lane("control")
+
+
+# Uploads: their own lane of 1 (the file check happens in upload_endpoint, so a refusal names the field).
+UPLOAD = lane("upload")
+
+
+# The page's own steps that need no queue (parsing a link, setting controls, JS-only steps): they run at
+# once, bounded per visitor by the front door's request rates (server.admission.EVENT_RATE).
+UNQUEUED = dict(queue=False)
+
+
+def forward(work) -> dict:
+    """The model-view lane for an event whose estimated work `work` computes from its inputs (the heavy lane
+    past LARGE_REQUEST_FLOPS)."""
+    return lane("forward", work=work)
+
+
+def light(work) -> dict:
+    """The mask view's lane, likewise (a mask of T 2048 is heavy)."""
+    return lane("light", work=work)

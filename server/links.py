@@ -1,0 +1,125 @@
+"""The page's controls and the link (a URL query string) in both directions: control values to a
+checked link, a link, a preset or a family to every control, the choices the menus offer."""
+from __future__ import annotations
+
+import gradio as gr
+
+from explorer import controls, runs
+from explorer.controls import CONTROL_FIELDS
+from explorer.families import FAMILIES
+from explorer.limits import device
+from explorer.links import retired_note, to_query
+from explorer.schema import Settings
+from explorer.settings import parse_settings, with_family
+from explorer.views import VIEWS
+from models.bugzoo import bug_names
+from models.presets import PRESETS
+
+from .admission import visitor_of
+from .guard import as_text, guarded, limit_note, model_limit, session_of, settings_of
+
+
+@guarded
+def settings_endpoint(request: gr.Request, *values):
+    """Every control's value, in Settings field order -> the validated query string."""
+    return to_query(parse_settings(dict(zip(CONTROL_FIELDS, values)), uploaded=runs.uploads(session_of(request))))
+
+
+def control_values(s: Settings) -> list:
+    return [getattr(s, f) for f in CONTROL_FIELDS]
+
+
+@guarded
+def family_endpoint(query: str, family: str, request: gr.Request = None):
+    """The model family switches what it fixes (explorer.settings.with_family) and keeps the rest; like a
+    preset, on any device (the model views name the limit)."""
+    return to_query(with_family(settings_of(query, request, need_model=False), family))
+
+
+@guarded
+def preset_endpoint(preset: str):
+    """A preset resets every model and layout control to its values, the family included (production's
+    presets run on production's trunk, grok.py's on grok.py's). Every preset is offered on every device:
+    the mask view draws it, and model views say when its model does not fit here."""
+    return to_query(parse_settings({"preset": preset}, need_model=False))
+
+
+def preset_choices():
+    """Presets whose model does not fit this device say so in the list, before anyone picks them."""
+    choices = []
+    for name in PRESETS:
+        limit = model_limit(parse_settings({"preset": name}, need_model=False))
+        choices.append((f"{name} — mask view only on {device().upper()} (model too large)" if limit else name, name))
+    return choices
+
+
+@guarded
+def load_endpoint(request: gr.Request):
+    """Read the page's URL (a shared link) into the controls and open the tab it names. A bad value is
+    dropped and its control marked; the rest of the link is kept. -> (query, tab, tabs, {field: message})"""
+    params = dict(request.query_params) if request is not None else {}
+    if retired_note(params):
+        gr.Info(as_text(f"link: {retired_note(params)}"))
+    tab = params.get("tab", "mask")
+    tab = tab if isinstance(tab, str) and tab in VIEWS else "mask"
+    weights = params.get("weights", "")
+    if isinstance(weights, str) and weights.startswith("upload:"):    # a reload: its old page's upload is its own
+        runs.adopt(session_of(request), visitor_of(request)[0], weights.removeprefix("upload:"))
+    s, problems = controls.from_link(params, runs.uploads(session_of(request)))
+    if problems:
+        gr.Warning(as_text("link: " + "; ".join(problems.values()) + ". The rest of the link was kept; the "
+                           "control is marked."))
+    return to_query(s), tab, gr.Tabs(selected=tab), problems
+
+
+@guarded
+def link_to_controls(query: str, problems: dict, request: gr.Request = None):
+    """After a page load: every control set from the link, the values it dropped marked at their controls."""
+    values = query_to_controls(query, request)
+    for f, message in (problems or {}).items():
+        if f in CONTROL_FIELDS:
+            values[CONTROL_FIELDS.index(f)]["info"] = "⚠ " + message
+            values[CONTROL_FIELDS.index(f)]["elem_classes"] = ["invalid"]
+    return values
+
+
+@guarded
+def head_of_link(query: str, request: gr.Request = None):
+    """The head dropdown set from the link, nothing redrawn: presentation mode's ↑ ↓ drawn by the page
+    (static/page.js stepHead); later changes read the head from the dropdown."""
+    return gr.update(value=settings_of(query, request, need_model=False).head)
+
+
+@guarded
+def query_to_controls(query: str, request: gr.Request = None):
+    """Set every control from the query string; the head and weights lists follow the settings."""
+    s = settings_of(query, request, need_model=False)
+    clear = dict(info=None, elem_classes=[])        # a preset, upload or link replaces every marked value
+    values = [gr.update(value=v, **clear) for v in control_values(s)]
+    values[CONTROL_FIELDS.index("head")] = gr.update(choices=head_choices(s), value=s.head, **clear)
+    values[CONTROL_FIELDS.index("weights")] = gr.update(choices=weight_choices(request), value=s.weights, **clear)
+    return values
+
+
+def bug_choices():
+    """Every family's bugs, each under its family's name: a seed notebook's (grok.py) or a serving-kernel
+    quirk (production); picking one of the other family's marks the menu with the family to switch to."""
+    return [("none", "none")] + [(f"{FAMILIES[family].split(' (')[0]} · {name}", name)
+                                 for family in FAMILIES for name in bug_names(family)]
+
+
+def head_choices(s: Settings):
+    return [("all heads (grid)", -1)] + [(f"head {h} (KV {h // (s.num_q_heads // s.num_kv_heads)})", h)
+                                        for h in range(s.num_q_heads)]
+
+
+def weight_choices(request=None):
+    """The weight sources, with this visitor's own uploads (never anyone else's)."""
+    names = [("trained demo", "demo"), ("random (seed)", "random"), ("grok.py zeros", "zeros")]
+    return names + [(f"uploaded {n}", f"upload:{n}") for n in runs.uploads(session_of(request))]
+
+
+@guarded
+def limit_endpoint(query: str, request: gr.Request = None) -> str:
+    """The note above the tabs for a configuration: '' or the model's device limit."""
+    return limit_note(model_limit(settings_of(query, request, need_model=False)))

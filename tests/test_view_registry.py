@@ -1,0 +1,99 @@
+"""explorer.views.VIEWS is the one list of views: each record's outputs are what its function returns,
+and a view added as one function and one record reaches the page, the API, the admission's cost model,
+the lecture pack, presentation mode and the README's table with nothing else edited."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import plotly.graph_objects as go
+import pytest
+
+from explorer.links import parse_query
+from explorer.views import VIEWS, Plot, Text, drawn_views
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("name", [v.name for v in drawn_views()])
+def test_each_view_returns_what_its_record_says(name):
+    view = VIEWS[name]
+    out = view.draw(parse_query("preset=lecture"))
+    assert len(out) == len(view.outputs)
+    for value, spec in zip(out, view.outputs):
+        assert isinstance(value, go.Figure if isinstance(spec, Plot) else str), (name, spec)
+
+
+def test_records_name_their_figures_once():
+    ids = [o.elem_id for v in VIEWS.values() for o in v.outputs if o.elem_id]
+    assert len(ids) == len(set(ids))
+    exports = [e.name for v in VIEWS.values() for o in v.outputs for e in getattr(o, "exports", ())]
+    assert len(exports) == len(set(exports))
+    assert all(v.main for v in drawn_views()) and all(any(isinstance(o, Text) for o in v.outputs)
+                                                      for v in drawn_views())   # where a device limit is said
+
+
+TOY = r'''
+import json
+import plotly.graph_objects as go
+from explorer import views
+from explorer.limits import Cost, FIGURE_PEAK_BYTES
+
+def toy_view(s):
+    return go.Figure(go.Bar(x=[0, 1], y=[s.seed, s.num_history]), layout=dict(title="toy")), f"toy of seed {s.seed}"
+
+views.VIEWS["toy"] = views.View(
+    "toy", "8 · Toy", look_for="Look for: the toy bars.", teaches="A toy view that draws two bars.",
+    parts=(views.Part(toy_view, (views.Plot("toy figure", "toy-plot", exports=(views.Export(
+        "toy", lambda s, facts, chosen: f"Two bars: the seed {s.seed} and {facts['history']}.",
+        facts=lambda s: dict(history=f"{s.num_history} history slots")),)), views.Text())),),
+    cost=lambda s: Cost(flops=1e8 * s.num_history, peak_bytes=1000), needs_model=False)
+
+import app
+from explorer import export, lesson
+from explorer.links import parse_query
+from scripts.readme_tables import views_block
+from server import endpoints, lanes
+from server.admission import LANES
+
+found = {}
+demo = app.build_app()
+page = [(type(b).__name__, getattr(b, "label", None), getattr(b, "elem_id", None), getattr(b, "value", None))
+        for b in demo.blocks.values()]
+found["page"] = (("Tab", "8 · Toy", None, None) in [(t, l, None, None) for t, l, _, _ in page]
+                 and ("Plot", "toy figure", "toy-plot") in [p[:3] for p in page]
+                 and any(v == "Look for: the toy bars." for *_, v in page) and "toy-plot" in app.LESSON_DATA)
+found["api"] = "toy" in [fn.api_name for fn in demo.fns.values()]
+fig, text = endpoints.VIEW_ENDPOINTS["toy"]("preset=lecture&seed=5")
+found["endpoint"] = [list(fig.data[0].y), text]
+flat = endpoints.render_tab("preset=lecture&seed=6", "toy")
+found["redraw"] = [list(flat[-2].data[0].y), flat[-1]]
+s = parse_query("preset=lecture&num_history=40")
+found["cost"] = [lanes.view_work(s, "toy"), views.VIEWS["toy"].estimate(s).peak_bytes - 1000 == FIGURE_PEAK_BYTES]
+drawn, left_out = export.all_figures(parse_query("preset=lecture&seed=7"))
+found["pack"] = [list(drawn["toy"][0].data[0].y), drawn["toy"][1], export.file_stem(parse_query("preset=lecture"), "toy"),
+                 lesson.MAIN_FIGURE["toy"]]
+found["readme"] = "| 8 · Toy | A toy view that draws two bars. |" in views_block()
+print("FOUND" + json.dumps(found))
+'''
+
+
+@pytest.mark.slow
+def test_a_view_added_as_one_record_reaches_every_consumer(tmp_path):
+    """Registered before the app is built (as its own module would be): the tab, its figure,
+    the API endpoint and the page's redraw, the work the admission estimates, the pack, presentation
+    mode's main figure and the README's row."""
+    script = tmp_path / "toy.py"
+    script.write_text(TOY)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    line = next((l for l in done.stdout.splitlines() if l.startswith("FOUND")), None)
+    assert line, done.stdout[-2000:] + done.stderr[-4000:]
+    found = json.loads(line[5:])
+    assert found["page"] and found["api"] and found["readme"]
+    assert found["endpoint"] == [[5, 5], "toy of seed 5"]            # the lecture preset's 5 history slots
+    assert found["redraw"] == [[6, 5], "toy of seed 6"]
+    assert found["cost"] == [4e9, True]
+    assert found["pack"] == [[7, 5], "Two bars: the seed 7 and 5 history slots.", "toy-lecture-slots", "toy-plot"]
