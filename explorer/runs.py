@@ -7,7 +7,7 @@ underneath on the geometry and weight source only; ``forward(s)`` runs the ranki
 Memory is bounded in bytes, not entries: every cache here (and the probe caches in explorer.views)
 is a ``ByteCache``; their entries and the requests running (``within_budget``: a view's estimated peak
 from explorer.views.View.estimate, reserved before it starts) share one ceiling,
-explorer.settings.memory_ceiling() (env EXPLORER_MEMORY_BYTES). Least recently used entries go first;
+explorer.limits.memory_ceiling() (env EXPLORER_MEMORY_BYTES). Least recently used entries go first;
 a request that does not fit waits until running ones finish. Each cache entry is computed once
 under its own lock, so different settings run concurrently and equal ones wait for the first.
 """
@@ -25,9 +25,9 @@ import threading
 import time
 from collections import OrderedDict
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -268,6 +268,15 @@ def within_budget(cost, fn: Callable):
         return fn()
 
 
+def _no_uploads(weights: str) -> dict[str, torch.Tensor]:
+    raise ValidationError("weights", weights, "an uploaded file the server still holds; upload it again")
+
+
+# Where the tensors behind "upload:<name>" weights come from: the server's store of each visitor's
+# uploads (server.uploads sets it when imported); none without a server.
+upload_state: Callable[[str], dict[str, torch.Tensor]] = _no_uploads
+
+
 MAX_UPLOAD_BYTES = 200 * 2**20      # one file; phoenix-nano in fp32 is ~45 MB
 
 
@@ -279,7 +288,7 @@ def _weights(geometry: tuple) -> dict[str, torch.Tensor]:
         return dict((demo.load_xrex_demo_model() if s.family == "xrex" else demo.load_demo_model()).state_dict())
     if s.weights in ("random", "zeros"):
         return dict(_initialised(s).state_dict())
-    return _upload_state(s.weights)
+    return upload_state(s.weights)
 
 
 def _initialised(s: Settings) -> RecsysModel | XrexRecsys:
@@ -289,156 +298,12 @@ def _initialised(s: Settings) -> RecsysModel | XrexRecsys:
     return init_recsys(RecsysModel(s.recsys_config()), s.weights, s.seed)
 
 
-# --- uploaded weights: each visitor's own -----------------------------------------------------
-# Held per session (Gradio's session hash; gradio_client keeps one per Client) and never listed to
-# anyone else; forgotten UPLOAD_TTL_S after their last use, or PAGE_GONE_GRACE_S after the page
-# was closed (a dropped heartbeat of an open page is back within seconds). A session keeps its newest
-# UPLOADS_PER_SESSION; the sessions of one visitor key (server.admission: an address or a signed-in
-# user) hold at most UPLOAD_SHARE_BYTES together, and nobody's uploads evict another's: when the
-# store (MAX_UPLOAD_STORE_BYTES) is full, a new upload is refused by name instead.
-# Names are the file's content hash, so two sessions holding one name hold the same weights.
-UPLOADS_PER_SESSION = 2
-MAX_UPLOAD_STORE_BYTES = 512 * 2**20        # as fp32 tensors: ~3 models at the CPU's 40M-parameter cap
-UPLOAD_SHARE_BYTES = MAX_UPLOAD_STORE_BYTES * 3 // 8    # one visitor: one cap-sized model, or a few small
-UPLOAD_TTL_S = 3600.0
-PAGE_GONE_GRACE_S = 600.0
-
-
-@dataclass
-class Upload:
-    state: dict[str, torch.Tensor]
-    geometry: dict[str, Any]            # the settings its shapes were checked against
-    nbytes: int
-    used: float                         # time.monotonic() of the last use
-    visitor: str = "local"              # server.admission's visitor key of the session that loaded it
-
-
-_UPLOADS: dict[str, dict[str, Upload]] = {}     # session -> name -> upload, oldest first
-_GONE: dict[str, float] = {}                    # session -> when its page was closed
-_FORGOTTEN: dict[str, tuple[set, str]] = {}     # session -> (names forgotten, why), for the next message
-_uploads_lock = threading.Lock()
-
-
-def _expire_uploads(now: float) -> None:
-    for session in list(_UPLOADS):
-        mine = _UPLOADS[session]
-        gone = _GONE.get(session)
-        if gone is not None and now - gone > PAGE_GONE_GRACE_S:
-            why = f"{PAGE_GONE_GRACE_S / 60:.0f} minutes after the page was closed"
-            expired = list(mine)
-        else:
-            why = f"{UPLOAD_TTL_S / 60:.0f} minutes after their last use"
-            expired = [n for n, u in mine.items() if now - u.used > UPLOAD_TTL_S]
-        for name in expired:
-            del mine[name]
-        if expired:
-            names, _ = _FORGOTTEN.get(session, (set(), ""))
-            _FORGOTTEN[session] = (names | set(expired), why)
-        if not mine:
-            del _UPLOADS[session]
-            _GONE.pop(session, None)
-    while len(_FORGOTTEN) > 10_000:                 # notes for sessions that never came back
-        _FORGOTTEN.pop(next(iter(_FORGOTTEN)))
-
-
-def uploads(session: str) -> dict[str, dict[str, Any]]:
-    """This session's uploads: name -> the geometry they fit (explorer.settings' `uploaded`). Asking
-    counts as a use (and as the page being open), so weights a visitor is looking at do not expire."""
-    now = time.monotonic()
-    with _uploads_lock:
-        _expire_uploads(now)
-        _GONE.pop(session, None)
-        mine = _UPLOADS.get(session, {})
-        for u in mine.values():
-            u.used = now
-        return {name: dict(u.geometry) for name, u in mine.items()}
-
-
-def forgotten(session: str, name: str) -> Optional[str]:
-    """Why this session's upload `name` was forgotten (e.g. '10 minutes after the page was closed'),
-    or None if it never held it."""
-    with _uploads_lock:
-        names, why = _FORGOTTEN.get(session, (set(), ""))
-        return why if name in names else None
-
-
-def page_gone(session: str) -> None:
-    """The page of `session` was closed (or lost its connection): its uploads go after
-    PAGE_GONE_GRACE_S unless it comes back."""
-    with _uploads_lock:
-        if session in _UPLOADS:
-            _GONE[session] = time.monotonic()
-
-
-def _check_room(session: str, visitor: str, nbytes: int, name: str = "") -> dict[str, Upload]:
-    """(call under _uploads_lock) Refuse by name an upload of `nbytes` past the visitor's share or the store;
-    -> the session's uploads. The visitor's closed pages' uploads go first (a reload leaves its old page's
-    uploads behind: they are this visitor's own, and counted against the same share), then the session's
-    oldest past UPLOADS_PER_SESSION."""
-    for other in [o for o in _UPLOADS if o in _GONE and o != session]:
-        if any(u.visitor == visitor for u in _UPLOADS[other].values()):
-            _forget(other, "when your reloaded page uploaded again")
-    mine = _UPLOADS.get(session, {})
-    others = [n for n in mine if n != name]     # `name` is replaced; the oldest past the session's count go
-    evicted = set(others[:max(0, len(others) - UPLOADS_PER_SESSION + 1)]) | {name}
-    kept = [u for m in _UPLOADS.values() for n, u in m.items() if m is not mine or n not in evicted]
-    ours = sum(u.nbytes for u in kept if u.visitor == visitor)
-    if ours + nbytes > UPLOAD_SHARE_BYTES:
-        raise ValidationError("weights file", f"{ours + nbytes:,} bytes of weights held by your uploads",
-                              f"{UPLOAD_SHARE_BYTES:,} bytes per visitor (every page and client of one "
-                              f"address together) — close another page's uploads or wait "
-                              f"{UPLOAD_TTL_S / 60:.0f} minutes for them to be forgotten")
-    held = sum(u.nbytes for u in kept)
-    if held + nbytes > MAX_UPLOAD_STORE_BYTES:
-        raise ValidationError("weights file", f"{nbytes:,} bytes of weights",
-                              f"room in the server's upload store ({MAX_UPLOAD_STORE_BYTES - held:,} of "
-                              f"{MAX_UPLOAD_STORE_BYTES:,} bytes free; uploads are forgotten "
-                              f"{UPLOAD_TTL_S / 60:.0f} minutes after their last use) — try again later")
-    return mine
-
-
-def _forget(session: str, why: str) -> None:
-    """(call under _uploads_lock) Drop every upload of `session`, noting why for its next message."""
-    names, _ = _FORGOTTEN.get(session, (set(), ""))
-    _FORGOTTEN[session] = (names | set(_UPLOADS.pop(session, {})), why)
-    _GONE.pop(session, None)
-
-
-def adopt(session: str, visitor: str, name: str) -> bool:
-    """A page opened on a link naming `upload:<name>` takes that upload over from a closed page of the same
-    visitor (a reload: a new session hash, the old one gone), so it is not left counting against the share
-    until it expires. -> whether it did."""
-    with _uploads_lock:
-        for other, theirs in _UPLOADS.items():
-            u = theirs.get(name)
-            if other != session and other in _GONE and u is not None and u.visitor == visitor:
-                mine = _UPLOADS.setdefault(session, {})
-                mine[name] = theirs.pop(name)
-                if not theirs:
-                    del _UPLOADS[other]
-                    _GONE.pop(other, None)
-                return True
-    return False
-
-
-def _upload_state(weights: str) -> dict[str, torch.Tensor]:
-    """The tensors behind "upload:<name>": the validation layer has checked that the asking session
-    holds that name, and equal names are equal files, so any session's copy serves."""
-    name = weights[len("upload:"):]
-    with _uploads_lock:
-        for mine in _UPLOADS.values():
-            if name in mine:
-                return mine[name].state
-    raise ValidationError("weights", weights, "an uploaded file the server still holds; upload it again")
-
-
-def load_upload(s: Settings, path: str, session: str, visitor: str = "local") -> str:
-    """Check an uploaded .npz / .safetensors file against the current configuration and keep it for
-    this session.
-
-    -> its name for ``Settings.weights = "upload:<name>"``. On any problem a ValidationError names it
-    and nothing changes (the current weights stay): shapes, dtypes and values (models.weights), the other
-    family's names, or a store without room.
+def check_upload(s: Settings, path: str, room: Callable[[int], None] = lambda nbytes: None
+                 ) -> tuple[str, dict[str, torch.Tensor]]:
+    """Check an uploaded .npz / .safetensors file against the configuration -> (its name: the file's
+    content hash, its fp32 state dict). On any problem a ValidationError names it: the file's type or
+    size, shapes, dtypes and values (models.weights), the other family's names; `room(nbytes)` may refuse
+    the state's size first, before anything is built (the server's upload store, server.uploads).
 
     grok.py's family reads the original's names (models.weights.recsys_spec) over seeded hash tables;
     production's reads its stacked trunk and head (models.xrex.param_spec) into XrexRecsys' ranker, whose
@@ -451,9 +316,7 @@ def load_upload(s: Settings, path: str, session: str, visitor: str = "local") ->
     if size > MAX_UPLOAD_BYTES:
         raise ValidationError("weights file", f"{size:,} bytes", f"at most {MAX_UPLOAD_BYTES:,} bytes")
     expected = 4 * estimate_params(s)           # the fp32 state it would be: checked before any is built
-    with _uploads_lock:
-        _expire_uploads(time.monotonic())
-        _check_room(session, visitor, expected)
+    room(expected)
     # seeded first: a file exported from the original has no hash tables (production's: no input layer
     # this port models), and the model keeps these
     with MEMORY.reserve(2 * expected):          # the model, and the file's tensors while they are copied in
@@ -469,20 +332,7 @@ def load_upload(s: Settings, path: str, session: str, visitor: str = "local") ->
                                   + str(e).split(":", 1)[-1].strip()) from None
     with open(path, "rb") as f:
         name = hashlib.file_digest(f, "sha256").hexdigest()[:16]
-    state = dict(model.state_dict())
-    nbytes = sum(t.numel() * t.element_size() for t in state.values())
-    geometry = {f: getattr(s, f) for f in WEIGHT_GEOMETRY}
-    now = time.monotonic()
-    with _uploads_lock:
-        _expire_uploads(now)
-        mine = _check_room(session, visitor, nbytes, name)
-        mine.pop(name, None)                     # uploaded again: now the newest, with this geometry
-        for n in list(mine)[:max(0, len(mine) - UPLOADS_PER_SESSION + 1)]:
-            del mine[n]
-        mine[name] = Upload(state, geometry, nbytes, now, visitor)
-        _UPLOADS[session] = mine
-        _FORGOTTEN.pop(session, None)
-    return name
+    return name, dict(model.state_dict())
 
 
 def action_names(s: Settings) -> tuple[str, ...]:

@@ -297,9 +297,11 @@ def memory_budget() -> dict[str, int]:
     past it, every visitor's uploads, Gradio's session states, and the process itself."""
     from explorer import runs
     from explorer.limits import memory_ceiling
+
+    from . import uploads
     parts = {"caches and running requests (EXPLORER_MEMORY_BYTES)": memory_ceiling(),
              "small requests past the ceiling (mask lane)": LANES["light"].running * runs.small_request_bytes(),
-             "uploaded weights (every visitor)": runs.MAX_UPLOAD_STORE_BYTES,
+             "uploaded weights (every visitor)": uploads.MAX_UPLOAD_STORE_BYTES,
              "Gradio session states": SESSION_CAPACITY * SESSION_STATE_BYTES,
              "the process at start": PROCESS_BASE_BYTES}
     return {**parts, "total": sum(parts.values())}

@@ -8,13 +8,14 @@ from urllib.parse import parse_qsl
 
 import gradio as gr
 
-from explorer import controls, export, runs
+from explorer import controls, export
 from explorer.controls import CONTROL_FIELDS
 from explorer.links import to_query
 from explorer.schema import ValidationError
 from explorer.settings import parse_settings
 from explorer.views import VIEWS, Text, View, drawn_views
 
+from . import uploads
 from .admission import visitor_of
 from .gradio_patches import NotAFile
 from .guard import as_markdown_text, gpu, guarded, limit_note, model_limit, session_of, settings_of
@@ -78,7 +79,7 @@ def control_change_on_page(request: gr.Request, *args):
     every other control keeps working. Model views name the device limit instead of failing."""
     *values, tab, last_query, marked = args
     last = settings_of(last_query, request, need_model=False)
-    s, problems = controls.keep_valid(dict(zip(CONTROL_FIELDS, values)), last, runs.uploads(session_of(request)))
+    s, problems = controls.keep_valid(dict(zip(CONTROL_FIELDS, values)), last, uploads.uploads(session_of(request)))
     query = to_query(s)
     limit = model_limit(s)
     marks = {f: gr.update(info="⚠ " + msg, elem_classes=["invalid"]) for f, msg in problems.items()}
@@ -166,13 +167,13 @@ def upload_endpoint(query: str, path: str, request: gr.Request = None):
     s = settings_of(query, request)
     if not path:
         raise ValidationError("weights file", path, "a .npz or .safetensors file")
-    name = runs.load_upload(s, path, session_of(request), visitor_of(request)[0])
-    s = parse_settings({**s.to_dict(), "weights": f"upload:{name}"}, uploaded=runs.uploads(session_of(request)))
+    name = uploads.load_upload(s, path, session_of(request), visitor_of(request)[0])
+    s = parse_settings({**s.to_dict(), "weights": f"upload:{name}"}, uploaded=uploads.uploads(session_of(request)))
     return to_query(s), (f"Loaded {as_markdown_text(os.path.basename(path))}: every shape matches; "
                          "the views now use it (for this visitor only).")
 
 
 def page_gone(request: gr.Request = None):
-    """The page was closed, or its connection dropped: its uploads go runs.PAGE_GONE_GRACE_S later
-    unless it comes back (any request of the session), rather than after runs.UPLOAD_TTL_S."""
-    runs.page_gone(session_of(request))
+    """The page was closed, or its connection dropped: its uploads go uploads.PAGE_GONE_GRACE_S later
+    unless it comes back (any request of the session), rather than after uploads.UPLOAD_TTL_S."""
+    uploads.page_gone(session_of(request))

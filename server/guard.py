@@ -15,6 +15,7 @@ from explorer.links import parse_query
 from explorer.limits import check_model_fits, device
 from explorer.schema import Settings, ValidationError
 
+from . import uploads
 from .admission import ADMISSION, visitor_of
 
 log = logging.getLogger("explorer")
@@ -97,9 +98,9 @@ def settings_of(query: str, request=None, need_model: bool = True) -> Settings:
     `need_model=False`: the layout and view options only (the mask view builds no model)."""
     session = session_of(request)
     try:
-        return parse_query(query, uploaded=runs.uploads(session), need_model=need_model)
+        return parse_query(query, uploaded=uploads.uploads(session), need_model=need_model)
     except ValidationError as e:
-        why = runs.forgotten(session, str(e.value).removeprefix("upload:")) if e.field == "weights" else None
+        why = uploads.forgotten(session, str(e.value).removeprefix("upload:")) if e.field == "weights" else None
         if why:
             raise ValidationError("weights", e.value, f"an upload the server still holds: these weights were "
                                   f"forgotten {why}; upload the file again") from None

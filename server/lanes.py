@@ -14,7 +14,7 @@ import logging
 
 import gradio as gr
 
-from explorer import export, runs
+from explorer import export
 from explorer.controls import CONTROL_FIELDS
 from explorer.links import parse_query
 from explorer.limits import LARGE_REQUEST_FLOPS
@@ -22,6 +22,7 @@ from explorer.schema import Settings, ValidationError
 from explorer.settings import parse_settings
 from explorer.views import VIEWS
 
+from . import uploads
 from . import admission
 from .admission import ADMISSION, LANES, visitor_of
 from .guard import as_text, session_of, settings_of
@@ -147,7 +148,7 @@ def work_of_change(*args, request=None) -> float:
     as they parse, else the last valid link."""
     n = len(CONTROL_FIELDS)
     values, tab = args[:n], args[n] if len(args) > n else ""
-    uploaded = runs.uploads(session_of(request))
+    uploaded = uploads.uploads(session_of(request))
     s = _quietly(lambda: parse_settings(dict(zip(CONTROL_FIELDS, values)), uploaded=uploaded))
     if s is None and len(args) > n + 1:
         s = _quietly(settings_of, args[n + 1], request)

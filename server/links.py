@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from explorer import controls, runs
+from explorer import controls
 from explorer.controls import CONTROL_FIELDS
 from explorer.families import FAMILIES
 from explorer.limits import device
@@ -15,6 +15,7 @@ from explorer.views import VIEWS
 from models.bugzoo import bug_names
 from models.presets import PRESETS
 
+from . import uploads
 from .admission import visitor_of
 from .guard import as_text, guarded, limit_note, model_limit, session_of, settings_of
 
@@ -22,7 +23,7 @@ from .guard import as_text, guarded, limit_note, model_limit, session_of, settin
 @guarded
 def settings_endpoint(request: gr.Request, *values):
     """Every control's value, in Settings field order -> the validated query string."""
-    return to_query(parse_settings(dict(zip(CONTROL_FIELDS, values)), uploaded=runs.uploads(session_of(request))))
+    return to_query(parse_settings(dict(zip(CONTROL_FIELDS, values)), uploaded=uploads.uploads(session_of(request))))
 
 
 def control_values(s: Settings) -> list:
@@ -64,8 +65,8 @@ def load_endpoint(request: gr.Request):
     tab = tab if isinstance(tab, str) and tab in VIEWS else "mask"
     weights = params.get("weights", "")
     if isinstance(weights, str) and weights.startswith("upload:"):    # a reload: its old page's upload is its own
-        runs.adopt(session_of(request), visitor_of(request)[0], weights.removeprefix("upload:"))
-    s, problems = controls.from_link(params, runs.uploads(session_of(request)))
+        uploads.adopt(session_of(request), visitor_of(request)[0], weights.removeprefix("upload:"))
+    s, problems = controls.from_link(params, uploads.uploads(session_of(request)))
     if problems:
         gr.Warning(as_text("link: " + "; ".join(problems.values()) + ". The rest of the link was kept; the "
                            "control is marked."))
@@ -116,7 +117,7 @@ def head_choices(s: Settings):
 def weight_choices(request=None):
     """The weight sources, with this visitor's own uploads (never anyone else's)."""
     names = [("trained demo", "demo"), ("random (seed)", "random"), ("grok.py zeros", "zeros")]
-    return names + [(f"uploaded {n}", f"upload:{n}") for n in runs.uploads(session_of(request))]
+    return names + [(f"uploaded {n}", f"upload:{n}") for n in uploads.uploads(session_of(request))]
 
 
 @guarded

@@ -370,9 +370,8 @@ def test_every_event_reading_a_control_takes_its_value_as_sent():
 def test_the_weights_list_shows_only_this_visitors_uploads(tmp_path, monkeypatch):
     """In-process, with two visitors' requests: the dropdown each is sent lists their own uploads only."""
     from types import SimpleNamespace
-    from server import endpoints, links
-    from explorer import runs
-    monkeypatch.setattr(runs, "_UPLOADS", {})
+    from server import endpoints, links, uploads
+    monkeypatch.setattr(uploads, "_UPLOADS", {})
     alice, bob = SimpleNamespace(session_hash="alice"), SimpleNamespace(session_hash="bob")
     q, _ = endpoints.upload_endpoint(LECTURE, str(make_weights(tmp_path)[0]), alice)
     name = parse_qs(q)["weights"][0]

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from explorer import limits, runs, settings, views
+from explorer import limits, runs, views
 from explorer.limits import check_budget, estimate_params
 from explorer.links import parse_query
 from explorer.schema import ValidationError

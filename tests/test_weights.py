@@ -324,6 +324,7 @@ def test_app_opens_a_jax_export(tmp_path):
     """The README's export: the original's params flattened to .npz, no config, no hash tables.
     The app's upload accepts it for a matching geometry, and the model it serves holds those params."""
     from explorer import runs
+    from server import uploads
     from explorer.schema import Settings
     params = original_params("phoenix_model", seed=5)
     path = tmp_path / "phoenix.npz"
@@ -331,7 +332,7 @@ def test_app_opens_a_jax_export(tmp_path):
                       for module, inner in params.items() for name, value in inner.items()})
     s = Settings(preset="lecture")
     assert s.transformer_config().ffn_hidden == LECTURE.ffn_hidden
-    name = runs.load_upload(s, str(path), session="a visitor")
+    name = uploads.load_upload(s, str(path), session="a visitor")
     served = runs.build_model(dataclasses.replace(s, weights=f"upload:{name}"))
     got = haiku_params(served, hash_tables=False)
     assert_same_params(got, params)
@@ -340,7 +341,7 @@ def test_app_opens_a_jax_export(tmp_path):
     assert_bit_exact(served.post_embeddings.weight.cpu(), seeded.post_embeddings.weight, "same computation")
     # a file for another geometry is refused, naming what differs
     with pytest.raises(Exception, match="(?s)weights file.*proj_mat_1 has shape"):
-        runs.load_upload(dataclasses.replace(s, emb_size=128, key_size=32), str(path), "a visitor")
+        uploads.load_upload(dataclasses.replace(s, emb_size=128, key_size=32), str(path), "a visitor")
 
 
 # --- values: checked in the model's dtype, bounded, real floating point only ----------------

@@ -11,6 +11,7 @@ from explorer.links import parse_query
 from explorer.schema import ValidationError
 from models.recsys import RecsysModel, init_recsys
 from models.weights import save_weights
+from server import uploads
 from tolerances import assert_bit_exact
 
 LECTURE = "preset=lecture&weights=random"
@@ -18,9 +19,9 @@ LECTURE = "preset=lecture&weights=random"
 
 @pytest.fixture(autouse=True)
 def empty_store(monkeypatch):
-    monkeypatch.setattr(runs, "_UPLOADS", {})
-    monkeypatch.setattr(runs, "_GONE", {})
-    monkeypatch.setattr(runs, "_FORGOTTEN", {})
+    monkeypatch.setattr(uploads, "_UPLOADS", {})
+    monkeypatch.setattr(uploads, "_GONE", {})
+    monkeypatch.setattr(uploads, "_FORGOTTEN", {})
 
 
 def weight_file(tmp_path, query=LECTURE, seed=1):
@@ -32,87 +33,87 @@ def weight_file(tmp_path, query=LECTURE, seed=1):
 
 def test_an_upload_is_its_sessions_alone(tmp_path):
     path, model = weight_file(tmp_path)
-    name = runs.load_upload(parse_query(LECTURE), str(path), "alice")
-    assert set(runs.uploads("alice")) == {name} and runs.uploads("bob") == {}
+    name = uploads.load_upload(parse_query(LECTURE), str(path), "alice")
+    assert set(uploads.uploads("alice")) == {name} and uploads.uploads("bob") == {}
     query = LECTURE.replace("random", f"upload:{name}")
-    s = parse_query(query, uploaded=runs.uploads("alice"))
+    s = parse_query(query, uploaded=uploads.uploads("alice"))
     served = runs.build_model(s)
     for a, b in zip(served.state_dict().values(), model.state_dict().values()):
         assert_bit_exact(a, b, "no rounding")
     with pytest.raises(ValidationError, match=f"weights: got 'upload:{name}'; allowed: random"):
-        parse_query(query, uploaded=runs.uploads("bob"))
+        parse_query(query, uploaded=uploads.uploads("bob"))
 
 
 def test_one_sessions_uploads_never_evict_anothers(tmp_path):
-    alice = runs.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=1)[0]), "alice")
-    bob = [runs.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=s)[0]), "bob") for s in (2, 3, 4, 5)]
-    assert set(runs.uploads("alice")) == {alice}
-    assert list(runs.uploads("bob")) == bob[-runs.UPLOADS_PER_SESSION:]      # bob's own oldest went
+    alice = uploads.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=1)[0]), "alice")
+    bob = [uploads.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=s)[0]), "bob") for s in (2, 3, 4, 5)]
+    assert set(uploads.uploads("alice")) == {alice}
+    assert list(uploads.uploads("bob")) == bob[-uploads.UPLOADS_PER_SESSION:]      # bob's own oldest went
 
 
 def test_a_full_store_refuses_by_name_and_keeps_what_it_holds(tmp_path, monkeypatch):
     path = weight_file(tmp_path, seed=1)[0]
-    name = runs.load_upload(parse_query(LECTURE), str(path), "alice")
-    held = runs._UPLOADS["alice"][name].nbytes
-    monkeypatch.setattr(runs, "MAX_UPLOAD_STORE_BYTES", held + held // 2)
+    name = uploads.load_upload(parse_query(LECTURE), str(path), "alice")
+    held = uploads._UPLOADS["alice"][name].nbytes
+    monkeypatch.setattr(uploads, "MAX_UPLOAD_STORE_BYTES", held + held // 2)
     with pytest.raises(ValidationError, match=r"weights file: got '[\d,]+ bytes of weights'; allowed: room in "
                                               r"the server's upload store"):
-        runs.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=2)[0]), "bob")
-    assert set(runs.uploads("alice")) == {name} and runs.uploads("bob") == {}
+        uploads.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=2)[0]), "bob")
+    assert set(uploads.uploads("alice")) == {name} and uploads.uploads("bob") == {}
     # at its own limit a session's new upload takes the place of its oldest, also in a full store
-    monkeypatch.setattr(runs, "UPLOADS_PER_SESSION", 1)
-    newer = runs.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=3)[0]), "alice")
-    assert set(runs.uploads("alice")) == {newer} != {name}
+    monkeypatch.setattr(uploads, "UPLOADS_PER_SESSION", 1)
+    newer = uploads.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=3)[0]), "alice")
+    assert set(uploads.uploads("alice")) == {newer} != {name}
 
 
 def test_uploads_expire_and_closing_the_page_forgets_them(tmp_path, monkeypatch):
     path = weight_file(tmp_path)[0]
-    runs.load_upload(parse_query(LECTURE), str(path), "alice")
-    runs.load_upload(parse_query(LECTURE), str(path), "bob")
-    clock = [runs.time.monotonic()]
-    monkeypatch.setattr(runs.time, "monotonic", lambda: clock[0])
-    clock[0] += runs.UPLOAD_TTL_S / 2
-    assert runs.uploads("alice")                     # a use keeps it
-    clock[0] += runs.UPLOAD_TTL_S * 0.75
-    assert runs.uploads("alice") and runs.uploads("bob") == {}
-    runs.page_gone("alice")
-    clock[0] += runs.PAGE_GONE_GRACE_S + 1
-    runs._expire_uploads(clock[0])
-    assert runs._UPLOADS == {}
+    uploads.load_upload(parse_query(LECTURE), str(path), "alice")
+    uploads.load_upload(parse_query(LECTURE), str(path), "bob")
+    clock = [uploads.time.monotonic()]
+    monkeypatch.setattr(uploads.time, "monotonic", lambda: clock[0])
+    clock[0] += uploads.UPLOAD_TTL_S / 2
+    assert uploads.uploads("alice")                     # a use keeps it
+    clock[0] += uploads.UPLOAD_TTL_S * 0.75
+    assert uploads.uploads("alice") and uploads.uploads("bob") == {}
+    uploads.page_gone("alice")
+    clock[0] += uploads.PAGE_GONE_GRACE_S + 1
+    uploads._expire_uploads(clock[0])
+    assert uploads._UPLOADS == {}
 
 
 def test_one_visitors_sessions_share_one_part_of_the_store(tmp_path, monkeypatch):
     """The sessions of one visitor key hold at most UPLOAD_SHARE_BYTES of the store together, so one
     client's many sessions cannot refuse everyone else's uploads."""
     path = weight_file(tmp_path)[0]
-    runs.load_upload(parse_query(LECTURE), str(path), "probe", "addr:x")
-    size = next(iter(runs._UPLOADS["probe"].values())).nbytes
-    runs._UPLOADS.clear()
-    monkeypatch.setattr(runs, "UPLOAD_SHARE_BYTES", 2 * size)
-    monkeypatch.setattr(runs, "MAX_UPLOAD_STORE_BYTES", 6 * size)
+    uploads.load_upload(parse_query(LECTURE), str(path), "probe", "addr:x")
+    size = next(iter(uploads._UPLOADS["probe"].values())).nbytes
+    uploads._UPLOADS.clear()
+    monkeypatch.setattr(uploads, "UPLOAD_SHARE_BYTES", 2 * size)
+    monkeypatch.setattr(uploads, "MAX_UPLOAD_STORE_BYTES", 6 * size)
     for i in range(2):
-        runs.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=i + 1)[0]), f"minted-{i}", "addr:a")
+        uploads.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=i + 1)[0]), f"minted-{i}", "addr:a")
     with pytest.raises(ValidationError, match=r"^weights file: got .* bytes of weights held by your uploads'; "
                                               r"allowed: .* bytes per visitor"):
-        runs.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=3)[0]), "minted-2", "addr:a")
-    runs.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=4)[0]), "someone", "addr:b")
-    assert runs.uploads("someone")
+        uploads.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=3)[0]), "minted-2", "addr:a")
+    uploads.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=4)[0]), "someone", "addr:b")
+    assert uploads.uploads("someone")
 
 
 def test_a_closed_page_keeps_its_uploads_for_a_grace_period_and_says_when_they_went(tmp_path, monkeypatch):
     """Uploads go PAGE_GONE_GRACE_S after the page left (a dropped heartbeat is not a closed page), any
     request of the session brings it back, and a later use names what happened."""
     from server import guard
-    name = runs.load_upload(parse_query(LECTURE), str(weight_file(tmp_path)[0]), "alice")
-    clock = [runs.time.monotonic()]
-    monkeypatch.setattr(runs.time, "monotonic", lambda: clock[0])
-    runs.page_gone("alice")                              # a blip: the page comes back
-    clock[0] += runs.PAGE_GONE_GRACE_S / 2
-    assert name in runs.uploads("alice")
-    clock[0] += runs.PAGE_GONE_GRACE_S * 0.9             # back within the grace: not gone
-    assert name in runs.uploads("alice")
-    runs.page_gone("alice")
-    clock[0] += runs.PAGE_GONE_GRACE_S + 1
+    name = uploads.load_upload(parse_query(LECTURE), str(weight_file(tmp_path)[0]), "alice")
+    clock = [uploads.time.monotonic()]
+    monkeypatch.setattr(uploads.time, "monotonic", lambda: clock[0])
+    uploads.page_gone("alice")                              # a blip: the page comes back
+    clock[0] += uploads.PAGE_GONE_GRACE_S / 2
+    assert name in uploads.uploads("alice")
+    clock[0] += uploads.PAGE_GONE_GRACE_S * 0.9             # back within the grace: not gone
+    assert name in uploads.uploads("alice")
+    uploads.page_gone("alice")
+    clock[0] += uploads.PAGE_GONE_GRACE_S + 1
     page = type("Request", (), {"session_hash": "alice"})()
     with pytest.raises(ValidationError, match=r"weights: got 'upload:\w+'; allowed: an upload the server still "
                                               r"holds: these weights were forgotten 10 minutes after the page was "
@@ -121,7 +122,7 @@ def test_a_closed_page_keeps_its_uploads_for_a_grace_period_and_says_when_they_w
 
 
 def test_a_geometry_change_with_uploaded_weights_is_answered_by_name(tmp_path):
-    name = runs.load_upload(parse_query(LECTURE), str(weight_file(tmp_path)[0]), "alice")
+    name = uploads.load_upload(parse_query(LECTURE), str(weight_file(tmp_path)[0]), "alice")
     query = LECTURE.replace("random", f"upload:{name}")
     for change, message in (("num_layers=3", "are for num_layers=2 (here num_layers=3)"),
                             ("emb_size=32&num_layers=1", "for emb_size=64, num_layers=2 (here emb_size=32, "
@@ -129,9 +130,9 @@ def test_a_geometry_change_with_uploaded_weights_is_answered_by_name(tmp_path):
                             ("widening_factor=2", "widening_factor=4 (here widening_factor=2.0)")):
         with pytest.raises(ValidationError, match=f"weights: got 'upload:{name}'; allowed: these uploaded "
                                                   f"weights .*{re.escape(message)}"):
-            parse_query(f"{query}&{change}", uploaded=runs.uploads("alice"))
+            parse_query(f"{query}&{change}", uploaded=uploads.uploads("alice"))
     # what does not shape the weights may change
-    parse_query(f"{query}&num_candidates=5&rope_mode=shared", uploaded=runs.uploads("alice"))
+    parse_query(f"{query}&num_candidates=5&rope_mode=shared", uploaded=uploads.uploads("alice"))
 
 
 # --- production's (2026) weights: its stacked names, the same checks and the same scope ------------------
@@ -153,8 +154,8 @@ def xrex_file(tmp_path, query=XREX, seed=1, dtype=None, name="x.safetensors"):
 
 def test_production_weights_upload_into_the_xrex_family_and_serve_its_own_forward(tmp_path):
     path, ranker = xrex_file(tmp_path)
-    name = runs.load_upload(parse_query(XREX), str(path), "alice")
-    s = parse_query(f"{XREX}&weights=upload:{name}", uploaded=runs.uploads("alice"))
+    name = uploads.load_upload(parse_query(XREX), str(path), "alice")
+    s = parse_query(f"{XREX}&weights=upload:{name}", uploaded=uploads.uploads("alice"))
     served = runs.build_model(s).ranker
     for a, b in zip(served.state_dict().values(), ranker.state_dict().values()):
         assert_bit_exact(a, b, "no rounding")
@@ -163,9 +164,9 @@ def test_production_weights_upload_into_the_xrex_family_and_serve_its_own_forwar
         own = ranker(out.embeddings, out.valid)
     assert_bit_exact(out.logits, own.logits, "same computation")
     with pytest.raises(ValidationError, match=f"weights: got 'upload:{name}'; allowed: random"):
-        parse_query(f"{XREX}&weights=upload:{name}", uploaded=runs.uploads("bob"))
+        parse_query(f"{XREX}&weights=upload:{name}", uploaded=uploads.uploads("bob"))
     with pytest.raises(ValidationError, match=r"are for num_layers=2 \(here num_layers=1\)"):
-        parse_query(f"{XREX}&weights=upload:{name}&num_layers=1", uploaded=runs.uploads("alice"))
+        parse_query(f"{XREX}&weights=upload:{name}&num_layers=1", uploaded=uploads.uploads("alice"))
 
 
 def test_a_file_of_the_other_family_is_refused_by_name(tmp_path):
@@ -173,12 +174,12 @@ def test_a_file_of_the_other_family_is_refused_by_name(tmp_path):
     with pytest.raises(ValidationError, match=r"weights file: got 'w1.npz'; allowed: weights of the model family "
                                               r"chosen, production \(2026\): this file holds grok.py's per-layer "
                                               r"names .* choose the family grok.py \(2025 open source\) first"):
-        runs.load_upload(parse_query(XREX), str(grok_path), "alice")
+        uploads.load_upload(parse_query(XREX), str(grok_path), "alice")
     xrex_path, _ = xrex_file(tmp_path)
     with pytest.raises(ValidationError, match=r"weights file: got 'x.safetensors'; allowed: weights of the model "
                                               r"family chosen, grok.py .* holds production's stacked names"):
-        runs.load_upload(parse_query(LECTURE), str(xrex_path), "alice")
-    assert runs.uploads("alice") == {}
+        uploads.load_upload(parse_query(LECTURE), str(xrex_path), "alice")
+    assert uploads.uploads("alice") == {}
 
 
 def test_production_uploads_get_grok_uploads_checks(tmp_path):
@@ -186,7 +187,7 @@ def test_production_uploads_get_grok_uploads_checks(tmp_path):
     small, _ = xrex_file(tmp_path, XREX.replace("emb_size=32", "emb_size=16"), name="small.safetensors")
     with pytest.raises(ValidationError, match=r"(?s)weights file: got 'small.safetensors'; allowed: weights that match "
                                               r"the configuration.*qkv/w has shape \[2, 16, 64\], expected \[2, 32, 64\]"):
-        runs.load_upload(parse_query(XREX), str(small), "alice")
+        uploads.load_upload(parse_query(XREX), str(small), "alice")
     from safetensors.numpy import save_file
     from models.weights import flatten, haiku_params
     _, ranker = xrex_file(tmp_path)
@@ -194,10 +195,10 @@ def test_production_uploads_get_grok_uploads_checks(tmp_path):
     flat["transformer/layer_stack/decoder_layer_0/up_proj/w"][1, 0, 0] = 1e30
     save_file(flat, str(tmp_path / "huge.safetensors"))
     with pytest.raises(ValidationError, match=r"up_proj/w has a value of magnitude 1e\+30; allowed: at most 1e\+04"):
-        runs.load_upload(parse_query(XREX), str(tmp_path / "huge.safetensors"), "alice")
+        uploads.load_upload(parse_query(XREX), str(tmp_path / "huge.safetensors"), "alice")
     half, ranker16 = xrex_file(tmp_path, dtype=torch.bfloat16, name="bf16.safetensors")
-    name = runs.load_upload(parse_query(XREX), str(half), "alice")
-    served = runs.build_model(parse_query(f"{XREX}&weights=upload:{name}", uploaded=runs.uploads("alice"))).ranker
+    name = uploads.load_upload(parse_query(XREX), str(half), "alice")
+    served = runs.build_model(parse_query(f"{XREX}&weights=upload:{name}", uploaded=uploads.uploads("alice"))).ranker
     for a, b in zip(served.state_dict().values(), ranker16.state_dict().values()):
         assert_bit_exact(a, b, "no rounding")
 
@@ -208,11 +209,11 @@ def test_an_upload_past_the_share_is_refused_before_its_model_is_built(tmp_path,
     """The visitor's share and the store are checked against the size the geometry implies before the
     model is built (2 s for a 40M-parameter one): a refused upload costs a lookup."""
     path = weight_file(tmp_path)[0]
-    monkeypatch.setattr(runs, "UPLOAD_SHARE_BYTES", 1000)
+    monkeypatch.setattr(uploads, "UPLOAD_SHARE_BYTES", 1000)
     built = []
     monkeypatch.setattr(runs, "_initialised", lambda s: built.append(s))
     with pytest.raises(ValidationError, match=r"^weights file: got '[\d,]+ bytes of weights held by your uploads'"):
-        runs.load_upload(parse_query(LECTURE), str(path), "alice", "addr:a")
+        uploads.load_upload(parse_query(LECTURE), str(path), "alice", "addr:a")
     assert built == []
 
 
@@ -220,32 +221,32 @@ def test_building_an_upload_holds_its_memory(tmp_path, monkeypatch):
     seen = []
     real = runs._initialised
     monkeypatch.setattr(runs, "_initialised", lambda s: seen.append(runs.MEMORY.reserved) or real(s))
-    runs.load_upload(parse_query(LECTURE), str(weight_file(tmp_path)[0]), "alice", "addr:a")
+    uploads.load_upload(parse_query(LECTURE), str(weight_file(tmp_path)[0]), "alice", "addr:a")
     assert seen and seen[0] >= 2 * 4 * runs.estimate_params(parse_query(LECTURE))
 
 
 def test_a_reloaded_page_takes_its_uploads_over_and_nobody_elses(tmp_path):
     """A reload is a new session hash and the old page gone: the page opened on a link naming the upload takes
     it over (no second copy counted against the share); another visitor, or a page still open, keeps its own."""
-    name = runs.load_upload(parse_query(LECTURE), str(weight_file(tmp_path)[0]), "before-reload", "addr:a")
-    assert not runs.adopt("after-reload", "addr:a", name)          # the first page is still open
-    runs.page_gone("before-reload")
-    assert not runs.adopt("stranger", "addr:b", name)              # another visitor's closed page
-    assert runs.adopt("after-reload", "addr:a", name)
-    assert name in runs.uploads("after-reload") and "before-reload" not in runs._UPLOADS
+    name = uploads.load_upload(parse_query(LECTURE), str(weight_file(tmp_path)[0]), "before-reload", "addr:a")
+    assert not uploads.adopt("after-reload", "addr:a", name)          # the first page is still open
+    uploads.page_gone("before-reload")
+    assert not uploads.adopt("stranger", "addr:b", name)              # another visitor's closed page
+    assert uploads.adopt("after-reload", "addr:a", name)
+    assert name in uploads.uploads("after-reload") and "before-reload" not in uploads._UPLOADS
 
 
 def test_a_visitors_closed_pages_make_room_for_its_new_upload(tmp_path, monkeypatch):
     """Uploads left by the visitor's own closed pages (reloaded without the link) go before its share refuses
     a new one; another visitor's closed page keeps its uploads for the grace period."""
     path = weight_file(tmp_path)[0]
-    runs.load_upload(parse_query(LECTURE), str(path), "probe", "addr:x")
-    size = next(iter(runs._UPLOADS.pop("probe").values())).nbytes
-    monkeypatch.setattr(runs, "UPLOAD_SHARE_BYTES", size)
-    runs.load_upload(parse_query(LECTURE), str(path), "old-page", "addr:a")
-    runs.load_upload(parse_query(LECTURE), str(path), "other-visitor", "addr:b")
-    runs.page_gone("old-page")
-    runs.page_gone("other-visitor")
-    runs.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=2)[0]), "new-page", "addr:a")
-    assert "old-page" not in runs._UPLOADS and "other-visitor" in runs._UPLOADS
-    assert runs.forgotten("old-page", next(iter(runs.uploads("other-visitor")))) is not None
+    uploads.load_upload(parse_query(LECTURE), str(path), "probe", "addr:x")
+    size = next(iter(uploads._UPLOADS.pop("probe").values())).nbytes
+    monkeypatch.setattr(uploads, "UPLOAD_SHARE_BYTES", size)
+    uploads.load_upload(parse_query(LECTURE), str(path), "old-page", "addr:a")
+    uploads.load_upload(parse_query(LECTURE), str(path), "other-visitor", "addr:b")
+    uploads.page_gone("old-page")
+    uploads.page_gone("other-visitor")
+    uploads.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=2)[0]), "new-page", "addr:a")
+    assert "old-page" not in uploads._UPLOADS and "other-visitor" in uploads._UPLOADS
+    assert uploads.forgotten("old-page", next(iter(uploads.uploads("other-visitor")))) is not None

@@ -1,0 +1,190 @@
+"""Each visitor's uploaded weights: held per session, never listed to anyone else, forgotten after a
+while, bounded per visitor and in all. The model cache reads them by name (explorer.runs.upload_state)."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from explorer import runs
+from explorer.schema import Settings, ValidationError
+from explorer.settings import WEIGHT_GEOMETRY
+
+
+# Held per session (Gradio's session hash; gradio_client keeps one per Client) and never listed to
+# anyone else; forgotten UPLOAD_TTL_S after their last use, or PAGE_GONE_GRACE_S after the page
+# was closed (a dropped heartbeat of an open page is back within seconds). A session keeps its newest
+# UPLOADS_PER_SESSION; the sessions of one visitor key (server.admission: an address or a signed-in
+# user) hold at most UPLOAD_SHARE_BYTES together, and nobody's uploads evict another's: when the
+# store (MAX_UPLOAD_STORE_BYTES) is full, a new upload is refused by name instead.
+# Names are the file's content hash, so two sessions holding one name hold the same weights.
+UPLOADS_PER_SESSION = 2
+MAX_UPLOAD_STORE_BYTES = 512 * 2**20        # as fp32 tensors: ~3 models at the CPU's 40M-parameter cap
+UPLOAD_SHARE_BYTES = MAX_UPLOAD_STORE_BYTES * 3 // 8    # one visitor: one cap-sized model, or a few small
+UPLOAD_TTL_S = 3600.0
+PAGE_GONE_GRACE_S = 600.0
+
+
+@dataclass
+class Upload:
+    state: dict[str, torch.Tensor]
+    geometry: dict[str, Any]            # the settings its shapes were checked against
+    nbytes: int
+    used: float                         # time.monotonic() of the last use
+    visitor: str = "local"              # server.admission's visitor key of the session that loaded it
+
+
+_UPLOADS: dict[str, dict[str, Upload]] = {}     # session -> name -> upload, oldest first
+
+
+_GONE: dict[str, float] = {}                    # session -> when its page was closed
+
+
+_FORGOTTEN: dict[str, tuple[set, str]] = {}     # session -> (names forgotten, why), for the next message
+
+
+_uploads_lock = threading.Lock()
+
+
+def _expire_uploads(now: float) -> None:
+    for session in list(_UPLOADS):
+        mine = _UPLOADS[session]
+        gone = _GONE.get(session)
+        if gone is not None and now - gone > PAGE_GONE_GRACE_S:
+            why = f"{PAGE_GONE_GRACE_S / 60:.0f} minutes after the page was closed"
+            expired = list(mine)
+        else:
+            why = f"{UPLOAD_TTL_S / 60:.0f} minutes after their last use"
+            expired = [n for n, u in mine.items() if now - u.used > UPLOAD_TTL_S]
+        for name in expired:
+            del mine[name]
+        if expired:
+            names, _ = _FORGOTTEN.get(session, (set(), ""))
+            _FORGOTTEN[session] = (names | set(expired), why)
+        if not mine:
+            del _UPLOADS[session]
+            _GONE.pop(session, None)
+    while len(_FORGOTTEN) > 10_000:                 # notes for sessions that never came back
+        _FORGOTTEN.pop(next(iter(_FORGOTTEN)))
+
+
+def uploads(session: str) -> dict[str, dict[str, Any]]:
+    """This session's uploads: name -> the geometry they fit (explorer.settings' `uploaded`). Asking
+    counts as a use (and as the page being open), so weights a visitor is looking at do not expire."""
+    now = time.monotonic()
+    with _uploads_lock:
+        _expire_uploads(now)
+        _GONE.pop(session, None)
+        mine = _UPLOADS.get(session, {})
+        for u in mine.values():
+            u.used = now
+        return {name: dict(u.geometry) for name, u in mine.items()}
+
+
+def forgotten(session: str, name: str) -> Optional[str]:
+    """Why this session's upload `name` was forgotten (e.g. '10 minutes after the page was closed'),
+    or None if it never held it."""
+    with _uploads_lock:
+        names, why = _FORGOTTEN.get(session, (set(), ""))
+        return why if name in names else None
+
+
+def page_gone(session: str) -> None:
+    """The page of `session` was closed (or lost its connection): its uploads go after
+    PAGE_GONE_GRACE_S unless it comes back."""
+    with _uploads_lock:
+        if session in _UPLOADS:
+            _GONE[session] = time.monotonic()
+
+
+def _check_room(session: str, visitor: str, nbytes: int, name: str = "") -> dict[str, Upload]:
+    """(call under _uploads_lock) Refuse by name an upload of `nbytes` past the visitor's share or the store;
+    -> the session's uploads. The visitor's closed pages' uploads go first (a reload leaves its old page's
+    uploads behind: they are this visitor's own, and counted against the same share), then the session's
+    oldest past UPLOADS_PER_SESSION."""
+    for other in [o for o in _UPLOADS if o in _GONE and o != session]:
+        if any(u.visitor == visitor for u in _UPLOADS[other].values()):
+            _forget(other, "when your reloaded page uploaded again")
+    mine = _UPLOADS.get(session, {})
+    others = [n for n in mine if n != name]     # `name` is replaced; the oldest past the session's count go
+    evicted = set(others[:max(0, len(others) - UPLOADS_PER_SESSION + 1)]) | {name}
+    kept = [u for m in _UPLOADS.values() for n, u in m.items() if m is not mine or n not in evicted]
+    ours = sum(u.nbytes for u in kept if u.visitor == visitor)
+    if ours + nbytes > UPLOAD_SHARE_BYTES:
+        raise ValidationError("weights file", f"{ours + nbytes:,} bytes of weights held by your uploads",
+                              f"{UPLOAD_SHARE_BYTES:,} bytes per visitor (every page and client of one "
+                              f"address together) — close another page's uploads or wait "
+                              f"{UPLOAD_TTL_S / 60:.0f} minutes for them to be forgotten")
+    held = sum(u.nbytes for u in kept)
+    if held + nbytes > MAX_UPLOAD_STORE_BYTES:
+        raise ValidationError("weights file", f"{nbytes:,} bytes of weights",
+                              f"room in the server's upload store ({MAX_UPLOAD_STORE_BYTES - held:,} of "
+                              f"{MAX_UPLOAD_STORE_BYTES:,} bytes free; uploads are forgotten "
+                              f"{UPLOAD_TTL_S / 60:.0f} minutes after their last use) — try again later")
+    return mine
+
+
+def _forget(session: str, why: str) -> None:
+    """(call under _uploads_lock) Drop every upload of `session`, noting why for its next message."""
+    names, _ = _FORGOTTEN.get(session, (set(), ""))
+    _FORGOTTEN[session] = (names | set(_UPLOADS.pop(session, {})), why)
+    _GONE.pop(session, None)
+
+
+def adopt(session: str, visitor: str, name: str) -> bool:
+    """A page opened on a link naming `upload:<name>` takes that upload over from a closed page of the same
+    visitor (a reload: a new session hash, the old one gone), so it is not left counting against the share
+    until it expires. -> whether it did."""
+    with _uploads_lock:
+        for other, theirs in _UPLOADS.items():
+            u = theirs.get(name)
+            if other != session and other in _GONE and u is not None and u.visitor == visitor:
+                mine = _UPLOADS.setdefault(session, {})
+                mine[name] = theirs.pop(name)
+                if not theirs:
+                    del _UPLOADS[other]
+                    _GONE.pop(other, None)
+                return True
+    return False
+
+
+def state_of(weights: str) -> dict[str, torch.Tensor]:
+    """The tensors behind "upload:<name>": the validation layer has checked that the asking session
+    holds that name, and equal names are equal files, so any session's copy serves."""
+    name = weights[len("upload:"):]
+    with _uploads_lock:
+        for mine in _UPLOADS.values():
+            if name in mine:
+                return mine[name].state
+    raise ValidationError("weights", weights, "an uploaded file the server still holds; upload it again")
+
+
+def load_upload(s: Settings, path: str, session: str, visitor: str = "local") -> str:
+    """Check an uploaded file against the current configuration (explorer.runs.check_upload) and keep it
+    for this session -> its name for ``Settings.weights = "upload:<name>"``. On any problem a
+    ValidationError names it and nothing changes (the current weights stay), a store without room
+    included."""
+    def room(nbytes: int) -> None:
+        with _uploads_lock:
+            _expire_uploads(time.monotonic())
+            _check_room(session, visitor, nbytes)
+    name, state = runs.check_upload(s, path, room)
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    geometry = {f: getattr(s, f) for f in WEIGHT_GEOMETRY}
+    now = time.monotonic()
+    with _uploads_lock:
+        _expire_uploads(now)
+        mine = _check_room(session, visitor, nbytes, name)
+        mine.pop(name, None)                     # uploaded again: now the newest, with this geometry
+        for n in list(mine)[:max(0, len(mine) - UPLOADS_PER_SESSION + 1)]:
+            del mine[n]
+        mine[name] = Upload(state, geometry, nbytes, now, visitor)
+        _UPLOADS[session] = mine
+        _FORGOTTEN.pop(session, None)
+    return name
+
+
+runs.upload_state = state_of       # the model cache's source of "upload:<name>" weights
