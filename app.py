@@ -170,9 +170,9 @@ def view_controls(d: Settings, c: dict) -> None:
         number_boxes(d, c, ["query"], elem_id="query-row")
 
 
-# the views' own controls that pick from a list: a radio for a few choices, a menu for many
+# the views' own controls that pick from a list (or a function making it): a radio for a few, a menu for many
 CHOICES = {"values": VALUE_KINDS, "color": COLOR_SCALES, "perturbation": PERTURBATIONS, "operation": INVARIANCE_OPS,
-           "compare": MASK_KINDS, "variant": VARIANTS, "bug": None}
+           "compare": MASK_KINDS, "variant": VARIANTS, "bug": bug_choices}
 MENUS = ("compare", "variant", "bug")
 
 
@@ -180,7 +180,7 @@ def view_control(d: Settings, c: dict, field: str) -> None:
     if field in NUMBER_FIELDS:
         number_boxes(d, c, [field])
         return
-    choices = bug_choices() if field == "bug" else list(CHOICES[field])
+    choices = CHOICES[field]() if callable(CHOICES[field]) else list(CHOICES[field])
     c[field] = (gr.Dropdown if field in MENUS else gr.Radio)(choices, value=getattr(d, field), label=LABELS[field])
 
 

@@ -52,13 +52,16 @@ LESSON_PAGE_BYTES = 64 << 10      # the page around the figures: headings, capti
 @dataclass(frozen=True)
 class FigureSpec:
     """One exportable figure (an Export of a Plot in explorer.views.VIEWS): the view and part that draw
-    it, its index in what the part returns, whether it runs the sidebar's model (then it needs the model
-    to fit this device), and its record (facts, caption, settings)."""
+    it, its index in what the part returns, and its record (facts, caption, settings)."""
     view: views.View
     part: int
     index: int
-    model: bool
     export: views.Export
+
+    @property
+    def model(self) -> bool:
+        """It runs the sidebar's model (then it needs the model to fit this device)."""
+        return self.view.parts[self.part].model
 
     def adjust(self, s: Settings) -> Settings:
         return self.export.adjust(s)
@@ -69,7 +72,7 @@ class FigureSpec:
 
 def _figure_specs() -> dict[str, FigureSpec]:
     """Every export a view's record names, in tab order (the pack and lesson.html keep this order)."""
-    return {export.name: FigureSpec(view, p, i, part.model, export)
+    return {export.name: FigureSpec(view, p, i, export)
             for view in views.VIEWS.values() for p, part in enumerate(view.parts)
             for i, out in enumerate(part.outputs) for export in getattr(out, "exports", ())}
 

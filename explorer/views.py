@@ -1017,8 +1017,7 @@ class View:
 
     def draw(self, s: Settings) -> tuple:
         """Every output, refused by name past this device's budget and run once its memory fits."""
-        cost = check_budget(s, self.name, self.estimate)
-        return runs.within_budget(cost, lambda: tuple(out for p in self.parts for out in p.draw(s)))
+        return self._within_budget(s, lambda: tuple(out for p in self.parts for out in p.draw(s)))
 
     def draw_part(self, index: int, s: Settings) -> tuple:
         """One part's outputs (an export), within the whole view's budget where the part is what that
@@ -1026,8 +1025,10 @@ class View:
         part = self.parts[index]
         if not (self.drawn and (part.model or not self.needs_model)):
             return part.draw(s)
-        cost = check_budget(s, self.name, self.estimate)
-        return runs.within_budget(cost, lambda: part.draw(s))
+        return self._within_budget(s, lambda: part.draw(s))
+
+    def _within_budget(self, s: Settings, fn: Callable[[], tuple]) -> tuple:
+        return runs.within_budget(check_budget(s, self.name, self.estimate), fn)
 
 
 def _recorded(s: Settings) -> Cost:
@@ -1283,7 +1284,8 @@ def drawn_views() -> list[View]:
     return [v for v in VIEWS.values() if v.drawn]
 
 
-def check_view(name) -> View:
+def check_view(name, field: str = "view") -> View:
+    """The record of tab `name`, or a refusal naming `field` (a link's or an event's `tab`, say)."""
     if not isinstance(name, str) or name not in VIEWS:          # a list from an API client is unhashable
-        raise ValidationError("view", name, ", ".join(VIEWS))
+        raise ValidationError(field, name, ", ".join(VIEWS))
     return VIEWS[name]

@@ -13,7 +13,7 @@ from explorer.controls import CONTROL_FIELDS
 from explorer.links import to_query
 from explorer.schema import ValidationError
 from explorer.settings import parse_settings
-from explorer.views import VIEWS, Text, View, drawn_views
+from explorer.views import VIEWS, Text, View, check_view, drawn_views
 
 from . import uploads
 from .admission import visitor_of
@@ -42,7 +42,7 @@ VIEW_OUTPUTS = sum(len(v.outputs) for v in drawn_views())
 def render_tab(query: str, tab: str, request: gr.Request = None):
     """Redraw only the visible tab (the others redraw when they are opened): every drawn view's outputs,
     skipped but the visible one's. A view whose model does not fit this device says so in its first text."""
-    view = check_tab(tab)
+    view = check_view(tab, "tab")
     s = settings_of(query, request, need_model=False)   # every tab checks the query, also those drawn on demand
     limit = model_limit(s) if view.drawn and view.needs_model else ""
     if limit:
@@ -54,12 +54,6 @@ def render_tab(query: str, tab: str, request: gr.Request = None):
     for v in drawn_views():
         flat += list(shown) if v is view else [gr.skip()] * len(v.outputs)
     return flat
-
-
-def check_tab(tab) -> View:
-    if not isinstance(tab, str) or tab not in VIEWS:        # a list from an API client is unhashable
-        raise ValidationError("tab", tab, ", ".join(VIEWS))
-    return VIEWS[tab]
 
 
 @guarded

@@ -172,7 +172,7 @@ def load_upload(s: Settings, path: str, session: str, visitor: str = "local") ->
             _expire_uploads(time.monotonic())
             _check_room(session, visitor, nbytes)
     name, state = runs.check_upload(s, path, room)
-    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    nbytes = runs.nbytes(state)
     geometry = {f: getattr(s, f) for f in WEIGHT_GEOMETRY}
     now = time.monotonic()
     with _uploads_lock:
