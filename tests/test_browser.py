@@ -36,6 +36,7 @@ def page(browser):
     b, url = browser
     page = b.new_page(viewport={"width": 1400, "height": 1000})
     page.base_url = url
+    page.add_init_script(TRACK_REQUESTS)
     yield page
     page.close()
 
@@ -48,6 +49,60 @@ def served_attention(client, link: str):
     return figure(fig), figure(bars), text
 
 
+# What the page still waits for from the server, counted in the page (the heartbeat excluded): every request
+# until its answer arrives, every queued event (its id from /queue/join) until the queue stream says it has
+# completed. The stream itself is not counted: when an event completes before its join's answer reaches the
+# page, Gradio's client opens a stream for it that stays open, idle, until the page goes.
+TRACK_REQUESTS = """(() => {
+    const net = window.__explorerNet = {open: 0, joined: new Set(), done: new Set(), last: performance.now()};
+    const moved = (by) => { net.open += by; net.last = performance.now(); };
+    net.waiting = () => net.open + [...net.joined].filter((id) => !net.done.has(id)).length;
+    const completed = async (answer) => {
+        const reader = answer.body.getReader(), text = new TextDecoder();
+        let kept = '';
+        for (;;) {
+            const {done, value} = await reader.read();
+            if (done) return;
+            const parts = (kept + text.decode(value, {stream: true})).split('\\n\\n');
+            kept = parts.pop();
+            for (const part of parts) {
+                const line = part.split('\\n').find((l) => l.startsWith('data:'));
+                let m = null;
+                try { m = line && JSON.parse(line.slice(5)); } catch (e) { /* not JSON: not an event's */ }
+                if (m && m.msg === 'process_completed' && m.event_id) { net.done.add(m.event_id); moved(0); }
+            }
+        }
+    };
+    const fetch0 = window.fetch;
+    window.fetch = async function (...args) {
+        const url = String((args[0] && args[0].url) || args[0]);
+        if (!url.includes('/gradio_api/') || url.includes('heartbeat')) return fetch0.apply(this, args);
+        if (url.includes('/queue/data')) {
+            const answer = await fetch0.apply(this, args);
+            if (answer.body) completed(answer.clone()).catch(() => {});
+            return answer;
+        }
+        moved(1);
+        try {
+            const answer = await fetch0.apply(this, args);
+            if (url.includes('/queue/join')) {
+                const id = await answer.clone().json().then((j) => j && j.event_id, () => null);
+                if (id) net.joined.add(id);
+            }
+            return answer;
+        } finally { moved(-1); }
+    };
+})();"""
+
+
+def wait_settled(page, quiet_ms: int = 400, timeout_ms: int = 60_000):
+    """Until every request the page has sent has been answered, its queued events have all completed and
+    nothing followed for `quiet_ms` (the events a step chains — a tab's select, its link write, its redraw —
+    have all run)."""
+    page.wait_for_function(f"() => window.__explorerNet.waiting() === 0 && "
+                           f"performance.now() - window.__explorerNet.last >= {quiet_ms}", timeout=timeout_ms)
+
+
 def open_attention(page, query="preset=lecture&head=0", presenting=False):
     """The Attention tab of `query`'s link drawn; `presenting`: the link opens presentation mode on it (its
     figure covers the tabs and the controls)."""
@@ -55,11 +110,13 @@ def open_attention(page, query="preset=lecture&head=0", presenting=False):
     if presenting:
         wait_for_plot(page, "attention-plot")
         page.wait_for_function("() => document.body.classList.contains('presenting')", timeout=30_000)
+        wait_settled(page)
         return
     wait_for_plot(page, "mask-plot")
     page.get_by_role("tab", name="2 · Attention").click()
     wait_for_plot(page, "attention-plot")
     page.wait_for_function(f"({HEATMAP_Z})() !== null")
+    wait_settled(page)        # a page load's redraw can draw this tab before the tab's own redraw is sent
 
 
 def test_control_change_redraws_heatmap_with_new_data(page, tmp_path):

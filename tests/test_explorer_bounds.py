@@ -245,20 +245,26 @@ def test_the_mask_view_is_small_at_every_layout_the_device_allows():
 
 
 def test_one_lock_per_cache_entry(monkeypatch):
-    calls = []
+    calls, b_began, side_by_side = [], threading.Event(), []
 
     def slow(key):
         calls.append(key)
-        time.sleep(0.4)
+        if key == "a":              # a waits for b to begin: with one lock for the whole cache, b never would
+            side_by_side.append(b_began.wait(10))
+        else:
+            b_began.set()
         return torch.zeros(1)
     cache = runs.ByteCache(slow)
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=cache, args=(k,)) for k in ("a", "b", "a")]
+    first = threading.Thread(target=cache, args=("a",))
+    first.start()
+    while not calls:
+        time.sleep(0.01)
+    threads = [threading.Thread(target=cache, args=(k,)) for k in ("b", "a")]
     for t in threads:
         t.start()
-    for t in threads:
+    for t in [first, *threads]:
         t.join()
-    assert time.perf_counter() - t0 < 0.75                                     # a and b ran side by side
+    assert side_by_side == [True]                                              # a and b ran side by side
     assert sorted(calls) == ["a", "b"]                                         # the second a waited for the first
     runs.MEMORY.caches.remove(cache)
 

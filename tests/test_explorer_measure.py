@@ -117,11 +117,13 @@ def test_the_budget_holds_within_one_call(monkeypatch):
     old check, between points only) or of the sweep."""
     import time
     bench.measure_shape(["structured"], **TINY)         # first-call costs of this process, not timed below
-    recording_calls(monkeypatch, after=lambda calls: time.sleep(0.2))
+    started = []
+    recording_calls(monkeypatch, after=lambda calls: (started.append(time.perf_counter()), time.sleep(0.2)))
     start = time.perf_counter()
     records = list(bench.sweep("lecture", "cpu", run=bench.Run(1.0), seq_lens=[9, 16, 32, 64],
                                backends=["naive", "structured"], min_block_ms=0.0))
-    assert time.perf_counter() - start < 1.0 + 0.6
+    late = [t for t in started if t > start + 1.0]
+    assert len(late) <= 2, f"{len(late)} calls began past the budget"     # counted, not timed: any machine
     assert any((r["status"], r["reason"]) == (bench.Status.NOT_REACHED, "time budget spent") for r in records)
 
 
