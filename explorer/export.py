@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import plotly.graph_objects as go
 
-from . import runs, views
+from . import budget, views
 from .figures import lecture_theme
 from .limits import check_model_fits, device
 from .links import to_query
@@ -256,7 +256,7 @@ def _renderer():
     import kaleido
     with _render_lock:
         if not _browser["up"]:
-            runs.MEMORY.hold("export browser", BROWSER_BYTES)
+            budget.MEMORY.hold("export browser", BROWSER_BYTES)
             kaleido.start_sync_server(silence_warnings=True)
             _browser["up"] = True
         try:
@@ -291,12 +291,12 @@ def _stop_browser() -> None:
     import kaleido
     kaleido.stop_sync_server(silence_warnings=True)
     _browser["up"] = False
-    runs.MEMORY.release("export browser")
+    budget.MEMORY.release("export browser")
 
 
 def _browser_yields() -> None:
     """Every thread of every process this server started (the export browser: kaleido's Chromium and
-    the renderers it spawns, which set their own priorities) at runs.LOW_PRIORITY_NICE, so a render
+    the renderers it spawns, which set their own priorities) at budget.LOW_PRIORITY_NICE, so a render
     (about a core while it draws) yields to the views. Linux (/proc); elsewhere a no-op."""
     parents = {}
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
@@ -315,8 +315,8 @@ def _browser_yields() -> None:
                 continue
             for tid in tasks:
                 try:
-                    if os.getpriority(os.PRIO_PROCESS, int(tid)) < runs.LOW_PRIORITY_NICE:
-                        os.setpriority(os.PRIO_PROCESS, int(tid), runs.LOW_PRIORITY_NICE)
+                    if os.getpriority(os.PRIO_PROCESS, int(tid)) < budget.LOW_PRIORITY_NICE:
+                        os.setpriority(os.PRIO_PROCESS, int(tid), budget.LOW_PRIORITY_NICE)
                 except OSError:         # gone, or not ours to change
                     continue
 

@@ -38,7 +38,7 @@ MAX_SWEEP_SECONDS_GPU = 120.0
 CPU_MAX_REQUEST_FLOPS = 600e9
 GPU_MAX_REQUEST_FLOPS = 200e12
 # Everything the explorer keeps (cached models, recorded forwards, probe results) plus what running
-# requests hold stays under this many bytes (explorer.runs admits requests and evicts caches against
+# requests hold stays under this many bytes (explorer.budget admits requests and evicts caches against
 # it). 4 GiB leaves a free 16 GB Space (and the process's own ~1 GB) plenty of headroom.
 MEMORY_CEILING_ENV = "EXPLORER_MEMORY_BYTES"
 DEFAULT_MEMORY_CEILING = 4 * 2**30
@@ -94,7 +94,7 @@ def max_request_bytes() -> int:
     return memory_ceiling() // 2
 
 
-# A request estimated above this is large: it runs at a lower CPU priority (explorer.runs) in the server's heavy
+# A request estimated above this is large: it runs at a lower CPU priority (explorer.budget) in the server's heavy
 # lane, one at a time (server.admission). Lecture views are < 0.3 GFLOP; phoenix-nano's 26-150; a mask view
 # of T 2048, 2.
 LARGE_REQUEST_FLOPS = 1e9

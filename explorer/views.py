@@ -27,7 +27,7 @@ from models.runinfo import RESULTS_DIR
 from models.variants import VARIANTS, VariantConfig, build_variant, variant_inputs
 from models.xrex import right_anchored_positions
 
-from . import runs
+from . import budget, runs
 from .figures import (DIVERGING, MASK_SCALE, SEGMENT_NAMES, SEQUENTIAL, TILE_SCALE, Panel, bar_figure,
                       grouped_bar_figure, heatmap_figure, line_figure, stacked_bars_figure)
 from .limits import (FIGURE_PEAK_BYTES, MAX_FIGURE_CELLS, Cost, check_budget, forward_cost, model_bytes,
@@ -164,7 +164,7 @@ def kernel_grid(mask: AttentionMask, kernel: str) -> tuple[np.ndarray, dict]:
     return torch.where(leaked, LEAKED, cls.long()).numpy().astype(np.float32), kernel_work(k, mask, 0, tiles)
 
 
-@runs.ByteCache
+@budget.ByteCache
 def _kernel_grids(kind: str, layout) -> dict:
     mask = AttentionMask(kind, layout.seq_len, layout.candidate_start_offset, layout.valid()[None])
     return {name: kernel_grid(mask, name) for name in KERNEL_TILINGS}
@@ -486,7 +486,7 @@ def isolation_reading(s: Settings, mask_kind: str | None = None) -> IsolationRea
     return _isolation_reading(runs.model_settings(s), probe, kind)
 
 
-@runs.ByteCache
+@budget.ByteCache
 def _isolation_reading(s: Settings, probe: tuple, kind: str) -> IsolationReading:
     s = replace(s, row=probe[0], candidate=probe[1], perturbation=probe[2], delta=probe[3], replace_with=probe[4])
     r = slice(s.row, s.row + 1)          # the shown batch row, kept as a batch of one
@@ -590,7 +590,7 @@ def invariance(s: Settings) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int
     return _invariance(runs.model_settings(s), s.operation, s.candidate, s.row)
 
 
-@runs.ByteCache
+@budget.ByteCache
 def _invariance(s: Settings, operation: str, candidate: int, row: int):
     s = replace(s, operation=operation, candidate=candidate, row=row)
     batch = runs.batch_for(s)
@@ -748,7 +748,7 @@ class VariantRun:
     trained: bool = False
 
 
-@runs.ByteCache                            # 10 variants x a few examples; each run is a few kB
+@budget.ByteCache                            # 10 variants x a few examples; each run is a few kB
 def _variant_run(name: str, seed: int) -> VariantRun:
     """The variant trained on associative recall over held-out example `seed`; without the weights
     file, seeded random weights on random embeddings."""
@@ -923,7 +923,7 @@ def _capped_note(s: Settings, positions: dict) -> str:
             "not of the length; the heatmap above is the full sequence.")
 
 
-@runs.ByteCache
+@budget.ByteCache
 def _bug_report(s: Settings, row: int):
     base, r = runs.forward(s), slice(row, row + 1)
     capped = capped_layout(base.embeddings[r], base.valid[r], base.candidate_start_offset, BUG_ZOO_MAX_POSITIONS)
@@ -1028,7 +1028,7 @@ class View:
         return self._within_budget(s, lambda: part.draw(s))
 
     def _within_budget(self, s: Settings, fn: Callable[[], tuple]) -> tuple:
-        return runs.within_budget(check_budget(s, self.name, self.estimate), fn)
+        return budget.within_budget(check_budget(s, self.name, self.estimate), fn)
 
 
 def _recorded(s: Settings) -> Cost:

@@ -295,12 +295,12 @@ def memory_budget() -> dict[str, int]:
     """What the server process may hold, part by part (bytes): the ceiling of caches and running
     requests (figures on their way out included, explorer.views.View.estimate), small requests let
     past it, every visitor's uploads, Gradio's session states, and the process itself."""
-    from explorer import runs
+    from explorer import budget
     from explorer.limits import memory_ceiling
 
     from . import uploads
     parts = {"caches and running requests (EXPLORER_MEMORY_BYTES)": memory_ceiling(),
-             "small requests past the ceiling (mask lane)": LANES["light"].running * runs.small_request_bytes(),
+             "small requests past the ceiling (mask lane)": LANES["light"].running * budget.small_request_bytes(),
              "uploaded weights (every visitor)": uploads.MAX_UPLOAD_STORE_BYTES,
              "Gradio session states": SESSION_CAPACITY * SESSION_STATE_BYTES,
              "the process at start": PROCESS_BASE_BYTES}

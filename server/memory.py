@@ -1,5 +1,5 @@
 """The process's own policy, set once at start-up (app.py): torch's threads, the start-up objects out of
-the collector's reach, and the idle janitor that shrinks explorer.runs' caches when no request runs."""
+the collector's reach, and the idle janitor that shrinks explorer.budget's caches when no request runs."""
 from __future__ import annotations
 
 import gc
@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from explorer.runs import MEMORY
+from explorer.budget import MEMORY
 from explorer.schema import ValidationError
 
 log = logging.getLogger("explorer")

@@ -6,7 +6,7 @@ import asyncio
 
 import gradio as gr
 
-from explorer import runs, timing
+from explorer import budget, timing
 from explorer.schema import ValidationError
 
 from .guard import as_markdown_text, guarded, session_of, settings_of
@@ -62,7 +62,7 @@ async def timing_endpoint(query: str, lengths: str, backends: list, geometry: st
     loop = asyncio.get_running_loop()
     # a sweep past SMALL_SWEEP_MAX_LEN yields to small requests (runs at a lower CPU priority); a small one
     # (milliseconds a step) would only wait behind them, holding the lane of one sweep at a time
-    pool = runs.LOW_PRIORITY if max(req.lengths) > SMALL_SWEEP_MAX_LEN else None
+    pool = budget.LOW_PRIORITY if max(req.lengths) > SMALL_SWEEP_MAX_LEN else None
     ends_with_thread = False
     try:
         recorded = await loop.run_in_executor(None, timing_recorded_curves, req)

@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import torch
 
-from explorer import runs
+from explorer import budget, runs
 from explorer.schema import Settings, ValidationError
 from explorer.settings import WEIGHT_GEOMETRY
 
@@ -172,7 +172,7 @@ def load_upload(s: Settings, path: str, session: str, visitor: str = "local") ->
             _expire_uploads(time.monotonic())
             _check_room(session, visitor, nbytes)
     name, state = runs.check_upload(s, path, room)
-    nbytes = runs.nbytes(state)
+    nbytes = budget.nbytes(state)
     geometry = {f: getattr(s, f) for f in WEIGHT_GEOMETRY}
     now = time.monotonic()
     with _uploads_lock:

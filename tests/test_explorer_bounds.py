@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from explorer import limits, runs, views
+from explorer import budget, limits, runs, views
 from explorer.limits import check_budget, estimate_params
 from explorer.links import parse_query
 from explorer.schema import ValidationError
@@ -20,7 +20,7 @@ def view_cost(s, view):
     return VIEWS[view].estimate(s)
 
 
-def budget(s, view):
+def device_budget(s, view):
     return check_budget(s, view, VIEWS[view].estimate)
 from models.bugzoo import with_bug
 from models.grok import Transformer
@@ -76,20 +76,20 @@ def test_a_request_past_the_budget_is_refused_by_name_before_it_runs(monkeypatch
     with pytest.raises(ValidationError, match=rf"^(batch_size|num_history|num_candidates|num_layers|num_q_heads|"
                                               rf"emb_size): got \d+; allowed: a smaller value: the {view} view would run"):
         VIEWS[view].draw(s)
-    assert runs.MEMORY.cached == 0 and not any(c.entries for c in runs.MEMORY.caches)   # nothing ran
+    assert budget.MEMORY.cached == 0 and not any(c.entries for c in budget.MEMORY.caches)   # nothing ran
 
 
 def test_cap_sized_isolation_is_refused_by_its_memory_and_the_attention_view_is_not():
     """56 query heads at T 1087 record ~505 MiB per forward; the isolation probe holds several of them
     at once."""
     s = parse_query("preset=phoenix-nano&num_q_heads=56&num_kv_heads=8&num_layers=1")
-    assert budget(s, "attention").peak_bytes < limits.max_request_bytes()
+    assert device_budget(s, "attention").peak_bytes < limits.max_request_bytes()
     with pytest.raises(ValidationError, match=r"MiB, \d\.\dx this CPU's budget"):
-        budget(s, "isolation")
+        device_budget(s, "isolation")
 
 
 def test_the_bug_zoo_budget_holds_at_phoenix_nano():
-    assert budget(parse_query("preset=phoenix-nano"), "variants").flops < limits.CPU_MAX_REQUEST_FLOPS
+    assert device_budget(parse_query("preset=phoenix-nano"), "variants").flops < limits.CPU_MAX_REQUEST_FLOPS
 
 
 # --- the causality probe: batched, exact, and capped ---------------------------------------------
@@ -187,25 +187,25 @@ def test_dropping_the_only_candidate_says_so():
 # --- caches in bytes under one ceiling, one lock per entry, threads set once ------------------------
 
 def test_caches_evict_by_bytes_under_the_ceiling(monkeypatch):
-    monkeypatch.setattr(runs, "memory_ceiling", lambda: 10_000)
+    monkeypatch.setattr(budget, "memory_ceiling", lambda: 10_000)
     runs.clear_caches()
-    cache = runs.ByteCache(lambda i: torch.zeros(1000))                        # 4000 bytes each
+    cache = budget.ByteCache(lambda i: torch.zeros(1000))                        # 4000 bytes each
     for i in range(5):
         cache(i)
-    assert runs.MEMORY.cached <= 10_000 and sorted(cache.entries) == [(3,), (4,)]
+    assert budget.MEMORY.cached <= 10_000 and sorted(cache.entries) == [(3,), (4,)]
     cache(3)                                                                   # used: now the newest
     cache(5)
     assert sorted(cache.entries) == [(3,), (5,)]
-    runs.MEMORY.caches.remove(cache)
+    budget.MEMORY.caches.remove(cache)
     runs.clear_caches()
 
 
 def test_running_requests_share_the_ceiling_with_the_caches(monkeypatch):
-    monkeypatch.setattr(runs, "memory_ceiling", lambda: 10_000)
+    monkeypatch.setattr(budget, "memory_ceiling", lambda: 10_000)
     order = []
 
     def request(name, size, hold):
-        with runs.MEMORY.reserve(size):
+        with budget.MEMORY.reserve(size):
             order.append(f"{name} start")
             time.sleep(hold)
             order.append(f"{name} end")
@@ -220,18 +220,18 @@ def test_running_requests_share_the_ceiling_with_the_caches(monkeypatch):
 def test_a_small_request_never_waits_behind_large_ones(monkeypatch):
     """The lecture /mask (14 ms alone) waited seconds in the abuse soak for cap-sized probe passes
     holding the ceiling to finish; a request of at most small_request_bytes runs at once."""
-    monkeypatch.setattr(runs, "memory_ceiling", lambda: 32_000)
+    monkeypatch.setattr(budget, "memory_ceiling", lambda: 32_000)
     order, holding = [], threading.Event()
 
     def large():
-        with runs.MEMORY.reserve(30_000):
+        with budget.MEMORY.reserve(30_000):
             holding.set()
             time.sleep(0.5)
             order.append("large end")
     t = threading.Thread(target=large)
     t.start()
     holding.wait()
-    with runs.MEMORY.reserve(runs.small_request_bytes()):
+    with budget.MEMORY.reserve(budget.small_request_bytes()):
         order.append("small ran")
     t.join()
     assert order == ["small ran", "large end"]
@@ -241,7 +241,7 @@ def test_the_mask_view_is_small_at_every_layout_the_device_allows():
     """...so the mask view never waits for memory, even at the longest layout (default ceiling)."""
     s = parse_query(f"preset=phoenix-nano&num_history={limits.max_seq_len() - 65}", need_model=False)
     assert s.seq_len == limits.max_seq_len()
-    assert view_cost(s, "mask").peak_bytes <= runs.small_request_bytes()
+    assert view_cost(s, "mask").peak_bytes <= budget.small_request_bytes()
 
 
 def test_one_lock_per_cache_entry(monkeypatch):
@@ -254,7 +254,7 @@ def test_one_lock_per_cache_entry(monkeypatch):
         else:
             b_began.set()
         return torch.zeros(1)
-    cache = runs.ByteCache(slow)
+    cache = budget.ByteCache(slow)
     first = threading.Thread(target=cache, args=("a",))
     first.start()
     while not calls:
@@ -266,7 +266,7 @@ def test_one_lock_per_cache_entry(monkeypatch):
         t.join()
     assert side_by_side == [True]                                              # a and b ran side by side
     assert sorted(calls) == ["a", "b"]                                         # the second a waited for the first
-    runs.MEMORY.caches.remove(cache)
+    budget.MEMORY.caches.remove(cache)
 
 
 def test_views_never_change_the_process_thread_count(monkeypatch):
@@ -290,9 +290,9 @@ def test_memory_ceiling_from_the_environment(monkeypatch):
 def test_an_idle_server_shrinks_its_caches_and_returns_the_memory(monkeypatch):
     """After load the caches may hold up to the ceiling; once no request has run for IDLE_TRIM_S
     they shrink to IDLE_KEEP_BYTES, least recently used first, and only once per idle spell."""
-    memory = runs.Memory()
-    monkeypatch.setattr(runs, "MEMORY", memory)
-    cache = runs.ByteCache(lambda n: torch.zeros(n, dtype=torch.uint8))
+    memory = budget.Memory()
+    monkeypatch.setattr(budget, "MEMORY", memory)
+    cache = budget.ByteCache(lambda n: torch.zeros(n, dtype=torch.uint8))
     for n in (4000, 3000, 2000):                         # oldest first
         cache.entries[(n,)] = torch.zeros(n, dtype=torch.uint8)
         memory.add(cache, (n,), n)
@@ -318,7 +318,7 @@ def test_large_views_run_at_a_lower_cpu_priority_and_small_ones_do_not(monkeypat
         return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
     def bounded(fn):
-        return lambda s: runs.within_budget(view_cost(s, "attention"), lambda: fn(s))
+        return lambda s: budget.within_budget(view_cost(s, "attention"), lambda: fn(s))
 
     @bounded
     def inner(s):
@@ -337,5 +337,5 @@ def test_large_views_run_at_a_lower_cpu_priority_and_small_ones_do_not(monkeypat
     with pytest.raises(KeyError, match="from the view"):
         view(parse_query("preset=phoenix-nano"))
     assert seen["lecture"] == base
-    assert seen["phoenix-nano"] == seen["nested"] == min(19, base + runs.LOW_PRIORITY_NICE)
-    assert runs.MEMORY.reserved == 0
+    assert seen["phoenix-nano"] == seen["nested"] == min(19, base + budget.LOW_PRIORITY_NICE)
+    assert budget.MEMORY.reserved == 0

@@ -255,8 +255,8 @@ def _descendants(pid: int) -> list[int]:
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads process priorities from /proc (Linux)")
 def test_the_export_browser_runs_below_the_views_priority(s):
     """A render keeps Chromium busy for about a core: the browser kaleido keeps for exports runs at
-    runs.LOW_PRIORITY_NICE, so a class's views are not slowed by someone's exports."""
-    from explorer import runs
+    budget.LOW_PRIORITY_NICE, so a class's views are not slowed by someone's exports."""
+    from explorer import budget
     export.stop_browser()
     try:
         export.figure_bytes(views.mask_view(s)[0], "svg")
@@ -270,7 +270,7 @@ def test_the_export_browser_runs_below_the_views_priority(s):
             if "chrom" in stat.split(")", 1)[0]:
                 nice[pid] = int(stat.rsplit(")", 1)[1].split()[16])
         assert nice, "no browser process found under this one"
-        assert min(nice.values()) >= runs.LOW_PRIORITY_NICE, nice
+        assert min(nice.values()) >= budget.LOW_PRIORITY_NICE, nice
     finally:
         export.stop_browser()
 
@@ -304,16 +304,16 @@ def test_the_export_browser_is_counted_while_it_runs_and_stopped_when_idle(s, mo
     the last render, its hold released."""
     import time
 
-    from explorer import runs
+    from explorer import budget
     monkeypatch.setattr(export, "BROWSER_IDLE_S", 0.5)
     export.export_figure(s, "mask", "svg", str(tmp_path))
-    assert runs.MEMORY.outside.get("export browser") == export.BROWSER_BYTES
+    assert budget.MEMORY.outside.get("export browser") == export.BROWSER_BYTES
     deadline = time.monotonic() + 30
-    while "export browser" in runs.MEMORY.outside and time.monotonic() < deadline:
+    while "export browser" in budget.MEMORY.outside and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert "export browser" not in runs.MEMORY.outside and not export._browser["up"]
+    assert "export browser" not in budget.MEMORY.outside and not export._browser["up"]
     export.export_figure(s, "mask", "svg", str(tmp_path))                 # and starts again when asked
-    assert runs.MEMORY.outside.get("export browser") == export.BROWSER_BYTES
+    assert budget.MEMORY.outside.get("export browser") == export.BROWSER_BYTES
 
 
 def test_renders_are_served_in_the_order_they_asked():

@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 
-from explorer import runs
+from explorer import budget, runs
 from explorer.links import parse_query
 from explorer.schema import ValidationError
 from models.recsys import RecsysModel, init_recsys
@@ -220,7 +220,7 @@ def test_an_upload_past_the_share_is_refused_before_its_model_is_built(tmp_path,
 def test_building_an_upload_holds_its_memory(tmp_path, monkeypatch):
     seen = []
     real = runs._initialised
-    monkeypatch.setattr(runs, "_initialised", lambda s: seen.append(runs.MEMORY.reserved) or real(s))
+    monkeypatch.setattr(runs, "_initialised", lambda s: seen.append(budget.MEMORY.reserved) or real(s))
     uploads.load_upload(parse_query(LECTURE), str(weight_file(tmp_path)[0]), "alice", "addr:a")
     assert seen and seen[0] >= 2 * 4 * runs.estimate_params(parse_query(LECTURE))
 

@@ -12,7 +12,7 @@ import torch
 import reference_numpy as ref
 from models.grok import Transformer, TransformerConfig, init_params
 from models.presets import get_preset
-from models.recsys import (PhoenixRetrievalModel, RecsysConfig, RecsysModel, SequenceLayout, init_recsys,
+from models.recsys import (PhoenixRetrievalModel, RecsysConfig, RecsysModel, init_recsys,
                            synthetic_batch)
 from models.weights import (config_from_weight_file, haiku_params, load_haiku_params, load_weights,
                             model_from_weight_file, read_weight_file, save_weights)
