@@ -25,6 +25,7 @@ from torch import nn
 
 from .limits import LARGE_REQUEST_FLOPS, memory_ceiling
 
+
 # --- caches and running requests under one ceiling in bytes ----------------------------------
 
 def nbytes(value) -> int:

@@ -22,8 +22,7 @@ from explorer.schema import Settings, ValidationError
 from explorer.settings import parse_settings
 from explorer.views import VIEWS
 
-from . import uploads
-from . import admission
+from . import admission, uploads
 from .admission import ADMISSION, LANES, visitor_of
 from .guard import as_text, session_of, settings_of
 from .links import family_endpoint, preset_endpoint
