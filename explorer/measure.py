@@ -7,9 +7,10 @@ Per shape: the backends are warmed up (compilation and mask caches never timed),
 interleaved (A B C, A B C, ...) for at least 5 repeats, each repeat a block of calls lasting ~10-20 ms
 (CUDA events on GPU; perf_counter on CPU, where every op is synchronous). Each record keeps repeats,
 median / min / max ms, peak memory above the inputs (torch.cuda.max_memory_allocated / sampled RSS on
-CPU), TFLOP/s counting only unmasked (useful) FLOPs, max |error| vs naive on the same inputs, and a
-``Status`` (ok / oom / skipped / error / not reached) and, for all but ok, a ``reason``. A ``Run`` (its own stop flag and deadline) is checked
-before every timed block.
+CPU), TFLOP/s counting only unmasked (useful) FLOPs, max |error| and relative error against grok.py's
+attention in fp32 on the same inputs (computed in pieces, so every point is checked, whether naive fits or
+not), and a ``Status`` (ok / oom / skipped / error / not reached) and, for all but ok, a ``reason``. A
+``Run`` (its own stop flag and deadline) is checked before every timed block.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
+from models import attention as A
 from models.attention import BACKENDS, attend, unavailable_reason
 from models.masks import KERNEL_TILINGS, AttentionMask
 from models.presets import PRESETS
@@ -296,19 +298,68 @@ def make_inputs(B, Hq, Hkv, head_dim, T, dtype, device, seed=0):
     return [torch.randn(s, generator=g).to(device=device, dtype=DTYPES[dtype]) for s in shapes]
 
 
-WRONG = "wrong result"              # the reason's start when a backend's output is off naive's beyond rounding
+WRONG = "wrong result"        # the reason's start when a backend's output is off the reference beyond rounding
 
 
-def max_abs_err_bound(dtype: str, n: int, v_max: float) -> float:
-    """The largest max |out - naive| rounding explains at one point, by tests/tolerances.py's rule: fp32
-    reductions of at most n terms, 4 deep (q.k, the softmax sum, probs @ v, merging a backend's pieces), plus
-    for bf16 / fp16 three roundings to that dtype (logits, probabilities, output), each once on each side;
-    all at the scale of max|v|, since an attention output is a weighted average of v rows."""
-    def two_orderings(u, terms, depth):              # depth * 2 * gamma_terms (Higham §3.1)
-        return depth * 2 * terms * u / (1 - terms * u)
+@dataclass
+class Reference:
+    """grok.py's attention in fp32 on one point's inputs, and what its rounding bound reads."""
+    out: torch.Tensor         # [B, T, Hq, K] fp32
+    scale: torch.Tensor       # [B, T, Hq, K] fp32: the same weights applied to |v|, each output's own scale
+    logit_max: float          # max |logit| entering the softmax (after the cap) over the allowed pairs
+    dot_max: float            # multiplier * max |q_i| * max |k_j| (2-norms): bounds every sum_d |q_d k_d| term
+
+
+# bytes of fp32 scores one reference piece may hold (SCORE_COPIES [rows, T] tensors at once: logits, the
+# masked copy, the probabilities, exp's temporary), so the reference fits wherever the backends do
+REFERENCE_PIECE_BYTES = {"cuda": 1 << 30, "cpu": 64 << 20}
+SCORE_COPIES = 4
+
+
+def reference_attention(q, k, v, mask: AttentionMask, *, multiplier: float, cap: float, cap_method: str,
+                        piece_bytes: int) -> Reference:
+    """naive's function in fp32 computed in pieces — one KV head's query group, a slice of the batch and of
+    the query rows at a time, each piece's mask rows built for it — so no piece holds more than
+    `piece_bytes` of scores, at any B and T. The error reference of every timed point."""
+    B, T, Hq, K = q.shape
+    Hkv = k.shape[2]
+    G = Hq // Hkv
+    row_bytes = G * k.shape[1] * 4 * SCORE_COPIES                   # one query row of one group, one batch row
+    batch = max(1, min(B, piece_bytes // (row_bytes * T)))
+    rows = max(1, min(T, piece_bytes // (row_bytes * batch)))
+    out = torch.empty(B, T, Hq, K, dtype=torch.float32, device=q.device)
+    scale = torch.empty_like(out)
+    logit_max = torch.zeros((), dtype=torch.float32, device=q.device)
+    for r0 in range(0, T, rows):
+        r1 = min(T, r0 + rows)
+        allowed = mask.dense_rows(r0, r1, q.device)                                     # [B|1, 1, rows, T]
+        for b0 in range(0, B, batch):
+            b1 = min(B, b0 + batch)
+            allow = allowed if allowed.shape[0] == 1 else allowed[b0:b1]
+            for h in range(Hkv):
+                qg = q[b0:b1, r0:r1, h * G:(h + 1) * G].float()                       # [b, rows, G, K]
+                kh, vh = (x[b0:b1, :, h:h + 1].float() for x in (k, v))               # [b, T, 1, K]
+                o, probs, logits, _ = A.grouped_attention(qg, kh, vh, multiplier=multiplier, cap=cap,
+                                                          cap_method=cap_method, allowed=allow)
+                out[b0:b1, r0:r1, h * G:(h + 1) * G] = o
+                scale[b0:b1, r0:r1, h * G:(h + 1) * G] = torch.einsum("bgts,bsd->btgd", probs, vh[:, :, 0].abs())
+                logit_max = torch.maximum(logit_max, logits.masked_fill(~allow, 0.0).abs().amax())
+                del o, probs, logits
+    norm = lambda x: float(x.float().norm(dim=-1).max())  # noqa: E731
+    return Reference(out, scale, float(logit_max), multiplier * norm(q) * norm(k))
+
+
+def attention_error_bound(dtype: str, keys: int, head_dim: int, logit_max: float, dot_max: float) -> float:
+    """C with |out - reference| <= C * reference.scale element by element: tests/tolerances.py's
+    attention_bound (derived there): the logits rounded to bf16 / fp16 once and the fp32 dot products move every
+    softmax weight by expm1(2 (u max|s| + 2 gamma_K dot_max)) relative — the softmax's condition number is its
+    logits' size —, the probabilities, a piece's and the merged output rounded once each (3u), and fp32 sums
+    over the keys on both sides and the merge (6 gamma_keys)."""
+    def gamma(n, u):                                 # Higham §3.1: n terms in any order
+        return n * u / (1 - n * u)
     u32 = torch.finfo(torch.float32).eps / 2
-    storage = 0.0 if dtype == "float32" else two_orderings(torch.finfo(DTYPES[dtype]).eps / 2, 1, 3)
-    return v_max * (two_orderings(u32, n, 4) + storage)
+    u = 0.0 if dtype == "float32" else torch.finfo(DTYPES[dtype]).eps / 2
+    return math.expm1(2 * (u * logit_max + 2 * gamma(head_dim, u32) * dot_max)) + 3 * u + 6 * gamma(keys, u32)
 
 
 def _is_oom(e: BaseException) -> bool:
@@ -341,7 +392,7 @@ def _free(device):
 def empty_record(backend: str, **point) -> dict:
     """A record of the results file's schema with nothing measured yet."""
     return dict(backend=backend, **point, repeats=0, median_ms=None, min_ms=None, max_ms=None,
-                peak_mem_bytes=None, tflops=None, max_abs_err=None, status=Status.OK, reason="")
+                peak_mem_bytes=None, tflops=None, max_abs_err=None, rel_err=None, status=Status.OK, reason="")
 
 
 def measure_shape(backends: list[str], *, mask: str = "recsys", B: int = 1, Hq: int = 4, Hkv: int = 2,
@@ -349,17 +400,19 @@ def measure_shape(backends: list[str], *, mask: str = "recsys", B: int = 1, Hq: 
                   device: str = "cpu", cap: float = 30.0, cap_method: str = "tanh", preset: str = "custom",
                   repeats: int = 5, min_block_ms: Optional[float] = None, run: Optional[Run] = None,
                   skip: Optional[dict] = None, seed: int = 0, padded: bool = False) -> list[dict]:
-    """Time every backend on the same inputs -> one record per backend, naive first (the reference).
+    """Time every backend on the same inputs -> one record per backend, naive first.
 
     Each backend is first warmed up (FlexAttention compiles, masks are built and cached: none of it
-    timed), its output compared with naive's (max_abs_err) and its peak memory measured in a call of
-    its own. Then `repeats` rounds time the backends interleaved (A B C, A B C, ...), so a slow spell of
+    timed), its output compared with the fp32 reference (reference_attention, in pieces, so at every size
+    and whether naive fits or not: max_abs_err and rel_err over the valid rows) and its peak memory
+    measured in a call of its own. Then `repeats` rounds time the backends interleaved (A B C, A B C, ...), so a slow spell of
     a shared machine falls on all of them alike; each record keeps repeats, median, min and max ms.
     `run` is checked before every warm-up and every timed block. `skip`: backend -> why not to run it.
     `padded`: the history carries key padding (padded_valid), so backends run their padded paths.
     Each record carries the point's 128 x 128 tile counts (full / partial / empty) beside its times.
-    A failure (out of memory, an error) is the record's status, never an exception; so is an output off
-    naive's (over the valid query rows) by more than max_abs_err_bound: status error, reason WRONG ..., not timed."""
+    A failure (out of memory, an error) is the record's status, never an exception; so is an output off the
+    reference (over the valid query rows) by more than attention_error_bound x its scale anywhere: status
+    error, reason WRONG ..., not timed."""
     run = run or Run()
     names = ["naive"] + [b for b in backends if b != "naive"]
     valid = padded_valid(B, T, T - num_candidates, device) if padded else None
@@ -373,7 +426,7 @@ def measure_shape(backends: list[str], *, mask: str = "recsys", B: int = 1, Hq: 
     times: dict[str, list[float]] = {}
     try:
         with torch.no_grad():
-            inputs, reference = None, None
+            inputs, reference, bound = None, None, None
             for b in names:
                 if run.stopped():
                     records[b].update(status=Status.NOT_REACHED, reason=run.stopped())
@@ -388,6 +441,10 @@ def measure_shape(backends: list[str], *, mask: str = "recsys", B: int = 1, Hq: 
                 try:
                     if inputs is None:
                         inputs = make_inputs(B, Hq, Hkv, head_dim, T, dtype, device, seed=seed)
+                        reference = reference_attention(
+                            *inputs, attn_mask, multiplier=head_dim ** -0.5, cap=cap, cap_method=cap_method,
+                            piece_bytes=REFERENCE_PIECE_BYTES[device])
+                        bound = attention_error_bound(dtype, T, head_dim, reference.logit_max, reference.dot_max)
                     call = functools.partial(_call, b, *inputs, attn_mask, head_dim ** -0.5, cap, cap_method)
                     warm = time.perf_counter()
                     out = call()                  # warm-up: compilation and mask caches happen here
@@ -400,22 +457,19 @@ def measure_shape(backends: list[str], *, mask: str = "recsys", B: int = 1, Hq: 
                     records[b].update(_failure(e))
                     _free(device)
                     continue
-                if b == "naive":
-                    reference = out
-                err = None
-                if reference is not None:             # padded query rows mean nothing (flash kernels zero them)
-                    diff = (out.float() - reference.float()).abs()
-                    err = float((diff if valid is None else diff[valid]).max())     # a NaN stays NaN
-                    del diff                          # a full-size fp32 tensor: not held through the next warm-up
-                records[b].update(peak_mem_bytes=int(peak), max_abs_err=err)
+                check = compare(out, reference, bound, valid)
                 del out
-                bound = None if err is None else max_abs_err_bound(dtype, max(T, head_dim), v_max(inputs))
-                if err is not None and not err <= bound:          # NaN fails too
-                    records[b].update(status=Status.ERROR, reason=f"{WRONG}: max |out - naive| = {err:.3g} over "
-                                      f"the valid rows, above the rounding bound {bound:.3g}")
+                records[b].update(peak_mem_bytes=int(peak), max_abs_err=check["max_abs_err"],
+                                  rel_err=check["rel_err"], err_vs=ERR_VS)
+                if check["over"]:
+                    records[b].update(status=Status.ERROR, reason=f"{WRONG}: |out - fp32 reference| is above the "
+                                      f"rounding bound ({bound:.3g} x P|v|) at {check['over']} valid elements, "
+                                      f"worst {check['ratio']:.3g} x it; max |out - reference| = "
+                                      f"{check['max_abs_err']:.3g}")
                     continue
                 ready[b] = (call, calls_per_block(one_call_ms, min_block_ms))
             del reference
+            _free(device)
             times.update({b: [] for b in ready})
             for _ in range(repeats):
                 for b, (call, number) in list(ready.items()):
@@ -438,14 +492,28 @@ def measure_shape(backends: list[str], *, mask: str = "recsys", B: int = 1, Hq: 
         if ts and r["status"] == "ok":
             r.update(spread(ts), tflops=flops / (statistics.median(ts) * 1e-3) / 1e12)
         elif r["status"] == "ok":         # warmed up, then stopped before its first timed block
-            r.update(peak_mem_bytes=None, max_abs_err=None, status=Status.NOT_REACHED,
+            r.update(peak_mem_bytes=None, max_abs_err=None, rel_err=None, status=Status.NOT_REACHED,
                      reason=run.stopped() or "not timed")
     return [records[b] for b in names]
 
 
-def v_max(inputs) -> float:
-    """max |v| of make_inputs' (q, k, v): the scale of every attention output."""
-    return float(inputs[2].abs().max())
+ERR_VS = "fp32"      # a record's errors are against reference_attention (older files: against naive)
+
+
+def compare(out: torch.Tensor, ref: Reference, bound: float, valid: Optional[torch.Tensor]) -> dict:
+    """One backend's output against the reference over the valid query rows (padded rows mean nothing: the
+    flash kernels zero them): max |out - ref|, relative error (/ max |ref|), how many elements lie above
+    bound x ref.scale (a NaN counts) and the worst ratio to it."""
+    diff = (out.float() - ref.out).abs()
+    over = ~(diff <= bound * ref.scale)                          # NaN is over
+    ratio = diff / (bound * ref.scale).clamp_min(torch.finfo(torch.float32).tiny)
+    want = ref.out.abs()
+    if valid is not None:
+        diff, over, ratio, want = (x[valid] for x in (diff, over, ratio, want))
+    max_err = float(diff.max())                                  # a NaN stays NaN
+    scale = float(want.max())
+    return dict(max_abs_err=max_err, rel_err=max_err / scale if scale > 0 else max_err,
+                over=int(over.sum()), ratio=float(ratio.nan_to_num(float("inf")).max()))
 
 
 def _call(backend, q, k, v, mask, multiplier, cap, cap_method) -> torch.Tensor:
@@ -458,7 +526,7 @@ def sweep(grid: "str | Grid" = "lecture", device: str = "cpu", *, budget_s: Opti
           backends: Optional[list[str]] = None, run: Optional[Run] = None,
           seq_lens: Optional[list[int]] = None, repeats: int = 5,
           min_block_ms: Optional[float] = None) -> Iterator[dict]:
-    """Yield one record per (T, mask, cap, padding, backend), naive first at each shape (the error reference).
+    """Yield one record per (T, mask, cap, padding, backend), naive first at each shape.
 
     Once the run stops (its budget spent, or cancelled), the remaining points are yielded (cheaply)
     as Status.NOT_REACHED with the reason, so every result file lists the whole grid.
