@@ -14,6 +14,7 @@ not), and a ``Status`` (ok / oom / skipped / error / not reached) and, for all b
 """
 from __future__ import annotations
 
+import copy
 import ctypes
 import functools
 import itertools
@@ -145,7 +146,7 @@ def mask_flops(mask: AttentionMask, B: int, Hq: int, head_dim: int, num_candidat
 
 # --- timing and memory ------------------------------------------------------------------
 
-def _sync(device):
+def sync(device):
     if device == "cuda":
         torch.cuda.synchronize()
 
@@ -248,11 +249,11 @@ class _RssPeak:
 def peak_memory_bytes(fn: Callable[[], object], device: str) -> int:
     """Memory one call needs beyond what was allocated before it."""
     if device == "cuda":
-        _sync(device)
+        sync(device)
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         fn()
-        _sync(device)
+        sync(device)
         return torch.cuda.max_memory_allocated() - base
     _release_free_heap()
     with _RssPeak() as rss:
@@ -284,7 +285,7 @@ def matmul_tflops(device: str, dtype: Optional[str] = None, n: Optional[int] = N
     b = torch.randn(n, n, device=device, dtype=DTYPES[dtype])
     fn = lambda: a @ b  # noqa: E731
     fn()
-    _sync(device)
+    sync(device)
     ms = statistics.median(time_block_ms(fn, device, 3 if device == "cuda" else 1) for _ in range(repeats))
     return 2 * n ** 3 / (ms * 1e-3) / 1e12
 
@@ -448,7 +449,7 @@ def measure_shape(backends: list[str], *, mask: str = "recsys", B: int = 1, Hq: 
                     call = functools.partial(_call, b, *inputs, attn_mask, head_dim ** -0.5, cap, cap_method)
                     warm = time.perf_counter()
                     out = call()                  # warm-up: compilation and mask caches happen here
-                    _sync(device)
+                    sync(device)
                     run.warmed_up(time.perf_counter() - warm)
                     t0 = time.perf_counter()
                     peak = peak_memory_bytes(call, device)
@@ -550,6 +551,249 @@ def sweep(grid: "str | Grid" = "lecture", device: str = "cpu", *, budget_s: Opti
 
 
 
+# --- the whole trunk: what flash buys the model ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class TrunkGrid:
+    """The trunk forward a benchmark grid times beside its attention: a preset's model (its family's trunk,
+    random weights) on a key-padded batch of B in `dtype`, under each cap (a grok trunk's tanh 30 or none;
+    an xrex trunk likewise, its own being none)."""
+    model_preset: str
+    B: int
+    dtype: str
+    cap_methods: tuple = ("tanh", "none")
+
+
+# keyed by the attention grid they sit beside (GRIDS); the GPU session times phoenix-prod and phoenix-2026
+TRUNK_GRIDS: dict[str, TrunkGrid] = {
+    "lecture": TrunkGrid("lecture", B=8, dtype="float32"),
+    "phoenix-prod": TrunkGrid("phoenix-prod", B=32, dtype="bfloat16"),
+    "phoenix-2026": TrunkGrid("phoenix-2026", B=32, dtype="bfloat16", cap_methods=("none",)),
+}
+# on CPU: the nano trunk of the same family, fp32 (CPU bf16 matmuls are emulated), two batch rows
+CPU_TRUNK_REDUCTIONS = {"phoenix-prod": dict(model_preset="phoenix-nano", B=2, dtype="float32"),
+                        "phoenix-2026": dict(model_preset="phoenix-2026-nano", B=2, dtype="float32")}
+# a results file's optional "trunk" and "views" lists: one dict per record with exactly these keys (the
+# first 7 / 2 name the point). attention_ms: the median time attention took inside one forward (AttentionClock);
+# rel_err: max |out - fp32 reference| / max |reference| over the valid rows. cold_ms: a view's first call in
+# the process, warm_ms: the median of `repeats` calls after it; both with the JSON of every figure it returns.
+TRUNK_KEYS = ("preset", "B", "T", "dtype", "cap_method", "mask", "backend", "status", "reason", "repeats",
+              "median_ms", "min_ms", "max_ms", "attention_ms", "rel_err")
+TRUNK_STATUSES = ("ok", "skipped", "error", "wrong")
+VIEW_KEYS = ("preset", "view", "cold_ms", "warm_ms", "repeats")
+
+
+def trunk_grid_for(name: str, device: str) -> Optional[TrunkGrid]:
+    g = TRUNK_GRIDS.get(name)
+    return replace(g, **CPU_TRUNK_REDUCTIONS.get(name, {})) if g is not None and device == "cpu" else g
+
+
+class AttentionClock:
+    """Inside `model` (any module whose layers call self.attention_fn, the hook the bug zoo plants into),
+    every attention call bracketed by CUDA events (perf_counter on CPU), so the forward it sits in is timed as
+    a whole and its attention apart, in the same forward. attention_ms() after the forward: their sum."""
+
+    def __init__(self, model: torch.nn.Module, device: str):
+        self.layers = [m for m in model.modules() if hasattr(m, "attention_fn")]
+        self.device, self.spans = device, []
+
+    def _mark(self):
+        if self.device != "cuda":
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def __enter__(self):
+        def timed(fn):
+            def call(*args, **kwargs):
+                start = self._mark()
+                out = fn(*args, **kwargs)
+                self.spans.append((start, self._mark()))
+                return out
+            return call
+        self.originals = [m.attention_fn for m in self.layers]
+        for m in self.layers:
+            m.attention_fn = timed(m.attention_fn)
+        return self
+
+    def __exit__(self, *exc):
+        for m, fn in zip(self.layers, self.originals):
+            m.attention_fn = fn
+
+    def attention_ms(self) -> float:
+        sync(self.device)
+        if self.device == "cuda":
+            total = sum(a.elapsed_time(b) for a, b in self.spans)
+        else:
+            total = sum(b - a for a, b in self.spans) * 1e3
+        self.spans = []
+        return total
+
+
+class Trunk:
+    """A preset's trunk (random weights, seed 1) on `device` with a key-padded batch (padded_valid, seed 3):
+    forward(backend) in `dtype`; reference() the same weights in fp32 with reference_attention in every layer
+    (in pieces: it fits wherever the timed forward does) -> (embeddings, max |logit| of any layer)."""
+
+    def __init__(self, preset: str, B: int, dtype: str, cap_method: str, device: str):
+        from models.grok import Transformer, init_params
+        from models.xrex import XrexTrunk
+        p = PRESETS[preset]
+        T, self.offset = p.layout.seq_len, p.layout.candidate_start_offset
+        self.family, self.dtype, self.device = p.family, dtype, device
+        if p.family == "grok":
+            self.config = p.transformer.replace(cap_method=cap_method)
+            self.ref_model = init_params(Transformer(self.config), "random", seed=1).to(device).eval()
+            self.kind = self.ref_model.attention_mask(None, self.offset, seq_len=T).kind
+        else:                        # xrex: numerics="bf16" reads parameters in bf16 (already so: no cast per call)
+            self.config = p.xrex_config().replace(attn_logit_cap=30.0 if cap_method != "none" else -1.0,
+                                                  attn_logit_cap_method=cap_method if cap_method != "none" else "tanh")
+            self.ref_model = init_params(XrexTrunk(self.config), "random", seed=1).to(device).eval()
+            self.kind = self.ref_model.ranker.attention_mask(None, seq_len=T).kind
+        self.model = copy.deepcopy(self.ref_model).to(DTYPES[dtype])
+        self.cap_method = cap_method
+        self.emb = torch.randn(B, T, self.config.emb_size, generator=torch.Generator().manual_seed(3)).to(device)
+        self.emb_low = self.emb.to(DTYPES[dtype])
+        self.valid = padded_valid(B, T, self.offset, device)
+
+    @property
+    def cap(self) -> float:
+        return self.config.logit_cap if self.family == "grok" else self.config.attn_logit_cap
+
+    def unavailable(self, backend: str) -> Optional[str]:
+        return unavailable_reason(backend, device=self.device, dtype=self.dtype, cap=self.cap,
+                                  cap_method=self.cap_method, mask_kind=self.kind, padding=True,
+                                  head_dim=self.config.key_size)
+
+    def _run(self, model, backend: str, low: bool) -> torch.Tensor:
+        emb = self.emb_low if low else self.emb
+        if self.family == "grok":
+            return model(emb, self.valid, self.offset, backend=backend).embeddings
+        numerics = "bf16" if low and self.dtype == "bfloat16" else "fp32"
+        return model(emb, self.valid, backend=backend, numerics=numerics).embeddings
+
+    def forward(self, backend: str) -> torch.Tensor:
+        return self._run(self.model, backend, low=True)
+
+    def reference(self, piece_bytes: int) -> tuple[torch.Tensor, float]:
+        logit_max = []
+
+        def reference_fn(q, k, v, mask, *, multiplier, cap, cap_method, backend=None, need_weights=False):
+            ref = reference_attention(q, k, v, mask, multiplier=multiplier, cap=cap, cap_method=cap_method,
+                                      piece_bytes=piece_bytes)
+            logit_max.append(ref.logit_max)
+            return A.AttentionOutput(ref.out.to(q.dtype))
+        layers = [m for m in self.ref_model.modules() if hasattr(m, "attention_fn")]
+        originals = [m.attention_fn for m in layers]
+        try:
+            for m in layers:
+                m.attention_fn = reference_fn
+            out = self._run(self.ref_model, "naive", low=False).float()
+        finally:
+            for m, fn in zip(layers, originals):
+                m.attention_fn = fn
+        return out, max(logit_max)
+
+    def error_bound(self, logit_max: float) -> float:
+        """rel_err above which a backend's forward is wrong: tests/tolerances.py's storage_forward_bound (fp32
+        reductions 6 per layer + 1 deep, each stage rounded to `dtype` once per side, each layer's softmax moved
+        by its logits' rounding); fp32 forwards use a float32 rounding of every stage instead."""
+        c = self.config
+        n = max(c.emb_size, c.ffn_hidden, self.emb.shape[1])
+        depth = 6 * c.num_layers + 1
+        u32 = torch.finfo(torch.float32).eps / 2
+        u = torch.finfo(DTYPES[self.dtype]).eps / 2
+        stored = 0.0 if self.dtype == "float32" else depth * 2 * u / (1 - u)
+        return depth * 2 * n * u32 / (1 - n * u32) + stored + c.num_layers * math.expm1(2 * u * logit_max)
+
+
+def trunk_record(preset: str, backend: str, **fields) -> dict:
+    """A record of the results file's "trunk" list (TRUNK_KEYS) with nothing measured yet."""
+    return dict(dict.fromkeys(TRUNK_KEYS), preset=preset, backend=backend, status="ok", reason="", repeats=0,
+                **fields)
+
+
+def measure_trunk(grid: TrunkGrid, cap_method: str, device: str, *, backends: Optional[list[str]] = None,
+                  repeats: int = 5, min_block_ms: Optional[float] = None, run: Optional[Run] = None) -> list[dict]:
+    """The whole trunk forward on every backend, naive first: warmed up, checked against the fp32 reference
+    (rel_err over the valid rows; past Trunk.error_bound the status is "wrong", untimed), then timed
+    interleaved for `repeats` rounds; attention_ms is the median time its attention calls took inside the
+    same forwards (AttentionClock). A failure is a status ("error", "skipped"), never an exception."""
+    run = run or Run()
+    names = ["naive"] + [b for b in (backends or list(BACKENDS)) if b != "naive" and b in BACKENDS]
+    trunk = Trunk(grid.model_preset, grid.B, grid.dtype, cap_method, device)
+    point = dict(B=grid.B, T=trunk.emb.shape[1], dtype=grid.dtype, cap_method=cap_method, mask=trunk.kind)
+    records = {b: trunk_record(grid.model_preset, b, **point) for b in names}
+    min_block_ms = min_block_ms if min_block_ms is not None else (10.0 if device == "cuda" else 20.0)
+    ready: dict[str, tuple[Callable[[], torch.Tensor], int]] = {}
+    times: dict[str, list[tuple[float, float]]] = {}
+    clock = AttentionClock(trunk.model, device)
+    try:
+        with torch.no_grad():
+            ref, logit_max = trunk.reference(REFERENCE_PIECE_BYTES[device])
+            bound = trunk.error_bound(logit_max)
+            valid, scale = trunk.valid, float(ref[trunk.valid].abs().max())
+            for b in names:
+                why = run.stopped() or trunk.unavailable(b)
+                if why:
+                    records[b].update(status="skipped", reason=why)
+                    continue
+                call = functools.partial(trunk.forward, b)
+                try:
+                    warm = time.perf_counter()
+                    out = call()                              # warm-up: compiles, masks, caches
+                    sync(device)
+                    run.warmed_up(time.perf_counter() - warm)
+                    t0 = time.perf_counter()
+                    call()
+                    sync(device)
+                    one_call_ms = (time.perf_counter() - t0) * 1e3
+                except Exception as e:  # noqa: BLE001 — a failure is the record's status
+                    records[b].update(status="error", reason=_failure(e)["reason"])
+                    _free(device)
+                    continue
+                err = float((out.float() - ref)[valid].abs().max()) / scale
+                del out
+                records[b].update(rel_err=err)
+                if not err <= bound:                          # NaN is wrong too
+                    records[b].update(status="wrong", reason=f"{WRONG}: relative error {err:.3g} against the fp32 "
+                                                             f"reference, above the rounding bound {bound:.3g}")
+                    continue
+                ready[b] = (call, calls_per_block(one_call_ms, min_block_ms))
+            del ref
+            times.update({b: [] for b in ready})
+            with clock:
+                for _ in range(repeats):
+                    for b, (call, number) in list(ready.items()):
+                        if run.stopped():
+                            break
+                        clock.attention_ms()                  # drop spans of an earlier block
+                        ms = time_block_ms(call, device, number)
+                        times[b].append((ms, clock.attention_ms() / number))
+                    if run.stopped():
+                        break
+    finally:
+        ready.clear()
+        _free(device)
+    for b, ts in times.items():
+        if ts:
+            records[b].update(spread([t for t, _ in ts]), attention_ms=statistics.median(a for _, a in ts))
+        else:
+            records[b].update(status="skipped", reason=run.stopped() or "not timed")
+    return [records[b] for b in names]
+
+
+def sweep_trunks(names: list[str], device: str, *, budget_s: Optional[float] = None,
+                 backends: Optional[list[str]] = None, repeats: int = 5, run: Optional[Run] = None) -> Iterator[dict]:
+    """measure_trunk for each named grid's trunk (TRUNK_GRIDS; names without one are passed over) and cap."""
+    run = run or Run(budget_s)
+    for name in names:
+        grid = trunk_grid_for(name, device)
+        for cap_method in grid.cap_methods if grid else ():
+            yield from measure_trunk(grid, cap_method, device, backends=backends, repeats=repeats, run=run)
+
+
 # --- the results file -------------------------------------------------------------------------
 
 def slug(text: str) -> str:
@@ -582,6 +826,25 @@ def _read_results(stamps: tuple) -> list[tuple[str, dict]]:
         if isinstance(data, dict) and isinstance(data.get("records"), list) and "device_name" in data:
             data["records"] = [with_status(r) for r in data["records"]]
             out.append((Path(path).name, data))
+    return out
+
+
+def load_model_timings(results_dir: Path = RESULTS_DIR) -> list[tuple[str, dict]]:
+    """(file name, data) for every results file (load_results) with a "trunk" or "views" list: the file's
+    device_name, date, commit, torch, cuda and matmul_tflops, and "trunk" / "views" (both always there) whose
+    records hold exactly TRUNK_KEYS / VIEW_KEYS (an absent key is None); a trunk record whose status is not
+    one of TRUNK_STATUSES reads as "error" with that status as its reason. A fresh copy: change it freely."""
+    out = []
+    for name, data in load_results(results_dir):
+        if not (data.get("trunk") or data.get("views")):
+            continue
+        trunk = [{k: r.get(k) for k in TRUNK_KEYS} for r in data.get("trunk") or [] if isinstance(r, dict)]
+        for r in trunk:
+            if r["status"] not in TRUNK_STATUSES:
+                r.update(status="error", reason=r["reason"] or f"status {r['status']!r}")
+        views = [{k: r.get(k) for k in VIEW_KEYS} for r in data.get("views") or [] if isinstance(r, dict)]
+        head = {k: data.get(k) for k in ("device_name", "date", "commit", "torch", "cuda", "matmul_tflops")}
+        out.append((name, dict(head, trunk=trunk, views=views)))
     return out
 
 
