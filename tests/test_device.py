@@ -203,20 +203,28 @@ def test_cuda_masks_are_built_on_the_device():
     assert torch.equal(mask.tiles(128, 128, "cuda").classes.cpu(), cpu.tiles(128, 128).classes)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("preset", GPU_PRESETS)
-def test_cuda_explorer_views(preset):
-    """Every view function on the GPU (the views keep each tensor on the explorer's device)."""
+VIEW_PRESETS = GPU_PRESETS + ["phoenix-2026-nano", "phoenix-2026"]     # both families, every size
+
+
+@pytest.mark.parametrize("device,preset", [("cpu", "lecture")]
+                         + [pytest.param("cuda", p, marks=ON_CUDA) for p in VIEW_PRESETS])
+def test_every_view_draws_on_the_device(device, preset, monkeypatch):
+    """Every drawn view (explorer.views.VIEWS), as a request draws it, with the JSON of every figure: on a GPU at
+    every GPU preset (the views keep each tensor on the explorer's device), on CPU at lecture. On a GPU the
+    explorer's memory ceiling is half the device's (as a GPU Space would set it: the default 4 GiB refuses
+    phoenix-prod's model views by budget, a policy, not a device fault)."""
     pytest.importorskip("plotly")
     from explorer import views
+    from explorer.limits import MEMORY_CEILING_ENV
     from explorer.links import parse_query
+    if device == "cuda":
+        monkeypatch.setenv(MEMORY_CEILING_ENV, str(torch.cuda.get_device_properties(0).total_memory // 2))
     s = parse_query(f"preset={preset}")
-    names = ["mask_view", "isolation_view"] + (["attention_view", "invariance_view", "rope_view"]
-                                               if preset != "phoenix-prod" else [])
-    for name in names:
-        out = getattr(views, name)(s)
-        assert out and all(o is not None for o in out), name
+    for view in views.drawn_views():
+        out = view.draw(s)
+        assert out and all(o is not None for o in out), view.name
+        for figure in out:
+            getattr(figure, "to_json", lambda: None)()
     assert views.isolation_reading(s).isolated
 
 
