@@ -710,8 +710,8 @@ class Trunk:
 
 def trunk_record(preset: str, backend: str, **fields) -> dict:
     """A record of the results file's "trunk" list (TRUNK_KEYS) with nothing measured yet."""
-    return dict(dict.fromkeys(TRUNK_KEYS), preset=preset, backend=backend, status="ok", reason="", repeats=0,
-                **fields)
+    return {**dict.fromkeys(TRUNK_KEYS), "status": "ok", "reason": "", "repeats": 0, **fields,
+            "preset": preset, "backend": backend}
 
 
 def measure_trunk(grid: TrunkGrid, cap_method: str, device: str, *, backends: Optional[list[str]] = None,
@@ -831,21 +831,69 @@ def _read_results(stamps: tuple) -> list[tuple[str, dict]]:
 
 def load_model_timings(results_dir: Path = RESULTS_DIR) -> list[tuple[str, dict]]:
     """(file name, data) for every results file (load_results) with a "trunk" or "views" list: the file's
-    device_name, date, commit, torch, cuda and matmul_tflops, and "trunk" / "views" (both always there) whose
-    records hold exactly TRUNK_KEYS / VIEW_KEYS (an absent key is None); a trunk record whose status is not
-    one of TRUNK_STATUSES reads as "error" with that status as its reason. A fresh copy: change it freely."""
+    device_name, date, commit, torch, cuda and matmul_tflops, "source" (what was read), and "trunk" / "views"
+    (both always there) whose records hold exactly TRUNK_KEYS / VIEW_KEYS (an absent key is None); a trunk
+    record whose status is not one of TRUNK_STATUSES reads as "error" with that status as its reason. The first
+    GPU run timed them apart (probe.py, gpu-run-<date>/probe.json beside a results file of the same device and
+    date): read as the same schema (_probe_timings). A fresh copy: change it freely."""
     out = []
     for name, data in load_results(results_dir):
+        source = name
         if not (data.get("trunk") or data.get("views")):
-            continue
+            probe = Path(results_dir) / f"gpu-run-{data.get('date')}" / "probe.json"
+            data, source = _probe_timings(probe, data), f"{name} + {probe.parent.name}/{probe.name}"
+            if data is None:
+                continue
         trunk = [{k: r.get(k) for k in TRUNK_KEYS} for r in data.get("trunk") or [] if isinstance(r, dict)]
         for r in trunk:
             if r["status"] not in TRUNK_STATUSES:
                 r.update(status="error", reason=r["reason"] or f"status {r['status']!r}")
         views = [{k: r.get(k) for k in VIEW_KEYS} for r in data.get("views") or [] if isinstance(r, dict)]
         head = {k: data.get(k) for k in ("device_name", "date", "commit", "torch", "cuda", "matmul_tflops")}
-        out.append((name, dict(head, trunk=trunk, views=views)))
+        out.append((name, dict(head, source=source, trunk=trunk, views=views)))
     return out
+
+
+PROBE_TRUNK = re.compile(r"(?P<preset>\S+) B(?P<B>\d+) cap (?P<cap>\S+) (?P<backend>\S+)$")
+
+
+def _probe_timings(path: Path, data: dict) -> Optional[dict]:
+    """The first GPU run's probe.json (benchmarks/results/gpu-run-2026-11-26/probe.py: its views and the grok
+    trunk, B 32, bf16, prefix causal, padded, CUDA events, median of 7 after 2 warm-ups; rel_err against naive in
+    bf16) as `data` with "trunk" and "views" in this module's schema: min / max and attention_ms were not
+    measured (None); a tab's times are the sums of its parts' (probe.py timed each view function); None when
+    there is no probe of this file's device."""
+    try:
+        probe = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if probe.get("device") != data.get("device_name"):
+        return None
+    from explorer.views import VIEWS                    # here: explorer.views imports this module
+    tab_of = {part.draw.__name__: v.name for v in VIEWS.values() for part in v.parts}
+    trunk = []
+    for key, r in probe.get("trunk", {}).items():
+        m = PROBE_TRUNK.match(key)
+        if not m or m["preset"] not in PRESETS:
+            continue
+        status = "ok" if "ms" in r else "skipped" if "skipped" in r else "error"
+        trunk.append(trunk_record(m["preset"], m["backend"], B=int(m["B"]), T=PRESETS[m["preset"]].layout.seq_len,
+                                  dtype="bfloat16", cap_method=m["cap"], mask="recsys", status=status,
+                                  reason=r.get("skipped") or r.get("error") or "", repeats=7 if "ms" in r else 0,
+                                  median_ms=r.get("ms"), rel_err=r.get("rel_err")))
+    views: dict[tuple, dict] = {}
+    for key, r in probe.get("views", {}).items():
+        preset, _, fn = key.partition(" ")
+        tab = tab_of.get(fn)
+        if tab is None:
+            continue
+        v = views.setdefault((preset, tab), dict(preset=preset, view=tab, cold_ms=0.0, warm_ms=0.0, repeats=3))
+        if "cold_ms" in r and v["cold_ms"] is not None:
+            v["cold_ms"] += r["cold_ms"]
+            v["warm_ms"] += r["warm_ms"]
+        else:                                           # a part failed: the tab has no time
+            v.update(cold_ms=None, warm_ms=None, repeats=0)
+    return dict(data, trunk=trunk, views=list(views.values()))
 
 
 _LEGACY = {"skipped: time budget spent": (Status.NOT_REACHED, "time budget spent"),

@@ -120,3 +120,27 @@ def test_bad_parts_and_view_presets_are_refused_by_name(args, message, capsys):
     with pytest.raises(SystemExit):
         cli.main(["--device", "cpu"] + args)
     assert message in capsys.readouterr().err
+
+
+def test_the_first_gpu_runs_probe_reads_as_the_same_schema(tmp_path):
+    """The H100 run of 2026-11-26 timed the trunk and the views apart (gpu-run-2026-11-26/probe.json): the loader
+    gives them in TRUNK_KEYS / VIEW_KEYS beside its results file, a tab's time the sum of its parts'; a probe of
+    another device, or none, gives nothing."""
+    from models.runinfo import RESULTS_DIR
+    (name, data), = [x for x in bench.load_model_timings(RESULTS_DIR) if x[0].startswith("nvidia-h100")]
+    assert (data["device_name"], data["date"], data["commit"]) == ("NVIDIA H100 80GB HBM3", "2026-11-26", "801f962")
+    trunk = {(r["preset"], r["cap_method"], r["backend"]): r for r in data["trunk"]}
+    assert all(tuple(r) == bench.TRUNK_KEYS for r in data["trunk"])
+    assert trunk[("phoenix-prod", "tanh", "naive")]["median_ms"] == 302.958
+    assert trunk[("phoenix-prod", "none", "fa4")]["median_ms"] == 107.426 and trunk[("phoenix-prod", "none", "fa4")]["B"] == 32
+    assert trunk[("phoenix-prod", "tanh", "sdpa")]["status"] == "skipped"
+    views = {(r["preset"], r["view"]): r for r in data["views"]}
+    assert views[("phoenix-prod", "attention")]["warm_ms"] == 677.3
+    assert views[("lecture", "mask")]["cold_ms"] == pytest.approx(124.1 + 17.7)      # mask_view + kernel_view
+    probe = json.loads((RESULTS_DIR / "gpu-run-2026-11-26" / "probe.json").read_text())
+    results = json.loads((RESULTS_DIR / name).read_text())
+    (tmp_path / name).write_text(json.dumps(results))
+    assert bench.load_model_timings(tmp_path) == []
+    (tmp_path / "gpu-run-2026-11-26").mkdir()
+    (tmp_path / "gpu-run-2026-11-26" / "probe.json").write_text(json.dumps(dict(probe, device="another GPU")))
+    assert bench.load_model_timings(tmp_path) == []
