@@ -82,7 +82,8 @@ def file_table(name: str, data: dict) -> list[str]:
         ok = [r for r in rs if r["status"] == "ok" and r["backend"] != "naive"]
         best = min(ok, key=lambda r: r["median_ms"]) if ok else None
         n_ok = naive is not None and naive["status"] == "ok"
-        naive_ms = _ms(naive) if n_ok else (naive["reason"] or str(naive["status"]) if naive else "—")
+        naive_ms = _ms(naive) if n_ok else ("—" if not naive else "out of memory" if naive["status"] == "oom"
+                                            else naive["reason"] or str(naive["status"]))
         tiles = rs[0].get("tiles")
         cells = [preset, mask, cap, dtype, str(B), f"{rs[0]['Hq']}/{rs[0]['Hkv']}", str(T),
                  f"{tiles['full']}/{tiles['partial']}/{tiles['empty']}" if tiles else "—", naive_ms,
@@ -278,8 +279,8 @@ def device_views_block(results_dir: Path = RESULTS_DIR) -> str:
             continue
         views = list(dict.fromkeys(r["view"] for r in data["views"]))
         lines += [f"**{data['device_name']}**, {data['date']}, commit `{data['commit']}` (`benchmarks/results/"
-                  f"{data['source']}`): each view as a request draws it, its figures' JSON included; first call in "
-                  f"the process / median of the {max(r['repeats'] for r in data['views'])} calls after it, ms.", "",
+                  f"{data['source']}`): every part of each tab with its figures' JSON; first call in the process / "
+                  f"median of the {max(r['repeats'] for r in data['views'])} calls after it, ms.", "",
                   "| preset | " + " | ".join(views) + " |", "|---|" + "---|" * len(views)]
         for preset, rs in _groups(data["views"], ("preset",)).items():
             by = {r["view"]: r for r in rs}
