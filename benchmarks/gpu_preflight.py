@@ -98,7 +98,8 @@ def missing_apis(apis) -> list[str]:
 
 
 def lock_lines(lock: Path = LOCK) -> tuple[list[str], dict[str, str]]:
-    """(the carried requirements, {name: why} for the wheels the resolver adds that are not carried)."""
+    """(the carried requirements, their inline comments dropped; {name: why} for the wheels the resolver adds
+    that are not carried)."""
     carried, omitted = [], {}
     for line in lock.read_text().splitlines():
         line = line.strip()
@@ -106,8 +107,15 @@ def lock_lines(lock: Path = LOCK) -> tuple[list[str], dict[str, str]]:
             name, _, why = line.removeprefix("# not carried:").strip().partition(" ")
             omitted[canonical(name)] = why.strip("() ")
         elif line and not line.startswith("#"):
-            carried.append(line)
+            carried.append(line.split(" #", 1)[0].strip())
     return carried, omitted
+
+
+def lock_roots(lock: Path = LOCK) -> list[str]:
+    """The carried requirements the session itself needs (marked "# root:"), each with its own pin: what a fresh
+    resolve starts from (pip adds the rest)."""
+    return [line.split(" #", 1)[0].strip() for line in lock.read_text().splitlines()
+            if not line.startswith("#") and "# root:" in line]
 
 
 def canonical(name: str) -> str:
@@ -155,7 +163,8 @@ def report() -> dict:
     """Everything the preflight found; `failures` lists what the GPU path needs and does not have."""
     import torch
     versions = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda}
-    for dist in ("triton", "flash-attn-4", "nvidia-cutlass-dsl", "apache-tvm-ffi", "cuda-bindings", "einops"):
+    for dist in ("triton", "flash-attn-4", "nvidia-cutlass-dsl", "apache-tvm-ffi", "cuda-bindings", "einops",
+                 "plotly", "narwhals"):
         try:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# The GPU session: FlashAttention-4 and every other backend tested and timed on one device machine.
-# NOT YET RUN ON A GPU: no session so far has had one; what can be is checked on CPU by tests/test_gpu_wheels.py
-# (the wheel set, the install into a venv python like the device's, the preflight, the streamed results).
+# The GPU session: FlashAttention-4 and every other backend tested and timed on one device machine, with the whole
+# trunk forward per backend and every explorer view. First run: NVIDIA H100 80GB HBM3, 2026-11-26, commit 801f962
+# (benchmarks/results/gpu-run-2026-11-26/README.md says what ran). What can be is checked on CPU by
+# tests/test_gpu_wheels.py (the wheel set, the install into a venv python like the device's, the preflight, the
+# streamed results, the plan of `all` with DRY_RUN=1 and its commands' arguments).
 #
-#   0. Here, on a machine with the package registry, from the repo root (about 100 MB in .whl/, git-ignored):
+#   0. Here, on a machine with the package registry, from the repo root (about 110 MB in .whl/, git-ignored):
 #        bash benchmarks/gpu_session.sh fetch
-#      downloads benchmarks/gpu-wheels.txt (FlashAttention-4 and what pip adds that the device image lacks: the
-#      CuTe DSL and its cu13 libs, tvm-ffi, quack) as one tar cut into .whl/part1 ... .whl/partN, each small
-#      enough to carry (a call carries at most 64 MiB with the working tree).
+#      downloads benchmarks/gpu-wheels.txt (FlashAttention-4 and plotly, and what pip adds that the device image
+#      lacks: the CuTe DSL and its cu13 libs, tvm-ffi, quack) as one tar cut into .whl/part1 ... .whl/partN, each
+#      small enough to carry (a call carries at most 64 MiB with the working tree).
 #   1. For each part but the last, straight after one another (a machine stays warm only ~30 s):
 #        run(command="bash benchmarks/gpu_session.sh park", carry=[".whl/partI"], timeout_s=120)
 #      parks the part in /tmp on the machine.
@@ -24,13 +26,18 @@
 #         here), every torch and FA4 API the GPU path calls, the image's packages against the carried wheels'
 #         requirements, torch's own DLPack exchange API (why torch-c-dlpack-ext is not carried);
 #      e. every GPU test with ATTN_REQUIRE_BACKENDS=fa4 (fa4 not loading, or loading and not running, fails),
-#         half the budget left; each outcome (and the measured softcap tanh error) is streamed to
-#         $OUT/gpu-tests.jsonl as it finishes, the log and JUnit file beside it;
-#      f. the benchmark presets until the budget is spent, each results record written to $OUT/results as it
-#         is measured; a backend whose output is off naive's by more than rounding fails the run.
+#         every view at every GPU preset included, TESTS_SHARE % of the budget left at most; each outcome (and
+#         the measured softcap tanh error) is streamed to $OUT/gpu-tests.jsonl as it finishes, the log and
+#         JUnit file beside it;
+#      f. every explorer view timed at five presets (first call and warm, figure JSON included), then the whole
+#         trunk forward per backend at phoenix-prod (grok, tanh cap and none) and phoenix-2026 (xrex), with
+#         attention's share and the error against the fp32 trunk: VIEWS_S and TRUNK_S seconds at most;
+#      g. the attention presets until the budget is spent (phoenix-prod, phoenix-2026, phoenix-prod-b256, long),
+#         every point checked against the fp32 reference computed in pieces (naive fitting or not); a wrong
+#         kernel fails the run. f and g write each record to $OUT/results/<device>-<date>.json as measured.
 #      The whole call is budgeted from its start: CALL_BUDGET_S (default 540 of the 600 s limit) less a margin
-#      for a FlexAttention / CuTe compile, which cannot be interrupted. "tests" and "bench" run e or f alone
-#      (after a to d); "install" runs b alone.
+#      for a FlexAttention / CuTe compile, which cannot be interrupted. "tests" runs e alone and "bench" f and g
+#      (after a to d); "install" runs b alone. DRY_RUN=1 prints each step's command and budget instead.
 #   3. Back here: copy $OUT's results JSON into benchmarks/results/, then
 #        python -m benchmarks.attention --replot benchmarks/results/<file>.json && python scripts/readme_tables.py
 #      and commit it (device, date and commit are in the file) with the regenerated README.
@@ -44,7 +51,20 @@ whl=${WHL_DIR:-.whl}
 out=${OUT:-$park/out}
 PART_BYTES=56000000              # + the working tree (~5 MB) stays under the 64 MiB a call carries
 
+TESTS_SHARE=${TESTS_SHARE:-35}     # % of what is left when the tests start
+VIEWS_S=${VIEWS_S:-60}            # every view at VIEW_PRESETS
+TRUNK_S=${TRUNK_S:-100}           # the trunk forward per backend at TRUNK_PRESETS
+VIEW_PRESETS=lecture,phoenix-nano,phoenix-2026-nano,phoenix-prod,phoenix-2026
+TRUNK_PRESETS=(phoenix-prod phoenix-2026)
+BENCH_PRESETS=(phoenix-prod phoenix-2026 phoenix-prod-b256 long)
+
 left() { echo $(( start + budget - $(date +%s) )); }
+
+step() {   # $1: seconds at most, then the command: run it under timeout, or print it (DRY_RUN=1)
+    local s=$1; shift
+    if [ -n "${DRY_RUN:-}" ]; then echo "DRY RUN ($s s): $(printf '%q ' "$@")"; return 0; fi
+    timeout "$s" "$@"
+}
 
 fetch() {
     git check-ignore -q "$whl/x" || { echo "$whl/ must be git-ignored (it is in .gitignore)"; return 1; }
@@ -122,19 +142,32 @@ caches() {   # compiled kernels kept under $park: a second call on a warm machin
 
 gpu_tests() {   # $1: seconds
     echo "== GPU tests ($1 s at most)"
-    timeout "$1" python3 -m pytest -q -p no:cacheprovider -p benchmarks.pytest_stream \
+    step "$1" python3 -m pytest -q -p no:cacheprovider -p benchmarks.pytest_stream \
         --stream-jsonl "$out/gpu-tests.jsonl" -m gpu tests/test_attention.py tests/test_device.py -rs \
         --junitxml "$out/gpu-tests.xml" 2>&1 | tee "$out/gpu-tests.log"
 }
 
-bench() {   # benchmark presets until the call's budget is spent, results to $out/results as produced
+benchmark() {   # $1: its budget in seconds, then benchmarks.attention's arguments; results to $out/results
+    local b=$1; shift
+    step $(( b + 45 )) python3 -m benchmarks.attention --device cuda --no-plot --out-dir "$out/results" \
+        --budget-s "$b" --note "gpu_session.sh, $(date -u +%FT%TZ)" "$@"
+}
+
+model_timing() {   # every view, then the trunk forward per backend (what flash buys the model)
+    local l; l=$(left)
+    echo "== views at $VIEW_PRESETS ($VIEWS_S s)"
+    benchmark "$VIEWS_S" --parts= --views "$VIEW_PRESETS"
+    echo "== trunk forward at ${TRUNK_PRESETS[*]} ($TRUNK_S s)"
+    benchmark "$TRUNK_S" --parts trunk "${TRUNK_PRESETS[@]/#/--preset=}"
+}
+
+bench() {   # attention presets until the call's budget is spent
     local margin=90               # one uninterruptible compile, and the time to write what was measured
-    for p in phoenix-2026 phoenix-prod phoenix-prod-b256 long; do
+    for p in "${BENCH_PRESETS[@]}"; do
         local l; l=$(left)
         [ "$l" -gt $(( margin + 30 )) ] || { echo "no time left for $p ($l s)"; break; }
         echo "== benchmark $p ($(( l - margin )) s)"
-        timeout $(( l - 15 )) python3 -m benchmarks.attention --device cuda --preset "$p" --no-plot \
-            --out-dir "$out/results" --budget-s $(( l - margin )) --note "gpu_session.sh, $(date -u +%FT%TZ)"
+        benchmark $(( l - margin )) --parts attention --preset "$p"
     done
 }
 
@@ -153,10 +186,14 @@ all|tests|bench)
     python3 -m benchmarks.gpu_preflight --json "$out/preflight.json" || echo "the preflight found the above missing"
     export ATTN_REQUIRE_BACKENDS=fa4      # fa4 not loading, or loading and never run, fails the tests
     python3 -c "from models.attention import fa4_missing; print('fa4:', fa4_missing() or 'available')"
+    # the explorer's memory ceiling as a GPU Space would set it: half the device (the 4 GiB default refuses
+    # phoenix-prod's model views by budget)
+    export EXPLORER_MEMORY_BYTES=${EXPLORER_MEMORY_BYTES:-$(python3 -c \
+        'import torch; print(torch.cuda.get_device_properties(0).total_memory // 2 if torch.cuda.is_available() else 4 << 30)')}
     case "$step" in
-    all) gpu_tests $(( $(left) / 2 )); bench ;;
+    all) gpu_tests $(( $(left) * TESTS_SHARE / 100 )); model_timing; bench ;;
     tests) gpu_tests $(( $(left) - 15 )) ;;
-    bench) bench ;;
+    bench) model_timing; bench ;;
     esac
     echo "== done in $(( $(date +%s) - start )) s; in \$OUT: $(cd "$out" && find . -type f | tr '\n' ' ')" ;;
 *)

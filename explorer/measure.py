@@ -7,12 +7,14 @@ Per shape: the backends are warmed up (compilation and mask caches never timed),
 interleaved (A B C, A B C, ...) for at least 5 repeats, each repeat a block of calls lasting ~10-20 ms
 (CUDA events on GPU; perf_counter on CPU, where every op is synchronous). Each record keeps repeats,
 median / min / max ms, peak memory above the inputs (torch.cuda.max_memory_allocated / sampled RSS on
-CPU), TFLOP/s counting only unmasked (useful) FLOPs, max |error| vs naive on the same inputs, and a
-``Status`` (ok / oom / skipped / error / not reached) and, for all but ok, a ``reason``. A ``Run`` (its own stop flag and deadline) is checked
-before every timed block.
+CPU), TFLOP/s counting only unmasked (useful) FLOPs, max |error| and relative error against grok.py's
+attention in fp32 on the same inputs (computed in pieces, so every point is checked, whether naive fits or
+not), and a ``Status`` (ok / oom / skipped / error / not reached) and, for all but ok, a ``reason``. A
+``Run`` (its own stop flag and deadline) is checked before every timed block.
 """
 from __future__ import annotations
 
+import copy
 import ctypes
 import functools
 import itertools
@@ -30,6 +32,7 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
+from models import attention as A
 from models.attention import BACKENDS, attend, unavailable_reason
 from models.masks import KERNEL_TILINGS, AttentionMask
 from models.presets import PRESETS
@@ -143,7 +146,7 @@ def mask_flops(mask: AttentionMask, B: int, Hq: int, head_dim: int, num_candidat
 
 # --- timing and memory ------------------------------------------------------------------
 
-def _sync(device):
+def sync(device):
     if device == "cuda":
         torch.cuda.synchronize()
 
@@ -246,11 +249,11 @@ class _RssPeak:
 def peak_memory_bytes(fn: Callable[[], object], device: str) -> int:
     """Memory one call needs beyond what was allocated before it."""
     if device == "cuda":
-        _sync(device)
+        sync(device)
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         fn()
-        _sync(device)
+        sync(device)
         return torch.cuda.max_memory_allocated() - base
     _release_free_heap()
     with _RssPeak() as rss:
@@ -282,7 +285,7 @@ def matmul_tflops(device: str, dtype: Optional[str] = None, n: Optional[int] = N
     b = torch.randn(n, n, device=device, dtype=DTYPES[dtype])
     fn = lambda: a @ b  # noqa: E731
     fn()
-    _sync(device)
+    sync(device)
     ms = statistics.median(time_block_ms(fn, device, 3 if device == "cuda" else 1) for _ in range(repeats))
     return 2 * n ** 3 / (ms * 1e-3) / 1e12
 
@@ -296,19 +299,68 @@ def make_inputs(B, Hq, Hkv, head_dim, T, dtype, device, seed=0):
     return [torch.randn(s, generator=g).to(device=device, dtype=DTYPES[dtype]) for s in shapes]
 
 
-WRONG = "wrong result"              # the reason's start when a backend's output is off naive's beyond rounding
+WRONG = "wrong result"        # the reason's start when a backend's output is off the reference beyond rounding
 
 
-def max_abs_err_bound(dtype: str, n: int, v_max: float) -> float:
-    """The largest max |out - naive| rounding explains at one point, by tests/tolerances.py's rule: fp32
-    reductions of at most n terms, 4 deep (q.k, the softmax sum, probs @ v, merging a backend's pieces), plus
-    for bf16 / fp16 three roundings to that dtype (logits, probabilities, output), each once on each side;
-    all at the scale of max|v|, since an attention output is a weighted average of v rows."""
-    def two_orderings(u, terms, depth):              # depth * 2 * gamma_terms (Higham §3.1)
-        return depth * 2 * terms * u / (1 - terms * u)
+@dataclass
+class Reference:
+    """grok.py's attention in fp32 on one point's inputs, and what its rounding bound reads."""
+    out: torch.Tensor         # [B, T, Hq, K] fp32
+    scale: torch.Tensor       # [B, T, Hq, K] fp32: the same weights applied to |v|, each output's own scale
+    logit_max: float          # max |logit| entering the softmax (after the cap) over the allowed pairs
+    dot_max: float            # multiplier * max |q_i| * max |k_j| (2-norms): bounds every sum_d |q_d k_d| term
+
+
+# bytes of fp32 scores one reference piece may hold (SCORE_COPIES [rows, T] tensors at once: logits, the
+# masked copy, the probabilities, exp's temporary), so the reference fits wherever the backends do
+REFERENCE_PIECE_BYTES = {"cuda": 1 << 30, "cpu": 64 << 20}
+SCORE_COPIES = 4
+
+
+def reference_attention(q, k, v, mask: AttentionMask, *, multiplier: float, cap: float, cap_method: str,
+                        piece_bytes: int) -> Reference:
+    """naive's function in fp32 computed in pieces — one KV head's query group, a slice of the batch and of
+    the query rows at a time, each piece's mask rows built for it — so no piece holds more than
+    `piece_bytes` of scores, at any B and T. The error reference of every timed point."""
+    B, T, Hq, K = q.shape
+    Hkv = k.shape[2]
+    G = Hq // Hkv
+    row_bytes = G * k.shape[1] * 4 * SCORE_COPIES                   # one query row of one group, one batch row
+    batch = max(1, min(B, piece_bytes // (row_bytes * T)))
+    rows = max(1, min(T, piece_bytes // (row_bytes * batch)))
+    out = torch.empty(B, T, Hq, K, dtype=torch.float32, device=q.device)
+    scale = torch.empty_like(out)
+    logit_max = torch.zeros((), dtype=torch.float32, device=q.device)
+    for r0 in range(0, T, rows):
+        r1 = min(T, r0 + rows)
+        allowed = mask.dense_rows(r0, r1, q.device)                                     # [B|1, 1, rows, T]
+        for b0 in range(0, B, batch):
+            b1 = min(B, b0 + batch)
+            allow = allowed if allowed.shape[0] == 1 else allowed[b0:b1]
+            for h in range(Hkv):
+                qg = q[b0:b1, r0:r1, h * G:(h + 1) * G].float()                       # [b, rows, G, K]
+                kh, vh = (x[b0:b1, :, h:h + 1].float() for x in (k, v))               # [b, T, 1, K]
+                o, probs, logits, _ = A.grouped_attention(qg, kh, vh, multiplier=multiplier, cap=cap,
+                                                          cap_method=cap_method, allowed=allow)
+                out[b0:b1, r0:r1, h * G:(h + 1) * G] = o
+                scale[b0:b1, r0:r1, h * G:(h + 1) * G] = torch.einsum("bgts,bsd->btgd", probs, vh[:, :, 0].abs())
+                logit_max = torch.maximum(logit_max, logits.masked_fill(~allow, 0.0).abs().amax())
+                del o, probs, logits
+    norm = lambda x: float(x.float().norm(dim=-1).max())  # noqa: E731
+    return Reference(out, scale, float(logit_max), multiplier * norm(q) * norm(k))
+
+
+def attention_error_bound(dtype: str, keys: int, head_dim: int, logit_max: float, dot_max: float) -> float:
+    """C with |out - reference| <= C * reference.scale element by element: tests/tolerances.py's
+    attention_bound (derived there): the logits rounded to bf16 / fp16 once and the fp32 dot products move every
+    softmax weight by expm1(2 (u max|s| + 2 gamma_K dot_max)) relative — the softmax's condition number is its
+    logits' size —, the probabilities, a piece's and the merged output rounded once each (3u), and fp32 sums
+    over the keys on both sides and the merge (6 gamma_keys)."""
+    def gamma(n, u):                                 # Higham §3.1: n terms in any order
+        return n * u / (1 - n * u)
     u32 = torch.finfo(torch.float32).eps / 2
-    storage = 0.0 if dtype == "float32" else two_orderings(torch.finfo(DTYPES[dtype]).eps / 2, 1, 3)
-    return v_max * (two_orderings(u32, n, 4) + storage)
+    u = 0.0 if dtype == "float32" else torch.finfo(DTYPES[dtype]).eps / 2
+    return math.expm1(2 * (u * logit_max + 2 * gamma(head_dim, u32) * dot_max)) + 3 * u + 6 * gamma(keys, u32)
 
 
 def _is_oom(e: BaseException) -> bool:
@@ -341,7 +393,7 @@ def _free(device):
 def empty_record(backend: str, **point) -> dict:
     """A record of the results file's schema with nothing measured yet."""
     return dict(backend=backend, **point, repeats=0, median_ms=None, min_ms=None, max_ms=None,
-                peak_mem_bytes=None, tflops=None, max_abs_err=None, status=Status.OK, reason="")
+                peak_mem_bytes=None, tflops=None, max_abs_err=None, rel_err=None, status=Status.OK, reason="")
 
 
 def measure_shape(backends: list[str], *, mask: str = "recsys", B: int = 1, Hq: int = 4, Hkv: int = 2,
@@ -349,17 +401,19 @@ def measure_shape(backends: list[str], *, mask: str = "recsys", B: int = 1, Hq: 
                   device: str = "cpu", cap: float = 30.0, cap_method: str = "tanh", preset: str = "custom",
                   repeats: int = 5, min_block_ms: Optional[float] = None, run: Optional[Run] = None,
                   skip: Optional[dict] = None, seed: int = 0, padded: bool = False) -> list[dict]:
-    """Time every backend on the same inputs -> one record per backend, naive first (the reference).
+    """Time every backend on the same inputs -> one record per backend, naive first.
 
     Each backend is first warmed up (FlexAttention compiles, masks are built and cached: none of it
-    timed), its output compared with naive's (max_abs_err) and its peak memory measured in a call of
-    its own. Then `repeats` rounds time the backends interleaved (A B C, A B C, ...), so a slow spell of
+    timed), its output compared with the fp32 reference (reference_attention, in pieces, so at every size
+    and whether naive fits or not: max_abs_err and rel_err over the valid rows) and its peak memory
+    measured in a call of its own. Then `repeats` rounds time the backends interleaved (A B C, A B C, ...), so a slow spell of
     a shared machine falls on all of them alike; each record keeps repeats, median, min and max ms.
     `run` is checked before every warm-up and every timed block. `skip`: backend -> why not to run it.
     `padded`: the history carries key padding (padded_valid), so backends run their padded paths.
     Each record carries the point's 128 x 128 tile counts (full / partial / empty) beside its times.
-    A failure (out of memory, an error) is the record's status, never an exception; so is an output off
-    naive's (over the valid query rows) by more than max_abs_err_bound: status error, reason WRONG ..., not timed."""
+    A failure (out of memory, an error) is the record's status, never an exception; so is an output off the
+    reference (over the valid query rows) by more than attention_error_bound x its scale anywhere: status
+    error, reason WRONG ..., not timed."""
     run = run or Run()
     names = ["naive"] + [b for b in backends if b != "naive"]
     valid = padded_valid(B, T, T - num_candidates, device) if padded else None
@@ -373,7 +427,7 @@ def measure_shape(backends: list[str], *, mask: str = "recsys", B: int = 1, Hq: 
     times: dict[str, list[float]] = {}
     try:
         with torch.no_grad():
-            inputs, reference = None, None
+            inputs, reference, bound = None, None, None
             for b in names:
                 if run.stopped():
                     records[b].update(status=Status.NOT_REACHED, reason=run.stopped())
@@ -388,10 +442,14 @@ def measure_shape(backends: list[str], *, mask: str = "recsys", B: int = 1, Hq: 
                 try:
                     if inputs is None:
                         inputs = make_inputs(B, Hq, Hkv, head_dim, T, dtype, device, seed=seed)
+                        reference = reference_attention(
+                            *inputs, attn_mask, multiplier=head_dim ** -0.5, cap=cap, cap_method=cap_method,
+                            piece_bytes=REFERENCE_PIECE_BYTES[device])
+                        bound = attention_error_bound(dtype, T, head_dim, reference.logit_max, reference.dot_max)
                     call = functools.partial(_call, b, *inputs, attn_mask, head_dim ** -0.5, cap, cap_method)
                     warm = time.perf_counter()
                     out = call()                  # warm-up: compilation and mask caches happen here
-                    _sync(device)
+                    sync(device)
                     run.warmed_up(time.perf_counter() - warm)
                     t0 = time.perf_counter()
                     peak = peak_memory_bytes(call, device)
@@ -400,22 +458,19 @@ def measure_shape(backends: list[str], *, mask: str = "recsys", B: int = 1, Hq: 
                     records[b].update(_failure(e))
                     _free(device)
                     continue
-                if b == "naive":
-                    reference = out
-                err = None
-                if reference is not None:             # padded query rows mean nothing (flash kernels zero them)
-                    diff = (out.float() - reference.float()).abs()
-                    err = float((diff if valid is None else diff[valid]).max())     # a NaN stays NaN
-                    del diff                          # a full-size fp32 tensor: not held through the next warm-up
-                records[b].update(peak_mem_bytes=int(peak), max_abs_err=err)
+                check = compare(out, reference, bound, valid)
                 del out
-                bound = None if err is None else max_abs_err_bound(dtype, max(T, head_dim), v_max(inputs))
-                if err is not None and not err <= bound:          # NaN fails too
-                    records[b].update(status=Status.ERROR, reason=f"{WRONG}: max |out - naive| = {err:.3g} over "
-                                      f"the valid rows, above the rounding bound {bound:.3g}")
+                records[b].update(peak_mem_bytes=int(peak), max_abs_err=check["max_abs_err"],
+                                  rel_err=check["rel_err"], err_vs=ERR_VS)
+                if check["over"]:
+                    records[b].update(status=Status.ERROR, reason=f"{WRONG}: |out - fp32 reference| is above the "
+                                      f"rounding bound ({bound:.3g} x P|v|) at {check['over']} valid elements, "
+                                      f"worst {check['ratio']:.3g} x it; max |out - reference| = "
+                                      f"{check['max_abs_err']:.3g}")
                     continue
                 ready[b] = (call, calls_per_block(one_call_ms, min_block_ms))
             del reference
+            _free(device)
             times.update({b: [] for b in ready})
             for _ in range(repeats):
                 for b, (call, number) in list(ready.items()):
@@ -438,14 +493,28 @@ def measure_shape(backends: list[str], *, mask: str = "recsys", B: int = 1, Hq: 
         if ts and r["status"] == "ok":
             r.update(spread(ts), tflops=flops / (statistics.median(ts) * 1e-3) / 1e12)
         elif r["status"] == "ok":         # warmed up, then stopped before its first timed block
-            r.update(peak_mem_bytes=None, max_abs_err=None, status=Status.NOT_REACHED,
+            r.update(peak_mem_bytes=None, max_abs_err=None, rel_err=None, status=Status.NOT_REACHED,
                      reason=run.stopped() or "not timed")
     return [records[b] for b in names]
 
 
-def v_max(inputs) -> float:
-    """max |v| of make_inputs' (q, k, v): the scale of every attention output."""
-    return float(inputs[2].abs().max())
+ERR_VS = "fp32"      # a record's errors are against reference_attention (older files: against naive)
+
+
+def compare(out: torch.Tensor, ref: Reference, bound: float, valid: Optional[torch.Tensor]) -> dict:
+    """One backend's output against the reference over the valid query rows (padded rows mean nothing: the
+    flash kernels zero them): max |out - ref|, relative error (/ max |ref|), how many elements lie above
+    bound x ref.scale (a NaN counts) and the worst ratio to it."""
+    diff = (out.float() - ref.out).abs()
+    over = ~(diff <= bound * ref.scale)                          # NaN is over
+    ratio = diff / (bound * ref.scale).clamp_min(torch.finfo(torch.float32).tiny)
+    want = ref.out.abs()
+    if valid is not None:
+        diff, over, ratio, want = (x[valid] for x in (diff, over, ratio, want))
+    max_err = float(diff.max())                                  # a NaN stays NaN
+    scale = float(want.max())
+    return dict(max_abs_err=max_err, rel_err=max_err / scale if scale > 0 else max_err,
+                over=int(over.sum()), ratio=float(ratio.nan_to_num(float("inf")).max()))
 
 
 def _call(backend, q, k, v, mask, multiplier, cap, cap_method) -> torch.Tensor:
@@ -458,7 +527,7 @@ def sweep(grid: "str | Grid" = "lecture", device: str = "cpu", *, budget_s: Opti
           backends: Optional[list[str]] = None, run: Optional[Run] = None,
           seq_lens: Optional[list[int]] = None, repeats: int = 5,
           min_block_ms: Optional[float] = None) -> Iterator[dict]:
-    """Yield one record per (T, mask, cap, padding, backend), naive first at each shape (the error reference).
+    """Yield one record per (T, mask, cap, padding, backend), naive first at each shape.
 
     Once the run stops (its budget spent, or cancelled), the remaining points are yielded (cheaply)
     as Status.NOT_REACHED with the reason, so every result file lists the whole grid.
@@ -480,6 +549,249 @@ def sweep(grid: "str | Grid" = "lecture", device: str = "cpu", *, budget_s: Opti
                         oom_at.setdefault(r["backend"], T)
                     yield r
 
+
+
+# --- the whole trunk: what flash buys the model ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class TrunkGrid:
+    """The trunk forward a benchmark grid times beside its attention: a preset's model (its family's trunk,
+    random weights) on a key-padded batch of B in `dtype`, under each cap (a grok trunk's tanh 30 or none;
+    an xrex trunk likewise, its own being none)."""
+    model_preset: str
+    B: int
+    dtype: str
+    cap_methods: tuple = ("tanh", "none")
+
+
+# keyed by the attention grid they sit beside (GRIDS); the GPU session times phoenix-prod and phoenix-2026
+TRUNK_GRIDS: dict[str, TrunkGrid] = {
+    "lecture": TrunkGrid("lecture", B=8, dtype="float32"),
+    "phoenix-prod": TrunkGrid("phoenix-prod", B=32, dtype="bfloat16"),
+    "phoenix-2026": TrunkGrid("phoenix-2026", B=32, dtype="bfloat16", cap_methods=("none",)),
+}
+# on CPU: the nano trunk of the same family, fp32 (CPU bf16 matmuls are emulated), two batch rows
+CPU_TRUNK_REDUCTIONS = {"phoenix-prod": dict(model_preset="phoenix-nano", B=2, dtype="float32"),
+                        "phoenix-2026": dict(model_preset="phoenix-2026-nano", B=2, dtype="float32")}
+# a results file's optional "trunk" and "views" lists: one dict per record with exactly these keys (the
+# first 7 / 2 name the point). attention_ms: the median time attention took inside one forward (AttentionClock);
+# rel_err: max |out - fp32 reference| / max |reference| over the valid rows. cold_ms: a view's first call in
+# the process, warm_ms: the median of `repeats` calls after it; both with the JSON of every figure it returns.
+TRUNK_KEYS = ("preset", "B", "T", "dtype", "cap_method", "mask", "backend", "status", "reason", "repeats",
+              "median_ms", "min_ms", "max_ms", "attention_ms", "rel_err")
+TRUNK_STATUSES = ("ok", "skipped", "error", "wrong")
+VIEW_KEYS = ("preset", "view", "cold_ms", "warm_ms", "repeats")
+
+
+def trunk_grid_for(name: str, device: str) -> Optional[TrunkGrid]:
+    g = TRUNK_GRIDS.get(name)
+    return replace(g, **CPU_TRUNK_REDUCTIONS.get(name, {})) if g is not None and device == "cpu" else g
+
+
+class AttentionClock:
+    """Inside `model` (any module whose layers call self.attention_fn, the hook the bug zoo plants into),
+    every attention call bracketed by CUDA events (perf_counter on CPU), so the forward it sits in is timed as
+    a whole and its attention apart, in the same forward. attention_ms() after the forward: their sum."""
+
+    def __init__(self, model: torch.nn.Module, device: str):
+        self.layers = [m for m in model.modules() if hasattr(m, "attention_fn")]
+        self.device, self.spans = device, []
+
+    def _mark(self):
+        if self.device != "cuda":
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def __enter__(self):
+        def timed(fn):
+            def call(*args, **kwargs):
+                start = self._mark()
+                out = fn(*args, **kwargs)
+                self.spans.append((start, self._mark()))
+                return out
+            return call
+        self.originals = [m.attention_fn for m in self.layers]
+        for m in self.layers:
+            m.attention_fn = timed(m.attention_fn)
+        return self
+
+    def __exit__(self, *exc):
+        for m, fn in zip(self.layers, self.originals):
+            m.attention_fn = fn
+
+    def attention_ms(self) -> float:
+        sync(self.device)
+        if self.device == "cuda":
+            total = sum(a.elapsed_time(b) for a, b in self.spans)
+        else:
+            total = sum(b - a for a, b in self.spans) * 1e3
+        self.spans = []
+        return total
+
+
+class Trunk:
+    """A preset's trunk (random weights, seed 1) on `device` with a key-padded batch (padded_valid, seed 3):
+    forward(backend) in `dtype`; reference() the same weights in fp32 with reference_attention in every layer
+    (in pieces: it fits wherever the timed forward does) -> (embeddings, max |logit| of any layer)."""
+
+    def __init__(self, preset: str, B: int, dtype: str, cap_method: str, device: str):
+        from models.grok import Transformer, init_params
+        from models.xrex import XrexTrunk
+        p = PRESETS[preset]
+        T, self.offset = p.layout.seq_len, p.layout.candidate_start_offset
+        self.family, self.dtype, self.device = p.family, dtype, device
+        if p.family == "grok":
+            self.config = p.transformer.replace(cap_method=cap_method)
+            self.ref_model = init_params(Transformer(self.config), "random", seed=1).to(device).eval()
+            self.kind = self.ref_model.attention_mask(None, self.offset, seq_len=T).kind
+        else:                        # xrex: numerics="bf16" reads parameters in bf16 (already so: no cast per call)
+            self.config = p.xrex_config().replace(attn_logit_cap=30.0 if cap_method != "none" else -1.0,
+                                                  attn_logit_cap_method=cap_method if cap_method != "none" else "tanh")
+            self.ref_model = init_params(XrexTrunk(self.config), "random", seed=1).to(device).eval()
+            self.kind = self.ref_model.ranker.attention_mask(None, seq_len=T).kind
+        self.model = copy.deepcopy(self.ref_model).to(DTYPES[dtype])
+        self.cap_method = cap_method
+        self.emb = torch.randn(B, T, self.config.emb_size, generator=torch.Generator().manual_seed(3)).to(device)
+        self.emb_low = self.emb.to(DTYPES[dtype])
+        self.valid = padded_valid(B, T, self.offset, device)
+
+    @property
+    def cap(self) -> float:
+        return self.config.logit_cap if self.family == "grok" else self.config.attn_logit_cap
+
+    def unavailable(self, backend: str) -> Optional[str]:
+        return unavailable_reason(backend, device=self.device, dtype=self.dtype, cap=self.cap,
+                                  cap_method=self.cap_method, mask_kind=self.kind, padding=True,
+                                  head_dim=self.config.key_size)
+
+    def _run(self, model, backend: str, low: bool) -> torch.Tensor:
+        emb = self.emb_low if low else self.emb
+        if self.family == "grok":
+            return model(emb, self.valid, self.offset, backend=backend).embeddings
+        numerics = "bf16" if low and self.dtype == "bfloat16" else "fp32"
+        return model(emb, self.valid, backend=backend, numerics=numerics).embeddings
+
+    def forward(self, backend: str) -> torch.Tensor:
+        return self._run(self.model, backend, low=True)
+
+    def reference(self, piece_bytes: int) -> tuple[torch.Tensor, float]:
+        logit_max = []
+
+        def reference_fn(q, k, v, mask, *, multiplier, cap, cap_method, backend=None, need_weights=False):
+            ref = reference_attention(q, k, v, mask, multiplier=multiplier, cap=cap, cap_method=cap_method,
+                                      piece_bytes=piece_bytes)
+            logit_max.append(ref.logit_max)
+            return A.AttentionOutput(ref.out.to(q.dtype))
+        layers = [m for m in self.ref_model.modules() if hasattr(m, "attention_fn")]
+        originals = [m.attention_fn for m in layers]
+        try:
+            for m in layers:
+                m.attention_fn = reference_fn
+            out = self._run(self.ref_model, "naive", low=False).float()
+        finally:
+            for m, fn in zip(layers, originals):
+                m.attention_fn = fn
+        return out, max(logit_max)
+
+    def error_bound(self, logit_max: float) -> float:
+        """rel_err above which a backend's forward is wrong: tests/tolerances.py's storage_forward_bound (fp32
+        reductions 6 per layer + 1 deep, each stage rounded to `dtype` once per side, each layer's softmax moved
+        by its logits' rounding); fp32 forwards use a float32 rounding of every stage instead."""
+        c = self.config
+        n = max(c.emb_size, c.ffn_hidden, self.emb.shape[1])
+        depth = 6 * c.num_layers + 1
+        u32 = torch.finfo(torch.float32).eps / 2
+        u = torch.finfo(DTYPES[self.dtype]).eps / 2
+        stored = 0.0 if self.dtype == "float32" else depth * 2 * u / (1 - u)
+        return depth * 2 * n * u32 / (1 - n * u32) + stored + c.num_layers * math.expm1(2 * u * logit_max)
+
+
+def trunk_record(preset: str, backend: str, **fields) -> dict:
+    """A record of the results file's "trunk" list (TRUNK_KEYS) with nothing measured yet."""
+    return {**dict.fromkeys(TRUNK_KEYS), "status": "ok", "reason": "", "repeats": 0, **fields,
+            "preset": preset, "backend": backend}
+
+
+def measure_trunk(grid: TrunkGrid, cap_method: str, device: str, *, backends: Optional[list[str]] = None,
+                  repeats: int = 5, min_block_ms: Optional[float] = None, run: Optional[Run] = None) -> list[dict]:
+    """The whole trunk forward on every backend, naive first: warmed up, checked against the fp32 reference
+    (rel_err over the valid rows; past Trunk.error_bound the status is "wrong", untimed), then timed
+    interleaved for `repeats` rounds; attention_ms is the median time its attention calls took inside the
+    same forwards (AttentionClock). A failure is a status ("error", "skipped"), never an exception."""
+    run = run or Run()
+    names = ["naive"] + [b for b in (backends or list(BACKENDS)) if b != "naive" and b in BACKENDS]
+    trunk = Trunk(grid.model_preset, grid.B, grid.dtype, cap_method, device)
+    point = dict(B=grid.B, T=trunk.emb.shape[1], dtype=grid.dtype, cap_method=cap_method, mask=trunk.kind)
+    records = {b: trunk_record(grid.model_preset, b, **point) for b in names}
+    min_block_ms = min_block_ms if min_block_ms is not None else (10.0 if device == "cuda" else 20.0)
+    ready: dict[str, tuple[Callable[[], torch.Tensor], int]] = {}
+    times: dict[str, list[tuple[float, float]]] = {}
+    clock = AttentionClock(trunk.model, device)
+    try:
+        with torch.no_grad():
+            ref, logit_max = trunk.reference(REFERENCE_PIECE_BYTES[device])
+            bound = trunk.error_bound(logit_max)
+            valid, scale = trunk.valid, float(ref[trunk.valid].abs().max())
+            for b in names:
+                why = run.stopped() or trunk.unavailable(b)
+                if why:
+                    records[b].update(status="skipped", reason=why)
+                    continue
+                call = functools.partial(trunk.forward, b)
+                try:
+                    warm = time.perf_counter()
+                    out = call()                              # warm-up: compiles, masks, caches
+                    sync(device)
+                    run.warmed_up(time.perf_counter() - warm)
+                    t0 = time.perf_counter()
+                    call()
+                    sync(device)
+                    one_call_ms = (time.perf_counter() - t0) * 1e3
+                except Exception as e:  # noqa: BLE001 — a failure is the record's status
+                    records[b].update(status="error", reason=_failure(e)["reason"])
+                    _free(device)
+                    continue
+                err = float((out.float() - ref)[valid].abs().max()) / scale
+                del out
+                records[b].update(rel_err=err)
+                if not err <= bound:                          # NaN is wrong too
+                    records[b].update(status="wrong", reason=f"{WRONG}: relative error {err:.3g} against the fp32 "
+                                                             f"reference, above the rounding bound {bound:.3g}")
+                    continue
+                ready[b] = (call, calls_per_block(one_call_ms, min_block_ms))
+            del ref
+            times.update({b: [] for b in ready})
+            with clock:
+                for _ in range(repeats):
+                    for b, (call, number) in list(ready.items()):
+                        if run.stopped():
+                            break
+                        clock.attention_ms()                  # drop spans of an earlier block
+                        ms = time_block_ms(call, device, number)
+                        times[b].append((ms, clock.attention_ms() / number))
+                    if run.stopped():
+                        break
+    finally:
+        ready.clear()
+        _free(device)
+    for b, ts in times.items():
+        if ts:
+            records[b].update(spread([t for t, _ in ts]), attention_ms=statistics.median(a for _, a in ts))
+        else:
+            records[b].update(status="skipped", reason=run.stopped() or "not timed")
+    return [records[b] for b in names]
+
+
+def sweep_trunks(names: list[str], device: str, *, budget_s: Optional[float] = None,
+                 backends: Optional[list[str]] = None, repeats: int = 5, run: Optional[Run] = None) -> Iterator[dict]:
+    """measure_trunk for each named grid's trunk (TRUNK_GRIDS; names without one are passed over) and cap."""
+    run = run or Run(budget_s)
+    for name in names:
+        grid = trunk_grid_for(name, device)
+        for cap_method in grid.cap_methods if grid else ():
+            yield from measure_trunk(grid, cap_method, device, backends=backends, repeats=repeats, run=run)
 
 
 # --- the results file -------------------------------------------------------------------------
@@ -515,6 +827,73 @@ def _read_results(stamps: tuple) -> list[tuple[str, dict]]:
             data["records"] = [with_status(r) for r in data["records"]]
             out.append((Path(path).name, data))
     return out
+
+
+def load_model_timings(results_dir: Path = RESULTS_DIR) -> list[tuple[str, dict]]:
+    """(file name, data) for every results file (load_results) with a "trunk" or "views" list: the file's
+    device_name, date, commit, torch, cuda and matmul_tflops, "source" (what was read), and "trunk" / "views"
+    (both always there) whose records hold exactly TRUNK_KEYS / VIEW_KEYS (an absent key is None); a trunk
+    record whose status is not one of TRUNK_STATUSES reads as "error" with that status as its reason. The first
+    GPU run timed them apart (probe.py, gpu-run-<date>/probe.json beside a results file of the same device and
+    date): read as the same schema (_probe_timings). A fresh copy: change it freely."""
+    out = []
+    for name, data in load_results(results_dir):
+        source = name
+        if not (data.get("trunk") or data.get("views")):
+            probe = Path(results_dir) / f"gpu-run-{data.get('date')}" / "probe.json"
+            data, source = _probe_timings(probe, data), f"{name} + {probe.parent.name}/{probe.name}"
+            if data is None:
+                continue
+        trunk = [{k: r.get(k) for k in TRUNK_KEYS} for r in data.get("trunk") or [] if isinstance(r, dict)]
+        for r in trunk:
+            if r["status"] not in TRUNK_STATUSES:
+                r.update(status="error", reason=r["reason"] or f"status {r['status']!r}")
+        views = [{k: r.get(k) for k in VIEW_KEYS} for r in data.get("views") or [] if isinstance(r, dict)]
+        head = {k: data.get(k) for k in ("device_name", "date", "commit", "torch", "cuda", "matmul_tflops")}
+        out.append((name, dict(head, source=source, trunk=trunk, views=views)))
+    return out
+
+
+PROBE_TRUNK = re.compile(r"(?P<preset>\S+) B(?P<B>\d+) cap (?P<cap>\S+) (?P<backend>\S+)$")
+
+
+def _probe_timings(path: Path, data: dict) -> Optional[dict]:
+    """The first GPU run's probe.json (benchmarks/results/gpu-run-2026-11-26/probe.py: its views and the grok
+    trunk, B 32, bf16, prefix causal, padded, CUDA events, median of 7 after 2 warm-ups; rel_err against naive in
+    bf16) as `data` with "trunk" and "views" in this module's schema: min / max and attention_ms were not
+    measured (None); a tab's times are the sums of its parts' (probe.py timed each view function); None when
+    there is no probe of this file's device."""
+    try:
+        probe = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if probe.get("device") != data.get("device_name"):
+        return None
+    from explorer.views import VIEWS                    # here: explorer.views imports this module
+    tab_of = {part.draw.__name__: v.name for v in VIEWS.values() for part in v.parts}
+    trunk = []
+    for key, r in probe.get("trunk", {}).items():
+        m = PROBE_TRUNK.match(key)
+        if not m or m["preset"] not in PRESETS:
+            continue
+        status = "ok" if "ms" in r else "skipped" if "skipped" in r else "error"
+        trunk.append(trunk_record(m["preset"], m["backend"], B=int(m["B"]), T=PRESETS[m["preset"]].layout.seq_len,
+                                  dtype="bfloat16", cap_method=m["cap"], mask="recsys", status=status,
+                                  reason=r.get("skipped") or r.get("error") or "", repeats=7 if "ms" in r else 0,
+                                  median_ms=r.get("ms"), rel_err=r.get("rel_err")))
+    views: dict[tuple, dict] = {}
+    for key, r in probe.get("views", {}).items():
+        preset, _, fn = key.partition(" ")
+        tab = tab_of.get(fn)
+        if tab is None:
+            continue
+        v = views.setdefault((preset, tab), dict(preset=preset, view=tab, cold_ms=0.0, warm_ms=0.0, repeats=3))
+        if "cold_ms" in r and v["cold_ms"] is not None:
+            v["cold_ms"] += r["cold_ms"]
+            v["warm_ms"] += r["warm_ms"]
+        else:                                           # a part failed: the tab has no time
+            v.update(cold_ms=None, warm_ms=None, repeats=0)
+    return dict(data, trunk=trunk, views=list(views.values()))
 
 
 _LEGACY = {"skipped: time budget spent": (Status.NOT_REACHED, "time budget spent"),

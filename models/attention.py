@@ -26,8 +26,10 @@ Each backend's entry in BACKENDS says what it runs (device, dtype, mask kind, ca
 unavailable_reason() says in plain words why a combination is refused. attend() runs a backend that
 computes this function or raises with that reason; the one approximation is the flash kernels' own:
 flash_attn's and fa4's tanh softcap uses the GPU's fast tanh (tanh.approx.f32, ~5e-4 relative).
-Neither flash backend has run on a GPU yet; both are tested on CPU against stand-ins for their calls. A query with no allowed key (only ever a padded
-position) gets uniform weights from naive/sdpa (grok.py's -1e30) and zeros from the others.
+fa4 has run on an H100 (benchmarks/results/); both flash backends are also tested on CPU against stand-ins for
+their calls. A query with no allowed key (only ever a padded position) gets uniform weights from naive/sdpa
+(grok.py's -1e30) and zeros from the others. In bf16 / fp16 naive's q.k einsum rounds the logits to that dtype
+(as grok.py's does) and the fused kernels keep them in fp32, so they are the closer to the fp32 result.
 """
 from __future__ import annotations
 
@@ -514,7 +516,8 @@ _CUDA_SDPA = ("float16", "bfloat16")
 _WITH_FLOAT64 = ("float32", "float16", "bfloat16", "float64")
 
 BACKENDS: dict[str, Backend] = {
-    "naive": Backend(naive_attention, "materialised [B, H, T, T] logits and probabilities, as grok.py",
+    "naive": Backend(naive_attention, "materialised [B, H, T, T] logits and probabilities, as grok.py; in bf16 its "
+                                      "einsum rounds the logits, so the fused kernels land closer to fp32",
                      "memory-bound: it writes and reads every logit and probability, traffic growing as T²",
                      dtypes=_WITH_FLOAT64, returns_weights=True),
     "sdpa": Backend(functools.partial(sdpa_attention, kernel="math"),

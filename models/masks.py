@@ -110,13 +110,14 @@ def model_mask_kind(prefix: str) -> str:
 
 
 def dense(mask_mod: MaskMod, q_len: int, kv_len: Optional[int] = None, batch: int = 1,
-          device=None) -> torch.Tensor:
-    """Evaluate a predicate on the whole grid by broadcasting: [batch, 1, q_len, kv_len] bool, built
-    on `device` (the device of any tensor the predicate reads, such as padding's `valid`)."""
+          device=None, q_start: int = 0) -> torch.Tensor:
+    """Evaluate a predicate on the grid by broadcasting: [batch, 1, q_len, kv_len] bool for queries
+    q_start .. q_start + q_len - 1, built on `device` (the device of any tensor the predicate reads, such
+    as padding's `valid`)."""
     kv_len = q_len if kv_len is None else kv_len
     b = torch.arange(batch, device=device)[:, None, None, None]
     h = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=device)
-    q = torch.arange(q_len, device=device)[None, None, :, None]
+    q = torch.arange(q_start, q_start + q_len, device=device)[None, None, :, None]
     kv = torch.arange(kv_len, device=device)[None, None, None, :]
     out = mask_mod(b, h, q, kv)
     return out.expand(batch, 1, q_len, kv_len).bool()
@@ -310,6 +311,13 @@ class AttentionMask:
             s = _structure_dense(self.kind, self.seq_len, self.candidate_start_offset, str(dev))
             return s if self.valid is None else s & self.valid_on(dev)[:, None, None, :]
         return self.cached(("dense", str(dev)), build)
+
+    def dense_rows(self, start: int, stop: int, device=None) -> torch.Tensor:
+        """[B or 1, 1, stop - start, T] bool: query rows start .. stop - 1 of dense(), built afresh (not
+        kept), so a reference computed in pieces never holds the whole [T, T] mask."""
+        dev = self._device(device)
+        batch = 1 if self.valid is None else self.valid.shape[0]
+        return dense(self.mask_mod(dev), stop - start, self.seq_len, batch, dev, q_start=start)
 
     def tiles(self, block_q: int, block_kv: int, device=None) -> TileMap:
         """The tile classification (empty / partial / full) that tile counts in the views and the

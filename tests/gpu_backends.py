@@ -1,6 +1,6 @@
-"""What the GPU tests must show ran: every CUDA backend whose package loads in this process, and every
-backend the GPU session names in ATTN_REQUIRE_BACKENDS (benchmarks/gpu_session.sh sets it for the wheels it
-installed), so a kernel that silently fails to import, or imports and is never exercised, fails the run."""
+"""What the device tests must show ran: every backend whose package loads in this process on that device, and on
+CUDA every backend the GPU session names in ATTN_REQUIRE_BACKENDS (benchmarks/gpu_session.sh sets it for the
+wheels it installed), so a kernel that silently fails to import, or imports and is never exercised, fails the run."""
 import os
 from typing import Iterable
 
@@ -13,16 +13,16 @@ def required() -> list[str]:
     return [b for b in os.environ.get(REQUIRE_ENV, "").split(",") if b.strip()]
 
 
-def unexercised(ran: Iterable[str]) -> list[str]:
-    """Why the GPU tests proved less than they should, one line per backend; [] when all is well."""
+def unexercised(ran: Iterable[str], device: str = "cuda") -> list[str]:
+    """Why the tests on `device` proved less than they should, one line per backend; [] when all is well."""
     ran = set(ran)
     problems = [f"{b}: {REQUIRE_ENV} names no such backend" for b in required() if b not in BACKENDS]
     for name, backend in BACKENDS.items():
-        if "cuda" not in backend.devices:
+        if device not in backend.devices:
             continue
         why = backend.available()
-        if why and name in required():
+        if why and device == "cuda" and name in required():
             problems.append(f"{name} is required ({REQUIRE_ENV}) but does not load: {why}")
         elif why is None and name not in ran:
-            problems.append(f"{name} loads here but no GPU test ran it")
+            problems.append(f"{name} loads here but no test on {device} ran it")
     return problems

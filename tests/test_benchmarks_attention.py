@@ -1,5 +1,10 @@
-"""The benchmark CLI's results file: its schema, and merging point by point."""
+"""The benchmark CLI's results file: its schema, merging point by point, the trunk forward per backend and the
+views timed beside the attention points, and the loader the Flash tab reads them through."""
 import json
+from dataclasses import replace
+
+import pytest
+import torch
 
 from benchmarks import attention as cli
 from explorer import measure as bench
@@ -37,8 +42,105 @@ def test_each_record_is_on_disk_as_it_is_measured(tmp_path, monkeypatch):
     monkeypatch.setattr(cli, "sweep", killed_after_the_first)
     monkeypatch.setattr(cli, "matmul_tflops", lambda device: 0.1)
     try:
-        cli.main(["--device", "cpu", "--out-dir", str(tmp_path), "--no-plot"])
+        cli.main(["--device", "cpu", "--out-dir", str(tmp_path), "--no-plot", "--parts", "attention"])
     except KeyboardInterrupt:
         pass
     (path,) = tmp_path.glob("*.json")
     assert [r["backend"] for r in json.loads(path.read_text())["records"]] == ["naive"]
+
+
+def test_trunk_forward_is_timed_per_backend_with_attention_inside_it():
+    """The lecture trunk on CPU: one record per backend in the results file's trunk schema, naive first, each
+    checked against the fp32 reference, its attention timed inside the same forwards (so never longer)."""
+    grid = bench.trunk_grid_for("lecture", "cpu")
+    records = bench.measure_trunk(grid, "none", "cpu", backends=["sdpa", "flash_attn"], min_block_ms=0.0)
+    assert [tuple(r) for r in records] == [bench.TRUNK_KEYS] * 3
+    naive, sdpa, flash = records
+    assert (naive["backend"], sdpa["backend"], flash["status"]) == ("naive", "sdpa", "skipped")
+    for r in (naive, sdpa):
+        assert (r["preset"], r["B"], r["T"], r["dtype"], r["mask"], r["status"]) == ("lecture", 8, 9, "float32",
+                                                                                      "recsys", "ok")
+        assert r["repeats"] >= 5 and 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"]
+        assert 0 < r["attention_ms"] <= r["median_ms"] and r["rel_err"] <= 1e-5
+
+
+def test_a_wrong_kernel_fails_the_trunk_and_is_not_timed(monkeypatch):
+    """Each query reading its neighbour's output (a real leak, unlike a scale the next RMSNorm would undo) lands
+    above the trunk's rounding bound: status wrong, untimed, and the CLI exits naming it."""
+    from test_explorer_measure import planted
+    planted(monkeypatch, "sdpa", lambda out: out.roll(1, dims=1))
+    naive, sdpa = bench.measure_trunk(bench.trunk_grid_for("lecture", "cpu"), "none", "cpu", backends=["sdpa"],
+                                      min_block_ms=0.0)
+    assert naive["status"] == "ok" and sdpa["status"] == "wrong" and sdpa["median_ms"] is None
+    assert sdpa["reason"].startswith(bench.WRONG) and sdpa["rel_err"] > 1e-2
+
+
+def test_the_xrex_trunk_is_timed_too():
+    """phoenix-2026's family (production's trunk, qk_norm, no cap) on CPU: its nano geometry, one batch row."""
+    grid = replace(bench.trunk_grid_for("phoenix-2026", "cpu"), B=1)
+    naive, flash = bench.measure_trunk(grid, "none", "cpu", backends=["sdpa-flash"], min_block_ms=0.0)
+    assert (naive["preset"], naive["T"], naive["mask"]) == ("phoenix-2026-nano", 1152, "recsys-bidirectional")
+    assert naive["status"] == flash["status"] == "ok" and flash["rel_err"] <= 1e-5
+    assert flash["attention_ms"] <= flash["median_ms"]
+
+
+def test_views_are_timed_as_a_request_draws_them():
+    records = list(cli.time_views(["lecture"], "cpu", repeats=1))
+    from explorer.views import drawn_views
+    assert [r["view"] for r in records] == [v.name for v in drawn_views()]
+    assert all(tuple(r) == bench.VIEW_KEYS and r["cold_ms"] > 0 and r["warm_ms"] > 0 and r["repeats"] == 1
+               for r in records)
+
+
+def test_the_cli_writes_trunk_and_views_and_the_loader_reads_them(tmp_path, monkeypatch):
+    """One CPU run at lecture (attention, trunk, views) lands in one results file; a second run of the trunk only
+    replaces its records and keeps the views; load_model_timings returns both lists in the schema, and a record
+    with a status outside it reads as an error."""
+    monkeypatch.setattr(cli, "matmul_tflops", lambda device: 0.1)
+    args = ["--device", "cpu", "--seq-lens", "9", "--backends", "sdpa", "--out-dir", str(tmp_path), "--no-plot"]
+    cli.main(args + ["--views", "lecture"])
+    cli.main(args + ["--parts", "trunk"])
+    (name, data), = bench.load_model_timings(tmp_path)
+    assert data["device_name"].startswith("CPU") and data["commit"] and data["date"]
+    assert [(r["backend"], r["cap_method"]) for r in data["trunk"]] == [("naive", "tanh"), ("sdpa", "tanh"),
+                                                                          ("naive", "none"), ("sdpa", "none")]
+    assert {r["view"] for r in data["views"]} >= {"mask", "attention"}
+    assert all(tuple(r) == bench.TRUNK_KEYS for r in data["trunk"]) and all(tuple(r) == bench.VIEW_KEYS for r in data["views"])
+    (_, attention), = bench.load_results(tmp_path)
+    assert attention["records"] and attention["trunk"] and attention["views"]
+    raw = json.loads((tmp_path / name).read_text())
+    raw["trunk"][0]["status"] = "fast"
+    (tmp_path / name).write_text(json.dumps(raw))
+    assert bench.load_model_timings(tmp_path)[0][1]["trunk"][0]["status"] == "error"
+
+
+@pytest.mark.parametrize("args,message", [(["--parts", "attention,views"], "--parts: got 'attention,views'"),
+                                          (["--views", "lecture,nope"], "--views: got 'lecture,nope'")])
+def test_bad_parts_and_view_presets_are_refused_by_name(args, message, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--device", "cpu"] + args)
+    assert message in capsys.readouterr().err
+
+
+def test_the_first_gpu_runs_probe_reads_as_the_same_schema(tmp_path):
+    """The H100 run of 2026-11-26 timed the trunk and the views apart (gpu-run-2026-11-26/probe.json): the loader
+    gives them in TRUNK_KEYS / VIEW_KEYS beside its results file, a tab's time the sum of its parts'; a probe of
+    another device, or none, gives nothing."""
+    from models.runinfo import RESULTS_DIR
+    (name, data), = [x for x in bench.load_model_timings(RESULTS_DIR) if x[0].startswith("nvidia-h100")]
+    assert (data["device_name"], data["date"], data["commit"]) == ("NVIDIA H100 80GB HBM3", "2026-11-26", "801f962")
+    trunk = {(r["preset"], r["cap_method"], r["backend"]): r for r in data["trunk"]}
+    assert all(tuple(r) == bench.TRUNK_KEYS for r in data["trunk"])
+    assert trunk[("phoenix-prod", "tanh", "naive")]["median_ms"] == 302.958
+    assert trunk[("phoenix-prod", "none", "fa4")]["median_ms"] == 107.426 and trunk[("phoenix-prod", "none", "fa4")]["B"] == 32
+    assert trunk[("phoenix-prod", "tanh", "sdpa")]["status"] == "skipped"
+    views = {(r["preset"], r["view"]): r for r in data["views"]}
+    assert views[("phoenix-prod", "attention")]["warm_ms"] == 677.3
+    assert views[("lecture", "mask")]["cold_ms"] == pytest.approx(124.1 + 17.7)      # mask_view + kernel_view
+    probe = json.loads((RESULTS_DIR / "gpu-run-2026-11-26" / "probe.json").read_text())
+    results = json.loads((RESULTS_DIR / name).read_text())
+    (tmp_path / name).write_text(json.dumps(results))
+    assert bench.load_model_timings(tmp_path) == []
+    (tmp_path / "gpu-run-2026-11-26").mkdir()
+    (tmp_path / "gpu-run-2026-11-26" / "probe.json").write_text(json.dumps(dict(probe, device="another GPU")))
+    assert bench.load_model_timings(tmp_path) == []

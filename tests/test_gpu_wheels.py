@@ -124,12 +124,12 @@ def test_the_lock_installs_beside_the_image_and_carries_all_it_needs(tmp_path):
 
 @pytest.mark.slow
 def test_the_lock_carries_what_a_fresh_resolve_carries(tmp_path):
-    """pip resolves the lock's first line alone (no pin of the lock's), as a new lock would be made: the wheels it
+    """pip resolves the lock's roots alone (no pin but their own), as a new lock would be made: the wheels it
     adds, less the image, are the lock's wheels — a dependency added or dropped upstream fails here. A newer
     release of a wheel the lock already carries is reported (a warning naming the versions), not failed: the
     locked versions still install together (the test above), and CI must not turn red on someone else's upload."""
     carried, omitted = gpu_preflight.lock_lines(LOCK)
-    resolved = resolve(tmp_path, carried[0])
+    resolved = resolve(tmp_path, *gpu_preflight.lock_roots(LOCK))
     fresh = {n: v for n, v in resolved.items() if n not in IMAGE and n not in omitted}
     assert set(fresh) == set(pins()), (f"benchmarks/gpu-wheels.txt is stale: pip now adds {sorted(set(fresh) - set(pins()))}"
                                        f" and no longer {sorted(set(pins()) - set(fresh))}")
@@ -173,6 +173,20 @@ def test_install_into_a_venv_python_puts_the_carried_wheels_first(tmp_path):
     seen = subprocess.run([str(python3), "-c", probe], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert seen.returncode == 0, seen.stderr[-2000:]
     assert json.loads(seen.stdout) == ["2.11.0+image", "carried", True, True]
+
+
+def test_the_views_wheel_travels_with_its_requirements_met():
+    """plotly is a root of the lock (the device image has none, and reaches no registry), and each requirement of
+    the plotly installed here (narwhals, packaging) is carried too or in the image, which keeps the image's copy;
+    the lock's inline comments are no part of a requirement."""
+    import importlib.metadata as metadata
+    from packaging.requirements import Requirement
+    assert [r.split("==")[0] for r in gpu_preflight.lock_roots(LOCK)] == ["flash-attn-4[cu13]", "plotly"]
+    assert pins()["plotly"] == metadata.version("plotly")
+    needs = [Requirement(r) for r in metadata.requires("plotly")]
+    needs = {gpu_preflight.canonical(r.name) for r in needs if r.marker is None or r.marker.evaluate({"extra": ""})}
+    assert needs == {"narwhals", "packaging"} and needs <= IMAGE | set(pins())
+    assert all(" " not in line and "#" not in line for line in gpu_preflight.lock_lines(LOCK)[0])
 
 
 def test_preflight_finds_every_api_here_and_names_what_is_missing(tmp_path):
@@ -246,8 +260,9 @@ def test_gpu_session_writes_its_results_to_out_as_it_goes(tmp_path):
 def fa4_wheel(tmp_path_factory) -> zipfile.ZipFile:
     """The real flash-attn-4 4.0.0b36 wheel (pure Python, ~0.5 MB), read, never installed."""
     carried, _ = gpu_preflight.lock_lines(LOCK)
+    fa4 = next(line for line in carried if line.startswith("flash-attn-4"))
     directory = tmp_path_factory.mktemp("fa4")
-    pip("download", "--no-deps", "--quiet", "-d", str(directory), carried[0].replace("[cu13]", ""))
+    pip("download", "--no-deps", "--quiet", "-d", str(directory), fa4.replace("[cu13]", ""))
     (wheel,) = directory.glob("flash_attn_4-*.whl")
     return zipfile.ZipFile(wheel)
 
@@ -280,3 +295,46 @@ def test_the_stand_ins_and_the_session_follow_the_real_fa4_wheel(fa4_wheel):
     script = SESSION.read_text()
     for name in ("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"):
         assert f'os.getenv("{name}"' in cache and f"{name}=" in script, name
+
+
+def session_plan(tmp_path, step="all") -> list[tuple[int, list[str]]]:
+    """`gpu_session.sh <step>` with DRY_RUN=1 here (a stand-in nvidia-smi, this interpreter as python3): the
+    commands it would run on the device, in order, each with the seconds it would be given."""
+    import shlex
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'no GPU: a test stand-in'\n")
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    for tool in ("nvidia-smi", "python3"):
+        (bin_dir / tool).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(tmp_path / "out"), "DRY_RUN": "1",
+           "CALL_BUDGET_S": "540", "GPU_SESSION_DIR": str(tmp_path / "park"), "WHL_DIR": str(tmp_path / "no-wheels")}
+    done = session(step, env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    plan = [re.match(r"DRY RUN \((\d+) s\): (.*)", line) for line in done.stdout.splitlines()]
+    return [(int(m[1]), shlex.split(m[2])) for m in plan if m]
+
+
+def test_the_session_plans_tests_views_trunk_then_attention_within_its_budget(tmp_path, monkeypatch):
+    """`all`, dry: the GPU tests (35 % of what is left), every view at five presets, the trunk at phoenix-prod and
+    phoenix-2026, then the attention presets, each within the call's 540 s; every benchmark command's
+    arguments are ones the CLI takes (run through its own parser with the measurements stubbed)."""
+    from benchmarks import attention as cli
+    plan = session_plan(tmp_path)
+    assert [cmd[2] for _, cmd in plan] == ["pytest"] + ["benchmarks.attention"] * 6
+    assert "-m" in plan[0][1] and "gpu" in plan[0][1] and plan[0][0] <= 0.35 * 540
+    assert all(s <= 540 for s, _ in plan)
+    asked = []
+    monkeypatch.setattr(cli.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cli, "matmul_tflops", lambda device: 1.0)
+    monkeypatch.setattr(cli, "device_name", lambda device: "a stand-in GPU")
+    monkeypatch.setattr(cli, "write_results", lambda *a, **k: tmp_path / "none.json")
+    monkeypatch.setattr(cli, "sweep", lambda preset, *a, **k: asked.append(("attention", preset)) or iter(()))
+    monkeypatch.setattr(cli, "sweep_trunks", lambda names, *a, **k: asked.append(("trunk", *names)) or iter(()))
+    monkeypatch.setattr(cli, "time_views", lambda presets, *a, **k: presets and asked.append(("views", *presets))
+                        or iter(()))
+    for _, cmd in plan[1:]:
+        cli.main(cmd[3:])
+    assert asked == [("views", "lecture", "phoenix-nano", "phoenix-2026-nano", "phoenix-prod", "phoenix-2026"),
+                     ("trunk", "phoenix-prod"), ("trunk", "phoenix-2026"), ("attention", "phoenix-prod"),
+                     ("attention", "phoenix-2026"), ("attention", "phoenix-prod-b256"), ("attention", "long")]

@@ -125,3 +125,39 @@ def test_the_readme_view_table_is_the_registry():
     block = readme_tables.views_block()
     assert block in (ROOT / "README.md").read_text(), "README's views block is stale: run scripts/readme_tables.py"
     assert [line.split(" | ")[0].lstrip("| ") for line in block.splitlines()[2:]] == [v.title for v in VIEWS.values()]
+
+
+def test_the_gpu_blocks_come_from_the_committed_h100_files():
+    """The README's GPU numbers are the committed H100 run's (2026-11-26, commit 801f962), derived here and never
+    typed: × naive and the share of that run's matmul, the cap's cost, the trunk per backend beside the kernel,
+    the views; the rows naive could not check say so."""
+    results = readme_tables.load_results()
+    md = readme_tables.markdown(results)
+    assert "793.8 TFLOP/s bfloat16" in md and "has been verified on a GPU: NVIDIA H100 80GB HBM3" in md
+    assert "| phoenix-prod | recsys | none | bfloat16 | 32 | 20/4 | 1087 | 35/10/36 |" in md and "| fa4 | 0.63 (" in md
+    assert "| 30.6 | 309 (39%) |" in md and "unchecked (no reference fitted)" in md
+    assert "nvidia-h100-80gb-hbm3-2026-11-26.png" in md
+    cap = readme_tables.cap_cost_block(results)
+    assert "| phoenix-prod | recsys | 32 | 1087 | fa4 | 0.625 | 1.71 | 2.73× | 309 (39%) | 113 (14%) |" in cap
+    assert "(0.54× the uncapped throughput)" in cap
+    trunk = readme_tables.trunk_block()
+    assert "| phoenix-prod | tanh | 32 | 1087 | bfloat16 | 303 |" in trunk and "| fa4 | 115 |" in trunk
+    assert "| phoenix-prod | none | 32 | 1087 | bfloat16 | 255 |" in trunk and "| fa4 | 107 |" in trunk
+    assert "8 layers × the kernel" in trunk and "| 2.6× | 17.0× |" in trunk
+    assert "| phoenix-prod | 61 / 67 | 3673 / 677 |" in readme_tables.device_views_block()
+
+
+def test_numerics_block_sets_naive_beside_the_best_fused_kernel(tmp_path):
+    def row(backend, median):
+        return dict(preset="phoenix-prod", B=1, T=1087, Hq=20, Hkv=4, head_dim=128, dtype="bfloat16", mask="recsys",
+                    cap_method="none", qk_scale=2.0, backend=backend, seeds=5,
+                    rel_err=dict(min=median / 2, median=median, max=median * 2), bound_ratio=dict(min=0, median=0, max=0.3))
+    data = dict(device_name="CPU X (2 threads)", torch="2.13.0", commit="abc1234", date="2026-11-26", seeds=5,
+                rows=[row("naive", 2e-2), row("structured", 2e-2), row("sdpa", 4e-3), row("flex", 3e-3)],
+                recorded=[dict(file="h100.json", device_name="NVIDIA H100", commit="801f962", mask="recsys",
+                               cap_method="none", B=32, T=1087, fa4_vs_naive_max_abs_err=0.015625,
+                               naive_vs_fp32_max_abs_err=0.0184, naive_vs_fp32_rel_err=0.0045, reference_max_abs=4.1)])
+    (tmp_path / "numerics-cpu-x-2026-11-26.json").write_text(json.dumps(data))
+    md = readme_tables.numerics_block(tmp_path)
+    assert "| phoenix-prod | 1 × 1087, 20/4, 128 | bfloat16 | none | 4 | 2.0e-02 (1.0e-02–4.0e-02) | flex | " in md
+    assert "| 6.7× |" in md and "| 1.56e-02 | 1.84e-02 |" in md and "commit `abc1234`" in md

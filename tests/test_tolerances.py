@@ -85,9 +85,37 @@ def test_storage_forward_bound_holds_in_bf16_and_a_mask_leak_lands_above_it():
     emb = torch.randn(2, 9, config.emb_size, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
     valid = torch.ones(2, 9, dtype=torch.bool)
     valid[0, 4:6] = False
-    bound = storage_forward_bound(config.num_layers, config.emb_size, config.ffn_hidden, 9)
     with torch.no_grad():
-        ref = model(emb, valid, 6).embeddings
+        recorded = model(emb, valid, 6, record=True)
+        ref = recorded.embeddings
         other = model(emb, valid, 6, backend="structured").embeddings
         leaked = with_bug(model, "unmasked-decoder")(emb, valid, 6).embeddings
+    logit_max = max(float(layer.logits.float().abs().max()) for layer in recorded.layers)
+    bound = storage_forward_bound(config.num_layers, config.emb_size, config.ffn_hidden, 9, logit_max=logit_max)
     assert relative_error(other, ref, valid) <= bound < relative_error(leaked, ref, valid)
+
+
+def test_softmax_bound_holds_and_is_reached_by_the_worst_rounding():
+    """Logits each moved by at most e (here u |s| of bf16's rounding, signs chosen worst: the largest logit
+    up, the rest down) change every probability by a relative amount within softmax_bound(e), and the worst
+    case comes within a factor 2 of it: the bound is the softmax's own conditioning, not a loose guess."""
+    from tolerances import softmax_bound, unit_roundoff
+    s = torch.tensor([22.0, 21.0, 3.0, -5.0, 0.5], dtype=torch.float64)
+    e = unit_roundoff(torch.bfloat16) * float(s.abs().max())
+    p = torch.softmax(s, 0)
+    worst = 0.0
+    for signs in torch.cartesian_prod(*[torch.tensor([-1.0, 1.0], dtype=torch.float64)] * len(s)):
+        moved = torch.softmax(s + signs * e, 0)
+        worst = max(worst, float(((moved - p).abs() / p).max()))
+    assert softmax_bound(e) / 2 < worst <= softmax_bound(e)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_benchmarks_attention_bound_is_this_rule(dtype):
+    """explorer.measure checks every timed point with its own copy of attention_bound (the benchmark cannot
+    import the tests): the two agree at the lecture's, phoenix-prod's and the long grid's shapes."""
+    from explorer.measure import attention_error_bound
+    from tolerances import attention_bound
+    for keys, head_dim, logit_max, dot_max in [(12, 8, 3.0, 10.0), (1087, 128, 22.2, 60.0), (32768, 128, 6.0, 30.0)]:
+        assert attention_error_bound(str(dtype).removeprefix("torch."), keys, head_dim, logit_max, dot_max) == \
+            pytest.approx(attention_bound(dtype, keys, head_dim, logit_max, dot_max), rel=1e-12)

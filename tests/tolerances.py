@@ -31,7 +31,20 @@ the compared values, so the errors add and
 This is a worst case: observed differences are a few eps (errors of random sign grow like sqrt(n), not n),
 while a real bug (a leaked mask entry, a wrong sign, a misread weight) moves results by a visible fraction of
 max |want|; the tests that plant such bugs check they land above this bound.
+
+**The softmax is not a normalisation of that kind.** Its output depends on its logits' differences, so a
+logit s rounded to bf16 / fp16 (grok.py's q.k einsum returns the input dtype) moves by up to u |s|, and its
+probability p_j = exp(s_j) / sum_k exp(s_k) by a factor within exp(±2u max|s|): the softmax's condition
+number is the size of its logits, not 1 (``softmax_bound``). At the GPU test's shapes (|s| up to 22) that is
+17 % of a weight in bf16, where ``rounding_bound(bf16, 1)`` is 0.8 %. An attention output is a weighted
+average of v rows, so it moves by at most that fraction of the same average of |v| (``attention_bound``:
+element by element against the fp32 reference's own weights applied to |v|, a bound a missing cap or a
+leaked mask entry lands far above). The flash kernels keep their logits in fp32, so in bf16 they sit much
+closer to the fp32 result than grok.py's own einsum does (benchmarks/results/numerics-*.json measures how
+much).
 """
+import math
+
 import numpy as np
 import torch
 
@@ -50,9 +63,56 @@ PARITY_RTOL = 1e-10
 def rounding_bound(dtype, n: int, depth: int = 1) -> float:
     """depth * 2 * gamma_n for ``dtype``: the largest max|got - want| / max|want| rounding can explain when
     `depth` chained reductions of at most `n` terms are computed in two different orders."""
-    u = torch.finfo(dtype).eps / 2
+    u = unit_roundoff(dtype)
     assert n * u < 0.5, f"n: got {n}; allowed: n * unit roundoff < 1/2 for {dtype} (the bound says nothing)"
     return depth * 2 * n * u / (1 - n * u)
+
+
+def unit_roundoff(dtype) -> float:
+    return torch.finfo(dtype).eps / 2
+
+
+def softmax_bound(logit_error: float) -> float:
+    """The largest relative change of any softmax probability when each logit moves by at most
+    `logit_error`: the numerator exp(s_j) and the sum each move by a factor within exp(±logit_error)."""
+    return math.expm1(2 * logit_error)
+
+
+def attention_bound(dtype, keys: int, head_dim: int, logit_max: float, dot_max: float) -> float:
+    """C with |got - want| <= C * (P|v|) element by element, where want is grok.py's attention in fp32 on the
+    same `dtype`-valued inputs, P|v| the same weights applied to |v| (what every output is an average of), and
+    got that attention from any backend storing `dtype` and summing in fp32, its keys split into pieces or not.
+    logit_max: max |logit| entering the softmax (after the cap: a tanh cap passes a raw logit's u|s| on as at
+    most u |cap(s)|, since x sech^2 x <= tanh x); dot_max: a bound on multiplier * sum_d |q_d k_d| (the
+    fp32 dot products' error scale, e.g. multiplier * max|q_i| * max|k_j| in 2-norms).
+    - the logits rounded to `dtype` once (u max|s|; none in fp32) and each side's fp32 dot product
+      (gamma_K dot_max each) move every weight by softmax_bound of their sum;
+    - the probabilities, a piece's output and the merged output rounded to `dtype` once each: 3u;
+    - each side's fp32 sums over the keys (the softmax's normaliser, probs @ v) and merging pieces by their
+      log-sum-exp: 6 gamma_keys (rounding_bound(float32, keys, depth=3))."""
+    u = 0.0 if torch.finfo(dtype).bits >= 32 else unit_roundoff(dtype)
+    gamma_dot = rounding_bound(torch.float32, head_dim) / 2
+    return (softmax_bound(u * logit_max + 2 * gamma_dot * dot_max) + 3 * u
+            + rounding_bound(torch.float32, keys, depth=3))
+
+
+def assert_attention_close(got, ref, *, dtype, valid=None):
+    """`got` is attention on `dtype` inputs within attention_bound of `ref` (explorer.measure.reference_attention
+    of the same inputs: .out, .scale = P|v|, .logit_max, .dot_max), element by element over the query rows
+    `valid` selects ([B, T] bool; all when None)."""
+    keys, head_dim = ref.out.shape[1], ref.out.shape[-1]
+    bound = attention_bound(dtype, keys, head_dim, ref.logit_max, ref.dot_max)
+    ratio = attention_error_ratio(got, ref, valid) / bound
+    assert ratio <= 1, (f"|got - want| reaches {ratio:.3g} x the attention rounding bound {bound:.3g} x P|v| "
+                        f"(dtype {dtype}, max |logit| {ref.logit_max:.3g})")
+
+
+def attention_error_ratio(got, ref, valid=None) -> float:
+    """max |got - ref.out| / ref.scale over the valid query rows (in float64; NaN anywhere gives inf)."""
+    diff = (got.detach().double() - ref.out.double()).abs() / ref.scale.double().clamp_min(1e-300)
+    if valid is not None:
+        diff = diff[valid.to(diff.device)]
+    return float("inf") if bool(diff.isnan().any()) else float(diff.max())
 
 
 def forward_bound(num_layers: int, *lengths: int, dtype=torch.float32) -> float:
@@ -62,12 +122,15 @@ def forward_bound(num_layers: int, *lengths: int, dtype=torch.float32) -> float:
     return rounding_bound(dtype, max(lengths), depth=6 * num_layers + 1)
 
 
-def storage_forward_bound(num_layers: int, *lengths: int, dtype=torch.bfloat16) -> float:
-    """forward_bound for a decoder whose values are stored in `dtype` (bf16 / fp16: the CUDA trunks of
+def storage_forward_bound(num_layers: int, *lengths: int, logit_max: float, dtype=torch.bfloat16) -> float:
+    """forward_bound for a decoder whose values are stored in `dtype` (bf16 / fp16: the trunks of
     tests/test_device.py) and whose reductions accumulate in fp32, against the same model in `dtype` with
     another attention backend: the fp32 reductions' forward_bound, plus each of its 6 * num_layers + 1
-    stages rounding its output to `dtype` once on each side (rounding_bound with n = 1, the same depth)."""
-    return forward_bound(num_layers, *lengths) + rounding_bound(dtype, 1, depth=6 * num_layers + 1)
+    stages rounding its output to `dtype` once on each side (rounding_bound with n = 1, the same depth), plus
+    each layer's softmax moved by its logits' rounding (softmax_bound of u * logit_max, the largest |logit|
+    of any layer: naive's einsum rounds them to `dtype`, a fused kernel keeps them in fp32)."""
+    return (forward_bound(num_layers, *lengths) + rounding_bound(dtype, 1, depth=6 * num_layers + 1)
+            + num_layers * softmax_bound(unit_roundoff(dtype) * logit_max))
 
 
 def relative_error(got, want, valid=None) -> float:
