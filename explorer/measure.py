@@ -31,7 +31,7 @@ from typing import Callable, Iterator, Optional
 import torch
 
 from models.attention import BACKENDS, attend, unavailable_reason
-from models.masks import KERNEL_TILINGS, AttentionMask
+from models.masks import KERNEL_TILINGS, AttentionMask, model_mask_kind
 from models.presets import PRESETS
 from models.runinfo import RESULTS_DIR, device_name
 
@@ -515,6 +515,57 @@ def _read_results(stamps: tuple) -> list[tuple[str, dict]]:
             data["records"] = [with_status(r) for r in data["records"]]
             out.append((Path(path).name, data))
     return out
+
+
+# --- the whole trunk's forward, per backend ----------------------------------------------------
+
+# one record of a results file's optional "trunk" list: the whole forward of a preset's trunk on one backend
+TRUNK_FIELDS = ("preset", "B", "T", "dtype", "cap_method", "mask", "backend", "status", "reason", "repeats",
+                "median_ms", "min_ms", "max_ms", "attention_ms", "rel_err")
+# A GPU session's probe (benchmarks/results/gpu-run-<date>/probe.py) timed the trunk before results files had a
+# "trunk" list: its bf16 model, inputs padded in two rows, grok.py's prefix-causal mask, CUDA events
+PROBE_TRUNK = dict(dtype="bfloat16", mask=model_mask_kind("causal"), repeats=7,
+                   method="median of 7 calls after 2 warm-ups, one backend after another (not interleaved; "
+                          "no min / max kept), CUDA events")
+_PROBE_KEY = re.compile(r"(?P<preset>\S+) B(?P<B>\d+) cap (?P<cap_method>\S+) (?P<backend>\S+)")
+
+
+@dataclass(frozen=True)
+class TrunkTimings:
+    """The whole trunk's forward per backend as one run recorded it: TRUNK_FIELDS records, where they
+    were read and how they were measured, in words."""
+    records: tuple
+    source: str
+    method: str
+
+
+def trunk_timings(name: str, data: dict, results_dir: Path = RESULTS_DIR) -> Optional[TrunkTimings]:
+    """The trunk timings of results file `name` (`data`, as load_results reads it): its own "trunk" list,
+    else the probe.json of its GPU session's folder (gpu-run-<date>/, the same device); None when neither."""
+    if data.get("trunk"):
+        records = tuple(with_status(dict({k: None for k in TRUNK_FIELDS}, **r)) for r in data["trunk"])
+        repeats = sorted({r["repeats"] for r in records if r["repeats"]})
+        return TrunkTimings(records, name, f"timed by the benchmark: median (min–max) of "
+                                           f"{'/'.join(map(str, repeats)) or 'its'} repeats per backend")
+    probe = Path(results_dir) / f"gpu-run-{data.get('date')}" / "probe.json"
+    try:
+        found = json.loads(probe.read_text())
+    except (OSError, ValueError):
+        return None
+    if found.get("device") != data.get("device_name") or not isinstance(found.get("trunk"), dict):
+        return None
+    records = []
+    for key, got in found["trunk"].items():
+        m = _PROBE_KEY.fullmatch(key)
+        if not m or m["preset"] not in PRESETS:
+            continue
+        status = Status.OK if "ms" in got else Status.SKIPPED if "skipped" in got else Status.ERROR
+        records.append(dict(preset=m["preset"], B=int(m["B"]), T=PRESETS[m["preset"]].layout.seq_len,
+                            dtype=PROBE_TRUNK["dtype"], cap_method=m["cap_method"], mask=PROBE_TRUNK["mask"],
+                            backend=m["backend"], status=status, reason=got.get("skipped") or got.get("error") or "",
+                            repeats=PROBE_TRUNK["repeats"] if "ms" in got else 0, median_ms=got.get("ms"),
+                            min_ms=None, max_ms=None, attention_ms=None, rel_err=got.get("rel_err")))
+    return TrunkTimings(tuple(records), f"{probe.parent.name}/{probe.name}", PROBE_TRUNK["method"])
 
 
 _LEGACY = {"skipped: time budget spent": (Status.NOT_REACHED, "time budget spent"),
