@@ -131,15 +131,6 @@ def timing_check(query: str, lengths: str, backends, geometry: str, dtype: str, 
             f"{', '.join(map(str, req.lengths))} on {', '.join(req.backends)}.", gr.update(interactive=True))
 
 
-def timing_check_on_page(tab: str, query: str, lengths: str, backends, geometry: str, dtype: str,
-                         request: gr.Request = None):
-    """timing_check when the sidebar changed the link while the timing tab is open (the model's shapes,
-    mask, cap and candidates are the sidebar's); elsewhere nothing."""
-    if tab != "timing":
-        return gr.skip(), gr.skip()
-    return timing_check(query, lengths, backends, geometry, dtype, request)
-
-
 TIMING_OUTPUTS = 6          # time, memory, speed-up, error, the recorded GPU run beside the live one, notes
 
 

@@ -484,6 +484,10 @@ def test_an_emptied_or_bad_lengths_box_gets_one_message_and_no_popups(page):
     page.get_by_label("bfloat16").check()
     expect(message).to_contain_text("bfloat16", timeout=20_000)
     expect(run).to_be_enabled()
+    candidates = page.get_by_label("candidates (slots, padded ones included)")     # the sidebar's, with the tab open
+    candidates.fill("2")
+    candidates.press("Enter")
+    expect(message).to_contain_text("2 candidates, bfloat16", timeout=20_000)
 
 
 # the query row as drawn: the attention figure's row outlines, the bar chart and its sentence
