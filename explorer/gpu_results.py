@@ -183,7 +183,7 @@ def _bars(rows: list[dict], text, *, name: str, axes: tuple[str, str], source: s
     each; `source` (its device) in its hover and meta."""
     return dict(type="bar", orientation="h", name=name, y=[r["backend"] for r in rows],
                 x=[r["speedup"] for r in rows], text=[text(r) for r in rows], textposition="outside",
-                cliponaxis=False, textfont=dict(size=13), xaxis=axes[0], yaxis=axes[1], meta=source,
+                cliponaxis=False, xaxis=axes[0], yaxis=axes[1], meta=source,
                 showlegend=False, hovertemplate=f"{source}<br>%{{y}} · {name}: %{{text}}<extra></extra>",
                 marker=dict(color=[BACKEND_COLORS.get(r["backend"], "#777777") for r in rows],
                             pattern=dict(shape=pattern, fgcolor="white", solidity=0.35) if pattern else None,
@@ -194,7 +194,7 @@ def _layout(title: str, height: int, **layout) -> dict:
     return {**dict(template=TEMPLATE, font=FONT, height=height, paper_bgcolor="white", plot_bgcolor="white",
                    title=dict(text=title, x=0.01, xanchor="left", yref="container", y=1, yanchor="top",
                               pad=dict(t=12), font=dict(size=FONT["size"] + 2)),
-                   barmode="group", bargap=0.25, showlegend=False, margin=dict(l=110, r=30, t=100, b=50)),
+                   barmode="group", bargap=0.25, showlegend=False, margin=dict(l=110, r=30, t=120, b=50)),
             **layout}
 
 
@@ -270,7 +270,7 @@ def flash_figure(run: Optional[GpuRun], live: Optional[Sweep] = None, live_shape
         if key in layout:
             layout[key].update(type="log", range=[math.log10(lo), math.log10(hi)], tickmode="array",
                                tickvals=shown, ticktext=[f"{t:g}×" for t in shown])
-    return Figure(dict(data=data, layout=_layout("", 440, annotations=notes, **layout)), _validate=False)
+    return Figure(dict(data=data, layout=_layout("", 480, annotations=notes, **layout)), _validate=False)
 
 
 def rest_span(pts: dict[str, list[dict]]) -> tuple[float, float]:
@@ -293,18 +293,18 @@ def trunk_figure(run: Optional[GpuRun]) -> go.Figure:
     top = max(r["median_ms"] for rs in pts.values() for r in rs)
     for i, (cap, rs) in enumerate(pts.items()):
         ax = "" if i == 0 else str(i + 1)
-        dom = [i * width + (0.08 if i else 0.0), (i + 1) * width - 0.08]
+        dom = [i * width + (0.1 if i else 0.0), (i + 1) * width - (0.1 if i < len(pts) - 1 else 0.0)]
         for part, colour in (("attention", None), ("rest", "#C8C8C8")):
             xs = [r["attention"] if part == "attention" else r["median_ms"] - r["attention"] for r in rs]
             data.append(dict(type="bar", orientation="h", y=[r["backend"] for r in rs], x=xs, name=part,
                              marker=dict(color=colour or [BACKEND_COLORS.get(r["backend"], "#777") for r in rs]),
                              text=[f"{r['median_ms']:.0f} ms · attention {r['attention']:.0f} · "
                                    f"{r['speedup']:.2g}×" for r in rs] if part == "rest"
-                             else None, textposition="outside", cliponaxis=False, textfont=dict(size=13),
+                             else None, textposition="outside", cliponaxis=False,
                              xaxis=f"x{ax}", yaxis=f"y{ax}", showlegend=False, meta=f"recorded on {run.label()}",
                              hovertemplate=f"%{{y}} · {CAP_WORDS[cap]} · {part}: %{{x:.4g}} ms<extra></extra>"))
         layout[f"xaxis{ax}"] = _axis(domain=dom, anchor=f"y{ax}", title=dict(text="ms per forward"),
-                                     range=[0, top * 1.9])
+                                     range=[0, top * 1.9], **({"matches": "x"} if ax else {}))
         layout[f"yaxis{ax}"] = _axis(anchor=f"x{ax}", type="category", autorange="reversed",
                                      showticklabels=True)
         notes.append(_heading(dom[0], f"<b>{CAP_WORDS[cap]}</b>"))
@@ -314,14 +314,14 @@ def trunk_figure(run: Optional[GpuRun]) -> go.Figure:
     lo, hi = rest_span(pts)
     title = (f"The whole forward on {run.device}: {first['preset']} trunk, B {first['B']}, T {first['T']}, "
              f"{first['dtype']}")
-    subtitle = ("colour: attention" + (f" (derived: the kernel's benchmark time × "
+    subtitle = ("colour: attention" + (f" (derived: the kernel's time × "
                 f"{PRESETS[first['preset']].geometry.num_layers} layers)" if derived else "") +
                 f" · grey: the rest, {lo:.0f}–{hi:.0f} ms in every backend<br>dotted: all "
                 f"{forward_tflop(first['preset'], first['B']):.1f} TFLOP of its useful work at the matmul peak = "
                 f"{floor:.0f} ms")
     fig = _layout(title, 420, annotations=notes, bargap=0.3, barmode="stack", **layout)
-    fig["title"]["subtitle"] = dict(text=subtitle, font=dict(size=12))
-    fig["margin"] = dict(fig["margin"], t=120)
+    fig["title"]["subtitle"] = dict(text=subtitle)
+    fig["margin"] = dict(fig["margin"], t=130)
     return Figure(dict(data=data, layout=fig), _validate=False)
 
 

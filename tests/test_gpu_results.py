@@ -80,7 +80,7 @@ def test_every_forward_number_shown_equals_the_committed_files():
             assert att == kernels[b]["median_ms"] * layers and other == probe[b] - att
             assert text == f"{probe[b]:.0f} ms · attention {att:.0f} · {probe['naive'] / probe[b]:.2g}×"
     words = fig.layout.title.text + fig.layout.title.subtitle.text
-    assert "derived: the kernel's benchmark time × 8 layers" in words and RAW["device_name"] in words
+    assert "derived: the kernel's time × 8 layers" in words and RAW["device_name"] in words
     table = gpu_results.evidence_markdown(run)
     assert "median of 7 calls after 2 warm-ups" in table and "not interleaved" in table and "derived" in table
 
