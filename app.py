@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from explorer import export, lesson, runs, timing, views
+from explorer import export, gpu_results, lesson, runs, timing, views
 from explorer.controls import CONTROL_FIELDS, LABELS, NUMBER_FIELDS
 from explorer.families import FAMILIES, XREX_ROPE
 from explorer.links import to_query
@@ -40,8 +40,8 @@ from server.lanes import (CONTROL, EXPORT, EXPORT_PACK, TIMING, UNQUEUED, UPLOAD
 from server.links import (bug_choices, family_endpoint, head_choices, head_of_link, limit_endpoint, link_to_controls,
                           load_endpoint, preset_choices, preset_endpoint, query_to_controls, settings_endpoint,
                           weight_choices)
-from server.timing_events import (stop_timing, timing_check, timing_endpoint, timing_lengths, timing_lengths_kept,
-                                  timing_options, timing_recorded, timing_recorded_on_link)
+from server.timing_events import (before_run, stop_timing, timing_check, timing_endpoint, timing_lengths,
+                                  timing_lengths_kept, timing_options, timing_recorded, timing_recorded_on_link)
 from models.attention import CAP_METHODS
 from models.grok import ROPE_MODES
 from models.masks import MASK_KINDS, PREFIX_MODES
@@ -85,6 +85,7 @@ LAYER = "(layer, v, q, n) => explorer.layerPick(layer, v, q, n)"        # likewi
 HEAD_PICK = "(head, v, q, n) => explorer.headPick(head, v, q, n)"        # another head of a one-head view
 VALUES_PICK = "(values, v, q, n) => explorer.valuesPick(values, v, q, n)"  # another value kind of one
 HEAD_KEY = "(head, q) => explorer.withParam(q, 'head', head.split(':')[0], '-1')"   # a head stepHead drew
+RECHECK_TIMING = "(tab) => { if (tab === 'timing') document.getElementById('timing-recheck').click(); }"
 
 def number_boxes(d: Settings, c: dict, names: list[str], **kw) -> None:
     """A number box per Settings field, labelled (explorer.controls.LABELS); integer boxes for int fields.
@@ -205,8 +206,14 @@ def view_tab(view: views.View, d: Settings, c: dict) -> list:
 
 
 def timing_tab(d: Settings, c: dict) -> SimpleNamespace:
+    """The recorded GPU run first (drawn into the page: every visitor sees it before anything runs), the
+    live run's panel beside it; the controls; the whole forward and the recorded numbers; the live figures."""
     geometry0, dtype0 = timing.geometries()[0], timing.dtypes()[0]
     t = SimpleNamespace()
+    flash0, note0 = before_run()
+    run = gpu_results.gpu_run()
+    # no label badge on the figures: it would sit over the figure's own title
+    flash_fig = gr.Plot(flash0, label="flash vs naive", elem_id="flash-plot", show_label=False)
     with gr.Row():
         t.geometry = gr.Radio(list(timing.geometries()), value=geometry0, scale=3,
                               label="shapes (mask and logit cap: the sidebar's)")
@@ -219,14 +226,16 @@ def timing_tab(d: Settings, c: dict) -> SimpleNamespace:
     t.backends = gr.CheckboxGroup(usable0["choices"], value=usable0["value"], label="backends that run here")
     t.unavailable = gr.Markdown(unavailable0)
     t.message = gr.Markdown(elem_id="timing-check")
-    text = gr.Markdown(timing.recorded_summary())
+    t.recheck = gr.Button("recheck", elem_id="timing-recheck")     # clicked by the page: see wire_timing
+    gr.Plot(gpu_results.trunk_figure(run), label="the whole forward", elem_id="trunk-plot", show_label=False)
+    gr.Markdown(gpu_results.evidence_markdown(run), elem_id="gpu-text")
+    text = gr.Markdown(note0)
     with gr.Row():
-        # no label badge: it would sit over the figure's own title
         time_fig = gr.Plot(label="time", elem_id="time-plot", show_label=False)
         mem_fig = gr.Plot(label="memory", show_label=False)
     with gr.Row():
         speed_fig, err_fig = gr.Plot(label="speed-up", show_label=False), gr.Plot(label="error", show_label=False)
-    t.figures = [time_fig, mem_fig, speed_fig, err_fig, text]
+    t.figures = [time_fig, mem_fig, speed_fig, err_fig, flash_fig, text]      # server.timing_events' order
     return t
 
 
@@ -395,7 +404,13 @@ def wire_timing(page: SimpleNamespace, t: SimpleNamespace) -> None:
         .then(api_name="timing_check_after_lengths", **check)
     page.tab["timing"].select(timing_lengths_kept, [page.query, t.geometry, t.lengths], t.lengths,
                               api_name="timing_lengths_kept", **quiet).then(api_name="timing_check_after_kept", **check)
-    gr.on([t.lengths.input, t.backends.input], api_name="timing_check", trigger_mode="always_last", **check)
+    # .change, not .input: Gradio's textbox sends no input event when characters are deleted, so an emptied
+    # box would keep the last message and Run enabled
+    gr.on([t.lengths.change, t.backends.input], api_name="timing_check", trigger_mode="always_last", **check)
+    # the sidebar sets the shapes, mask, cap and candidates: the message follows it while the tab is open (a
+    # change drawn in the browser on another tab sends nothing: the page clicks the hidden button only here)
+    page.query.change(None, [page.tab_state], None, js=RECHECK_TIMING, api_name="timing_recheck_in_browser", **STEP)
+    t.recheck.click(api_name="timing_check_after_query", trigger_mode="always_last", **check)
     page.tab["timing"].select(timing_recorded, [page.query, t.geometry, t.dtype, t.figures[0]], t.figures,
                               api_name="timing_recorded", **{**quiet, "queue": True}, **CONTROL)
     # a link that opens on this tab (the lesson's timing step) draws the committed curves as well

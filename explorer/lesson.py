@@ -6,12 +6,13 @@ mask's) own outputs and says whether the claim holds; tests/test_lesson.py runs 
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 import numpy as np
 
-from explorer import runs, views
+from explorer import gpu_results, runs, views
 from explorer.links import parse_query
 from explorer.schema import Settings
 from models.masks import KERNEL_TILINGS, kernel_work
@@ -114,6 +115,35 @@ def skipped_work_share(s: Settings) -> bool:
     return (f"{w['skip_elements']:.1%}", f"{views.mask_stats(mask)['skip_elements']:.1%}") == ("9.9%", "11.1%")
 
 
+def numbers(text: str) -> set[str]:
+    """The numbers written in a text ('30.6×', '39%', '303 → 115 ms': 30.6, 39, 303, 115)."""
+    return set(re.findall(r"\d+(?:\.\d+)?", text))
+
+
+def figure_text(fig) -> str:
+    """Every word a figure prints: its title and subtitle, annotations and the text beside its bars."""
+    layout = fig.layout
+    parts = [layout.title.text or "", layout.title.subtitle.text or ""] + [a.text or "" for a in layout.annotations]
+    parts += [str(t) for trace in fig.data for t in (getattr(trace, "text", None) or ())]
+    return " ".join(parts)
+
+
+def drawn_on(claim: str, fig) -> bool:
+    """Every number of the claim is printed on the figure, read from the same committed file."""
+    return numbers(claim) <= numbers(figure_text(fig))
+
+
+GPU_RUN = gpu_results.gpu_run()     # the committed GPU results the last steps rest on (None: none committed)
+
+
+def recorded_kernels_drawn(s: Settings) -> bool:
+    """The kernels' claim (× naive, share of the matmul peak, the cap's cost) is on the recorded figure."""
+    return GPU_RUN is not None and drawn_on(gpu_results.kernel_claim(GPU_RUN), gpu_results.flash_figure(GPU_RUN))
+
+
+def recorded_forward_drawn(s: Settings) -> bool:
+    """The whole forward's claim (its gain, attention before and after, the rest) is on its figure."""
+    return GPU_RUN is not None and drawn_on(gpu_results.trunk_claim(GPU_RUN), gpu_results.trunk_figure(GPU_RUN))
 NANO = "preset=phoenix-2026-nano"
 LESSON: tuple[Step, ...] = (
     Step("isolation", "The mask pair", "preset=lecture&compare=causal", "mask",
@@ -142,9 +172,10 @@ LESSON: tuple[Step, ...] = (
          "Skipping is per tile: the 8 skipped tiles are 9.9% of the work against 11.1% of pairs masked — the "
          "candidate tile computes its hidden pairs.", figure="kernel-plot",
          check=skipped_work_share),
-    Step("flash", "Timing", NANO, "timing",
-         "Whether skipping pays is measured, never assumed: R (or Run) times naive attention against the kernels "
-         "at this shape, live on this machine."),
+    Step("flash", "On a GPU, and live here", NANO, "timing", gpu_results.kernel_claim(GPU_RUN), figure="flash-plot",
+         check=recorded_kernels_drawn),
+    Step("flash", "What flash buys the model", NANO, "timing", gpu_results.trunk_claim(GPU_RUN), figure="trunk-plot",
+         check=recorded_forward_drawn),
 )
 
 

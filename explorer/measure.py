@@ -34,7 +34,7 @@ import torch
 
 from models import attention as A
 from models.attention import BACKENDS, attend, unavailable_reason
-from models.masks import KERNEL_TILINGS, AttentionMask
+from models.masks import KERNEL_TILINGS, AttentionMask, model_mask_kind
 from models.presets import PRESETS
 from models.runinfo import RESULTS_DIR, device_name
 
@@ -878,7 +878,7 @@ def _probe_timings(path: Path, data: dict) -> Optional[dict]:
             continue
         status = "ok" if "ms" in r else "skipped" if "skipped" in r else "error"
         trunk.append(trunk_record(m["preset"], m["backend"], B=int(m["B"]), T=PRESETS[m["preset"]].layout.seq_len,
-                                  dtype="bfloat16", cap_method=m["cap"], mask="recsys", status=status,
+                                  dtype="bfloat16", cap_method=m["cap"], mask=model_mask_kind("causal"), status=status,
                                   reason=r.get("skipped") or r.get("error") or "", repeats=7 if "ms" in r else 0,
                                   median_ms=r.get("ms"), rel_err=r.get("rel_err")))
     views: dict[tuple, dict] = {}
@@ -894,6 +894,36 @@ def _probe_timings(path: Path, data: dict) -> Optional[dict]:
         else:                                           # a part failed: the tab has no time
             v.update(cold_ms=None, warm_ms=None, repeats=0)
     return dict(data, trunk=trunk, views=list(views.values()))
+
+
+# How the first GPU run's probe (gpu-run-<date>/probe.py) timed the trunk, before results files had a "trunk" list
+PROBE_METHOD = ("median of 7 calls after 2 warm-ups, one backend after another (not interleaved; no min / max "
+                "kept), CUDA events")
+
+
+@dataclass(frozen=True)
+class TrunkTimings:
+    """The whole trunk's forward per backend as one run recorded it: TRUNK_KEYS records, where they were read
+    and how they were measured, in words."""
+    records: tuple
+    source: str
+    method: str
+
+
+def trunk_timings(name: str, data: dict, results_dir: Path = RESULTS_DIR) -> Optional[TrunkTimings]:
+    """The trunk timings of results file `name` (`data`, as load_results reads it): its own "trunk" list, else
+    the probe.json of its GPU session's folder (gpu-run-<date>/, the same device); None when neither."""
+    if data.get("trunk"):
+        records = tuple(with_status({**dict.fromkeys(TRUNK_KEYS), **r}) for r in data["trunk"] if isinstance(r, dict))
+        repeats = sorted({r["repeats"] for r in records if r["repeats"]})
+        return TrunkTimings(records, name, f"timed by the benchmark: median (min–max) of "
+                                           f"{'/'.join(map(str, repeats)) or 'its'} repeats per backend, backends interleaved")
+    probe = Path(results_dir) / f"gpu-run-{data.get('date')}" / "probe.json"
+    found = _probe_timings(probe, data)
+    if not found or not found["trunk"]:
+        return None
+    return TrunkTimings(tuple(with_status(r) for r in found["trunk"]), f"{probe.parent.name}/{probe.name}",
+                        PROBE_METHOD)
 
 
 _LEGACY = {"skipped: time budget spent": (Status.NOT_REACHED, "time budget spent"),

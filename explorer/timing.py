@@ -1,5 +1,6 @@
-"""Flash vs naive, live: time the backends this device runs, beside the committed benchmark curves and
-beside the work the mask lets a block-sparse kernel skip.
+"""Flash vs naive, live: time the backends this device runs, beside the work the mask lets a block-sparse
+kernel skip. The committed benchmark curves are drawn on their own figures (exports), the committed GPU run
+beside the live one (explorer.gpu_results) — never on a live run's axes.
 
 Every number comes from the benchmark's own measurement module (warm-up, interleaved repeats, min /
 median / max, peak memory, error vs naive), so the tab and ``python -m benchmarks.attention`` measure
@@ -109,6 +110,12 @@ def backend_notes(s: Settings, name: str, dtype: str) -> str:
     return "Why each backend is fast or slow here:\n" + "\n".join(lines)
 
 
+def live_shape(g: Grid, name: str) -> str:
+    """What a live run times, short enough for a figure's panel title (three short lines)."""
+    return (f"{name}, B {g.B}, {g.dtype}<br>{g.Hq} q / {g.Hkv} kv heads, head dim {g.head_dim}<br>"
+            f"mask {g.masks[0]}, cap {g.cap_methods[0]}")
+
+
 def describe(g: Grid, name: str) -> str:
     """The shape a run times, in words: which geometry, and its numbers."""
     where = "the sidebar's model" if name == SETTINGS_GEOMETRY else f"preset '{name}'"
@@ -142,7 +149,10 @@ def parse_lengths(text: str, num_candidates: int = 1) -> list[int]:
             raise ValidationError("lengths", T, f"each in [{lo}, {hi}] on {device().upper()} "
                                                 f"(more than the {num_candidates} candidates)")
         out.append(T)
-    if not out or len(out) > MAX_LENGTHS:
+    if not out:
+        raise ValidationError("lengths", text, f"1 to {MAX_LENGTHS} sequence lengths such as '64, 128, 256' "
+                                               "(the box is empty)")
+    if len(out) > MAX_LENGTHS:
         raise ValidationError("lengths", text, f"between 1 and {MAX_LENGTHS} sequence lengths")
     return sorted(set(out))
 
@@ -242,9 +252,9 @@ def stopped_note(why: str, done: list[int], total: int) -> str:
 
 
 def sweep(s: Settings, req: Request, run: Optional[Run] = None) -> Iterator[Sweep]:
-    """Time the request; yield the Sweep at once (nothing measured: the page shows its recorded
-    curves and progress) and again after each sequence length, so points appear as measured and Stop
-    keeps them. Ends at the budget or when `run` is cancelled."""
+    """Time the request; yield the Sweep at once (nothing measured: the page shows its progress) and
+    again after each sequence length, so points appear as measured and Stop keeps them. Ends at the
+    budget or when `run` is cancelled."""
     run = run or LiveRun(sweep_budget_s())
     if isinstance(run, LiveRun):
         run.total = len(req.lengths)
@@ -473,11 +483,17 @@ def curves_of(sw: Sweep, recorded: list[tuple[str, list[dict]]], batch: int) -> 
     return out
 
 
+NOTHING_MEASURED = "Nothing measured on this machine yet:<br><b>Run</b> (R when presenting)"
+
+
 def sweep_figures(sw: Sweep, recorded: Optional[list[tuple[str, list[dict]]]] = None, batch: int = 1,
                   g: Optional[Grid] = None):
     """Time (median, bars min..max over the repeats), memory, speed-up over naive (beside the bound
-    skipping alone gives, when the geometry `g` is known) and error; measured points solid, committed
-    curves dotted, one colour per backend."""
+    skipping alone gives, when the geometry `g` is known) and error, one colour per backend. Either a
+    live run (`recorded` None: its points only, solid; a note while it has none) or committed curves
+    (an empty `sw`, `recorded` dotted): never both on one axis."""
+    if recorded is not None and sw.records:
+        raise ValueError("sweep_figures: recorded curves never share a live run's axes")
     curves = curves_of(sw, recorded or [], batch)
     time_fig = benchmark_figure(curves, lambda r: r["median_ms"], bars=True, y_title="ms",
                                 title="Time per call (median; bars: min–max)")
@@ -510,7 +526,12 @@ def sweep_figures(sw: Sweep, recorded: Optional[list[tuple[str, list[dict]]]] = 
     err_fig = benchmark_figure([c for c in err if c.records], lambda r: r["max_abs_err"], log_y=False,
                                y_title="max abs error", title="Max |error| vs naive, same inputs")
     err_fig.update_yaxes(exponentformat="e", tickformat=".1e")
-    return time_fig, mem_fig, speed_fig, err_fig
+    figs = time_fig, mem_fig, speed_fig, err_fig
+    if recorded is None and not sw.points:
+        for fig in figs:
+            fig.add_annotation(text=NOTHING_MEASURED, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
+                               font=dict(size=14, color="#555555"))
+    return figs
 
 
 def _grouped(records: list[dict]) -> dict[str, list[dict]]:
@@ -542,8 +563,8 @@ def recorded_summary() -> str:
              f"({sum(r.get('status') == 'ok' for r in d['records'])} points)" for name, d in files]
     if not any(on_gpu(d) for _, d in files):
         lines.append("- None of the recorded files comes from a GPU.")
-    return ("Recorded benchmark files (dotted curves where one matches the geometry; "
-            "`python -m benchmarks.attention`):\n" + "\n".join(lines))
+    return ("Recorded benchmark files (`python -m benchmarks.attention`; the GPU's drawn above, on their own axes; "
+            "each file's curves in the Export tab's timing figures):\n" + "\n".join(lines))
 
 
 def recorded_view(s: Settings) -> tuple[go.Figure, go.Figure, go.Figure, str]:
@@ -567,8 +588,7 @@ def recorded_view(s: Settings) -> tuple[go.Figure, go.Figure, go.Figure, str]:
 
 
 def timing_view(s: Settings, geometry_name: Optional[str] = None, dtype: Optional[str] = None):
-    """The tab's figures before any live run (and in exports): the committed curves for this geometry."""
-    name, dt = geometry_name or geometries()[0], dtype or dtypes()[0]
-    g = geometry(s, name, dt)
-    return sweep_figures(Sweep(device_name(device())), recorded_records(g), batch=g.B, g=g)
+    """The live figures before a run: empty axes saying nothing is measured yet."""
+    g = geometry(s, geometry_name or geometries()[0], dtype or dtypes()[0])
+    return sweep_figures(Sweep(device_name(device())), batch=g.B, g=g)
 

@@ -1,13 +1,15 @@
 """The timing tab's events: its controls checked as they change, live sweeps streamed from a worker
-thread (one at a time, cancellable), the committed curves before a run."""
+thread (one at a time, cancellable) beside the committed GPU run, the empty live figures before a run."""
 from __future__ import annotations
 
 import asyncio
 
 import gradio as gr
 
-from explorer import budget, timing
+from explorer import budget, gpu_results, timing
+from explorer.limits import device
 from explorer.schema import ValidationError
+from models.runinfo import device_name
 
 from .guard import as_markdown_text, guarded, session_of, settings_of
 from .timing_runs import TIMING_RUNS
@@ -21,18 +23,14 @@ def timing_request(query: str, lengths: str, backends, geometry: str, dtype: str
 
 
 @guarded
-def timing_recorded_curves(req: timing.Request):
-    return timing.recorded_records(req.geometry)
-
-
-@guarded
 def timing_step(steps):
     """The next state of a live sweep (run in a worker thread), or None when it is done."""
     with TIMING_RUNS.measuring():
         return next(steps, None)
 
 
-def timing_outputs(sw: timing.Sweep, req: timing.Request, recorded) -> tuple:
+def timing_outputs(sw: timing.Sweep, req: timing.Request) -> tuple:
+    """The live figures, the recorded GPU run beside this run (its own panel) and the notes."""
     g = req.geometry
     status = sw.progress() or sw.stopped or f"Done: {len(sw.measured_lengths)} lengths in {sw.elapsed_s:.1f} s."
     note = [f"**{status}** Measured now on **{sw.device}**, {timing.describe(g, req.geometry_name)}; "
@@ -41,7 +39,8 @@ def timing_outputs(sw: timing.Sweep, req: timing.Request, recorded) -> tuple:
     note += [timing.throughput_note(sw)] if sw.points else []
     note += [f"{b}: {why}" for b, why in sw.skipped.items()]
     note.append(timing.recorded_summary())
-    return (*timing.sweep_figures(sw, recorded, batch=g.B, g=g), "\n\n".join(note))
+    flash = gpu_results.flash_figure(gpu_results.gpu_run(), sw, timing.live_shape(g, req.geometry_name))
+    return (*timing.sweep_figures(sw, batch=g.B, g=g), flash, "\n\n".join(note))
 
 
 SMALL_SWEEP_MAX_LEN = 256
@@ -65,7 +64,6 @@ async def timing_endpoint(query: str, lengths: str, backends: list, geometry: st
     pool = budget.LOW_PRIORITY if max(req.lengths) > SMALL_SWEEP_MAX_LEN else None
     ends_with_thread = False
     try:
-        recorded = await loop.run_in_executor(None, timing_recorded_curves, req)
         while True:
             step = loop.run_in_executor(pool, timing_step, steps)
             try:
@@ -79,7 +77,7 @@ async def timing_endpoint(query: str, lengths: str, backends: list, geometry: st
                 raise
             if sw is None:
                 return
-            yield await loop.run_in_executor(None, timing_outputs, sw, req, recorded)   # figures: off the event loop
+            yield await loop.run_in_executor(None, timing_outputs, sw, req)   # figures: off the event loop
     finally:
         if not ends_with_thread:
             TIMING_RUNS.end(session, run)
@@ -123,25 +121,37 @@ def timing_lengths_kept(query: str, geometry: str, lengths: str, request: gr.Req
 
 
 def timing_check(query: str, lengths: str, backends, geometry: str, dtype: str, request: gr.Request = None):
-    """Checked as the controls change, before Run: the message sits under the controls and Run is
-    disabled while something is wrong."""
+    """Checked as the controls change, before Run: the message under the controls says what Run will
+    measure (the shapes and dtype chosen), or what is wrong, once, with Run disabled until it is mended."""
     try:
-        timing_request(query, lengths, backends, geometry, dtype, request)
+        _, req = timing_request(query, lengths, backends, geometry, dtype, request)
     except gr.Error as e:
         return f"**Cannot run:** {as_markdown_text(e.message)}", gr.update(interactive=False)
-    return "", gr.update(interactive=True)
+    return (f"**Run** measures {as_markdown_text(timing.describe(req.geometry, req.geometry_name))} at T = "
+            f"{', '.join(map(str, req.lengths))} on {', '.join(req.backends)}.", gr.update(interactive=True))
+
+
+TIMING_OUTPUTS = 6          # time, memory, speed-up, error, the recorded GPU run beside the live one, notes
+
+
+def before_run() -> tuple:
+    """The recorded GPU run beside an empty live panel, and the notes: what the page shows before a run."""
+    sw = timing.Sweep(device_name(device()))
+    return (gpu_results.flash_figure(gpu_results.gpu_run(), sw),
+            "Nothing measured on this machine yet: **Run** (R when presenting) times the backends ticked, live, "
+            f"for the shapes named under the controls.\n\n{timing.recorded_summary()}")
 
 
 @guarded
 def timing_recorded(query: str, geometry: str, dtype: str, current, request: gr.Request = None):
-    """Before a live run: the committed curves for this geometry (a drawn live run is kept)."""
+    """Before a live run: the recorded GPU run beside empty live figures (a drawn live run is kept)."""
     if current is not None:
-        return [gr.skip()] * 5
+        return [gr.skip()] * TIMING_OUTPUTS
     s = settings_of(query, request, need_model=False)
-    g = timing.geometry(s, geometry, dtype)
-    return (*timing.timing_view(s, geometry, dtype), f"Press **Run** to measure {timing.describe(g, geometry)} "
-            f"now.\n\n{timing.recorded_summary()}")
+    flash, note = before_run()
+    return (*timing.timing_view(s, geometry, dtype), flash, note)
 
 
 def timing_recorded_on_link(tab: str, query: str, geometry: str, dtype: str, current, request: gr.Request = None):
-    return timing_recorded(query, geometry, dtype, current, request) if tab == "timing" else [gr.skip()] * 5
+    return (timing_recorded(query, geometry, dtype, current, request) if tab == "timing"
+            else [gr.skip()] * TIMING_OUTPUTS)

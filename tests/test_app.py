@@ -142,13 +142,15 @@ def test_settings_and_preset_endpoints_write_the_query(client):
 
 
 def test_timing_endpoint_measures_and_labels_the_device(client):
-    time_fig, mem_fig, speed_fig, err_fig, note = client.predict(
+    time_fig, mem_fig, speed_fig, err_fig, flash_fig, note = client.predict(
         LECTURE, "16, 32", ["naive", "structured"], api_name="/timing")
     live = {t["meta"].split(" · ")[0]: t for t in plot_data(time_fig) if "measured now" in t.get("meta", "")}
     assert set(live) == {"naive", "structured"} and list(array(live["naive"]["x"])) == [16, 32]
     assert array(plot_data(err_fig)[1]["y"]).max() <= randn_attention_abs_bound(32)
     assert "Measured now on" in note and "5 interleaved repeats" in note and "Done: 2 lengths" in note
     assert "the sidebar's model: B = 1, 4 query heads sharing 2 KV heads" in note
+    beside = {t["xaxis"]: t["meta"] for t in plot_data(flash_fig)}        # the GPU run beside, on its own axes
+    assert beside["x"].startswith("recorded on NVIDIA") and beside["x2"].startswith("measured now on CPU")
 
 
 def test_timing_refuses_a_backend_this_device_does_not_run_before_running(client):
@@ -178,6 +180,22 @@ def test_opening_the_timing_tab_keeps_lengths_that_fit_and_replaces_those_that_d
     assert timing_events.timing_lengths_kept("preset=lecture", "model settings", "16, 32") == {"__type__": "update"}
     fixed = timing_events.timing_lengths_kept("preset=phoenix-2026", "model settings", "64, 128, 256, 512")["value"]
     assert fixed == "256, 512, 1024, 2048"          # phoenix-2026 holds 128 candidate slots: T > 128
+
+
+def test_the_timing_message_names_what_run_measures_and_what_is_wrong():
+    """Issue 35 item 7: after bfloat16 and the phoenix-prod shapes were chosen the tab still said "float32, the
+    sidebar's model". The line under the controls now says what Run measures, as chosen; an emptied lengths box
+    gets one message naming the field, and Run is disabled until it is mended."""
+    from server import timing_events
+    message, run = timing_events.timing_check("preset=lecture", "128, 256", ["naive", "flex"], "phoenix-prod",
+                                                "bfloat16")
+    assert "preset 'phoenix\\-prod'" in message and "bfloat16" in message and "float32" not in message
+    assert "sidebar's model" not in message and run["interactive"] is True
+    message, run = timing_events.timing_check("preset=lecture", "16", ["naive"], "model settings", "float32")
+    assert "the sidebar's model" in message and "float32" in message and "T = 16 " in message
+    message, run = timing_events.timing_check("preset=lecture", "", ["naive"], "model settings", "float32")
+    assert message.startswith("**Cannot run:** lengths: got ''") and "the box is empty" in message
+    assert run["interactive"] is False and message.count("Cannot run") == 1
 
 
 def test_export_endpoint_png(client):

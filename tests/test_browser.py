@@ -7,6 +7,7 @@ from urllib.parse import urlparse
 import pytest
 
 from server.localhost import wait_for_plot
+from explorer.timing import BACKEND_COLORS
 from served import figure
 from tolerances import assert_bit_exact
 
@@ -393,31 +394,100 @@ TIME_TRACES = """() => {
     const gd = document.querySelector('#time-plot .js-plotly-plot');
     return gd && gd.data ? gd.data.filter(t => t.meta).map(t => [t.meta, t.line.color, t.line.dash, t.x.length]) : null;
 }"""
+# the GPU run beside the live one: [meta, x axis, y (backends), text beside the bars] per trace
+FLASH_TRACES = """() => {
+    const gd = document.querySelector('#flash-plot .js-plotly-plot');
+    return gd && gd.data ? gd.data.map(t => [t.meta || '', t.xaxis || 'x', Array.from(t.y || []),
+                                             Array.from(t.text || [])]) : null;
+}"""
 
 
-def test_a_timing_run_keeps_the_recorded_curves_in_view_and_stop_keeps_its_points(page):
-    """The recorded curves are drawn before Run and stay while measuring; measured points appear solid in
-    the backend's own colour beside its dotted recorded curve; Stop says how far the run got and the
-    points measured so far stay drawn."""
-    page.goto(page.base_url + "?preset=lecture")
-    wait_for_plot(page, "mask-plot")
-    page.get_by_role("tab", name="6 · Flash vs naive").click()
-    page.wait_for_function(f"(({TIME_TRACES})() || []).length > 0", timeout=60_000)
-    recorded = page.evaluate(TIME_TRACES)
-    assert recorded and all("recorded on" in meta and dash == "dot" for meta, _, dash, _ in recorded)
+def open_timing(page, link="?preset=lecture&tab=timing", width=1280, height=720):
+    """The timing tab of `link` at a projector's size, settled."""
+    page.set_viewport_size({"width": width, "height": height})
+    page.goto(page.base_url + link)
+    wait_for_plot(page, "flash-plot", timeout=60_000)
+    wait_settled(page)
+
+
+def test_the_timing_tab_shows_the_gpu_evidence_without_run_at_1280x720(page):
+    """Issue 33 / 35 item 6: on a CPU, before anything runs, the tab shows the committed GPU run — device, date,
+    commit, × naive with the share of the matmul peak, the cap's cost, the whole forward with attention's share
+    and the table — and its first figure starts on the first screen; the live panel beside it says nothing was
+    measured; no error pop-up."""
+    open_timing(page)
+    traces = page.evaluate(FLASH_TRACES)
+    recorded = [t for t in traces if t[0].startswith("recorded on NVIDIA H100 80GB HBM3, 2026-11-26, commit 801f962")]
+    assert recorded and all(axis == "x" for _, axis, _, _ in recorded)
+    assert "30.6× · 0.625 ms · 39%" in [text for t in recorded for text in t[3]]
+    assert not any(axis == "x2" for _, axis, _, _ in traces)                  # nothing measured here yet
+    headings = page.evaluate("() => [...document.querySelectorAll('#flash-plot .annotation-text')]"
+                             ".map((e) => e.textContent)")
+    assert any("Nothing measured here yet" in h for h in headings) and any("fa4 2.7×" in h for h in headings)
+    top = page.evaluate("() => document.querySelector('#flash-plot').getBoundingClientRect().top")
+    assert top < 720                                                           # on the first screen
+    forward = page.locator("#trunk-plot .js-plotly-plot")
+    forward.scroll_into_view_if_needed()
+    assert "115 ms · attention 14 · 2.6×" in forward.text_content()
+    assert "Recorded on NVIDIA H100 80GB HBM3" in page.locator("#gpu-text").inner_text()
+    assert page.locator(".toast-body").count() == 0
+
+
+def test_a_timing_run_streams_beside_the_recorded_gpu_run_and_stop_keeps_its_points(page):
+    """The live run stays as it was (budget-capped, cancellable): measured points appear solid in the backend's
+    own colour on the live charts — no committed curve on their axes — and in the GPU figure's own live panel,
+    while the recorded panel stays; Stop says how far the run got and the points measured so far stay drawn."""
+    open_timing(page)
+    recorded = [t[0] for t in page.evaluate(FLASH_TRACES)]
     page.get_by_label("sequence lengths T").fill("16, 24, 32, 2048")
     page.get_by_label("sequence lengths T").press("Tab")
     page.get_by_role("button", name="Run", exact=True).click()
     page.wait_for_function(f"(({TIME_TRACES})() || []).some(t => t[0].includes('measured now') && t[3] >= 2)",
                            timeout=120_000)
+    page.wait_for_function(f"(({FLASH_TRACES})() || []).some(t => t[1] === 'x2')", timeout=30_000)
     page.get_by_role("button", name="Stop", exact=True).click()
     page.wait_for_function("() => /Stopped after \\d of 4 lengths/.test(document.body.innerText)", timeout=30_000)
     drawn = page.evaluate(TIME_TRACES)
-    colour = {meta.split(" · ")[0]: c for meta, c, _, _ in recorded}
-    live = [t for t in drawn if "measured now" in t[0]]
-    assert live and all(dash == "solid" and n >= 2 for _, _, dash, n in live)
-    assert all(c == colour[meta.split(" · ")[0]] for meta, c, _, _ in live if meta.split(" · ")[0] in colour)
-    assert {t[0] for t in recorded} <= {t[0] for t in drawn}            # the recorded curves stayed
+    assert drawn and all("measured now" in meta and dash == "solid" and n >= 2 for meta, _, dash, n in drawn)
+    assert all(c == BACKEND_COLORS[meta.split(" · ")[0]] for meta, c, _, _ in drawn)
+    flash = page.evaluate(FLASH_TRACES)
+    assert [t[0] for t in flash if t[1] == "x"] == recorded                   # the recorded panel stayed
+    live = [t for t in flash if t[1] == "x2"]
+    assert live and all(t[0].startswith("measured now on CPU") and "naive" in t[2] for t in live)
+
+
+def test_an_emptied_or_bad_lengths_box_gets_one_message_and_no_popups(page):
+    """Issue 35 item 7: deleting the lengths (Gradio sends no input event for a deletion) left the last message
+    and Run enabled, and each Run then stacked an error pop-up. Now the box's every change is checked: one message
+    names the field, Run stays disabled, no pop-up; a valid value says what Run measures."""
+    from playwright.sync_api import expect
+    open_timing(page)
+    box = page.get_by_label("sequence lengths T")
+    message = page.locator("#timing-check")
+    run = page.get_by_role("button", name="Run", exact=True)
+    expect(message).to_contain_text("Run measures the sidebar's model", timeout=20_000)
+    box.click()
+    box.press("End")
+    for _ in range(len(box.input_value())):
+        box.press("Backspace")
+    expect(message).to_contain_text("lengths: got ''", timeout=20_000)
+    expect(message).to_contain_text("the box is empty")
+    expect(run).to_be_disabled()
+    run.click(force=True)
+    page.keyboard.press("Enter")
+    box.press_sequentially("7x")
+    expect(message).to_contain_text("whole numbers separated by commas", timeout=20_000)
+    wait_settled(page)
+    assert page.locator(".toast-body").count() == 0 and message.inner_text().count("Cannot run") == 1
+    box.fill("64")
+    expect(message).to_contain_text("at T = 64 on naive", timeout=20_000)
+    page.get_by_label("bfloat16").check()
+    expect(message).to_contain_text("bfloat16", timeout=20_000)
+    expect(run).to_be_enabled()
+    candidates = page.get_by_label("candidates (slots, padded ones included)")     # the sidebar's, with the tab open
+    candidates.fill("2")
+    candidates.press("Enter")
+    expect(message).to_contain_text("2 candidates, bfloat16", timeout=20_000)
 
 
 # the query row as drawn: the attention figure's row outlines, the bar chart and its sentence

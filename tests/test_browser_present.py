@@ -107,3 +107,61 @@ def test_the_link_box_copy_icon_copies_the_full_address_with_the_tab(browser):
         assert copied == page.url and copied.startswith(url) and "tab=anatomy" in copied and "head=1" in copied
     finally:
         context.close()
+
+
+# the presented figure's traces: [meta, x axis, text beside the bars]
+PRESENTED_TRACES = """() => {
+    const gd = document.querySelector('.present-focus .js-plotly-plot');
+    return gd && gd.data ? gd.data.map((t) => [t.meta || '', t.xaxis || 'x', Array.from(t.text || [])]) : null;
+}"""
+
+
+@pytest.mark.parametrize("i", [i for i, st in enumerate(LESSON) if st.tab == "timing"])
+def test_the_lesson_flash_steps_present_the_recorded_gpu_run_without_run(browser, i):
+    """Issue 35 item 6: the lesson's timing step showed an empty chart until R, then a flat CPU one. Each flash
+    step on the Timing tab now presents, at 1280 x 720 with nothing pressed, its figure drawn from the committed
+    GPU run, the claim's numbers on it, in lecture fonts with nothing overlapping."""
+    from explorer.lesson import numbers
+    st = LESSON[i]
+    page = open_page(browser, st.link(i) + "&present=1")
+    try:
+        page.wait_for_function(f"(({PRESENTED_TRACES})() || []).some((t) => t[0].startsWith('recorded on NVIDIA'))",
+                               timeout=60_000)
+        p = page.evaluate(PRESENTED)
+        assert p["id"] == st.figure and st.claim[:60] in p["bar"] and "R run" in p["bar"]
+        assert p["minTick"] >= 14 and p["overlaps"] == [], p
+        left, top, right, bottom = p["box"]
+        assert right <= 1280 and bottom <= 720 - 64 and (right - left) >= 0.95 * 1280
+        drawn = page.evaluate("() => document.querySelector('.present-focus').textContent")
+        assert numbers(st.claim) <= numbers(drawn)               # the claim's numbers are on the figure
+        assert not any(t[0].startswith("measured now") for t in page.evaluate(PRESENTED_TRACES))
+    finally:
+        page.close()
+
+
+def test_r_runs_the_live_sweep_into_the_presented_figure_beside_the_gpu_run(browser):
+    """R in presentation mode still measures live: the run's bars appear in the presented figure's own live panel
+    (its own axes) while the recorded GPU panel stays."""
+    i = next(i for i, st in enumerate(LESSON) if st.figure == "flash-plot")
+    b, url = browser
+    page = b.new_page(viewport={"width": 1280, "height": 720})
+    try:
+        page.goto(url + LESSON[i].link(i))
+        page.wait_for_selector("#flash-plot .js-plotly-plot .main-svg", timeout=60_000, state="attached")
+        page.get_by_label("sequence lengths T").fill("160")                  # one short length, no compile:
+        page.get_by_label("flex").uncheck()                                   # naive beside structured
+        page.get_by_label("structured").check()
+        page.wait_for_function("() => /at T = 160 on naive, structured/.test(document.body.innerText)", timeout=30_000)
+        page.evaluate("() => { document.activeElement.blur(); explorer.present.enter(); }")   # keys off the boxes
+        page.wait_for_function(f"({PRESENTED})() !== null", timeout=30_000)
+        page.keyboard.press("r")
+        page.wait_for_function(f"(({PRESENTED_TRACES})() || []).some((t) => t[1] === 'x2' && "
+                               "t[0].startsWith('measured now'))", timeout=120_000)
+        traces = page.evaluate(PRESENTED_TRACES)
+        assert {t[1] for t in traces if t[0].startswith("recorded on NVIDIA")} == {"x"}
+        live = next(t for t in traces if t[1] == "x2")
+        assert len(live[2]) == 2 and all("×" in text for text in live[2])
+        p = page.evaluate(PRESENTED)
+        assert p["id"] == "flash-plot" and p["overlaps"] == [], p
+    finally:
+        page.close()

@@ -177,6 +177,8 @@ def test_the_pack_at_a_production_preset_lists_what_it_left_out_and_why(tmp_path
     assert all("emb_size: got" in why for why in left.values())
     assert "## Left out at this preset" in captions and "- **attention**: runs the sidebar's model" in captions
     assert "figures/mask-lecture.svg" in names and "figures/timing-lecture.svg" in names
+    assert "figures/gpu_kernels-lecture.svg" in names and "figures/gpu_forward-lecture.svg" in names
+    assert "- **gpu_kernels** (`figures/gpu_kernels-lecture.png`" in captions
     with pytest.raises(ValueError, match="^emb_size: got"):
         export.figure(s, "attention")
 
@@ -333,3 +335,15 @@ def test_renders_are_served_in_the_order_they_asked():
     for t in waiting:
         t.join(5)
     assert order == [0, 1, 2, 3]
+
+
+def test_the_recorded_gpu_figures_export_with_captions_from_their_files(tmp_path):
+    """The GPU evidence exports like any figure, at any preset (it draws no model): its caption names the
+    device, date and commit of the committed files it is drawn from, and what was derived."""
+    s = parse_query("preset=phoenix-2026-nano", need_model=False)
+    for name, words in (("gpu_kernels", "× naive"), ("gpu_forward", "whole forward")):
+        path = export.export_figure(s, name, "svg", str(tmp_path))
+        assert os.path.basename(path) == f"{name}-phoenix-2026-nano.svg" and words in open(path).read()
+        caption = export.caption(s, name)
+        assert "NVIDIA H100 80GB HBM3 (2026-11-26, commit 801f962" in caption and "nothing was measured" in caption
+    assert "derived" in export.caption(s, "gpu_forward") and "probe.json" in export.caption(s, "gpu_forward")

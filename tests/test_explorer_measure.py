@@ -1,9 +1,12 @@
 """The measurement library: counts, records, refusals and OOM as data, interleaving, stop and budget."""
+import json
+
 import pytest
 import torch
 
 from explorer import measure as bench
 from models.masks import MASK_KINDS, AttentionMask
+from models.runinfo import RESULTS_DIR
 from tolerances import randn_attention_abs_bound
 
 TINY = dict(B=1, Hq=4, Hkv=2, head_dim=8, T=12, num_candidates=3, min_block_ms=0.0)
@@ -279,3 +282,30 @@ def test_a_warm_up_within_the_compile_allowance_does_not_spend_the_budget():
     before = plain.deadline
     plain.warmed_up(3.0)
     assert plain.deadline == before
+
+
+def test_trunk_records_come_from_the_trunk_key_or_the_run_folder(tmp_path):
+    """One reader, two sources, one schema: a file's own "trunk" list as written; else its session's probe.json
+    (same device, gpu-run-<date>/), its skipped backends kept with their reason; else nothing."""
+    name = "nvidia-h100-80gb-hbm3-2026-11-26.json"
+    data = json.loads((RESULTS_DIR / name).read_text())
+    written = json.loads((RESULTS_DIR / "gpu-run-2026-11-26" / "probe.json").read_text())
+    probe = bench.trunk_timings(name, data)
+    assert probe.source == "gpu-run-2026-11-26/probe.json" and "not interleaved" in probe.method
+    assert all(set(r) == set(bench.TRUNK_KEYS) for r in probe.records) and len(probe.records) == len(written["trunk"])
+    fa4 = next(r for r in probe.records if (r["preset"], r["cap_method"], r["backend"]) == ("phoenix-prod", "tanh", "fa4"))
+    assert (fa4["median_ms"], fa4["B"], fa4["T"], fa4["dtype"], fa4["mask"], fa4["repeats"], fa4["min_ms"]) == \
+        (written["trunk"]["phoenix-prod B32 cap tanh fa4"]["ms"], 32, 1087, "bfloat16", "recsys", 7, None)
+    sdpa = next(r for r in probe.records if (r["preset"], r["cap_method"], r["backend"]) == ("phoenix-prod", "tanh", "sdpa"))
+    assert sdpa["status"] == bench.Status.SKIPPED and "no logit cap" in sdpa["reason"] and sdpa["median_ms"] is None
+
+    own = dict(preset="phoenix-prod", B=32, T=1087, dtype="bfloat16", cap_method="none", mask="recsys", backend="fa4",
+               status="ok", reason="", repeats=5, median_ms=100.0, min_ms=99.0, max_ms=101.0, attention_ms=4.0,
+               rel_err=0.01)
+    with_key = bench.trunk_timings("x.json", dict(data, trunk=[own]), tmp_path)
+    assert with_key.records == (dict(own, status=bench.Status.OK),) and with_key.source == "x.json"
+    assert "5 repeats" in with_key.method
+    assert bench.trunk_timings(name, data, tmp_path) is None                       # no run folder there
+    (tmp_path / "gpu-run-2026-11-26").mkdir()
+    (tmp_path / "gpu-run-2026-11-26" / "probe.json").write_text(json.dumps(dict(written, device="another GPU")))
+    assert bench.trunk_timings(name, data, tmp_path) is None                       # another device's probe

@@ -20,7 +20,7 @@ def request(lengths="16, 24", backends=("structured",), s=S, geometry=timing.SET
     return timing.check_request(s, geometry, dtype, lengths, list(backends))
 
 
-@pytest.mark.parametrize("text,match", [("", "between 1 and 12"), ("64, x", "whole numbers"),
+@pytest.mark.parametrize("text,match", [("", "the box is empty"), (" , ", "the box is empty"), ("64, x", "whole numbers"),
                                         ("1", r"\[4, 2048\]"), ("3", r"\[4, 2048\]"), ("4096", r"\[4, 2048\]"),
                                         ("64," * 13, "between 1 and 12")])
 def test_bad_lengths_name_the_field(text, match):
@@ -143,22 +143,27 @@ def record(backend, T, ms, status="ok", **kw):
                 peak_mem_bytes=2**20, max_abs_err=0.0, status=status, tflops=1.0, dtype="float32", **kw)
 
 
-def test_figures_show_spread_out_of_memory_and_recorded_curves_beside_live_points():
+def test_figures_show_spread_out_of_memory_and_recorded_curves_on_their_own_axes():
+    """Live points and committed curves are drawn, each on figures of their own: a committed curve of
+    another batch never shares a live run's axes (issue 35 item 6), and asking for both is refused."""
     sw = timing.Sweep("CPU test", records=[record("naive", 64, 2.0), record("flex", 64, 1.0),
                                            record("naive", 128, None, status="oom"),
                                            record("flex", 128, 3.0)])
     recorded = [("recorded on GPU X, 2026-01-01, B=8", [record("naive", 64, 0.5), record("flex", 64, 0.1)])]
-    time_fig, mem_fig, speed_fig, err_fig = timing.sweep_figures(sw, recorded)
-    names = [t.meta for t in time_fig.data]
-    assert "naive · measured now on CPU test, B=1" in names
-    assert "flex · recorded on GPU X, 2026-01-01, B=8" in names
+    time_fig, mem_fig, speed_fig, err_fig = timing.sweep_figures(sw)
+    committed_time, _, committed_speed, _ = timing.sweep_figures(timing.Sweep("cpu"), recorded)
+    names = [t.meta for t in time_fig.data if t.meta]
+    assert "naive · measured now on CPU test, B=1" in names and not any("recorded" in n for n in names)
+    assert "flex · recorded on GPU X, 2026-01-01, B=8" in [t.meta for t in committed_time.data]
+    with pytest.raises(ValueError, match="never share"):
+        timing.sweep_figures(sw, recorded)
     live = next(t for t in time_fig.data if (t.meta or "").startswith("flex · measured now"))
     assert list(live.error_y.array) == pytest.approx([0.5, 1.5]) and list(live.error_y.arrayminus) == pytest.approx([0.2, 0.6])
-    dotted = [t for t in time_fig.data if "recorded on" in (t.meta or t.name or "")]
+    dotted = [t for t in committed_time.data if "recorded on" in (t.meta or t.name or "")]
     assert dotted and all(t.line.dash == "dot" for t in dotted)
     oom = next(t for t in time_fig.data if "out of memory" in t.name)
     assert list(oom.x) == [128] and "naive: out of memory" in oom.text[0]
-    speed = {t.meta: list(t.y) for t in speed_fig.data}
+    speed = {t.meta: list(t.y) for t in speed_fig.data + committed_speed.data}
     assert speed["flex · measured now on CPU test, B=1"] == [2.0]          # against naive of the same run
     assert speed["flex · recorded on GPU X, 2026-01-01, B=8"] == [5.0]      # against the file's own naive
 
@@ -177,7 +182,7 @@ def test_one_colour_per_backend_in_every_figure_line_style_for_measured_or_recor
                                                         record("structured", 64, 0.7)])]
     before = timing.sweep_figures(timing.Sweep("cpu"), recorded)
     after = timing.sweep_figures(timing.Sweep("cpu", records=[record("structured", 64, 2.0),
-                                                              record("naive", 64, 1.0)]), recorded)
+                                                              record("naive", 64, 1.0)]))
     for figs in (before, after):
         for fig in figs[:3]:
             for t in fig.data:

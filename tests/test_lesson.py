@@ -8,7 +8,7 @@ import pytest
 from explorer import lesson
 from explorer.controls import from_link
 from explorer.lesson import LESSON, MAIN_FIGURE, STORIES
-from explorer.views import VIEWS
+from explorer.views import VIEWS, Plot
 
 TABS = tuple(VIEWS)
 
@@ -20,18 +20,18 @@ def test_every_step_is_a_link_the_app_opens_and_its_claim_holds(index):
     assert params["tab"] == st.tab in TABS and params["step"] == str(index) and st.story in STORIES
     s, problems = from_link(params)
     assert problems == {} and s == st.settings()
-    assert st.shown_figure() in MAIN_FIGURE.values() or st.figure == "kernel-plot"
+    plots = [o.elem_id for o in VIEWS[st.tab].outputs if isinstance(o, Plot)]
+    assert st.shown_figure() in plots and MAIN_FIGURE[st.tab] == plots[0]    # a figure of the step's own tab
     assert len(st.claim) <= 150 and "\n" not in st.claim                    # one line under the figure
-    if st.tab != "timing":                                                  # every claim but timing's has numbers
-        assert st.check is not None and st.check(s), st.claim
+    assert st.check is not None and st.check(s), st.claim
 
 
 def test_both_stories_in_their_order():
-    assert [st.story for st in LESSON] == ["isolation"] * 5 + ["flash"] * 4
+    assert [st.story for st in LESSON] == ["isolation"] * 5 + ["flash"] * 5
     assert [st.tab for st in LESSON if st.story == "isolation"] == ["mask", "attention", "anatomy", "isolation",
                                                                     "invariance"]
-    assert [st.shown_figure() for st in LESSON if st.story == "flash"][:3] == ["mask-plot", "kernel-plot",
-                                                                               "kernel-plot"]
+    assert [st.shown_figure() for st in LESSON if st.story == "flash"] == ["mask-plot", "kernel-plot", "kernel-plot",
+                                                                           "flash-plot", "trunk-plot"]
 
 
 def test_the_checks_fail_where_their_claims_would_be_false():
@@ -54,3 +54,16 @@ def test_the_page_gets_every_step_and_the_index_links_them_all():
     assert [d["link"] for d in data] == [st.link(i) for i, st in enumerate(LESSON)]
     index = lesson.index_markdown()
     assert all(f"]({st.link(i)})" in index for i, st in enumerate(LESSON))
+
+
+def test_the_gpu_steps_rest_on_the_committed_run_and_their_checks_read_their_own_figure():
+    """The flash story ends on the recorded GPU run: each claim's numbers are printed on its own figure, and on
+    the other one they are not (a claim checked against the wrong figure fails)."""
+    from explorer import gpu_results
+    run = lesson.GPU_RUN
+    assert run is not None and run.name.startswith("nvidia-")
+    kernels, forward = gpu_results.kernel_claim(run), gpu_results.trunk_claim(run)
+    assert lesson.drawn_on(kernels, gpu_results.flash_figure(run))
+    assert lesson.drawn_on(forward, gpu_results.trunk_figure(run))
+    assert not lesson.drawn_on(kernels, gpu_results.trunk_figure(run))
+    assert not lesson.drawn_on(forward, gpu_results.flash_figure(run))
