@@ -3,7 +3,7 @@ kernel skip. The committed benchmark curves are drawn on their own figures (expo
 beside the live one (explorer.gpu_results) — never on a live run's axes.
 
 Every number comes from the benchmark's own measurement module (warm-up, interleaved repeats, min /
-median / max, peak memory, error vs naive), so the tab and ``python -m benchmarks.attention`` measure
+median / max, peak memory, error against grok.py's function in fp32), so the tab and ``python -m benchmarks.attention`` measure
 alike. A live run (``LiveRun``: its own stop flag, deadline and progress) is checked before every timed
 block; ``TimingRuns`` keeps each visitor's runs so Stop and a new Run reach them. One colour per backend
 in every figure (live, recorded, exported); line style tells measured (solid) from recorded (dotted).
@@ -524,7 +524,7 @@ def sweep_figures(sw: Sweep, recorded: Optional[list[tuple[str, list[dict]]]] = 
     err = [Curve(c.backend, c.source, c.dash, [r for r in c.records if r.get("max_abs_err") is not None])
            for c in curves if c.dash == "solid"]
     err_fig = benchmark_figure([c for c in err if c.records], lambda r: r["max_abs_err"], log_y=False,
-                               y_title="max abs error", title="Max |error| vs naive, same inputs")
+                               y_title="max abs error", title="Max |error| vs the fp32 reference, same inputs")
     err_fig.update_yaxes(exponentformat="e", tickformat=".1e")
     figs = time_fig, mem_fig, speed_fig, err_fig
     if recorded is None and not sw.points:

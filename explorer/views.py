@@ -1265,7 +1265,7 @@ VIEWS: dict[str, View] = {v.name: v for v in (
                  "cap's cost, the tiles and the longest T; and the whole trunk's forward per backend with "
                  "attention's share, so the kernel's gain and the model's, far smaller, stand side by side. Beside "
                  "it, on its own axes, the backends timed live on this machine for the current shape (time, memory, "
-                 "speed-up, error vs naive; budget-capped and cancellable, at every preset: attention shapes need no "
+                 "speed-up, error vs an fp32 reference; budget-capped and cancellable, at every preset: attention shapes need no "
                  "model; one colour per backend everywhere). The exact backends that win here are ticked by default "
                  "(flex on CPU), each with a line on why it is fast or slow here; a table puts the work the mask lets "
                  "a block-sparse kernel skip (tiles, FLOPs) beside the time saved, and the speed-up chart draws the "
