@@ -14,8 +14,10 @@ SEGMENT_OF = {"U": "U", "H": "H", "C": "C", "p": "P"}      # a label's first let
 
 
 def heatmaps(fig):
-    """The heatmaps shown (a one-head view carries others hidden, for the page)."""
-    return [t for t in fig.data if t.type == "heatmap" and t.visible is not False]
+    """The value heatmaps shown (a one-head view carries others hidden, for the page; the masked pairs are
+    drawn over them)."""
+    return [t for t in fig.data if t.type == "heatmap" and t.visible is not False
+            and not (t.meta and t.meta.get("overlay"))]
 
 
 def segment(label: str) -> str:
@@ -98,9 +100,26 @@ def test_hover_names_query_key_and_value_from_the_axes_without_a_string_per_cell
     fig, _, _ = views.attention_view(s)
     hm = next(t for t in heatmaps(fig) if t.visible is not False)      # the head shown
     assert "query %{y}" in hm.hovertemplate and "key %{x}" in hm.hovertemplate and "weight" in hm.hovertemplate
-    assert hm.text is None and "%{text}" not in hm.hovertemplate
+    assert "%{text}" not in hm.hovertemplate
     # the labels the hover reads carry the segment
     assert [segment(t) for t in hm.x] == s.layout.segments()
+    grid, _, _ = views.attention_view(parse_query("preset=lecture&head=-1"))
+    assert all(t.text is None for t in grid.data if t.type == "heatmap")     # no string per cell of a grid
+
+
+def test_a_small_heads_values_are_printed_in_its_cells_tiny_ones_never_as_zero():
+    """One head of the lecture layout (9 x 9): each cell carries its weight to two places, a weight under
+    0.005 as '<.01' (small, not 0) and an exact 0 as '0' (under the masked pairs' ×); logits to one place."""
+    s = parse_query("preset=lecture&head=3&layer=1")
+    fig, _, _ = views.attention_view(s)
+    for t in heatmaps(fig) + [t for t in fig.data if t.visible is False and t.type == "heatmap"]:
+        z = np.asarray(t.customdata if t.customdata is not None else t.z, dtype=float)
+        kind = t.meta["values"]
+        want = [["" if not np.isfinite(v) else f"{v:.1f}" if kind != "probabilities" else
+                 "0" if v == 0 else "<.01" if abs(v) < 0.005 else f"{v:.2f}" for v in row] for row in z]
+        assert [list(row) for row in t.text] == want, kind
+    shown = heatmaps(fig)[0]
+    assert "<.01" in np.asarray(shown.text).ravel() and "0.00" not in np.asarray(shown.text).ravel()
 
 
 # --- what a redraw weighs on the wire ----------------------------------------------------------------
