@@ -154,6 +154,12 @@ def work_of_change(*args, request=None) -> float:
     return view_work(s, tab)
 
 
+def work_of_figure(query: str, figure: str, *rest, request=None) -> float:
+    """`work` for drawing one exportable figure (the Export tab's preview): its view's."""
+    spec = export.FIGURES.get(figure) if isinstance(figure, str) else None
+    return view_work(_quietly(settings_of, query, request), spec.view.name if spec else "")
+
+
 def work_of_pick(pick: str, *args, request=None) -> float:
     """`work` for a heatmap click: the pick, then as work_of_change."""
     return work_of_change(*args, request=request)
