@@ -1271,7 +1271,7 @@ VIEWS: dict[str, View] = {v.name: v for v in (
     View("anatomy", "2b · Anatomy",
          look_for="Look for: how one query row is built — q·k per key, scaled, capped, masked to −∞, normalised by "
                   "the softmax, and the weights mixing the values into the output. Layer, head (the grid shows "
-                  "head 0) and query row are chosen above the tabs.",
+                  "head 0) and query row are chosen at the top of the sidebar.",
          teaches="One query row of one head, step by step from the recorded forward: q and every k after RoPE, q·k "
                  "per key, × the multiplier, the cap, the mask, the softmax, and the weighted sum of V — a small "
                  "figure and the numbers for each step.",
@@ -1327,13 +1327,14 @@ VIEWS: dict[str, View] = {v.name: v for v in (
                                      Plot("speed-up", exports=EXPORT_TIMING[2:], show_label=False), Text())),)),
     View("export", "7 · Export",
          look_for="Look for: figures redrawn in the lecture theme at 16:9, with captions describing each one.",
-         teaches="Any figure as PNG (3×) or SVG in a lecture theme (large fonts, tick labels ≥ 16 px, "
-                 "colour-blind-safe palette, white background) at a slide shape (16:9 by default, 4:3, or the "
-                 "figure's own), or a lecture pack: every figure this device can draw at the settings as PNG, SVG "
-                 "and the numbers drawn (`data/*.npz`), named for the preset, layer, head and row shown; captions "
-                 "generated from each figure's own settings; what was left out and why (a production model on a "
-                 "CPU); the configuration; and `lesson.html`, every figure interactive in lesson order in one file "
-                 "that needs no network (plotly.js inlined, ~5 MB at lecture)."),
+         teaches="Any figure, previewed as its slide, as PNG (3×) or SVG in a lecture theme (large fonts, tick "
+                 "labels ≥ 16 px, colour-blind-safe palette, white background) at a slide shape (16:9 by default, "
+                 "4:3, or the figure's own), or a lecture pack: every figure this device can draw at the settings as "
+                 "PNG, SVG and the numbers drawn (`data/*.npz`), named for the preset, layer, head and row shown; "
+                 "captions generated from each figure's own settings; what was left out and why (a production model "
+                 "on a CPU); the configuration; and `lesson.html`, the lesson — both stories, each step's claim over "
+                 "the figure that shows it — then every figure at the settings, interactive in one file that needs "
+                 "no network (plotly.js inlined, ~6 MB at lecture)."),
 )}
 
 

@@ -71,7 +71,7 @@ window.explorer = window.explorer || {};
         (L.annotations || []).forEach((a, i) => { u['annotations[' + i + '].font.size'] = Z.font; });
         fitPanelTitles(L, u, width - 150);
         spreadRows(L, u, height - top - Z.bottom, extra);
-        thinTicks(L, u, width - 150, height - top - Z.bottom);
+        thinTicks(L, gd._fullLayout, u, width - 150, height - top - Z.bottom);
         if (L.showlegend !== false) {       // over the panel titles, and over column-group labels where there are
             const plotHeight = Math.max(100, height - top - Z.bottom);
             const above = ((L.annotations || []).some((a) => a.yshift) ? 2 * Z.line + Z.groups - 10 : Z.line + 10) + extra;
@@ -111,9 +111,10 @@ window.explorer = window.explorer || {};
         });
     };
 
-    // Tick labels in lecture fonts need about 1.3 em each along their axis: where an axis gives less, every
-    // k-th of its ticks is kept (the axis ticks a list of categories, explorer.figures._sparse_ticks).
-    const thinTicks = (L, u, plotWidth, plotHeight) => {
+    // Tick labels in lecture fonts need about 1.3 em each along their axis: of an axis that ticks a list of
+    // categories (explorer.figures._sparse_ticks) a tick closer than that to the last one kept is dropped (the
+    // categories' places are plotly's own, `full`); a numeric y axis asks plotly for fewer ticks.
+    const thinTicks = (L, full, u, plotWidth, plotHeight) => {
         Object.keys(L).filter((k) => /^[xy]axis\d*$/.test(k)).forEach((k) => {
             const ax = L[k] || {}, vals = ax.tickvals, text = ax.ticktext;
             const domain = u[k + '.domain'] || ax.domain || [0, 1];
@@ -123,12 +124,16 @@ window.explorer = window.explorer || {};
                 return;
             }
             if (!Array.isArray(vals) || vals.length < 2 || ax.showticklabels === false) return;
-            const px = length / vals.length;
-            const every = Math.ceil(Z.font * 1.3 / Math.max(px, 1));
-            if (every < 2) return;
-            const keep = (a) => a.filter((_, i) => i % every === 0);
-            u[k + '.tickvals'] = keep(vals);
-            if (Array.isArray(text)) u[k + '.ticktext'] = keep(text);
+            const cats = ((full || {})[k] || {})._categories;
+            const place = (v, i) => (Array.isArray(cats) && cats.length && cats.indexOf(v) >= 0
+                ? cats.indexOf(v) / cats.length : i / vals.length) * length;
+            const kept = [];
+            vals.forEach((v, i) => {
+                if (!kept.length || place(v, i) - place(vals[kept[kept.length - 1]], kept[kept.length - 1]) >= Z.font * 1.3) kept.push(i);
+            });
+            if (kept.length === vals.length) return;
+            u[k + '.tickvals'] = kept.map((i) => vals[i]);
+            if (Array.isArray(text)) u[k + '.ticktext'] = kept.map((i) => text[i]);
         });
     };
 
@@ -302,7 +307,8 @@ window.explorer = window.explorer || {};
     };
 
     const start = () => {
-        if (params().get('present') === '1' && !P.on) P.enter(); else P.bar();
+        // a link's present=1 is in the address already: the page's first write of it is the load's
+        if (params().get('present') === '1' && !P.on) P.enter(true); else P.bar();
         new MutationObserver(() => { if (P.on) P.apply(); }).observe(document.body, {childList: true, subtree: true});
         window.addEventListener('resize', () => P.apply());
     };
