@@ -43,8 +43,9 @@ from .schema import Settings, ValidationError
 log = logging.getLogger("explorer")
 
 FORMATS = ("png", "svg")
-# slide shapes: (width, height) in layout pixels; "figure" keeps the figure's own size (1400 wide)
+# slide shapes: (width, height) in layout pixels; "figure" keeps the figure's own size (OWN_WIDTH wide)
 ASPECTS = {"16:9": (1600, 900), "4:3": (1440, 1080), "figure": None}
+OWN_WIDTH = 1400
 MIN_TICK_PX = 16
 LESSON_MAX_BYTES = 15 << 20       # lesson.html: figures whose data would pass it stay in figures/ only
 LESSON_PAGE_BYTES = 64 << 10      # the page around the figures: headings, captions, what was left out
@@ -145,16 +146,12 @@ def as_drawn(fig: go.Figure) -> go.Figure:
     return go.Figure(dict(data=[t for t in fig.data if t.visible is not False], layout=fig.layout), _validate=False)
 
 
-PREVIEW_WIDTH = 960          # about the page's figure column at 1280 px: the preview's height follows the slide's shape
-
-
 def preview(s: Settings, name: str, aspect: str = "16:9") -> go.Figure:
-    """The figure as its export draws it (the lecture theme, tick labels of at least MIN_TICK_PX), at the
-    slide's shape scaled to the page's width."""
+    """The slide the figure makes: as its export draws it (the lecture theme, tick labels of at least
+    MIN_TICK_PX) at the slide's size (the page shows it scaled to its box: static/page.js fitPreview)."""
     fig = slide_figure(figure(s, name), aspect)
-    size = ASPECTS[aspect]
-    height = round(PREVIEW_WIDTH * size[1] / size[0]) if size else (fig.layout.height or 600)
-    fig.update_layout(width=None, autosize=True, height=min(height, 720))
+    if fig.layout.width is None:                 # the figure's own shape: as figure_bytes renders it
+        fig.update_layout(width=OWN_WIDTH)
     return fig
 
 
@@ -372,7 +369,7 @@ def figure_bytes(fig: go.Figure, fmt: str, scale: float = 3, aspect: str = "16:9
         raise ValueError("export: PNG/SVG export renders through kaleido, which needs a Chromium browser and "
                          "found none; install Debian's `chromium` (packages.txt does this on Spaces)")
     fig = slide_figure(fig, aspect)
-    width = 1400 if fig.layout.width is None else fig.layout.width
+    width = OWN_WIDTH if fig.layout.width is None else fig.layout.width
     with _renderer():
         _browser_yields()
         try:

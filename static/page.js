@@ -74,6 +74,21 @@ explorer.pickRow = () => {
 
 explorer.copyLink = () => { navigator.clipboard && navigator.clipboard.writeText(window.location.href); };
 
+// The Export tab's preview is the slide itself, at the slide's size (1600 x 900 at 16:9): shown scaled down
+// to its box, the whole slide in view as the file will hold it.
+explorer.fitPreview = () => {
+    const box = document.getElementById('export-preview');
+    const gd = box && box.querySelector('.js-plotly-plot');
+    if (!gd || !gd.layout || !gd.layout.width || !box.clientWidth) return;
+    const k = Math.min(1, (box.clientWidth - 16) / gd.layout.width);
+    gd.style.transform = `scale(${k})`;
+    gd.style.transformOrigin = 'top left';
+    gd.parentElement.style.height = Math.ceil(gd.layout.height * k) + 'px';
+    gd.parentElement.style.overflow = 'hidden';
+};
+new MutationObserver(() => explorer.fitPreview()).observe(document.documentElement, {childList: true, subtree: true});
+window.addEventListener('resize', () => explorer.fitPreview());
+
 // Back and Forward within the app: the address they went to goes into the hidden #history-link box, whose
 // change event (server.endpoints.link_on_page) sets every control and the tab from it and redraws; the
 // address then stays as it is. Presentation mode follows the address's `present`.
