@@ -306,10 +306,29 @@ window.explorer = window.explorer || {};
         }
     };
 
+    // the lesson's steps under the title open in this tab (Gradio's Markdown opens its links in a new one):
+    // a class follows one window, and Back returns to the step before
+    document.addEventListener('click', (ev) => {
+        const a = ev.target && ev.target.closest && ev.target.closest('#lesson-strip a');
+        if (!a || ev.ctrlKey || ev.metaKey || ev.shiftKey || ev.button !== 0) return;
+        ev.preventDefault();
+        window.location.assign(a.getAttribute('href'));
+    }, true);
+
+    // a step opened on the normal page: its figure scrolled into view once drawn (once: the visitor scrolls on)
+    let stepShown = false;
+    const showStep = () => {
+        const st = data().steps[stepIndex()];
+        const el = st && st.tab === tab() && !stepShown ? document.getElementById(st.figure) : null;
+        if (!el || !el.querySelector('.js-plotly-plot .main-svg')) return;
+        stepShown = true;
+        el.scrollIntoView({block: 'start'});
+    };
+
     const start = () => {
         // a link's present=1 is in the address already: the page's first write of it is the load's
         if (params().get('present') === '1' && !P.on) P.enter(true); else P.bar();
-        new MutationObserver(() => { if (P.on) P.apply(); }).observe(document.body, {childList: true, subtree: true});
+        new MutationObserver(() => { if (P.on) P.apply(); else showStep(); }).observe(document.body, {childList: true, subtree: true});
         window.addEventListener('resize', () => P.apply());
     };
     if (document.readyState === 'loading') document.addEventListener('DOMContentLoaded', start); else start();

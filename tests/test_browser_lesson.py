@@ -139,6 +139,22 @@ def test_the_first_screen_of_every_tab_shows_a_figure_a_clear_present_button_and
     assert all(top <= 720 - 200 for top in tops.values()), tops
 
 
+def test_a_step_of_the_lesson_strip_opens_in_the_same_window(open_page):
+    """Gradio opens a Markdown link in a new tab: the lesson's steps open where the class is looking."""
+    page = open_page("?preset=lecture")
+    wait_for_plot(page, "mask-plot")
+    pages = len(page.context.pages)
+    page.locator("#lesson-strip a", has_text="3 Its anatomy").click()
+    page.wait_for_url("**lesson=3**", timeout=30_000)
+    page.wait_for_function("() => (document.getElementById('lesson-claim') || {}).innerText?.includes('step 3 of 9')",
+                           timeout=60_000)
+    assert len(page.context.pages) == pages and "tab=anatomy" in page.url
+    # the step's own figure (the anatomy's second) scrolled into view, under the claim's bar
+    page.wait_for_function("""() => { const el = document.getElementById('anatomy-steps-plot');
+        const r = el && el.querySelector('.main-svg') && el.getBoundingClientRect();
+        return !!r && r.top >= -1 && r.top < window.innerHeight / 2; }""", timeout=60_000)
+
+
 def test_at_150_percent_zoom_every_tab_stays_in_view(open_page):
     page = open_page("?preset=lecture", "150% zoom")
     wait_for_plot(page, "mask-plot")
