@@ -161,10 +161,11 @@ def segment_bins(segments: Optional[Sequence[str]], n: int, f: int) -> list[tupl
     return [(a, min(a + f, b)) for a, b in runs for a in range(a, b, f)]
 
 
-def pool(panel: Panel, max_cells: int, factor: int = 1) -> Panel:
+def pool(panel: Panel, max_cells: int, factor: int = 1, masks: Optional[dict] = None) -> Panel:
     """Max over blocks so a T x T panel fits in about max_cells per axis (blocks of at least `factor`).
     Blocks are cut inside each segment, so no block mixes history with candidates or real slots with
-    padding; labels name the range."""
+    padding; labels name the range. `masks`: pooled masked pairs by their array's id, for panels that share
+    one (every head of a layout: pooled once)."""
     rows, cols = panel.z.shape
     f = max(1, factor, math.ceil(max(rows, cols) / max_cells))
     if f == 1:
@@ -182,8 +183,11 @@ def pool(panel: Panel, max_cells: int, factor: int = 1) -> Panel:
         return given and [(given[a][0], given[b - 1][1]) for a, b in bins]
 
     # a pooled block is masked where every pair in it is
-    masked = None if panel.masked is None else _block_max(_block_max(
-        (~panel.masked).astype(np.float32), row_bins, 0), col_bins, 1) == 0
+    masks = {} if masks is None else masks
+    masked = None if panel.masked is None else masks.get(id(panel.masked))
+    if panel.masked is not None and masked is None:
+        masked = masks[id(panel.masked)] = _block_max(_block_max(
+            (~panel.masked).astype(np.float32), row_bins, 0), col_bins, 1) == 0
     return replace(panel, z=pooled, row_labels=span(panel.row_labels, row_bins),
                    col_labels=span(panel.col_labels, col_bins), row_segments=segs(panel.row_segments, row_bins),
                    col_segments=segs(panel.col_segments, col_bins), pooled=f,
@@ -243,8 +247,9 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
     `shown_panel`: the panels are alternatives drawn in one place (a model's heads, layers and value
     kinds), that one shown and its colour scale fitted; the others travel hidden with their raw values and
     each its own look (`Panel.look`, as `meta.colour`), for the page to show one instead (static/page.js
-    drawPanel). `cell_text`: each cell's value printed in it while a panel has at most MAX_TEXT_CELLS rows
-    and columns (a lecture's one head: its numbers on the slide).
+    drawPanel). `cell_text`: each cell's value printed in it (weights to two places, logits to one) while a
+    panel has at most MAX_TEXT_CELLS rows and columns and the colour is linear (a lecture's one head: its
+    numbers on the slide).
     No per-cell strings in the hover: it reads the axis labels. Cells are
     pooled further when the figure would pass `max_bytes` (default MAX_BYTES; masks MAX_BYTES_DISCRETE,
     sent as uint8); log and quantile colours send each cell twice (colour and raw value), so they pool more.
@@ -256,7 +261,8 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
     bytes_per_cell += any(p is not None and p.masked is not None for p in panels)     # the masked pairs: a byte
     f = pool_factor([p.z.shape for p in panels if p is not None], max_cells,
                     max_bytes or (MAX_BYTES_DISCRETE if discrete else MAX_BYTES), bytes_per_cell)
-    shown = [pool(p, max_cells, f) if p is not None else None for p in panels]
+    masks: dict = {}                # the panels' masked pairs, pooled once per distinct mask
+    shown = [pool(p, max_cells, f, masks) if p is not None else None for p in panels]
     alternatives = shown_panel is not None
     if alternatives:
         rows = cols = 1
@@ -290,10 +296,13 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
         if alternatives and meta is not None:           # what the page needs to show it (as layout meta.colour)
             meta["colour"] = dict(title=own["title"], bar=colorbar_title or own["value_name"], zmin=own["zmin"],
                                   zmax=zmax)
-        if cell_text and max(raw.shape) <= MAX_TEXT_CELLS:
-            meta_text = dict(text=_cell_strings(raw, own["value_name"]), texttemplate="%{text}")
-        else:
-            meta_text = {}
+        # each value printed in its cell while the colour is the value itself (plotly prints z, not customdata:
+        # under a log or quantile colour none); meta.text keeps the format for the page's own recolouring
+        printed = cell_text and max(raw.shape) <= MAX_TEXT_CELLS
+        fmt = ".2f" if own["value_name"] == "weight" else ".1f"
+        meta_text = dict(texttemplate=f"%{{z:{fmt}}}" if z is raw else "") if printed else {}
+        if printed and meta is not None:
+            meta["text"] = fmt
         data.append(dict(type="heatmap", z=z, x=p.col_labels, y=p.row_labels, meta=meta, **meta_text,
                          customdata=raw if z is not raw else None,
                          colorscale=own["colorscale"], zmin=scale.lo, zmax=scale.hi, hovertemplate=hover,
@@ -301,7 +310,8 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
                          yaxis=f"y{ax}", colorbar=scale.colorbar(colorbar_title or own["value_name"]),
                          **({"visible": False} if hidden else {})))
         if not hidden:
-            overlay = _masked_overlay(shown, i, alternatives, f"x{ax}", f"y{ax}", crosses=drawn_panels <= 2)
+            overlay = _masked_overlay(shown, i, alternatives, f"x{ax}", f"y{ax}", crosses=drawn_panels <= 2,
+                                      bytes_of=masks)
             data += overlay
             masked_drawn = masked_drawn or any(t.get("visible", True) for t in overlay)
         if hidden:                          # axes, titles, lines and the outline: the shown panel's
@@ -355,31 +365,23 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
 
 
 MAX_TEXT_CELLS = 16         # per axis: up to this many, heatmap_figure(cell_text=True) prints each value
-
-
-def _cell_strings(z: np.ndarray, value_name: str) -> list[list[str]]:
-    """Each cell's value as a slide prints it: weights to two places, a tiny one as '<.01' (small, not 0),
-    logits to one place; a gap (NaN) blank."""
-    def one(v: float) -> str:
-        if not math.isfinite(v):
-            return ""
-        if value_name != "weight":
-            return f"{v:.1f}"
-        return "0" if v == 0 else "<.01" if abs(v) < 0.005 else f"{v:.2f}"
-    return [[one(float(v)) for v in row] for row in z]
-
-
-def _masked_overlay(shown: list, i: int, alternatives: bool, xref: str, yref: str, crosses: bool) -> list[dict]:
+def _masked_overlay(shown: list, i: int, alternatives: bool, xref: str, yref: str, crosses: bool,
+                    bytes_of: dict) -> list[dict]:
     """The pairs the mask hides, in the masked colour over panel `i` (`crosses`: a × in each while the panel
-    is small):
-    [] where no panel says. Among alternatives one overlay serves them all (they share the mask), shown
-    with the panels that carry the mask (static/page.js drawPanel shows and hides it with them)."""
+    is small): [] where no panel says. Among alternatives one overlay serves them all (they share the mask),
+    shown with the panels that carry the mask (static/page.js drawPanel shows and hides it with them).
+    `bytes_of`: each mask's bytes, made once however many panels share it."""
     p = shown[i]
     source = p if p.masked is not None else next(
         (q for q in shown if alternatives and q is not None and q.masked is not None), None)
-    if source is None or not source.masked.any():
+    if source is None:
         return []
-    m = source.masked.astype(np.uint8)
+    key = ("bytes", id(source.masked))
+    if key not in bytes_of:
+        bytes_of[key] = source.masked.astype(np.uint8) if source.masked.any() else None
+    m = bytes_of[key]
+    if m is None:
+        return []
     clear = "rgba(0,0,0,0)"
     small = crosses and max(m.shape) <= MAX_MARKED_CELLS
     return [dict(type="heatmap", z=m, x=source.col_labels, y=source.row_labels, xaxis=xref, yaxis=yref,

@@ -238,8 +238,11 @@ const colourUpdate = (gd, kind, traces) => {
     else Object.assign(bar, {tickvals: null, ticktext: null, tickmode: 'auto'});
     const hover = traces.map(([t]) => t.hovertemplate.replace(/%\{(customdata|z):\.6g\}/,
                                                                 scale.transform ? '%{customdata:.6g}' : '%{z:.6g}'));
+    // a small panel's printed values (meta.text: their format) while the colour is the value itself
+    const printed = traces.map(([t]) => (t.meta && t.meta.text ? (scale.transform ? '' : `%{z:${t.meta.text}}`)
+                                                                : undefined));
     return [{z, customdata: scale.transform ? raws : traces.map(() => null), zmin: scale.lo, zmax: scale.hi,
-             hovertemplate: hover, colorbar: traces.map(() => bar)},
+             hovertemplate: hover, texttemplate: printed, colorbar: traces.map(() => bar)},
             {'title.text': meta.title + (scale.note ? `<br><sup>${scale.note}</sup>` : '')},
             traces.map(([, i]) => i)];
 };
@@ -354,7 +357,7 @@ explorer.drawPanel = (want, v, q) => {
     // the masked pairs (and their legend entry) shown with a panel that carries them (not capped logits)
     const overlays = gd.data.map((t, i) => [t, i]).filter(([t]) => t.meta && t.meta.overlay).map(([, i]) => i);
     const keep = [...shown, ...overlays].map(() => undefined);
-    for (const k of ['z', 'customdata', 'hovertemplate', 'colorbar']) data[k] = [...data[k], ...keep];
+    for (const k of ['z', 'customdata', 'hovertemplate', 'texttemplate', 'colorbar']) data[k] = [...data[k], ...keep];
     data.visible = [true, ...shown.map(() => false), ...overlays.map(() => !!next[0].meta.masked)];
     Plotly.update(gd, data, layout, [...indices, ...shown.map(([, i]) => i), ...overlays]);
     return explorer.drawQueryRow(v, undefined, false) === null ? null : true;

@@ -323,7 +323,8 @@ DRAWN = """() => {
             bar: maps[0].colorbar.title.text, title: gd.layout.title.text,
             zmin: maps[0].zmin, zmax: maps[0].zmax, hover: maps[0].hovertemplate,
             scale: gd.data.filter(values)[0].colorscale,
-            masked: gd._fullData.filter((t) => t.meta && t.meta.overlay && t.visible !== false).length};
+            masked: gd._fullData.filter((t) => t.meta && t.meta.overlay && t.visible !== false).length,
+            printed: maps[0].texttemplate || ''};
 }"""
 
 
@@ -364,6 +365,7 @@ def assert_drawn_as(drawn: dict, fig) -> None:
     assert len(drawn["z"]) == len(maps)
     # the masked pairs (and their legend entry) shown as the server shows them: not over capped logits
     assert drawn["masked"] == sum(1 for t in fig.data if (t.meta or {}).get("overlay") and t.visible is not False)
+    assert drawn["printed"] == (maps[0].texttemplate or "")            # a small head's values, printed or not
     for got, want in zip(drawn["z"], maps):
         want = np.asarray(want.z, dtype=np.float64)
         got = np.array([[np.nan if v is None else v for v in row] for row in got])

@@ -107,19 +107,18 @@ def test_hover_names_query_key_and_value_from_the_axes_without_a_string_per_cell
     assert all(t.text is None for t in grid.data if t.type == "heatmap")     # no string per cell of a grid
 
 
-def test_a_small_heads_values_are_printed_in_its_cells_tiny_ones_never_as_zero():
-    """One head of the lecture layout (9 x 9): each cell carries its weight to two places, a weight under
-    0.005 as '<.01' (small, not 0) and an exact 0 as '0' (under the masked pairs' ×); logits to one place."""
-    s = parse_query("preset=lecture&head=3&layer=1")
-    fig, _, _ = views.attention_view(s)
-    for t in heatmaps(fig) + [t for t in fig.data if t.visible is False and t.type == "heatmap"]:
-        z = np.asarray(t.customdata if t.customdata is not None else t.z, dtype=float)
-        kind = t.meta["values"]
-        want = [["" if not np.isfinite(v) else f"{v:.1f}" if kind != "probabilities" else
-                 "0" if v == 0 else "<.01" if abs(v) < 0.005 else f"{v:.2f}" for v in row] for row in z]
-        assert [list(row) for row in t.text] == want, kind
-    shown = heatmaps(fig)[0]
-    assert "<.01" in np.asarray(shown.text).ravel() and "0.00" not in np.asarray(shown.text).ravel()
+def test_a_small_heads_values_are_printed_in_its_cells_while_the_colour_is_the_value():
+    """One head of the lecture layout (9 x 9): each cell prints its value (weights to two places, logits to
+    one) under a linear colour; under a log colour none (plotly prints the colour coordinate, not the value);
+    the format travels in the trace's meta for the page's own recolouring (static/page.js colourUpdate)."""
+    for query, template, fmt in (("preset=lecture&head=3&layer=1", "%{z:.2f}", ".2f"),
+                                 ("preset=lecture&head=3&layer=1&color=log", "", ".2f"),
+                                 ("preset=lecture&head=3&values=capped+logits", "%{z:.1f}", ".1f")):
+        fig, _, _ = views.attention_view(parse_query(query))
+        shown = heatmaps(fig)[0]
+        assert (shown.texttemplate, shown.meta["text"]) == (template, fmt), query
+    grid, _, _ = views.attention_view(parse_query("preset=lecture&head=-1"))
+    assert all(t.texttemplate is None for t in heatmaps(grid))                 # a grid's cells are too small
 
 
 # --- what a redraw weighs on the wire ----------------------------------------------------------------
