@@ -267,7 +267,12 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
     if alternatives:
         rows = cols = 1
     scale = ColourScale.fit([shown[shown_panel]] if alternatives else shown, color, zmin, zmax)
-    xdom, ydom = _grid_domains([panels[shown_panel]] if alternatives else panels, rows, cols)
+    # panel titles of more than one line (a kernel's counts under its name) take a line's room each, above
+    # every row: the figure grows by it and rows keep it between them
+    extra = 20 * max([p.title.count("<br>") for p in panels if p is not None and p.title] or [0])
+    fig_height = height or max(420, min(1100, 330 * rows + 120)) + extra * rows
+    xdom, ydom = _grid_domains([panels[shown_panel]] if alternatives else panels, rows, cols,
+                               extra / max(fig_height - 180, 100))
     data, annotations, shapes, layout = [], [], [], {}
     k, masked_drawn = 0, False
     drawn_panels = 1 if alternatives else sum(p is not None for p in shown)
@@ -334,9 +339,8 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
             shapes += _row_outline(p, outline_row, f"x{ax}", f"y{ax}")
         if p.tiles is not None:
             shapes += _tile_shapes(p, f"x{ax}", f"y{ax}")
-    plot_px = (height or max(420, min(1100, 330 * rows + 120))) - 180       # minus top + bottom margin
+    plot_px = fig_height - 180       # minus top + bottom margin
     # above the panel titles (~24 px a line) and any column-group labels, beside the left-aligned figure title
-    extra = 20 * max([p.title.count("<br>") for p in shown if p is not None and p.title] or [0])
     legend = dict(orientation="h", y=1.0 + ((62 if column_groups else 30) + extra) / plot_px, yanchor="bottom", x=1,
                   xanchor="right")
     if masked_drawn or any(t.get("meta") and t["meta"].get("overlay") for t in data):
@@ -358,7 +362,7 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
     if scale.note() and not discrete:
         title += f"<br><sup>{scale.note()}</sup>"
     layout.update(annotations=annotations, shapes=shapes, showlegend="legend" in layout, hovermode="closest",
-                  **_theme_layout(title, height or max(420, min(1100, 330 * rows + 120))))
+                  **_theme_layout(title, fig_height))
     if "legend" in layout and (column_groups or extra):     # a legend raised over the group labels or the panel
         layout["margin"] = {**layout["margin"], "t": layout["margin"]["t"] + 24 * bool(column_groups) + extra}
     return Figure(dict(data=data, layout=layout), _validate=False)
@@ -546,8 +550,9 @@ class ColourScale:
                             "a few cells hold most weight); the bar's ticks give the values"}.get(self.kind, "")
 
 
-def _grid_domains(panels, rows: int, cols: int):
-    """Paper-coordinate domains per column and row; all-None columns are narrow spacers."""
+def _grid_domains(panels, rows: int, cols: int, title_room: float = 0.0):
+    """Paper-coordinate domains per column and row; all-None columns are narrow spacers. `title_room`: the
+    extra gap between rows (a share of the plot's height) for panel titles of more than one line."""
     spacer = [all(panels[r * cols + c] is None for r in range(rows) if r * cols + c < len(panels))
               for c in range(cols)]
     widths = [0.15 if s else 1.0 for s in spacer]
@@ -560,7 +565,7 @@ def _grid_domains(panels, rows: int, cols: int):
         span = avail * w / sum(widths)
         xdom.append([x, x + span])
         x += span + hgap
-    vgap = min(0.16, 0.2 / (rows - 1)) if rows > 1 else 0.0
+    vgap = min(0.16, 0.2 / (rows - 1)) + title_room if rows > 1 else 0.0     # + room for taller panel titles
     h = (1.0 - vgap * (rows - 1)) / rows
     # clipped: rounding left the bottom row at -5e-17 for three rows, which plotly refuses
     ydom = [[max(0.0, 1.0 - (r + 1) * h - r * vgap), 1.0 - r * (h + vgap)] for r in range(rows)]

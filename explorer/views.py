@@ -188,9 +188,9 @@ assert set(KERNEL_ORDER) == set(KERNEL_TILINGS)
 
 
 def tile_counts(w: dict) -> str:
-    """A kernel's tiles and the work it skips, in the words its panel title and the lesson use."""
-    return (f"{w['full']} full · {w['partial']} masked · {w['empty']} skipped: "
-            f"{w['skip_elements']:.1%} of the work skipped")
+    """A kernel's tiles and the work it skips, in the words its panel title and the lesson use (two lines: a
+    panel beside another is narrow)."""
+    return f"{w['full']} full · {w['partial']} masked · {w['empty']} skipped<br>{w['skip_elements']:.1%} of the work skipped"
 
 
 def kernel_view(s: Settings) -> tuple[go.Figure, str]:

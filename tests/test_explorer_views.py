@@ -628,7 +628,7 @@ def test_the_kernel_tile_map_draws_the_tile_grid_crosses_each_skipped_tile_and_w
     paths = [sh.path for sh in fig.layout.shapes if sh.type == "path" and sh.xref == ax]
     grid, crosses = paths
     assert grid.count("M") == 16 and crosses.count("M") == 2 * 8
-    assert fig.layout.annotations[fa4].text.endswith("72 full · 1 masked · 8 skipped: 9.9% of the work skipped")
+    assert fig.layout.annotations[fa4].text.endswith("72 full · 1 masked · 8 skipped<br>9.9% of the work skipped")
     assert fig.layout.annotations[0].text.endswith("11.1% of the pairs masked")
     assert {_step_colour(TILE_SCALE, 1 / 3), _step_colour(TILE_SCALE, 1.0)} == {"#E69F00", "#CC79A7"}
     names = [t.name for t in fig.data if t.type == "scatter"]
