@@ -143,7 +143,7 @@ def work_of_tab(query: str, *rest, request=None) -> float:
 
 
 def work_of_change(*args, request=None) -> float:
-    """`work` for a control change: (every control's value..., tab[, last valid link, marked]); the controls
+    """`work` for a control change: (every control's value..., tab[, last valid link]); the controls
     as they parse, else the last valid link."""
     n = len(CONTROL_FIELDS)
     values, tab = args[:n], args[n] if len(args) > n else ""
