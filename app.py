@@ -23,6 +23,7 @@ import gradio as gr
 
 from explorer import export, gpu_results, lesson, runs, timing, views
 from explorer.controls import CONTROL_FIELDS, LABELS, NUMBER_FIELDS
+from explorer.controls import INFO as CONTROL_INFO
 from explorer.families import FAMILIES, XREX_ROPE
 from explorer.links import to_query
 from explorer.schema import Settings
@@ -30,13 +31,14 @@ from explorer.settings import COLOR_SCALES, INVARIANCE_OPS, VALUE_KINDS, ZOOMS, 
 from explorer.views import VIEWS, drawn_views
 from server import admission, gradio_patches, memory
 from server.admission import QUEUE_MAX
-from server.endpoints import (VIEW_ENDPOINTS, control_change, control_change_on_page, export_endpoint, family_on_page,
-                              lecture_pack_endpoint, page_gone, pick_on_page, preset_on_page, present_key_on_page,
-                              render_tab, upload_endpoint)
+from server.endpoints import (VIEW_ENDPOINTS, control_change, control_change_on_page, export_endpoint,
+                              export_preview_endpoint, family_on_page, lecture_pack_endpoint, link_on_page, page_gone,
+                              pick_on_page, preset_on_page, present_key_on_page, render_tab, upload_endpoint)
 from server.gradio_patches import weights_file
 from server.guard import settings_of
 from server.lanes import (CONTROL, EXPORT, EXPORT_PACK, TIMING, UNQUEUED, UPLOAD, admit_every_event, forward, light,
-                          watch_lanes, work_of_change, work_of_pick, work_of_query, work_of_source, work_of_tab)
+                          watch_lanes, work_of_change, work_of_figure, work_of_pick, work_of_query, work_of_source,
+                          work_of_tab)
 from server.links import (bug_choices, family_endpoint, head_choices, head_of_link, limit_endpoint, link_to_controls,
                           load_endpoint, preset_choices, preset_endpoint, query_to_controls, settings_endpoint,
                           weight_choices)
@@ -88,12 +90,12 @@ HEAD_KEY = "(head, q) => explorer.withParam(q, 'head', head.split(':')[0], '-1')
 RECHECK_TIMING = "(tab) => { if (tab === 'timing') document.getElementById('timing-recheck').click(); }"
 
 def number_boxes(d: Settings, c: dict, names: list[str], **kw) -> None:
-    """A number box per Settings field, labelled (explorer.controls.LABELS); integer boxes for int fields.
-    explorer.settings checks the value either way."""
+    """A number box per Settings field, labelled (explorer.controls.LABELS, INFO); integer boxes for int
+    fields. explorer.settings checks the value either way."""
     for field in names:
         c[field] = gr.Number(label=LABELS[field], value=getattr(d, field),
                              precision=None if FIELD_TYPES[field] == "float" else 0,
-                             **kw)
+                             info=CONTROL_INFO.get(field), **kw)
 
 
 # Gradio keeps every upload and every returned file (exports) in its cache: every 15 minutes, files
@@ -105,19 +107,20 @@ DELETE_CACHE = (900, 3600)
 # tab returns its outputs in its endpoint's order. ----------------------------------------------------
 
 def page_header(d: Settings) -> SimpleNamespace:
-    gr.Markdown(elem_id="page-header", value="# Attention explorer for recommendation transformers\n"
-                "Faithful PyTorch ports of X's phoenix rankers — the 2025 open-source `grok.py` and the 2026 "
-                "production trunk (`phoenix-2026*` presets, *model family*): masks, heatmaps from the model's "
-                "own forward, candidate isolation, batch invariance, RoPE and live kernel timings.")
+    """The first screen's top: the title, Present and Reset, and the lesson's steps, each a link."""
+    with gr.Row(elem_id="page-header", equal_height=True):
+        gr.Markdown(elem_id="page-title", value="# Attention explorer for recommendation transformers\n"
+                    "X's phoenix rankers (2025 `grok.py`, 2026 production) ported to PyTorch: masks, attention, "
+                    "isolation, invariance, RoPE, kernel timings.")
+        present = gr.Button("▶ Present", variant="primary", size="lg", scale=0, min_width=150, elem_id="present-btn")
+        reset = gr.Button("↺ Reset to preset", size="lg", scale=0, min_width=200, elem_id="reset-btn")
+    gr.Markdown(lesson.strip_markdown(), elem_id="lesson-strip")
     return SimpleNamespace(
-        query=gr.Textbox(label="Link to this view (query string)", value=to_query(d), buttons=["copy"],
-                         interactive=False, elem_id="query"),
-        present=gr.Button("Present: the figure full-screen, keys step it (Esc leaves)", size="sm",
-                          elem_id="present-btn"),
+        present=present, reset=reset,
         key=gr.Button("key", elem_id="present-key"),     # clicked by static/present.js with the keys pressed
         # the visible tab; a hidden Textbox, not gr.State, so API calls can name the tab to redraw
         tab_state=gr.Textbox("mask", visible=False),
-        marked=gr.State([]),            # the controls marked invalid, to clear when they are fixed
+        marked=gr.State({}),            # a link's dropped values, from its load to the controls it marks
         limit_md=gr.Markdown(elem_id="limit-note"),
         # never shown: triggers and outputs for the API-only endpoints
         hidden_q=gr.Textbox(visible=False), hidden_out=gr.Textbox(visible=False),
@@ -126,21 +129,25 @@ def page_header(d: Settings) -> SimpleNamespace:
         # likewise: page.js counts here a query row change it could not draw itself (the server redraws)
         query_redraw=gr.Textbox(elem_id="query-redraw", show_label=False, container=False),
         # likewise: presentation mode's ↑ ↓ write here a head the page drew itself (static/page.js stepHead)
-        head_key=gr.Textbox(elem_id="head-key", show_label=False, container=False))
+        head_key=gr.Textbox(elem_id="head-key", show_label=False, container=False),
+        # likewise: the browser's Back and Forward write here the address they went to (static/page.js)
+        history=gr.Textbox(elem_id="history-link", show_label=False, container=False))
 
 
 def source_controls(d: Settings, c: dict, page: SimpleNamespace) -> None:
-    """The sidebar's top: preset, family, weights (and the upload), seed, link, zoom."""
+    """The sidebar's top: preset, family, weights (and the upload), seed, zoom, the link."""
     c["preset"] = gr.Dropdown(preset_choices(), value=d.preset, label=LABELS["preset"])
     c["family"] = gr.Radio([(label, name) for name, label in FAMILIES.items()], value=d.family,
                            label=LABELS["family"])
     c["weights"] = gr.Dropdown(weight_choices(), value=d.weights, label=LABELS["weights"])
     number_boxes(d, c, ["seed"])
+    c["zoom"] = gr.Radio(list(ZOOMS), value=d.zoom, label=LABELS["zoom"])
+    page.query = gr.Textbox(label="Link to this view (query string)", value=to_query(d), buttons=["copy"],
+                            interactive=False, elem_id="query")
+    page.copy = gr.Button("Copy link", size="sm")
     page.upload = weights_file(label="upload weights (.npz / .safetensors, haiku names of the family chosen)",
                                file_types=[".npz", ".safetensors"], type="filepath", height=120)
     page.upload_msg = gr.Markdown()
-    page.copy = gr.Button("Copy link", size="sm")
-    c["zoom"] = gr.Radio(list(ZOOMS), value=d.zoom, label=LABELS["zoom"])
 
 
 def layout_controls(d: Settings, c: dict) -> None:
@@ -164,11 +171,12 @@ def model_controls(d: Settings, c: dict) -> None:
 
 
 def view_controls(d: Settings, c: dict) -> None:
-    """Above the tabs: the attention and anatomy views read these."""
+    """The sidebar's first: the layer, head and query row the attention and anatomy views show (the mask
+    outlines the row), touched most during a class."""
     with gr.Row():
-        number_boxes(d, c, ["layer"], elem_id="layer-box")
-        c["head"] = gr.Dropdown(head_choices(d), value=d.head, label=LABELS["head"])
-        number_boxes(d, c, ["query"], elem_id="query-row")
+        number_boxes(d, c, ["layer"], elem_id="layer-box", min_width=70, scale=1)
+        c["head"] = gr.Dropdown(head_choices(d), value=d.head, label=LABELS["head"], min_width=150, scale=2)
+    number_boxes(d, c, ["query"], elem_id="query-row")
 
 
 # the views' own controls that pick from a list (or a function making it): a radio for a few, a menu for many
@@ -207,7 +215,7 @@ def view_tab(view: views.View, d: Settings, c: dict) -> list:
 
 def timing_tab(d: Settings, c: dict) -> SimpleNamespace:
     """The recorded GPU run first (drawn into the page: every visitor sees it before anything runs), the
-    live run's panel beside it; the controls; the whole forward and the recorded numbers; the live figures."""
+    live run's panel beside it; the controls; the whole forward; the live figures; the words under them."""
     geometry0, dtype0 = timing.geometries()[0], timing.dtypes()[0]
     t = SimpleNamespace()
     flash0, note0 = before_run()
@@ -218,23 +226,26 @@ def timing_tab(d: Settings, c: dict) -> SimpleNamespace:
         t.geometry = gr.Radio(list(timing.geometries()), value=geometry0, scale=3,
                               label="shapes (mask and logit cap: the sidebar's)")
         t.dtype = gr.Radio(list(timing.dtypes()), value=dtype0, label="dtype", scale=2)
+    usable0, unavailable0 = timing_options(to_query(d), geometry0, dtype0, None)
     with gr.Row():
-        t.lengths = gr.Textbox(timing.default_lengths(geometry0, d.num_candidates), label="sequence lengths T", scale=3)
+        t.lengths = gr.Textbox(timing.default_lengths(geometry0, d.num_candidates), label="sequence lengths T", scale=2)
+        t.backends = gr.CheckboxGroup(usable0["choices"], value=usable0["value"], label="backends that run here",
+                                      scale=3)
         t.run = gr.Button("Run", variant="primary", scale=1)
         t.stop = gr.Button("Stop", scale=1)
-    usable0, unavailable0 = timing_options(to_query(d), geometry0, dtype0, None)
-    t.backends = gr.CheckboxGroup(usable0["choices"], value=usable0["value"], label="backends that run here")
-    t.unavailable = gr.Markdown(unavailable0)
     t.message = gr.Markdown(elem_id="timing-check")
     t.recheck = gr.Button("recheck", elem_id="timing-recheck")     # clicked by the page: see wire_timing
     gr.Plot(gpu_results.trunk_figure(run), label="the whole forward", elem_id="trunk-plot", show_label=False)
-    gr.Markdown(gpu_results.evidence_markdown(run), elem_id="gpu-text")
-    text = gr.Markdown(note0)
     with gr.Row():
         time_fig = gr.Plot(label="time", elem_id="time-plot", show_label=False)
         mem_fig = gr.Plot(label="memory", show_label=False)
     with gr.Row():
         speed_fig, err_fig = gr.Plot(label="speed-up", show_label=False), gr.Plot(label="error", show_label=False)
+    # the words under the figures (the figures first on the screen): the recorded numbers, the live results and
+    # why each backend is fast or slow here
+    gr.Markdown(gpu_results.evidence_markdown(run), elem_id="gpu-text")
+    text = gr.Markdown(note0)
+    t.unavailable = gr.Markdown(unavailable0)
     t.figures = [time_fig, mem_fig, speed_fig, err_fig, flash_fig, text]      # server.timing_events' order
     return t
 
@@ -242,18 +253,22 @@ def timing_tab(d: Settings, c: dict) -> SimpleNamespace:
 def export_tab(d: Settings, c: dict) -> SimpleNamespace:
     e = SimpleNamespace()
     with gr.Row():
-        e.figure = gr.Dropdown(list(export.FIGURES), value="attention", label="figure")
-        e.format = gr.Radio(list(export.FORMATS), value="png", label="format")
-        e.aspect = gr.Radio(list(export.ASPECTS), value="16:9", label="slide shape")
-        e.figure_btn = gr.Button("Export figure")
-        e.pack_btn = gr.Button("Lecture pack (zip)", variant="primary")
+        e.figure = gr.Dropdown([(spec.title, name) for name, spec in export.FIGURES.items()], value="attention",
+                               label="figure", scale=3)
+        e.format = gr.Radio(list(export.FORMATS), value="png", label="format", scale=1)
+        e.aspect = gr.Radio(list(export.ASPECTS), value="16:9", label="slide shape", scale=2)
+        e.figure_btn = gr.Button("Export figure", scale=1)
+        e.pack_btn = gr.Button("Lecture pack (zip)", variant="primary", scale=1)
+    # the slide the figure chosen makes, in the lecture theme
+    e.preview = gr.Plot(label="slide preview", elem_id="export-preview", show_label=False)
+    e.file = gr.File(label="download", elem_id="export-file")
     gr.Markdown("Figures are drawn again from the current settings in the lecture theme (large fonts, tick labels "
                 "of at least 16 px, colour-blind-safe colours, white background) at the slide shape chosen (16:9: "
                 "1600 × 900); PNG at 3x scale, named for the preset, layer, head and row shown. The lecture pack "
                 "holds every figure this device can draw at these settings (PNG, SVG and the numbers drawn as NPZ), "
                 "captions made from each figure's settings, a list of what was left out and why, and "
-                "`lesson.html`: every figure interactive in lesson order, offline.")
-    e.file = gr.File(label="download", elem_id="export-file")
+                "`lesson.html`: the lesson, step by step, each step's claim under its figure, then every figure "
+                "at these settings, interactive and offline.")
     return e
 
 
@@ -295,8 +310,8 @@ def wire_controls(page: SimpleNamespace, c: dict) -> None:
     redraws) the query row (QUERY_ROW), the layer (LAYER), the head (HEAD_PICK) and the values shown
     (VALUES_PICK): the next server change reads them from their controls."""
     controls = [c[f] for f in CONTROL_FIELDS]
-    page.pick.change(pick_on_page, [page.pick] + controls + [page.tab_state, page.query, page.marked],
-                    [page.query, page.marked, page.limit_md] + controls + page.view_outputs,
+    page.pick.change(pick_on_page, [page.pick] + controls + [page.tab_state, page.query],
+                    [page.query, page.limit_md] + controls + page.view_outputs,
                     api_name="render_after_pick", trigger_mode="always_last", **figures_of(page.view_outputs), **HIDDEN,
                     **forward(work_of_pick), **RAW).then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP)
     for f, js in IN_BROWSER.items():    # no server request: the page redraws and writes the link
@@ -312,8 +327,8 @@ def wire_controls(page: SimpleNamespace, c: dict) -> None:
     gr.on([picked(c[f]) for f in CONTROL_FIELDS if f not in ("preset", "family", "query", "layer", "head", "values",
                                                               *IN_BROWSER)]
           + [page.query_redraw.change], control_change_on_page,
-          controls + [page.tab_state, page.query, page.marked],
-          [page.query, page.marked, page.limit_md] + controls + page.view_outputs,
+          controls + [page.tab_state, page.query],
+          [page.query, page.limit_md] + controls + page.view_outputs,
           api_name="render_on_change", trigger_mode="always_last", **figures_of(page.view_outputs), **HIDDEN,
           **forward(work_of_change), **RAW).then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP)
     page.hidden_q.change(control_change, controls + [page.tab_state], [page.query, c["head"]] + page.view_outputs,
@@ -334,6 +349,11 @@ def wire_sources(page: SimpleNamespace, c: dict) -> None:
         picked(c[name])(page_fn, inputs + [page.tab_state], outputs, api_name=f"render_after_{name}",
                         **figures_of(outputs), **HIDDEN, **forward(work_of_source), **RAW) \
             .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP)
+    # Reset: every control back to the preset's values, as picking the preset again would
+    outputs = [page.query, page.limit_md] + controls + page.view_outputs
+    page.reset.click(preset_on_page, [c["preset"], page.tab_state], outputs, api_name="render_after_reset",
+                     **figures_of(outputs), **HIDDEN, **forward(work_of_source), **RAW) \
+        .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP)
     ev = page.upload.upload(upload_endpoint, [page.query, page.upload], [page.query, page.upload_msg],
                             api_name="upload_weights", **UPLOAD)
     redraw(page, ev.success(query_to_controls, page.query, controls, api_name="sync_upload",
@@ -357,6 +377,13 @@ def wire_navigation(demo: gr.Blocks, page: SimpleNamespace, c: dict) -> None:
            .then(limit_endpoint, page.query, page.limit_md, api_name="limit_after_load", **STEP), "load")
     demo.load(None, None, None, js=PICK_ROW, api_name="pick_row", **STEP)
     demo.unload(page_gone)
+    # Back and Forward: the address they went to read as a link (its controls, tab and view), the address
+    # kept as it is (static/page.js: explorer.restoring)
+    page.history.change(link_on_page, page.history,
+                        [page.query, page.tab_state, page.tabs, page.limit_md] + [c[f] for f in CONTROL_FIELDS]
+                        + page.view_outputs, api_name="render_after_history", **figures_of(page.view_outputs),
+                        **HIDDEN, **forward(work_of_tab), **RAW) \
+        .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP)
 
 
 def wire_presentation(page: SimpleNamespace, c: dict) -> None:
@@ -419,6 +446,9 @@ def wire_timing(page: SimpleNamespace, t: SimpleNamespace) -> None:
 
 
 def wire_export(page: SimpleNamespace, e: SimpleNamespace) -> None:
+    gr.on([page.tab["export"].select, e.figure.select, e.aspect.input], export_preview_endpoint,
+          [page.query, e.figure, e.aspect], e.preview, api_name="render_export_preview", show_progress="minimal", **HIDDEN,
+          **forward(work_of_figure), **RAW)
     e.figure_btn.click(export_endpoint, [page.query, e.figure, e.format, e.aspect], e.file, api_name="export_figure",
                        **EXPORT, **RAW)
     e.pack_btn.click(lecture_pack_endpoint, [page.query, e.aspect], e.file, api_name="lecture_pack",
@@ -431,18 +461,17 @@ def build_app() -> gr.Blocks:
         page = page_header(d)
         with gr.Row():
             with gr.Column(scale=1, min_width=300, elem_id="sidebar"):
+                view_controls(d, c)
                 source_controls(d, c, page)
-                with gr.Accordion("lesson: two stories, step by step", open=False):
-                    gr.Markdown(lesson.index_markdown())
                 layout_controls(d, c)
                 model_controls(d, c)
             with gr.Column(scale=4):
-                view_controls(d, c)
                 built, page.tab = {}, {}
-                with gr.Tabs() as page.tabs:
+                # every tab's title in view (wrapped onto a second row where the width is short), none in a menu
+                with gr.Tabs(overflow_behavior="wrap") as page.tabs:
                     for view in VIEWS.values():
                         with gr.Tab(view.title, id=view.name) as page.tab[view.name]:
-                            gr.Markdown(view.look_for)
+                            gr.Markdown(view.look_for, elem_classes=["look-for"])
                             built[view.name] = (view_tab(view, d, c) if view.drawn
                                                 else OWN_TABS[view.name](d, c))
         page.view_outputs = [out for view in drawn_views() for out in built[view.name]]

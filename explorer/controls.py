@@ -7,6 +7,7 @@ field names; API clients keep explorer.settings' field-named refusals.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import fields, replace
 from typing import Any, Mapping, Optional
@@ -32,13 +33,18 @@ LABELS = {
     "prefix": "prefix (causal: grok.py; bidirectional: production)",
     "rope_base": "RoPE base", "rope_offset": "RoPE offset", "rope_mode": "candidate positions",
     "layer": "layer", "head": "head", "values": "values", "color": "colour",
-    "query": "query row (-1: first candidate; or click a heatmap row)", "zoom": "heatmap zoom (full resolution)",
+    "query": "query row (a position, or click a heatmap row)", "zoom": "heatmap zoom (full resolution)",
     "candidate": "candidate j", "perturbation": "perturbation", "delta": "size (scale factor / noise σ)",
     "replace_with": "replace with item hash", "operation": "operation", "compare": "compare with",
     "variant": "attention variant (course notebooks)",
     "bug": "plant a bug (grok.py: a seed notebook's; production: a serving-kernel quirk)",
 }
 assert set(LABELS) == set(CONTROL_FIELDS), set(CONTROL_FIELDS) ^ set(LABELS)
+
+
+# the line under a control while it is not marked (a mark's message takes its place until it is fixed)
+INFO = {"query": "−1 shows the first candidate, whatever the layout"}
+assert set(INFO) <= set(LABELS)
 
 
 def short_label(field: str) -> str:
@@ -55,9 +61,24 @@ def on_screen(e: ValidationError) -> str:
     the labels on screen. Markdown's link form is broken up (a control's info line renders
     `[text](url)` as a link, and the value may come from a stranger's link)."""
     allowed = _FIELD_NAME.sub(lambda m: short_label(m.group(1)), e.allowed)
-    shown = repr(e.value)
+    shown = as_typed(e.value)
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
     return f"{short_label(e.field)}: got {shown}; allowed: {allowed}".replace("](", "] (")
+
+
+def as_typed(value) -> str:
+    """A value as a visitor typed it: a number box sends 1e9 as 1000000000, which reads back as 1e9; text
+    is quoted."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    plain = str(int(value)) if float(value).is_integer() and abs(value) < 1e16 else repr(float(value))
+    short = f"{value:g}"
+    if "e" in short and float(short) == value:              # 1e9, 2.5e-07: as short as it was typed
+        mantissa, exponent = short.split("e")
+        return f"{mantissa}e{int(exponent)}"
+    return plain
 
 
 def involved(e: ValidationError) -> tuple:
@@ -74,7 +95,8 @@ def keep_valid(values: Mapping[str, Any], last: Settings, uploaded=None) -> tupl
     raw, problems = {f: values[f] for f in CONTROL_FIELDS if f in values}, {}
     for f in NUMBER_FIELDS & raw.keys():
         if raw[f] is None or (isinstance(raw[f], str) and not raw[f].strip()):
-            problems[f] = f"{short_label(f)}: empty (or not a number); allowed: a number"
+            problems[f] = (f"{short_label(f)}: empty, or not a number yet; allowed: a number (the figures keep "
+                           f"{as_typed(getattr(last, f))})")
             raw[f] = getattr(last, f)
     for _ in range(len(CONTROL_FIELDS) + 1):
         try:

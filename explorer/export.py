@@ -35,6 +35,7 @@ import plotly.graph_objects as go
 
 from . import budget, views
 from .figures import lecture_theme
+from .lesson import LESSON, STORIES, Step
 from .limits import check_model_fits, device
 from .links import to_query
 from .schema import Settings, ValidationError
@@ -42,8 +43,9 @@ from .schema import Settings, ValidationError
 log = logging.getLogger("explorer")
 
 FORMATS = ("png", "svg")
-# slide shapes: (width, height) in layout pixels; "figure" keeps the figure's own size (1400 wide)
+# slide shapes: (width, height) in layout pixels; "figure" keeps the figure's own size (OWN_WIDTH wide)
 ASPECTS = {"16:9": (1600, 900), "4:3": (1440, 1080), "figure": None}
+OWN_WIDTH = 1400
 MIN_TICK_PX = 16
 LESSON_MAX_BYTES = 15 << 20       # lesson.html: figures whose data would pass it stay in figures/ only
 LESSON_PAGE_BYTES = 64 << 10      # the page around the figures: headings, captions, what was left out
@@ -52,11 +54,17 @@ LESSON_PAGE_BYTES = 64 << 10      # the page around the figures: headings, capti
 @dataclass(frozen=True)
 class FigureSpec:
     """One exportable figure (an Export of a Plot in explorer.views.VIEWS): the view and part that draw
-    it, its index in what the part returns, and its record (facts, caption, settings)."""
+    it, its index in what the part returns, its record (facts, caption, settings) and the Plot's label."""
     view: views.View
     part: int
     index: int
     export: views.Export
+    label: str = ""
+
+    @property
+    def title(self) -> str:
+        """What a lecturer calls it: 'Mask · production's kernels: tiles run and skipped'."""
+        return f"{self.view.title.split(' · ', 1)[-1]} · {self.export.title or self.label}"
 
     @property
     def model(self) -> bool:
@@ -72,7 +80,7 @@ class FigureSpec:
 
 def _figure_specs() -> dict[str, FigureSpec]:
     """Every export a view's record names, in tab order (the pack and lesson.html keep this order)."""
-    return {export.name: FigureSpec(view, p, i, export)
+    return {export.name: FigureSpec(view, p, i, export, out.label)
             for view in views.VIEWS.values() for p, part in enumerate(view.parts)
             for i, out in enumerate(part.outputs) for export in getattr(out, "exports", ())}
 
@@ -136,6 +144,15 @@ def as_drawn(fig: go.Figure) -> go.Figure:
     if all(t.visible is not False for t in fig.data):
         return fig
     return go.Figure(dict(data=[t for t in fig.data if t.visible is not False], layout=fig.layout), _validate=False)
+
+
+def preview(s: Settings, name: str, aspect: str = "16:9") -> go.Figure:
+    """The slide the figure makes: as its export draws it (the lecture theme, tick labels of at least
+    MIN_TICK_PX) at the slide's size (the page shows it scaled to its box: static/page.js fitPreview)."""
+    fig = slide_figure(figure(s, name), aspect)
+    if fig.layout.width is None:                 # the figure's own shape: as figure_bytes renders it
+        fig.update_layout(width=OWN_WIDTH)
+    return fig
 
 
 def pack_max_flops() -> float:
@@ -352,7 +369,7 @@ def figure_bytes(fig: go.Figure, fmt: str, scale: float = 3, aspect: str = "16:9
         raise ValueError("export: PNG/SVG export renders through kaleido, which needs a Chromium browser and "
                          "found none; install Debian's `chromium` (packages.txt does this on Spaces)")
     fig = slide_figure(fig, aspect)
-    width = 1400 if fig.layout.width is None else fig.layout.width
+    width = OWN_WIDTH if fig.layout.width is None else fig.layout.width
     with _renderer():
         _browser_yields()
         try:
@@ -405,34 +422,78 @@ def export_figure(s: Settings, name: str, fmt: str, out_dir: str | None = None, 
     return str(path)
 
 
-def lesson_html(s: Settings, figs: dict[str, tuple[go.Figure, str]], left_out: dict[str, str]) -> str:
-    """One self-contained page: plotly.js inlined, every figure interactive (hover, zoom) in lesson
-    order under its caption, what was left out at the end. Opens with no network and no server."""
+def lesson_steps() -> list[tuple[int, Step, go.Figure | None, str]]:
+    """Every lesson step with its own figure drawn at the step's settings (explorer.lesson), or None and why
+    not (its model does not fit this device): [(index, step, figure, why)] in lesson order."""
+    out = []
+    for i, st in enumerate(LESSON):
+        try:
+            out.append((i, st, as_drawn(st.draw()), ""))
+        except ValidationError as e:
+            out.append((i, st, None, f"not drawn on this device: {e}"))
+        except Exception as e:  # noqa: BLE001 — one step's failure must not cost the class the pack
+            log.exception("lecture pack: lesson step %s failed", st.title)
+            out.append((i, st, None, f"internal error while drawing it ({type(e).__name__}; logged on the server)"))
+    return out
+
+
+def lesson_html(s: Settings, figs: dict[str, tuple[go.Figure, str]], left_out: dict[str, str],
+                steps: list | None = None) -> str:
+    """One self-contained page: the lesson — both stories in order, each step's title and claim over the
+    figure that shows it (lesson_steps) — then every figure at the pack's settings under its caption, and
+    what was left out. plotly.js inlined, every figure interactive (hover, zoom); no network, no server."""
     from plotly.offline import get_plotlyjs
     plotly_js = get_plotlyjs()
-    sections, scripts, left_out = [], [], dict(left_out)
+    scripts, left_out = [], dict(left_out)
     room = LESSON_MAX_BYTES - len(plotly_js) - LESSON_PAGE_BYTES
-    for i, (name, (fig, text)) in enumerate(figs.items()):
+
+    def figure_div(key: str, fig: go.Figure) -> tuple[str, str]:
+        """(the figure's place on the page, '') or ('', why it is left out)."""
+        nonlocal room
         spec = lecture_theme(fig).to_json()
         if len(spec) > room:            # the page stays under LESSON_MAX_BYTES: this one is in figures/ only
-            left_out[name] = (f"left out of lesson.html: its {len(spec) / 2**20:.1f} MB of data would take the "
-                              f"page past {LESSON_MAX_BYTES >> 20} MB (the PNG, SVG and NPZ are in the pack)")
-            continue
+            return "", (f"left out of lesson.html: its {len(spec) / 2**20:.1f} MB of data would take the page past "
+                        f"{LESSON_MAX_BYTES >> 20} MB")
         room -= len(spec)
-        sections.append(f'<section id="{html.escape(name)}"><h2>{i + 1}. {html.escape(name)}</h2>'
-                        f'<p>{html.escape(text)}</p><div class="figure" id="fig-{i}"></div></section>')
-        scripts.append(f"Plotly.newPlot('fig-{i}', ...(s => [s.data, s.layout])({spec}), "
+        scripts.append(f"Plotly.newPlot('{key}', ...(s => [s.data, s.layout])({spec}), "
                        "{responsive: true, displaylogo: false});")
-    missing = "".join(f"<li><b>{html.escape(n)}</b>: {html.escape(why)}</li>" for n, why in left_out.items())
+        return f'<div class="figure" id="{key}"></div>', ""
+
+    lesson, story = [], None
+    for i, st, fig, why in steps if steps is not None else lesson_steps():
+        if st.story != story:
+            story = st.story
+            lesson.append(f'<h2 class="story">{html.escape(STORIES[story])}</h2>')
+        div, why = figure_div(f"step-fig-{i}", fig) if fig is not None else ("", why)
+        shown = div or f'<p class="missing">{html.escape(why)}</p>'
+        lesson.append(f'<section class="step" id="step-{i + 1}"><h3>Step {i + 1} · {html.escape(st.title)}</h3>'
+                      f'<p class="claim">{html.escape(st.claim)}</p>{shown}<p class="link">In the app: '
+                      f'<code>{html.escape(st.link(i))}</code></p></section>')
+    every = []
+    for name, (fig, text) in figs.items():
+        div, why = figure_div(f"fig-{name}", fig)
+        if why:
+            left_out[name] = why + " (the PNG, SVG and NPZ are in the pack)"
+            continue
+        every.append(f'<section class="every" id="{html.escape(name)}"><h3>{html.escape(FIGURES[name].title)}</h3>'
+                     f'<p>{html.escape(text)}</p>{div}</section>')
+    missing = "".join(f"<li><b>{html.escape(FIGURES[n].title if n in FIGURES else n)}</b>: {html.escape(why)}</li>"
+                      for n, why in left_out.items())
     return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>Attention explorer — lesson ({html.escape(s.preset)})</title>
+<html lang="en"><head><meta charset="utf-8"><title>Attention explorer — the lesson</title>
 <style>body{{font-family:DejaVu Sans,Arial,sans-serif;max-width:1500px;margin:2em auto;padding:0 1em;color:#222}}
-section{{margin:0 0 3em}} .figure{{width:100%}} code{{background:#f2f2f2;padding:0 .2em}}</style>
+section{{margin:0 0 3em}} .figure{{width:100%}} code{{background:#f2f2f2;padding:0 .2em}}
+.claim{{font-size:1.25em;font-weight:600}} .story{{border-bottom:2px solid #0072B2;color:#0072B2}}
+.link{{color:#555}} .missing{{color:#B34700}}</style>
 <script>{plotly_js}</script></head><body>
-<h1>Attention explorer — lesson</h1>
-<p>Configuration: <code>?{html.escape(to_query(s))}</code>. Every figure below is interactive (hover for values,
-drag to zoom, double-click to reset); the numbers drawn are in the pack's <code>data/</code> folder.</p>
-{"".join(sections)}
+<h1>Attention explorer — the lesson</h1>
+<p>Two stories, step by step: each step's claim over the figure that shows it, drawn from the model's (or the
+mask's) own outputs at the step's settings; the link under each opens the step in the app. Then every figure at
+this pack's settings, <code>?{html.escape(to_query(s))}</code>. Hover for values, drag to zoom, double-click to
+reset; the page needs no network, and the numbers drawn are in the pack's <code>data/</code> folder.</p>
+{"".join(lesson)}
+<h2 class="story">Every figure at these settings</h2>
+{"".join(every)}
 {f"<section id='left-out'><h2>Left out at this preset</h2><ul>{missing}</ul></section>" if missing else ""}
 <script>{"".join(scripts)}</script></body></html>
 """
@@ -451,7 +512,7 @@ def lecture_pack(s: Settings, out_dir: str | None = None, aspect: str = "16:9") 
             for f in FORMATS:
                 z.writestr(f"figures/{stem}.{f}", figure_bytes(fig, f, aspect=aspect))
             z.writestr(f"data/{stem}.npz", npz_bytes(fig))
-            captions.append(f"- **{name}** (`figures/{stem}.png`, numbers in `data/{stem}.npz`): {text}")
+            captions.append(f"- **{FIGURES[name].title}** (`figures/{stem}.png`, numbers in `data/{stem}.npz`): {text}")
         if left_out:
             captions.append("\n## Left out at this preset\n")
             captions += [f"- **{name}**: {why}" for name, why in left_out.items()]

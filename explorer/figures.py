@@ -11,6 +11,7 @@ so; a figure's cells also fit a byte budget on the wire (``max_bytes``), masks s
 from __future__ import annotations
 
 import base64
+import itertools
 import math
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence
@@ -26,10 +27,16 @@ OKABE_ITO = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "
 SEGMENT_COLORS = {"U": "#CC79A7", "H": "#0072B2", "C": "#D55E00", "P": "#BBBBBB"}
 SEQUENTIAL = "Viridis"
 DIVERGING = "RdBu"
-MASK_SCALE = [[0.0, "#F2F2F2"], [0.5, "#F2F2F2"], [0.5, "#0072B2"], [1.0, "#0072B2"]]
-# a kernel's work over the grid, values 0..3: skipped, run with a mask, run in full, computed though masked
-TILE_SCALE = [[0.0, "#F2F2F2"], [1 / 6, "#F2F2F2"], [1 / 6, "#E69F00"], [0.5, "#E69F00"], [0.5, "#0072B2"],
-              [5 / 6, "#0072B2"], [5 / 6, "#D55E00"], [1.0, "#D55E00"]]
+# a masked pair, on every heatmap: a neutral grey that neither Viridis (weights) nor RdBu (logits, white at 0)
+# contains, so "masked" never reads as "a tiny weight"
+MASKED_COLOUR = "#BDBDBD"
+MASK_SCALE = [[0.0, MASKED_COLOUR], [0.5, MASKED_COLOUR], [0.5, "#0072B2"], [1.0, "#0072B2"]]
+# a kernel's work over the grid, values 0..3: skipped, run with a mask, run in full, computed though masked;
+# orange and reddish purple (not two oranges) for the two classes a projector must tell apart
+TILE_SCALE = [[0.0, MASKED_COLOUR], [1 / 6, MASKED_COLOUR], [1 / 6, "#E69F00"], [0.5, "#E69F00"],
+              [0.5, "#0072B2"], [5 / 6, "#0072B2"], [5 / 6, "#CC79A7"], [1.0, "#CC79A7"]]
+MASKED_NAME = "masked: logit −∞, weight exactly 0"
+MAX_MARKED_CELLS = 24       # per axis: up to this many, a masked cell also carries a ×
 
 FONT = dict(family="DejaVu Sans, Arial, sans-serif", size=14, color="#222222")
 LECTURE_FONT_SIZE = 20
@@ -111,6 +118,19 @@ class Panel:
     # an alternative of heatmap_figure(shown_panel=...) drawn in its own look when shown: the figure's title,
     # value_name, colorscale and zmin (the figure's own where left out)
     look: Optional[dict] = None
+    col_spans: Optional[list[tuple[int, int]]] = None    # per column, the positions it holds (as row_spans)
+    # [rows, cols] bool: the pairs the mask hides, drawn over the values in the masked colour
+    masked: Optional[np.ndarray] = None
+    tiles: Optional["TileGrid"] = None           # a kernel's tiles, outlined over the panel
+
+
+@dataclass(frozen=True)
+class TileGrid:
+    """A kernel's tiling of a panel whose rows and columns are sequence positions: the tile edges every
+    `block_q` rows and `block_kv` columns, and the (tile row, tile column) of each tile it skips, crossed."""
+    block_q: int
+    block_kv: int
+    skipped: tuple[tuple[int, int], ...] = ()
 
 
 def row_of(panel: Panel, position: int) -> Optional[int]:
@@ -141,10 +161,11 @@ def segment_bins(segments: Optional[Sequence[str]], n: int, f: int) -> list[tupl
     return [(a, min(a + f, b)) for a, b in runs for a in range(a, b, f)]
 
 
-def pool(panel: Panel, max_cells: int, factor: int = 1) -> Panel:
+def pool(panel: Panel, max_cells: int, factor: int = 1, masks: Optional[dict] = None) -> Panel:
     """Max over blocks so a T x T panel fits in about max_cells per axis (blocks of at least `factor`).
     Blocks are cut inside each segment, so no block mixes history with candidates or real slots with
-    padding; labels name the range."""
+    padding; labels name the range. `masks`: pooled masked pairs by their array's id, for panels that share
+    one (every head of a layout: pooled once)."""
     rows, cols = panel.z.shape
     f = max(1, factor, math.ceil(max(rows, cols) / max_cells))
     if f == 1:
@@ -158,10 +179,20 @@ def pool(panel: Panel, max_cells: int, factor: int = 1) -> Panel:
     def segs(segments, bins):
         return None if segments is None else [segments[a] for a, _ in bins]
 
-    spans = panel.row_spans and [(panel.row_spans[a][0], panel.row_spans[b - 1][1]) for a, b in row_bins]
+    def spans(given, bins):
+        return given and [(given[a][0], given[b - 1][1]) for a, b in bins]
+
+    # a pooled block is masked where every pair in it is
+    masks = {} if masks is None else masks
+    masked = None if panel.masked is None else masks.get(id(panel.masked))
+    if panel.masked is not None and masked is None:
+        masked = masks[id(panel.masked)] = _block_max(_block_max(
+            (~panel.masked).astype(np.float32), row_bins, 0), col_bins, 1) == 0
     return replace(panel, z=pooled, row_labels=span(panel.row_labels, row_bins),
                    col_labels=span(panel.col_labels, col_bins), row_segments=segs(panel.row_segments, row_bins),
-                   col_segments=segs(panel.col_segments, col_bins), pooled=f, row_spans=spans)
+                   col_segments=segs(panel.col_segments, col_bins), pooled=f,
+                   row_spans=spans(panel.row_spans, row_bins), col_spans=spans(panel.col_spans, col_bins),
+                   masked=masked)
 
 
 def _block_max(z: np.ndarray, bins: list[tuple[int, int]], axis: int) -> np.ndarray:
@@ -203,7 +234,8 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
                    discrete: Optional[dict] = None, column_groups: Optional[list[str]] = None,
                    height: Optional[int] = None, row_title: str = "query", col_title: str = "key",
                    outline_row: Optional[int] = None, max_bytes: Optional[int] = None,
-                   page_meta: Optional[dict] = None, shown_panel: Optional[int] = None) -> go.Figure:
+                   page_meta: Optional[dict] = None, shown_panel: Optional[int] = None,
+                   cell_text: bool = False) -> go.Figure:
     """The one heatmap builder. `panels` fill a grid row by row (None leaves a narrow spacer column);
     `discrete` maps values to legend names (masks); `color` is one of COLOR_SCALES (log and
     quantile hover the raw value, and the colour bar says which scale it is);
@@ -215,8 +247,10 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
     `shown_panel`: the panels are alternatives drawn in one place (a model's heads, layers and value
     kinds), that one shown and its colour scale fitted; the others travel hidden with their raw values and
     each its own look (`Panel.look`, as `meta.colour`), for the page to show one instead (static/page.js
-    drawPanel).
-    No per-cell strings: the hover reads the axis labels. Cells are
+    drawPanel). `cell_text`: each cell's value printed in it (weights to two places, logits to one) while a
+    panel has at most MAX_TEXT_CELLS rows and columns and the colour is linear (a lecture's one head: its
+    numbers on the slide).
+    No per-cell strings in the hover: it reads the axis labels. Cells are
     pooled further when the figure would pass `max_bytes` (default MAX_BYTES; masks MAX_BYTES_DISCRETE,
     sent as uint8); log and quantile colours send each cell twice (colour and raw value), so they pool more.
 
@@ -224,16 +258,24 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
     on a 2-core machine that is the difference between ~20 ms and ~200 ms per redraw."""
     rows = math.ceil(len(panels) / cols)
     bytes_per_cell = 1 if discrete else 4 * (1 if color == "linear" else 2)
+    bytes_per_cell += any(p is not None and p.masked is not None for p in panels)     # the masked pairs: a byte
     f = pool_factor([p.z.shape for p in panels if p is not None], max_cells,
                     max_bytes or (MAX_BYTES_DISCRETE if discrete else MAX_BYTES), bytes_per_cell)
-    shown = [pool(p, max_cells, f) if p is not None else None for p in panels]
+    masks: dict = {}                # the panels' masked pairs, pooled once per distinct mask
+    shown = [pool(p, max_cells, f, masks) if p is not None else None for p in panels]
     alternatives = shown_panel is not None
     if alternatives:
         rows = cols = 1
     scale = ColourScale.fit([shown[shown_panel]] if alternatives else shown, color, zmin, zmax)
-    xdom, ydom = _grid_domains([panels[shown_panel]] if alternatives else panels, rows, cols)
+    # panel titles of more than one line (a kernel's counts under its name) take a line's room each, above
+    # every row: the figure grows by it and rows keep it between them
+    extra = 20 * max([p.title.count("<br>") for p in panels if p is not None and p.title] or [0])
+    fig_height = height or max(420, min(1100, 330 * rows + 120)) + extra * rows
+    xdom, ydom = _grid_domains([panels[shown_panel]] if alternatives else panels, rows, cols,
+                               extra / max(fig_height - 180, 100))
     data, annotations, shapes, layout = [], [], [], {}
-    k = 0
+    k, masked_drawn = 0, False
+    drawn_panels = 1 if alternatives else sum(p is not None for p in shown)
     row_start = {}            # grid row -> the row labels of its first panel
     for i, p in enumerate(shown):
         if p is None:
@@ -254,15 +296,29 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
         hover = (f"{row_title} %{{y}}<br>{col_title} %{{x}}<br>{own['value_name']} {shown_value}"
                  + ("<br>(max over the block)" if p.pooled > 1 else "") + "<extra></extra>")
         meta = {"rows": [a for a, _ in p.row_spans], **(p.meta or {})} if p.row_spans else None
+        if meta is not None and p.masked is not None:      # the page shows the masked pairs with this panel
+            meta["masked"] = True
         if alternatives and meta is not None:           # what the page needs to show it (as layout meta.colour)
             meta["colour"] = dict(title=own["title"], bar=colorbar_title or own["value_name"], zmin=own["zmin"],
                                   zmax=zmax)
-        data.append(dict(type="heatmap", z=z, x=p.col_labels, y=p.row_labels, meta=meta,
+        # each value printed in its cell while the colour is the value itself (plotly prints z, not customdata:
+        # under a log or quantile colour none); meta.text keeps the format for the page's own recolouring
+        printed = cell_text and max(raw.shape) <= MAX_TEXT_CELLS
+        fmt = ".2f" if own["value_name"] == "weight" else ".1f"
+        meta_text = dict(texttemplate=f"%{{z:{fmt}}}" if z is raw else "") if printed else {}
+        if printed and meta is not None:
+            meta["text"] = fmt
+        data.append(dict(type="heatmap", z=z, x=p.col_labels, y=p.row_labels, meta=meta, **meta_text,
                          customdata=raw if z is not raw else None,
                          colorscale=own["colorscale"], zmin=scale.lo, zmax=scale.hi, hovertemplate=hover,
                          hoverongaps=False, showscale=(k == 1 or alternatives) and not discrete, xaxis=f"x{ax}",
                          yaxis=f"y{ax}", colorbar=scale.colorbar(colorbar_title or own["value_name"]),
                          **({"visible": False} if hidden else {})))
+        if not hidden:
+            overlay = _masked_overlay(shown, i, alternatives, f"x{ax}", f"y{ax}", crosses=drawn_panels <= 2,
+                                      bytes_of=masks)
+            data += overlay
+            masked_drawn = masked_drawn or any(t.get("visible", True) for t in overlay)
         if hidden:                          # axes, titles, lines and the outline: the shown panel's
             continue
         layout[f"xaxis{ax}"] = dict(domain=xdom[c], anchor=f"y{ax}", type="category", tickangle=-60,
@@ -281,14 +337,23 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
         shapes += _segment_lines(p, f"x{ax}", f"y{ax}", "#222222" if discrete else "#FFFFFF")
         if outline_row is not None:
             shapes += _row_outline(p, outline_row, f"x{ax}", f"y{ax}")
+        if p.tiles is not None:
+            shapes += _tile_shapes(p, f"x{ax}", f"y{ax}")
+    plot_px = fig_height - 180       # minus top + bottom margin
+    # above the panel titles (~24 px a line) and any column-group labels, beside the left-aligned figure title
+    legend = dict(orientation="h", y=1.0 + ((62 if column_groups else 30) + extra) / plot_px, yanchor="bottom", x=1,
+                  xanchor="right")
+    if masked_drawn or any(t.get("meta") and t["meta"].get("overlay") for t in data):
+        data.append(dict(type="scatter", x=[None], y=[None], mode="markers", name=MASKED_NAME, showlegend=True,
+                         meta=dict(overlay="masked"), legendgroup="masked", visible=masked_drawn, hoverinfo="skip",
+                         marker=dict(size=14, symbol="square", color=MASKED_COLOUR, line=dict(color="#888", width=1))))
+        layout["legend"] = legend
     if discrete:
         for value, name in discrete.items():
             colour = _step_colour(colorscale, (value - scale.lo) / ((scale.hi - scale.lo) or 1))
             data.append(dict(type="scatter", x=[None], y=[None], mode="markers", name=name, showlegend=True,
                              marker=dict(size=14, symbol="square", color=colour, line=dict(color="#888", width=1))))
-        # above the panel titles (~24 px tall), beside the left-aligned figure title
-        plot_px = (height or max(420, min(1100, 330 * rows + 120))) - 180       # minus top + bottom margin
-        layout["legend"] = dict(orientation="h", y=1.0 + 30 / plot_px, yanchor="bottom", x=1, xanchor="right")
+        layout["legend"] = legend
     if column_groups:
         _group_labels(annotations, shapes, column_groups, xdom)
     if not discrete:        # what the page needs to recolour the figure itself (static/page.js recolour)
@@ -296,9 +361,82 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
                               **(page_meta or {}))
     if scale.note() and not discrete:
         title += f"<br><sup>{scale.note()}</sup>"
-    layout.update(annotations=annotations, shapes=shapes, showlegend=bool(discrete), hovermode="closest",
-                  **_theme_layout(title, height or max(420, min(1100, 330 * rows + 120))))
+    layout.update(annotations=annotations, shapes=shapes, showlegend="legend" in layout, hovermode="closest",
+                  **_theme_layout(title, fig_height))
+    if "legend" in layout and (column_groups or extra):     # a legend raised over the group labels or the panel
+        layout["margin"] = {**layout["margin"], "t": layout["margin"]["t"] + 24 * bool(column_groups) + extra}
     return Figure(dict(data=data, layout=layout), _validate=False)
+
+
+MAX_TEXT_CELLS = 16         # per axis: up to this many, heatmap_figure(cell_text=True) prints each value
+def _masked_overlay(shown: list, i: int, alternatives: bool, xref: str, yref: str, crosses: bool,
+                    bytes_of: dict) -> list[dict]:
+    """The pairs the mask hides, in the masked colour over panel `i` (`crosses`: a × in each while the panel
+    is small): [] where no panel says. Among alternatives one overlay serves them all (they share the mask),
+    shown with the panels that carry the mask (static/page.js drawPanel shows and hides it with them).
+    `bytes_of`: each mask's bytes, made once however many panels share it."""
+    p = shown[i]
+    source = p if p.masked is not None else next(
+        (q for q in shown if alternatives and q is not None and q.masked is not None), None)
+    if source is None:
+        return []
+    key = ("bytes", id(source.masked))
+    if key not in bytes_of:
+        bytes_of[key] = source.masked.astype(np.uint8) if source.masked.any() else None
+    m = bytes_of[key]
+    if m is None:
+        return []
+    clear = "rgba(0,0,0,0)"
+    small = crosses and max(m.shape) <= MAX_MARKED_CELLS
+    return [dict(type="heatmap", z=m, x=source.col_labels, y=source.row_labels, xaxis=xref, yaxis=yref,
+                 colorscale=[[0, clear], [0.5, clear], [0.5, MASKED_COLOUR], [1, MASKED_COLOUR]], zmin=0, zmax=1,
+                 showscale=False, hoverinfo="skip", meta=dict(overlay="masked"), legendgroup="masked",
+                 **(dict(text=np.where(source.masked, "×", "").tolist(), texttemplate="%{text}",
+                         textfont=dict(color="#555555", size=14)) if small else {}),
+                 **({} if p.masked is not None else {"visible": False}))]
+
+
+def _edge(spans: list[tuple[int, int]], position: int) -> Optional[float]:
+    """The category-axis coordinate of the edge before sequence position `position` among cells holding
+    `spans` (a pooled cell: its share of the way through), or None outside them."""
+    for i, (a, b) in enumerate(spans):
+        if a <= position < b:
+            return i - 0.5 + (position - a) / (b - a)
+    return len(spans) - 0.5 if spans and position == spans[-1][1] else None
+
+
+MAX_TILE_EDGES = 64         # per axis: more tile edges than this would hide the cells under them
+
+
+def _tile_shapes(p: Panel, xref: str, yref: str) -> list[dict]:
+    """The panel's tile grid (a line at every tile edge inside it) and a cross over each skipped tile, as
+    two paths (one shape each, whatever the number of tiles)."""
+    g, rows, cols = p.tiles, p.row_spans, p.col_spans
+    if not rows or not cols:
+        return []
+    (r0, r1), (c0, c1) = (rows[0][0], rows[-1][1]), (cols[0][0], cols[-1][1])
+    x_lo, x_hi, y_lo, y_hi = -0.5, len(cols) - 0.5, -0.5, len(rows) - 0.5
+    row_edges = range((r0 // g.block_q + 1) * g.block_q, r1, g.block_q)
+    col_edges = range((c0 // g.block_kv + 1) * g.block_kv, c1, g.block_kv)
+    shapes = []
+    if len(row_edges) <= MAX_TILE_EDGES and len(col_edges) <= MAX_TILE_EDGES:
+        grid = [f"M{x_lo},{y:.3f}L{x_hi},{y:.3f}" for y in (_edge(rows, e) for e in row_edges)] + \
+               [f"M{x:.3f},{y_lo}L{x:.3f},{y_hi}" for x in (_edge(cols, e) for e in col_edges)]
+        if grid:
+            shapes.append(dict(type="path", path="".join(grid), xref=xref, yref=yref, layer="above",
+                               line=dict(color="#333333", width=1)))
+    crosses = []
+    for ti, tj in g.skipped:
+        a, b = max(ti * g.block_q, r0), min((ti + 1) * g.block_q, r1)
+        c, d = max(tj * g.block_kv, c0), min((tj + 1) * g.block_kv, c1)
+        if a >= b or c >= d:
+            continue
+        y0, y1, x0, x1 = _edge(rows, a), _edge(rows, b), _edge(cols, c), _edge(cols, d)
+        crosses.append(f"M{x0:.3f},{y0:.3f}L{x1:.3f},{y1:.3f}M{x0:.3f},{y1:.3f}L{x1:.3f},{y0:.3f}")
+    if crosses:
+        shapes.append(dict(type="path", path="".join(crosses), xref=xref, yref=yref, layer="above",
+                           line=dict(color="#333333", width=1.5)))
+    return shapes
 
 
 def _step_colour(colorscale, frac: float) -> str:
@@ -412,8 +550,9 @@ class ColourScale:
                             "a few cells hold most weight); the bar's ticks give the values"}.get(self.kind, "")
 
 
-def _grid_domains(panels, rows: int, cols: int):
-    """Paper-coordinate domains per column and row; all-None columns are narrow spacers."""
+def _grid_domains(panels, rows: int, cols: int, title_room: float = 0.0):
+    """Paper-coordinate domains per column and row; all-None columns are narrow spacers. `title_room`: the
+    extra gap between rows (a share of the plot's height) for panel titles of more than one line."""
     spacer = [all(panels[r * cols + c] is None for r in range(rows) if r * cols + c < len(panels))
               for c in range(cols)]
     widths = [0.15 if s else 1.0 for s in spacer]
@@ -426,7 +565,7 @@ def _grid_domains(panels, rows: int, cols: int):
         span = avail * w / sum(widths)
         xdom.append([x, x + span])
         x += span + hgap
-    vgap = min(0.16, 0.2 / (rows - 1)) if rows > 1 else 0.0
+    vgap = min(0.16, 0.2 / (rows - 1)) + title_room if rows > 1 else 0.0     # + room for taller panel titles
     h = (1.0 - vgap * (rows - 1)) / rows
     # clipped: rounding left the bottom row at -5e-17 for three rows, which plotly refuses
     ydom = [[max(0.0, 1.0 - (r + 1) * h - r * vgap), 1.0 - r * (h + vgap)] for r in range(rows)]
@@ -435,10 +574,10 @@ def _grid_domains(panels, rows: int, cols: int):
 
 
 def _theme_layout(title: str, height: int) -> dict:
-    # the title near the top of the figure (below the page's label badge): legends and column labels sit just
-    # above the plot, under it
+    # the title near the top of the figure (no label badge over it: the page shows none): legends and column
+    # labels sit just above the plot, under it
     return dict(template=TEMPLATE,
-                title=dict(text=title, x=0.01, xanchor="left", yref="container", y=1, yanchor="top", pad=dict(t=32),
+                title=dict(text=title, x=0.01, xanchor="left", yref="container", y=1, yanchor="top", pad=dict(t=16),
                            font=dict(size=FONT["size"] + 4)), font=FONT,
                 height=height, paper_bgcolor="white", plot_bgcolor="white", colorway=OKABE_ITO,
                 margin=dict(l=70, r=30, t=110, b=70))
@@ -520,13 +659,14 @@ def segment_legend(segments: Optional[Sequence[str]], **trace) -> list[dict]:
 
 
 def stacked_bars_figure(labels: Sequence[str], steps: Sequence[tuple[str, Sequence[float]]], *, title: str,
-                        segments: Optional[Sequence[str]] = None, height_per_step: int = 170) -> go.Figure:
-    """Several bar panels over the same x (one per step of a computation), each titled and with its keys
-    labelled, exact values on hover and, for short axes, printed on the bars; the segment colours in a
-    legend. NaN draws no bar (a masked key)."""
+                        segments: Optional[Sequence[str]] = None, height_per_step: int = 150,
+                        gap_text: str = "") -> go.Figure:
+    """Several bar panels over the same keys (one per step of a computation), each titled, the keys labelled
+    under the last, exact values on hover and, for short axes, printed on the bars; the segment colours in
+    a legend. NaN draws no bar (a masked key), and `gap_text` (e.g. −∞) where it would stand."""
     n = len(steps)
     colours = [SEGMENT_COLORS.get(seg, OKABE_ITO[0]) for seg in segments] if segments else OKABE_ITO[0]
-    gap = 0.55 / n                                # room for each panel's key labels and the next one's title
+    gap = 0.2 / n                                 # room for the next panel's title
     h = (1.0 - gap * (n - 1)) / n
     data, layout, annotations = [], {}, []
     for k, (name, values) in enumerate(steps):
@@ -543,39 +683,55 @@ def stacked_bars_figure(labels: Sequence[str], steps: Sequence[tuple[str, Sequen
         layout[f"yaxis{ax}"] = dict(domain=[top - h, top], anchor=f"x{ax}", gridcolor="#E5E5E5",
                                     zerolinecolor="#888", automargin=True,
                                     range=[lo - (pad if lo < 0 else 0), hi + pad])
-        layout[f"xaxis{ax}"] = dict(anchor=f"y{ax}", type="category", tickangle=-60, showticklabels=True,
+        layout[f"xaxis{ax}"] = dict(anchor=f"y{ax}", type="category", tickangle=-60, showticklabels=k == n - 1,
                                     **({"matches": "x"} if k else {}), tickfont=dict(size=11),
                                     **_sparse_ticks(list(labels), list(segments) if segments else None, 1))
         annotations.append(dict(text=name, x=0, y=top, xref="paper", yref="paper", xanchor="left",
                                 yanchor="bottom", showarrow=False, font=dict(size=14)))
+        if gap_text and len(values) <= 24:
+            annotations += [dict(text=gap_text, x=label, y=0, xref=f"x{ax}", yref=f"y{ax}", yanchor="bottom",
+                                 showarrow=False, font=dict(size=14, color="#B34700"))
+                            for label, v in zip(labels, values) if math.isnan(v)]
     data += segment_legend(segments, xaxis="x", yaxis="y")
     return _figure(data, title, 140 + height_per_step * n, annotations=annotations, showlegend=bool(segments),
                    barmode="overlay", **layout)
 
 
 def grouped_bar_figure(categories: Sequence[str], series: dict[str, Sequence[float]], *, title: str,
-                       value_name: str, height: int = 420) -> go.Figure:
+                       value_name: str, height: int = 420, text: bool = False) -> go.Figure:
+    """Bars of each series side by side per category; `text`: each bar's value printed over it (a 0 too)."""
     data = [dict(type="bar", x=list(categories), y=[float(v) for v in values], name=name,
                  marker=dict(color=OKABE_ITO[i % len(OKABE_ITO)]),
+                 **(dict(text=[f"{float(v):.3g}" for v in values], textposition="outside", cliponaxis=False)
+                    if text else {}),
                  hovertemplate="%{x}<br>" + name + " %{y:.8g}<extra></extra>")
             for i, (name, values) in enumerate(series.items())]
     return _figure(data, title, height, barmode="group", xaxis=dict(type="category"),
                    yaxis=dict(title=dict(text=value_name)))
 
 
-LINE_STYLES = ("solid", "dash", "dot")
+# one look per series, no two alike: a colour (Okabe-Ito without its yellow, faint on white), a dash and a
+# marker symbol; hues that a projector shows alike (orange and vermillion, blue and sky blue) never share a dash
+LINE_LOOKS = (("#0072B2", "solid", "circle"), ("#E69F00", "solid", "square"), ("#009E73", "solid", "diamond"),
+              ("#CC79A7", "solid", "triangle-up"), ("#000000", "solid", "x"), ("#56B4E9", "dash", "circle-open"),
+              ("#D55E00", "dash", "square-open"), ("#0072B2", "dot", "diamond-open"),
+              ("#009E73", "dash", "triangle-down"), ("#000000", "dot", "cross"), ("#CC79A7", "dash", "star"),
+              ("#E69F00", "dot", "hexagon-open"))
+SPARSE_MARKERS = 12         # markers per series where there are not one per point: enough to tell them apart
 
 
 def line_figure(series: dict[str, tuple[Sequence[float], Sequence[float]]], *, title: str, x_title: str,
                 y_title: str, log_x: bool = False, log_y: bool = False, height: int = 420,
                 markers: bool = True) -> go.Figure:
+    """A line per series, each its own look (LINE_LOOKS): a marker at every point (`markers`), else, among
+    several series, a few markers along each line."""
+    sparse = not markers and len(series) > 1
     data = [dict(type="scatter", x=[float(v) for v in x], y=[float(v) for v in y], name=name,
-                 mode="lines+markers" if markers else "lines",
-                 # a line style per series beside its colour (3 styles x 8 colours: 24 distinct pairs), so
-                 # series that share a colour past the eighth, or in greyscale, stay apart
-                 line=dict(color=OKABE_ITO[i % len(OKABE_ITO)], dash=LINE_STYLES[i % len(LINE_STYLES)]),
+                 mode="lines+markers" if markers or sparse else "lines",
+                 line=dict(color=colour, dash=dash),
+                 marker=dict(symbol=symbol, size=9, color=colour, **({"maxdisplayed": SPARSE_MARKERS} if sparse else {})),
                  hovertemplate=f"{name}<br>{x_title} %{{x}}<br>{y_title} %{{y:.6g}}<extra></extra>")
-            for i, (name, (x, y)) in enumerate(series.items())]
+            for (name, (x, y)), (colour, dash, symbol) in zip(series.items(), itertools.cycle(LINE_LOOKS))]
     xs = [float(v) for _, (x, _) in series.items() for v in x]
     ys = [float(v) for _, (_, y) in series.items() for v in y]
     return _figure(data, title, height,

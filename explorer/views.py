@@ -28,7 +28,7 @@ from models.variants import VARIANTS, VariantConfig, build_variant, variant_inpu
 from models.xrex import right_anchored_positions
 
 from . import budget, runs
-from .figures import (DIVERGING, MASK_SCALE, SEGMENT_NAMES, SEQUENTIAL, TILE_SCALE, Panel, bar_figure,
+from .figures import (DIVERGING, MASK_SCALE, SEGMENT_NAMES, SEQUENTIAL, TILE_SCALE, Panel, TileGrid, bar_figure,
                       grouped_bar_figure, heatmap_figure, line_figure, stacked_bars_figure)
 from .limits import (FIGURE_PEAK_BYTES, MAX_FIGURE_CELLS, Cost, check_budget, forward_cost, model_bytes,
                      recorded_bytes)
@@ -107,16 +107,25 @@ def cells(s: Settings, full: int, panels: int = 1) -> int:
     return max(8, min(want, math.ceil(max(r, c) / f)))
 
 
-def _panel(s: Settings, z: np.ndarray, title: str, meta: dict | None = None, look: dict | None = None) -> Panel:
+def _panel(s: Settings, z: np.ndarray, title: str, meta: dict | None = None, look: dict | None = None,
+           masked: np.ndarray | None = None, tiles: TileGrid | None = None) -> Panel:
+    """A [T, T] panel of the layout, cut to the zoom; `masked` ([T, T] bool): the pairs the mask hides."""
     seg, labels = s.layout.segments(), s.layout.token_labels()
     rows, cols = zoom_region(s)
     # float32: the model's own precision, and half the bytes on the wire
     z = np.asarray(z, dtype=np.float32)
     if len(rows) < len(labels) or len(cols) < len(labels):
         z = z[np.ix_(rows, cols)]
+        masked = None if masked is None else masked[np.ix_(rows, cols)]
     return Panel(z, [labels[i] for i in rows], [labels[i] for i in cols], title,
                  [seg[i] for i in rows], [seg[i] for i in cols], row_spans=[(i, i + 1) for i in rows], meta=meta,
-                 look=look)
+                 look=look, col_spans=[(i, i + 1) for i in cols], masked=masked, tiles=tiles)
+
+
+def masked_over(values: str, hidden: np.ndarray) -> np.ndarray | None:
+    """The pairs drawn as masked over a panel of `values`: the mask's `hidden` pairs over weights and masked
+    logits; none over capped logits (the values before the mask, which it shows)."""
+    return None if values == "capped logits" else hidden
 
 
 def zoom_note(s: Settings, max_cells: int) -> str:
@@ -131,7 +140,9 @@ def zoom_note(s: Settings, max_cells: int) -> str:
 def mask_view(s: Settings) -> tuple[go.Figure, str]:
     kinds = [s.mask_kind, s.compare]
     masks = [layout_mask(s, k) for k in kinds]
-    panels = [_panel(s, m.dense()[0, 0].numpy().astype(float), k) for k, m in zip(kinds, masks)]
+    stats = [mask_stats(m) for m in masks]
+    panels = [_panel(s, m.dense()[0, 0].numpy().astype(float), f"{k}: {st['skip_elements']:.1%} of the pairs masked")
+              for k, m, st in zip(kinds, masks, stats)]
     n = cells(s, SINGLE_MAX_CELLS, len(panels))
     fig = heatmap_figure(panels, cols=2, title=f"Who may attend to whom (T = {s.seq_len}){zoom_note(s, n)}",
                          value_name="", colorscale=MASK_SCALE, zmin=0, zmax=1,
@@ -139,8 +150,7 @@ def mask_view(s: Settings) -> tuple[go.Figure, str]:
                          outline_row=s.query_position)
     rows = ["| mask | allowed pairs | of T² | skipped by an element-wise kernel | "
             f"skipped {BLOCK_Q}×{BLOCK_KV} tiles |", "|---|---|---|---|---|"]
-    for k, m in zip(kinds, masks):
-        st = mask_stats(m)
+    for k, st in zip(kinds, stats):
         rows.append(f"| {k} | {st['allowed']:,} | {st['total']:,} | {st['skip_elements']:.1%} | "
                     f"{st['skip_tiles']:.1%} of {st['tiles']} |")
     return fig, "\n".join(rows)
@@ -149,20 +159,22 @@ def mask_view(s: Settings) -> tuple[go.Figure, str]:
 # --- 1b. production's kernels: the work each one does over this layout ------------------------
 
 LEAKED = 3      # a pair a kernel computes although the mask hides it
-TILE_LEGEND = {0.0: "skipped / masked", 1.0: "run with a mask", 2.0: "run in full / allowed",
+TILE_LEGEND = {0.0: "skipped (×) / masked", 1.0: "run with a mask", 2.0: "run in full / allowed",
                3.0: "computed, but masked"}
 
 
-def kernel_grid(mask: AttentionMask, kernel: str) -> tuple[np.ndarray, dict]:
-    """([T, T] what `kernel` does at each pair of batch row 0, its kernel_work counts). A pair shows its
-    tile's class (0 skipped, 1 run with a mask, 2 run in full), or 3 where the kernel computes a pair the
-    mask hides. Both from KERNEL_TILINGS, the definition the fa4 backend's block-sparse tensors read."""
+def kernel_grid(mask: AttentionMask, kernel: str) -> tuple[np.ndarray, dict, TileGrid]:
+    """([T, T] what `kernel` does at each pair of batch row 0, its kernel_work counts, its tiles). A pair
+    shows its tile's class (0 skipped, 1 run with a mask, 2 run in full), or 3 where the kernel computes a
+    pair the mask hides. All from KERNEL_TILINGS, the definition the fa4 backend's block-sparse tensors read."""
     k = KERNEL_TILINGS[kernel]
     tiles = k.tiles(mask)
     T = mask.seq_len
     cls = tiles.classes[0].repeat_interleave(tiles.block_q, 0).repeat_interleave(tiles.block_kv, 1)[:T, :T]
     leaked = k.computed(mask, tiles)[0] & ~mask.dense()[0, 0]
-    return torch.where(leaked, LEAKED, cls.long()).numpy().astype(np.float32), kernel_work(k, mask, 0, tiles)
+    skipped = tuple((int(i), int(j)) for i, j in torch.nonzero(tiles.classes[0] == EMPTY).tolist())
+    return (torch.where(leaked, LEAKED, cls.long()).numpy().astype(np.float32), kernel_work(k, mask, 0, tiles),
+            TileGrid(tiles.block_q, tiles.block_kv, skipped))
 
 
 @budget.ByteCache
@@ -171,17 +183,31 @@ def _kernel_grids(kind: str, layout) -> dict:
     return {name: kernel_grid(mask, name) for name in KERNEL_TILINGS}
 
 
+# the panels beside the element mask: FA4 first (the lesson's kernel, beside the mask it reads), then H100's
+KERNEL_ORDER = ("fa4", "h100-train", "h100-serve")
+assert set(KERNEL_ORDER) == set(KERNEL_TILINGS)
+
+
+def tile_counts(w: dict) -> str:
+    """A kernel's tiles and the work it skips, in the words its panel title and the lesson use (two lines: a
+    panel beside another is narrow)."""
+    return f"{w['full']} full · {w['partial']} masked · {w['empty']} skipped<br>{w['skip_elements']:.1%} of the work skipped"
+
+
 def kernel_view(s: Settings) -> tuple[go.Figure, str]:
-    """The element mask beside the tiles production's kernels run over it, and the share of work each
-    skips."""
+    """The element mask beside the tiles production's kernels run over it (the tile grid drawn, each skipped
+    tile crossed), and the share of work each skips, on the figure and in the table."""
     mask = layout_mask(s, s.mask_kind)
-    element = np.where(mask.dense()[0, 0].numpy(), float(FULL), float(EMPTY))
-    panels = [_panel(s, element, f"element mask: {s.mask_kind}")]
+    dense = mask.dense()[0, 0].numpy()
+    element = np.where(dense, float(FULL), float(EMPTY))
+    masked_share = 1 - int(dense.sum()) / dense.size             # mask_stats' skip_elements, from this dense
+    panels = [_panel(s, element, f"element mask: {s.mask_kind}<br>{masked_share:.1%} of the pairs masked")]
     rows = ["| kernel | tile | tiles run | skipped | work skipped (tiles · elements) | pairs computed that the "
             "mask hides |", "|---|---|---|---|---|---|"]
-    for name, (grid, w) in _kernel_grids(s.mask_kind, s.layout).items():
-        k = KERNEL_TILINGS[name]
-        panels.append(_panel(s, grid, k.title))
+    grids = _kernel_grids(s.mask_kind, s.layout)
+    for name in KERNEL_ORDER:
+        (grid, w, tiles), k = grids[name], KERNEL_TILINGS[name]
+        panels.append(_panel(s, grid, f"{k.title}<br>{tile_counts(w)}", tiles=tiles))
         rows.append(f"| {name} | {k.block_q}×{k.block_kv} | {w['run']} of {w['tiles']} ({w['full']} full, "
                     f"{w['partial']} masked) | {w['empty']} | {w['skip_tiles']:.1%} · {w['skip_elements']:.1%} | "
                     f"{w['leaked']:,} |")
@@ -202,7 +228,7 @@ def kernel_view(s: Settings) -> tuple[go.Figure, str]:
     if s.history_padding or s.candidate_padding:
         notes.append("Production's kernels mask no padded key (only the `fa4` backend here does): padded "
                      "history slots are computed like any other.")
-    works = [w for _, w in _kernel_grids(s.mask_kind, s.layout).values()]
+    works = [w for _, w, _ in _kernel_grids(s.mask_kind, s.layout).values()]
     if all(w["empty"] == 0 for w in works):
         smallest = min(k.block_q for k in KERNEL_TILINGS.values())
         where = first_preset_that_skips(s.mask_kind)
@@ -213,8 +239,8 @@ def kernel_view(s: Settings) -> tuple[go.Figure, str]:
                         + (f"the smallest preset where they do is **{where[0]}** (T = {where[1]}; {where[2]})."
                            if where else "no preset here is that large."))
     elif s.zoom == "all" and s.seq_len > 256:
-        notes.insert(0, "The skipped tiles sit in the candidate block at the bottom right: set **zoom** to "
-                        "'history tail' to see them at full resolution.")
+        notes.insert(0, "Each skipped tile is crossed (×) on the tile grid; set **zoom** to 'history tail' to see "
+                        "the candidate tiles at full resolution.")
     return fig, "\n".join(rows) + "\n\n" + "\n\n".join(notes)
 
 
@@ -283,14 +309,15 @@ def attention_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
     if s.head < 0:
         # every layer and head; query heads ordered by KV head with a spacer column between groups
         heads = grid_heads(s.num_q_heads, s.num_kv_heads)
-        panels, groups = [], []
+        panels, groups, hidden = [], [], masked_over(s.values, ~mask_dense(s, s.mask_kind))
         for layer in range(s.num_layers):
             vals = attention_values(s, layer)
             for i, h in enumerate(heads):
                 if i and h % G == 0:
                     panels.append(None)
                     groups.append("") if layer == 0 else None
-                panels.append(_panel(s, vals[h], f"L{layer} · q head {h}", dict(layer=layer, head=h)))
+                panels.append(_panel(s, vals[h], f"L{layer} · q head {h}", dict(layer=layer, head=h),
+                                     masked=hidden))
                 groups.append(f"KV head {h // G}") if layer == 0 else None
         cols = len(panels) // s.num_layers
         shown = (f"every layer and head ({s.num_q_heads} query heads share {s.num_kv_heads} KV heads)"
@@ -315,13 +342,16 @@ def attention_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
                     f"{zoom_note(s, max_cells)}")
 
         alternatives = len(on_page) > 1
+        hidden = ~mask_dense(s, s.mask_kind)
         panels = [_panel(s, values[v, layer][h], "", dict(layer=layer, head=h, values=v),
-                         look=dict(title=title(v, layer, h), **VALUE_LOOK[v]) if alternatives else None)
+                         look=dict(title=title(v, layer, h), **VALUE_LOOK[v]) if alternatives else None,
+                         masked=masked_over(v, hidden))
                   for v, layer, h in on_page]
         holds_bars = ("probabilities", s.layer, s.head) in on_page
         fig = heatmap_figure(panels, title=title(s.values, s.layer, s.head), color=s.color, max_cells=max_cells,
                              outline_row=s.query_position, page_meta=query_meta(s, s.head) if holds_bars else {},
-                             shown_panel=on_page.index((s.values, s.layer, s.head)) if alternatives else None, **look)
+                             shown_panel=on_page.index((s.values, s.layer, s.head)) if alternatives else None,
+                             cell_text=True, **look)
         bar_head = s.head
     bars, text = query_row_view(s, s.layer, bar_head)
     return fig, bars, text
@@ -418,9 +448,9 @@ def anatomy_view(s: Settings) -> tuple[go.Figure, go.Figure, go.Figure, str]:
         ("2 · q·k per key", a.raw),
         (f"3 · × {scale_name}", a.scaled),
         (f"4 · cap: {cap}", a.capped),
-        ("5 · mask: keys it may not see → −∞ (no bar)", masked),
-        ("6 · softmax → weights (sum 1)", a.probs)],
-        title=f"Steps 2–6, one bar per key — {where}", segments=seg)
+        ("5 · mask: keys it may not see → −∞", masked),
+        ("6 · softmax → weights (sum 1): exactly 0 where −∞", a.probs)],
+        title=f"Steps 2–6, one bar per key — {where}", segments=seg, gap_text="−∞")
     contrib = a.probs[:, None] * a.v
     fig_out = heatmap_figure([Panel(np.vstack([contrib, a.out[None]]), [f"{p:.3f} × v · {x}" if len(labels) <= 40
                                     else x for p, x in zip(a.probs, labels)] + ["Σ = output"], dims, "")],
@@ -452,19 +482,30 @@ def anatomy_view(s: Settings) -> tuple[go.Figure, go.Figure, go.Figure, str]:
 # tab's bug zoo table (bug_zoo_view), which lists every PROBES entry.
 
 @dataclass
+class Largest:
+    """The largest change of one quantity on any candidate other than the perturbed one, and where."""
+    value: float
+    where: str                  # that candidate's label ('none': no other real candidate)
+
+    def __str__(self) -> str:
+        return f"{self.value:.6g}" + (f" ({self.where})" if self.value else "")
+
+
+@dataclass
 class IsolationReading:
-    """What the Isolation tab draws for one mask kind."""
+    """What the Isolation tab draws for one mask kind, and the largest change on another candidate in each
+    of the two quantities drawn: the residual stream (the heatmap) and the logits (the bars)."""
     mask_kind: str
     change: np.ndarray          # [L, T] max |Δ residual| over the embedding, per layer and position
     logit_change: np.ndarray    # [C] max |Δ logit| over actions, per candidate
     valid: np.ndarray           # [T] bool
-    largest_other: float        # over valid candidates other than j
-    worst: str                  # label of that candidate
+    residual: Largest           # over every layer, as the heatmap draws it
+    logits: Largest             # as the bars draw it
 
     @property
     def isolated(self) -> bool:
         # exact, tighter than the probe's tolerance: both runs share one batch shape, so rounding is identical
-        return self.largest_other == 0.0
+        return self.residual.value == 0.0 and self.logits.value == 0.0
 
 
 def perturbed_embeddings(s: Settings) -> torch.Tensor:
@@ -515,19 +556,24 @@ def _isolation_reading(s: Settings, probe: tuple, kind: str) -> IsolationReading
     off, labels = s.candidate_start_offset, s.layout.token_labels()
     others = other_candidates(valid[None], off, s.candidate)[0].numpy()
     if not others.any():
-        return IsolationReading(kind, change, logit_change, valid.numpy(), 0.0, "none")
-    # the residual stream at the last layer and the logits both count
-    per_position = change[-1].copy()
-    per_position[off:off + len(logit_change)] = np.maximum(per_position[off:off + len(logit_change)], logit_change)
-    worst = int(np.argmax(np.where(others, per_position, -np.inf)))
-    return IsolationReading(kind, change, logit_change, valid.numpy(), float(per_position[worst]), labels[worst])
+        none = Largest(0.0, "none")
+        return IsolationReading(kind, change, logit_change, valid.numpy(), none, none)
+
+    def largest(per_position: np.ndarray) -> Largest:
+        worst = int(np.argmax(np.where(others, per_position, -np.inf)))
+        return Largest(float(per_position[worst]), labels[worst])
+    logits = np.zeros(len(labels), dtype=np.float32)
+    logits[off:off + len(logit_change)] = logit_change
+    return IsolationReading(kind, change, logit_change, valid.numpy(), largest(change.max(0)), largest(logits))
 
 
 def verdict(r: IsolationReading) -> str:
-    if r.worst == "none":
+    """One line per mask: isolated or not, and the largest change on another candidate in each quantity drawn."""
+    if r.residual.where == "none":
         return f"{r.mask_kind}: no other real candidate to compare with."
     state = "isolated" if r.isolated else "NOT isolated"
-    return f"{r.mask_kind}: largest change on any other candidate: {r.largest_other:.6g} ({r.worst}) — {state}"
+    return (f"{r.mask_kind}: {state} — largest change on any other candidate: residual stream {r.residual}, "
+            f"logits {r.logits}")
 
 
 def isolation_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
@@ -535,8 +581,9 @@ def isolation_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
     labels, seg = s.layout.token_labels(), s.layout.segments()
     layers = [f"layer {i}" for i in range(s.num_layers)]
     j = labels[s.candidate_start_offset + s.candidate]
-    panels = [Panel(np.where(r.valid[None], r.change, np.nan), layers, labels, f"{r.mask_kind} mask",
-                    None, seg) for r in (ours, causal)]
+    panels = [Panel(np.where(r.valid[None], r.change, np.nan), layers, labels,
+                    f"{r.mask_kind} mask: {'isolated' if r.isolated else 'NOT isolated'}<br>largest on another "
+                    f"candidate: {r.residual}", None, seg) for r in (ours, causal)]
     fig = heatmap_figure(panels, cols=2, title=(f"|change| in the residual stream after perturbing {j} "
                          f"({s.perturbation}, {s.delta:g})" if s.perturbation != "replace" else
                          f"|change| in the residual stream after replacing {j} with item {s.replace_with}")
@@ -545,13 +592,14 @@ def isolation_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
                          max_cells=SINGLE_MAX_CELLS, height=360 + 24 * s.num_layers)
     C = s.num_candidates
     cand_labels = labels[s.candidate_start_offset:]
-    bars = grouped_bar_figure(cand_labels, {f"{ours.mask_kind} mask": ours.logit_change,
-                                            "causal mask": causal.logit_change},
+    bar_labels = [f"{c} (perturbed)" if c == j else c for c in cand_labels]
+    bars = grouped_bar_figure(bar_labels, {f"{r.mask_kind} mask (largest on another candidate: {r.logits})":
+                                           r.logit_change for r in (ours, causal)},
                               title=f"|change| in each candidate's logits after perturbing {j} (max over "
                                     f"{len(runs.action_names(s))} actions)",
-                              value_name="max |Δ logit|")
+                              value_name="max |Δ logit|", text=C <= 16)
     text = "\n\n".join(["**" + verdict(ours) + "**", verdict(causal),
-                        "Exact numbers per candidate (isolation mask | causal mask): "
+                        "Logits per candidate (isolation mask | causal mask): "
                         + ", ".join(f"{cand_labels[c]}: {ours.logit_change[c]:.6g} | {causal.logit_change[c]:.6g}"
                                     for c in range(min(C, 16))) + (" ..." if C > 16 else "")])
     return fig, bars, text
@@ -644,7 +692,7 @@ def rounding_floor(fig: go.Figure, values) -> None:
     fig.update_yaxes(range=[0, max(1.15 * top, 1e-3)])
     for trace in fig.data:
         if len(trace.y) <= 16:
-            trace.text = ["0" if y == 0 else "~0" if y < FP32_TOLERANCE else "" for y in trace.y]
+            trace.text = ["0" if y == 0 else "~0" if y < FP32_TOLERANCE else f"{y:.2g}" for y in trace.y]
             trace.textposition = "outside"
     fig.add_annotation(text=f"0 or ~0: within fp32 rounding (< {FP32_TOLERANCE:g}), not a change",
                        xref="paper", yref="paper", x=0, y=1.0, xanchor="left", yanchor="bottom", showarrow=False,
@@ -800,7 +848,9 @@ def variant_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
     panels = []
     for layer, trace in enumerate(run.out.layers):
         probs = trace.probs[0].float().numpy()                       # [H, Tq, Tk]
-        panels += [Panel(probs[h], queries, keys, f"L{layer} · head {h}") for h in range(probs.shape[0])]
+        masked = (probs == 0).all(0)             # exactly 0 in every head: the variant's mask hides the pair
+        panels += [Panel(probs[h], queries, keys, f"L{layer} · head {h}", masked=masked)
+                   for h in range(probs.shape[0])]
     heads = len(panels) // len(run.out.layers)
     what = "trained on associative recall" if run.trained else "seeded random weights"
     fig = heatmap_figure(panels, cols=heads, title=f"'{s.variant}' (notebook {v.notebook}), {what}: "
@@ -895,7 +945,9 @@ def bug_zoo_view(s: Settings) -> tuple[go.Figure, str]:
         rows = _bug_report(runs.model_settings(s), s.row)
         trace = with_bug(model, s.bug)(emb, valid, off, record=True).layers[0]
     probs = trace.probs[0, 0].float().cpu().numpy()
-    fig = heatmap_figure([_panel(s, probs, "")], title=f"Layer 0, head 0 with bug '{s.bug}'",
+    # masked: what the model's mask hides and the bug left at exactly 0 (a pair it lets through shows its weight)
+    masked = ~mask_dense(s, s.mask_kind) & (probs == 0)
+    fig = heatmap_figure([_panel(s, probs, "", masked=masked)], title=f"Layer 0, head 0 with bug '{s.bug}'",
                          value_name="weight", zmin=0, max_cells=SINGLE_MAX_CELLS)
     probes = list(PROBES)
     lines = ["| bug | notebook | " + " | ".join(probes) + " | flagged |", "|---|---|" + "---|" * (len(probes) + 1)]
@@ -953,6 +1005,7 @@ class Export:
     caption: Callable[[Settings, dict, Settings], str]
     facts: Callable[[Settings], dict] = lambda s: {}
     adjust: Callable[[Settings], Settings] = _same
+    title: str = ""             # what a lecturer calls it, where its Plot's label does not say (a zoom)
 
 
 @dataclass(frozen=True)
@@ -962,7 +1015,7 @@ class Plot:
     label: str
     elem_id: str | None = None
     exports: tuple[Export, ...] = ()
-    show_label: bool = True
+    show_label: bool = False    # the figure's own title names it: a label badge would sit over that title
 
 
 @dataclass(frozen=True)
@@ -1067,11 +1120,6 @@ def _variants_cost(s: Settings) -> Cost:
     return _recorded(s) + _bug_zoo_cost(s).holding(recorded_bytes(s, s.batch_size))
 
 
-def _planted_bug(s: Settings) -> Settings:
-    """The bug-zoo slide shows a bug: the chosen one, else the family's first."""
-    return s if s.bug != "none" else replace(s, bug=bug_names(s.family)[0])
-
-
 def _mask_cost(s: Settings) -> Cost:
     """Two [T, T] masks, bool and float, and the kernels' tile maps; building them is ~500 operations a
     cell (T 2048: ~1 s)."""
@@ -1109,6 +1157,14 @@ def _where(f: dict) -> str:
     return ", ".join(v for k, v in f.items() if k in ("layer", "head")).replace(", and head", " and head")
 
 
+def _skipped_here(s: Settings) -> str:
+    """Where the kernels' skipped tiles are in a caption, or that there are none at this size."""
+    skipped = {name: w["empty"] for name, (_, w, _) in _kernel_grids(s.mask_kind, s.layout).items()}
+    if not any(skipped.values()):
+        return f"; at T = {s.seq_len} no kernel skips a tile (the layout fits in a few tiles)"
+    return ", with each skipped tile crossed (" + ", ".join(f"{n} skips {k}" for n, k in skipped.items()) + ")"
+
+
 def _recorded_caption(words: str):
     return lambda s, f, chosen: words + recorded_view(s)[3]
 
@@ -1123,9 +1179,9 @@ EXPORT_KERNELS = (
         "with a mask, skipped, and pairs computed that the mask hides.")),
     Export("kernels_candidates", lambda s, f, chosen: (
         f"The same kernel tiles, {f.get('zoom')}: the last history positions and the {s.num_candidates} "
-        "candidates at full resolution, where the skipped tiles are."),
+        f"candidates at full resolution{_skipped_here(s)}."),
         facts=lambda s: dict(zoom="zoom: history tail"),                    # zoom_note's words
-        adjust=lambda s: replace(s, zoom="history tail")))
+        adjust=lambda s: replace(s, zoom="history tail"), title="kernel tiles, history tail at full resolution"))
 EXPORT_ATTENTION = Export("attention", lambda s, f, chosen: (
     f"Attention {s.values} of {_where(f)}, from the model's own forward pass ({s.weights} weights) over {_lay(s)}; "
     f"colour scale {s.color}."), facts=_attention_facts)
@@ -1171,10 +1227,11 @@ EXPORT_VARIANT = (
         "Training loss of every attention variant on associative recall; the legend gives each one's held-out "
         "accuracy.")))
 EXPORT_BUG_ZOO = Export("bug_zoo", lambda s, f, chosen: (
-    f"Attention weights in layer 0, head 0 of the {'production' if s.family == 'xrex' else 'grok.py'} trunk with "
-    f"the {f.get('bug')} planted" + (" (no bug was chosen: the family's first is shown)." if chosen.bug != s.bug
-                                    else ".")),
-    facts=lambda s: dict(layer="layer 0", head="head 0", bug=f"bug '{s.bug}'"), adjust=_planted_bug)
+    f"Attention weights in layer 0, head 0 of the {'production' if s.family == 'xrex' else 'grok.py'} trunk "
+    + (f"with the {f.get('bug')} planted." if s.bug != "none" else
+       f"with {f.get('bug')}: the port as it is, no bug planted (the bug zoo's first row; plant one to see what it "
+       "breaks).")),
+    facts=lambda s: dict(layer="layer 0", head="head 0", bug=f"bug '{s.bug}'"))
 EXPORT_GPU = (
     Export("gpu_kernels", lambda s, f, chosen: kernel_caption(gpu_run())),
     Export("gpu_forward", lambda s, f, chosen: trunk_caption(gpu_run())))
@@ -1219,12 +1276,13 @@ VIEWS: dict[str, View] = {v.name: v for v in (
     View("anatomy", "2b · Anatomy",
          look_for="Look for: how one query row is built — q·k per key, scaled, capped, masked to −∞, normalised by "
                   "the softmax, and the weights mixing the values into the output. Layer, head (the grid shows "
-                  "head 0) and query row are chosen above the tabs.",
+                  "head 0) and query row are chosen at the top of the sidebar.",
          teaches="One query row of one head, step by step from the recorded forward: q and every k after RoPE, q·k "
                  "per key, × the multiplier, the cap, the mask, the softmax, and the weighted sum of V — a small "
                  "figure and the numbers for each step.",
          parts=(Part(anatomy_view, (Plot("q and k after RoPE", "anatomy-plot", exports=EXPORT_ANATOMY[:1]),
-                                    Plot("q·k → weights, step by step", exports=EXPORT_ANATOMY[1:2]),
+                                    Plot("q·k → weights, step by step", "anatomy-steps-plot",
+                                         exports=EXPORT_ANATOMY[1:2]),
                                     Plot("weighted sum of V", exports=EXPORT_ANATOMY[2:]), Text()), model=True),),
          cost=_recorded),
     View("isolation", "3 · Isolation",
@@ -1233,7 +1291,8 @@ VIEWS: dict[str, View] = {v.name: v for v in (
          teaches="Perturb one candidate (scale, noise, replace) and no other candidate changes by a single bit "
                  "under the recsys mask; under a causal mask later candidates move.",
          parts=(Part(isolation_view, (Plot("change per layer and position", "isolation-plot", exports=EXPORT_ISOLATION[:1]),
-                                      Plot("change per candidate", exports=EXPORT_ISOLATION[1:]), Text(lead=True)),
+                                      Plot("change per candidate", "isolation-logits-plot", exports=EXPORT_ISOLATION[1:]),
+                                      Text()),
                      model=True),),
          cost=_isolation_cost, controls=("candidate", "perturbation", "delta", "replace_with"), gpu=True),
     View("invariance", "4 · Invariance & RoPE",
@@ -1253,7 +1312,7 @@ VIEWS: dict[str, View] = {v.name: v for v in (
                  "heatmaps; each course-notebook bug planted in the trunk, and which probe catches it.",
          parts=(Part(variant_view, (Plot("variant attention", "variants-plot", exports=EXPORT_VARIANT[:1]),
                                     Plot("training loss of every variant", "variants-loss-plot",
-                                         exports=EXPORT_VARIANT[1:]), Text(lead=True))),
+                                         exports=EXPORT_VARIANT[1:]), Text())),
                 Part(bug_zoo_view, (Plot("attention with the bug", exports=(EXPORT_BUG_ZOO,)),
                                     Text(lead=True)), model=True)),
          cost=_variants_cost, controls=("variant", "bug")),
@@ -1280,13 +1339,14 @@ VIEWS: dict[str, View] = {v.name: v for v in (
                                      Plot("speed-up", exports=EXPORT_TIMING[2:], show_label=False), Text())),)),
     View("export", "7 · Export",
          look_for="Look for: figures redrawn in the lecture theme at 16:9, with captions describing each one.",
-         teaches="Any figure as PNG (3×) or SVG in a lecture theme (large fonts, tick labels ≥ 16 px, "
-                 "colour-blind-safe palette, white background) at a slide shape (16:9 by default, 4:3, or the "
-                 "figure's own), or a lecture pack: every figure this device can draw at the settings as PNG, SVG "
-                 "and the numbers drawn (`data/*.npz`), named for the preset, layer, head and row shown; captions "
-                 "generated from each figure's own settings; what was left out and why (a production model on a "
-                 "CPU); the configuration; and `lesson.html`, every figure interactive in lesson order in one file "
-                 "that needs no network (plotly.js inlined, ~5 MB at lecture)."),
+         teaches="Any figure, previewed as its slide, as PNG (3×) or SVG in a lecture theme (large fonts, tick "
+                 "labels ≥ 16 px, colour-blind-safe palette, white background) at a slide shape (16:9 by default, "
+                 "4:3, or the figure's own), or a lecture pack: every figure this device can draw at the settings as "
+                 "PNG, SVG and the numbers drawn (`data/*.npz`), named for the preset, layer, head and row shown; "
+                 "captions generated from each figure's own settings; what was left out and why (a production model "
+                 "on a CPU); the configuration; and `lesson.html`, the lesson — both stories, each step's claim over "
+                 "the figure that shows it — then every figure at the settings, interactive in one file that needs "
+                 "no network (plotly.js inlined, ~6 MB at lecture)."),
 )}
 
 

@@ -92,7 +92,7 @@ def main(argv=None):
 def lesson_link(figure: str) -> str:
     """The first lesson step whose claim is about `figure`, in presentation mode."""
     from explorer.lesson import LESSON
-    i = next(i for i, st in enumerate(LESSON) if st.shown_figure() == figure)
+    i = next(i for i, st in enumerate(LESSON) if st.figure == figure)
     return LESSON[i].link(i) + "&present=1"
 
 

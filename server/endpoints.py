@@ -19,7 +19,8 @@ from . import uploads
 from .admission import visitor_of
 from .gradio_patches import NotAFile
 from .guard import as_markdown_text, gpu, guarded, limit_note, model_limit, session_of, settings_of
-from .links import family_endpoint, limit_endpoint, preset_endpoint, query_to_controls, settings_endpoint, head_choices
+from .links import (family_endpoint, head_choices, limit_endpoint, link_to_controls, preset_endpoint, query_to_controls,
+                    settings_endpoint)
 
 
 def view_endpoint(view: View):
@@ -70,24 +71,22 @@ def control_change(request: gr.Request, *args):
 def control_change_on_page(request: gr.Request, *args):
     """The page's control change: like control_change, but an invalid value is marked at its control
     (its message under it) instead of refusing the whole change; the last valid view stays drawn and
-    every other control keeps working. Model views name the device limit instead of failing."""
-    *values, tab, last_query, marked = args
+    every other control keeps working, its mark cleared — every control's, whatever marks the page shows
+    (a change typed while an earlier one is answered must not leave that one's mark). Model views name the
+    device limit instead of failing."""
+    *values, tab, last_query = args
     last = settings_of(last_query, request, need_model=False)
     s, problems = controls.keep_valid(dict(zip(CONTROL_FIELDS, values)), last, uploads.uploads(session_of(request)))
     query = to_query(s)
     limit = model_limit(s)
-    marks = {f: gr.update(info="⚠ " + msg, elem_classes=["invalid"]) for f, msg in problems.items()}
-    for f in set(marked or []) - set(problems):
-        marks[f] = gr.update(info=None, elem_classes=[])
-    updates = [marks.get(f, gr.skip()) for f in CONTROL_FIELDS]
+    updates = [gr.update(info="⚠ " + problems[f], elem_classes=["invalid"]) if f in problems
+               else gr.update(info=controls.INFO.get(f), elem_classes=[]) for f in CONTROL_FIELDS]
     head = CONTROL_FIELDS.index("head")
-    updates[head] = gr.update(choices=head_choices(s), value=s.head, **({"info": None, "elem_classes": []}
-                                                                       if "head" in (marked or []) else {}))
-    if "head" in problems:
-        updates[head] = gr.update(choices=head_choices(s), info="⚠ " + problems["head"], elem_classes=["invalid"])
+    updates[head] = gr.update(choices=head_choices(s), **({"value": s.head} if "head" not in problems else {}),
+                              **{k: v for k, v in updates[head].items() if k in ("info", "elem_classes")})
     views_out = render_tab(query, tab, request) if query != last_query else [gr.skip()] * VIEW_OUTPUTS
     note = "\n\n".join(n for n in (controls.last_valid_note(problems), limit_note(limit)) if n)
-    return [query, sorted(problems), note] + updates + views_out
+    return [query, note] + updates + views_out
 
 
 PICKED = ("layer", "head", "query")
@@ -98,19 +97,20 @@ def pick_on_page(request: gr.Request, pick: str, *args):
     """A click on a heatmap cell (static/page.js writes `layer=1&head=3&query=7`, or only `query` for a
     panel of no one head): those controls set together, then the usual control change; the layer and
     query boxes show the values drawn."""
-    *values, tab, last_query, marked = args
+    *values, tab, last_query = args
     chosen = dict(parse_qsl(pick if isinstance(pick, str) else "", keep_blank_values=True))
     if not chosen or set(chosen) - {*PICKED, "n"}:
         raise ValidationError("pick", pick, "layer=<int>&head=<int>&query=<int> from a click on a heatmap")
     for f in PICKED:
         if f in chosen:
             values[CONTROL_FIELDS.index(f)] = chosen[f]
-    out = control_change_on_page(request, *values, tab, last_query, marked)
+    out = control_change_on_page(request, *values, tab, last_query)
     s = settings_of(out[0], request, need_model=False)
-    first = 3                            # control_change_on_page: query, marked, note, then the controls
+    first = 2                            # control_change_on_page: query, note, then the controls
     for f in ("layer", "query"):
-        if f in chosen and f not in out[1]:
-            out[first + CONTROL_FIELDS.index(f)] = gr.update(value=getattr(s, f))
+        if f in chosen and not out[first + CONTROL_FIELDS.index(f)].get("elem_classes"):
+            out[first + CONTROL_FIELDS.index(f)] = gr.update(value=getattr(s, f), info=controls.INFO.get(f),
+                                                             elem_classes=[])
     return out
 
 
@@ -118,6 +118,19 @@ def source_change_on_page(query: str, tab: str, request=None) -> list:
     """After a preset or family switch on the page, in the same round trip: the query string, the device
     note, every control set from it and the visible tab redrawn (one event instead of four chained)."""
     return ([query, limit_endpoint(query, request)] + query_to_controls(query, request)
+            + render_tab(query, tab, request))
+
+
+@guarded
+def link_on_page(link: str, request: gr.Request = None):
+    """The browser's Back or Forward (static/page.js writes the address it went to): that address read as a
+    page load reads a link — every control set from it, a bad value dropped and marked, its tab opened and
+    redrawn, in one round trip. -> (query, tab, the tabs' update, device note, controls..., views...)"""
+    params = dict(parse_qsl(str(link or "").lstrip("?"), keep_blank_values=True))
+    tab = params.get("tab") if params.get("tab") in VIEWS else "mask"
+    s, problems = controls.from_link(params, uploads.uploads(session_of(request)))
+    query = to_query(s)
+    return ([query, tab, gr.Tabs(selected=tab), limit_endpoint(query, request)] + link_to_controls(query, problems, request)
             + render_tab(query, tab, request))
 
 
@@ -147,6 +160,12 @@ def export_endpoint(query: str, figure: str, fmt: str, aspect: str = "16:9", req
     # mask, tile and timing figures need no model: they export at every preset (export.figure checks
     # the model for the figures that run it)
     return export.export_figure(settings_of(query, request, need_model=False), figure, fmt, aspect=aspect)
+
+
+@guarded
+def export_preview_endpoint(query: str, figure: str, aspect: str = "16:9", request: gr.Request = None):
+    """The Export tab's picture: the figure chosen as its slide draws it."""
+    return export.preview(settings_of(query, request, need_model=False), figure, aspect)
 
 
 @guarded

@@ -143,7 +143,7 @@ def work_of_tab(query: str, *rest, request=None) -> float:
 
 
 def work_of_change(*args, request=None) -> float:
-    """`work` for a control change: (every control's value..., tab[, last valid link, marked]); the controls
+    """`work` for a control change: (every control's value..., tab[, last valid link]); the controls
     as they parse, else the last valid link."""
     n = len(CONTROL_FIELDS)
     values, tab = args[:n], args[n] if len(args) > n else ""
@@ -152,6 +152,12 @@ def work_of_change(*args, request=None) -> float:
     if s is None and len(args) > n + 1:
         s = _quietly(settings_of, args[n + 1], request)
     return view_work(s, tab)
+
+
+def work_of_figure(query: str, figure: str, *rest, request=None) -> float:
+    """`work` for drawing one exportable figure (the Export tab's preview): its view's."""
+    spec = export.FIGURES.get(figure) if isinstance(figure, str) else None
+    return view_work(_quietly(settings_of, query, request), spec.view.name if spec else "")
 
 
 def work_of_pick(pick: str, *args, request=None) -> float:

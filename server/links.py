@@ -95,8 +95,10 @@ def head_of_link(query: str, request: gr.Request = None):
 def query_to_controls(query: str, request: gr.Request = None):
     """Set every control from the query string; the head and weights lists follow the settings."""
     s = settings_of(query, request, need_model=False)
-    clear = dict(info=None, elem_classes=[])        # a preset, upload or link replaces every marked value
-    values = [gr.update(value=v, **clear) for v in control_values(s)]
+    # a preset, upload or link replaces every marked value: each control's own info line again
+    values = [gr.update(value=v, info=controls.INFO.get(f), elem_classes=[]) for f, v in zip(CONTROL_FIELDS,
+                                                                                           control_values(s))]
+    clear = dict(info=None, elem_classes=[])
     values[CONTROL_FIELDS.index("head")] = gr.update(choices=head_choices(s), value=s.head, **clear)
     values[CONTROL_FIELDS.index("weights")] = gr.update(choices=weight_choices(request), value=s.weights, **clear)
     return values

@@ -2,7 +2,9 @@
 // name (js="(q, tab) => explorer.writeUrl(q, tab)"). No server round trip in here.
 window.explorer = window.explorer || {};
 
-// The address bar follows the controls and the open tab, so a copied link reopens the same view.
+// The address bar follows the controls and the open tab, so a copied link reopens the same view; each change
+// is an entry of the browser's history, so Back undoes it (the page's first address, and one Back or Forward
+// went to, replace theirs: explorer.restoring).
 // Plotly writes colour-bar gradients and clip paths as url('<page address>#id') when the page has a
 // <base> element (Gradio's has), and keeps that address for later redraws: once the address changes
 // they point into another document and draw nothing (a blank colour bar). Both are moved to the new
@@ -12,7 +14,11 @@ explorer.writeUrl = (q, tab) => {
     const u = new URL(window.location);
     u.search = q + (tab && tab !== 'mask' ? '&tab=' + encodeURIComponent(tab) : '')
         + (explorer.pageParams ? explorer.pageParams() : '');     // presentation mode's (static/present.js)
-    window.history.replaceState(null, '', u);
+    const replace = !explorer.addressWritten || explorer.restoring;
+    explorer.addressWritten = true;
+    explorer.restoring = false;
+    if (u.href.split('#')[0] === before) return [q, tab];
+    if (replace) window.history.replaceState(null, '', u); else window.history.pushState(null, '', u);
     const now = u.href.split('#')[0];
     if (now !== before) {
         document.querySelectorAll('.js-plotly-plot').forEach((gd) => {
@@ -67,6 +73,37 @@ explorer.pickRow = () => {
 };
 
 explorer.copyLink = () => { navigator.clipboard && navigator.clipboard.writeText(window.location.href); };
+
+// The Export tab's preview is the slide itself, at the slide's size (1600 x 900 at 16:9): shown scaled down
+// to its box, the whole slide in view as the file will hold it.
+explorer.fitPreview = () => {
+    const box = document.getElementById('export-preview');
+    const gd = box && box.querySelector('.js-plotly-plot');
+    if (!gd || !gd.layout || !gd.layout.width || !box.clientWidth) return;
+    const k = Math.min(1, (box.clientWidth - 16) / gd.layout.width);
+    gd.style.transform = `scale(${k})`;
+    gd.style.transformOrigin = 'top left';
+    gd.parentElement.style.height = Math.ceil(gd.layout.height * k) + 'px';
+    gd.parentElement.style.overflow = 'hidden';
+};
+new MutationObserver(() => explorer.fitPreview()).observe(document.documentElement, {childList: true, subtree: true});
+window.addEventListener('resize', () => explorer.fitPreview());
+
+// Back and Forward within the app: the address they went to goes into the hidden #history-link box, whose
+// change event (server.endpoints.link_on_page) sets every control and the tab from it and redraws; the
+// address then stays as it is. Presentation mode follows the address's `present`.
+let historySteps = 0;
+window.addEventListener('popstate', () => {
+    const box = document.querySelector('#history-link textarea, #history-link input');
+    if (!box) return;
+    const P = explorer.present;
+    const presenting = new URLSearchParams(window.location.search).get('present') === '1';
+    if (P && presenting !== P.on) { if (presenting) P.enter(true); else P.leave(true); }
+    if (P) P.bar();
+    explorer.restoring = true;
+    box.value = window.location.search + '&n=' + (++historySteps);       // the same address twice is still a step
+    box.dispatchEvent(new Event('input', {bubbles: true}));
+});
 
 // --- display changes drawn in the browser: the data is on the page, the server is not asked -----------
 
@@ -201,14 +238,19 @@ const colourUpdate = (gd, kind, traces) => {
     else Object.assign(bar, {tickvals: null, ticktext: null, tickmode: 'auto'});
     const hover = traces.map(([t]) => t.hovertemplate.replace(/%\{(customdata|z):\.6g\}/,
                                                                 scale.transform ? '%{customdata:.6g}' : '%{z:.6g}'));
+    // a small panel's printed values (meta.text: their format) while the colour is the value itself
+    const printed = traces.map(([t]) => (t.meta && t.meta.text ? (scale.transform ? '' : `%{z:${t.meta.text}}`)
+                                                                : undefined));
     return [{z, customdata: scale.transform ? raws : traces.map(() => null), zmin: scale.lo, zmax: scale.hi,
-             hovertemplate: hover, colorbar: traces.map(() => bar)},
+             hovertemplate: hover, texttemplate: printed, colorbar: traces.map(() => bar)},
             {'title.text': meta.title + (scale.note ? `<br><sup>${scale.note}</sup>` : '')},
             traces.map(([, i]) => i)];
 };
 
-// The heatmap traces the attention figure shows now, as [trace, index].
-const shownHeatmaps = (gd) => gd.data.map((t, i) => [t, i]).filter(([t]) => t.type === 'heatmap' && t.visible !== false);
+// The heatmap traces the attention figure shows now, as [trace, index]; the masked pairs drawn over them
+// (meta.overlay, explorer.figures) are no values to recolour.
+const shownHeatmaps = (gd) => gd.data.map((t, i) => [t, i])
+    .filter(([t]) => t.type === 'heatmap' && t.visible !== false && !(t.meta && t.meta.overlay));
 
 // The colour radio: the attention figure recoloured from the raw values it already holds (one redraw), and
 // the query string for the link.
@@ -312,10 +354,12 @@ explorer.drawPanel = (want, v, q) => {
     // one redraw: the panel recoloured and shown, the one shown before hidden (its data unchanged); the row
     // outline stays (every panel has the same rows, in the same place)
     const [data, layout, indices] = colourUpdate(gd, new URLSearchParams(q).get('color') || 'linear', [next]);
-    const keep = shown.map(() => undefined);
-    for (const k of ['z', 'customdata', 'hovertemplate', 'colorbar']) data[k] = [...data[k], ...keep];
-    data.visible = [true, ...shown.map(() => false)];
-    Plotly.update(gd, data, layout, [...indices, ...shown.map(([, i]) => i)]);
+    // the masked pairs (and their legend entry) shown with a panel that carries them (not capped logits)
+    const overlays = gd.data.map((t, i) => [t, i]).filter(([t]) => t.meta && t.meta.overlay).map(([, i]) => i);
+    const keep = [...shown, ...overlays].map(() => undefined);
+    for (const k of ['z', 'customdata', 'hovertemplate', 'texttemplate', 'colorbar']) data[k] = [...data[k], ...keep];
+    data.visible = [true, ...shown.map(() => false), ...overlays.map(() => !!next[0].meta.masked)];
+    Plotly.update(gd, data, layout, [...indices, ...shown.map(([, i]) => i), ...overlays]);
     return explorer.drawQueryRow(v, undefined, false) === null ? null : true;
 };
 

@@ -104,7 +104,7 @@ def test_attention_endpoint_returns_the_models_probabilities(client):
 def test_isolation_endpoint_verdict(client):
     _, _, text = client.predict(LECTURE + "&candidate=1&perturbation=noise&delta=5", api_name="/isolation")
     first, second = text.split("\n\n")[:2]
-    assert "recsys: largest change on any other candidate: 0 " in first and "— isolated" in first
+    assert "recsys: isolated — largest change on any other candidate: residual stream 0, logits 0" in first
     assert "causal" in second and "NOT isolated" in second
 
 
@@ -751,7 +751,7 @@ def test_every_view_answers_for_both_families(client, family, view):
         assert ("× scale" in text) == (family == "xrex")
     elif view == "isolation":
         _, _, text = client.predict(query, api_name="/isolation")
-        assert f"**{kind}: largest change on any other candidate: 0 " in text
+        assert f"**{kind}: isolated — largest change on any other candidate: residual stream 0, logits 0**" in text
     elif view == "invariance":
         _, text, *_ = client.predict(query, api_name="/invariance")
         mode = "right-anchored" if family == "xrex" else "shared"

@@ -317,12 +317,15 @@ def test_a_click_in_a_panel_sets_its_layer_head_and_row_and_everything_follows(p
 # with its colour coordinates (plotly's decoded arrays), the colour bar, the title, the hover
 DRAWN = """() => {
     const gd = document.querySelector('#attention-plot .js-plotly-plot');
-    const maps = gd._fullData.filter((t) => t.type === 'heatmap' && t.visible !== false);
+    const values = (t) => t.type === 'heatmap' && t.visible !== false && !(t.meta && t.meta.overlay);
+    const maps = gd._fullData.filter(values);
     return {z: maps.map((t) => Array.from(t._z || t.z, (row) => Array.from(row, (v) => (isFinite(v) ? v : null)))),
             ticktext: maps[0].colorbar.ticktext ? Array.from(maps[0].colorbar.ticktext) : null,
             bar: maps[0].colorbar.title.text, title: gd.layout.title.text,
             zmin: maps[0].zmin, zmax: maps[0].zmax, hover: maps[0].hovertemplate,
-            scale: gd.data.filter((t) => t.type === 'heatmap' && t.visible !== false)[0].colorscale};
+            scale: gd.data.filter(values)[0].colorscale,
+            masked: gd._fullData.filter((t) => t.meta && t.meta.overlay && t.visible !== false).length,
+            printed: maps[0].texttemplate || ''};
 }"""
 
 
@@ -356,10 +359,14 @@ def test_a_colour_change_is_drawn_in_the_browser_as_the_server_draws_it(page, cl
 
 def assert_drawn_as(drawn: dict, fig) -> None:
     """The attention figure drawn on the page (DRAWN) is what the server draws (`fig`): the heatmaps shown,
-    colour coordinates to float32 precision, the colour bar's title and ticks, the title, the hover."""
+    colour coordinates to float32 precision, the colour bar's title and ticks, the title, the hover, the
+    masked pairs shown or not."""
     import numpy as np
-    maps = [t for t in fig.data if t.type == "heatmap" and t.visible is not False]
+    maps = [t for t in fig.data if t.type == "heatmap" and t.visible is not False and not (t.meta or {}).get("overlay")]
     assert len(drawn["z"]) == len(maps)
+    # the masked pairs (and their legend entry) shown as the server shows them: not over capped logits
+    assert drawn["masked"] == sum(1 for t in fig.data if (t.meta or {}).get("overlay") and t.visible is not False)
+    assert drawn["printed"] == (maps[0].texttemplate or "")            # a small head's values, printed or not
     for got, want in zip(drawn["z"], maps):
         want = np.asarray(want.z, dtype=np.float64)
         got = np.array([[np.nan if v is None else v for v in row] for row in got])
@@ -381,7 +388,7 @@ def test_an_emptied_or_non_numeric_number_box_is_marked_not_silently_reset(page)
         marked = page.locator(".invalid")
         # the mark can be redrawn while a redraw of the previous keystroke lands: wait for it to settle
         expect(marked).to_have_count(1, timeout=20_000)
-        expect(marked.first).to_contain_text("seed: empty (or not a number)", timeout=20_000)
+        expect(marked.first).to_contain_text("seed: empty, or not a number yet", timeout=20_000)
         # the note is another output of the same event; Gradio's Markdown draws its text a frame or more later
         expect(page.locator("#limit-note")).to_contain_text("last valid settings", timeout=20_000)
     seed.fill("3")

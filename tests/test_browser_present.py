@@ -85,7 +85,7 @@ def test_a_lesson_step_shows_its_claim_and_n_goes_to_the_next_step(browser):
         assert p["id"] == "kernel-plot" and LESSON[i].claim[:60] in p["bar"]
         assert p["minTick"] >= 14 and p["overlaps"] == [], p
         page.keyboard.press("n")
-        page.wait_for_url(f"**step={i + 1}**", timeout=30_000)
+        page.wait_for_url(f"**lesson={i + 2}**", timeout=30_000)
         page.wait_for_function(f"({PRESENTED})() !== null", timeout=60_000)
         assert LESSON[i + 1].claim[:60] in page.evaluate(PRESENTED)["bar"] and "present=1" in page.url
     finally:

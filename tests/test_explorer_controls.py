@@ -6,7 +6,7 @@ from dataclasses import asdict, replace
 
 import pytest
 
-from explorer.controls import LABELS, from_link, keep_valid, last_valid_note, short_label
+from explorer.controls import LABELS, as_typed, from_link, keep_valid, last_valid_note, short_label
 from explorer.links import parse_query
 from explorer.schema import ValidationError
 from explorer.settings import parse_settings
@@ -101,3 +101,12 @@ def test_keyboard_steps_stay_inside_the_model_and_the_sequence():
         assert parse_settings(asdict(step_view(s, key)), need_model=False) == step_view(s, key)    # still valid
     with pytest.raises(ValidationError, match="key: got"):
         step_view(s, "sideways")
+
+
+def test_a_message_says_the_number_as_it_was_typed():
+    """A number box sends 1e9 as 1000000000 (a lecturer read 'got 9' once a keystroke was lost): the message
+    reads it back as typed, and says why it is not allowed."""
+    _, problems = keep_valid(page_values(RANDOM, candidate=1e9), RANDOM)
+    assert problems["candidate"].startswith("candidate j: got 1e9; allowed: an integer in [0, 2]")
+    assert [as_typed(v) for v in (1000000000, -1, 7, 2.5, 1234567, 1e-7, "x")] == \
+        ["1e9", "-1", "7", "2.5", "1234567", "1e-7", "'x'"]

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from explorer import export, views
+from explorer.lesson import LESSON, STORIES
 from explorer.links import parse_query
 from models.presets import PRESETS
 from tolerances import assert_bit_exact
@@ -94,7 +95,7 @@ def test_lecture_pack_has_every_figure_config_and_captions(s, pack):
         config = json.loads(z.read("config.json"))
         assert parse_query(config["query"]) == s and config["settings"]["head"] == 1
         captions = z.read("captions.md").decode()
-        assert all(f"**{fig}**" in captions for fig in figures) and "Left out" not in captions
+        assert all(f"**{export.FIGURES[fig].title}**" in captions for fig in figures) and "Left out" not in captions
         png_size(z.read("figures/isolation-lecture-C0.png"))
         assert "lesson.html" in names
 
@@ -102,8 +103,9 @@ def test_lecture_pack_has_every_figure_config_and_captions(s, pack):
 @pytest.mark.parametrize("query", ["preset=lecture&weights=random&head=1&layer=1&query=7",
                                    "preset=lecture&weights=random&head=-1"])
 def test_captions_and_file_names_carry_the_settings_each_figure_shows(query):
-    """The defect: 'layer 0, every head' under a grid of L0 and L1, 'every head' under query head 0, and
-    the bug zoo exported with bug 'none'. Each fact a caption states is in its figure's own title."""
+    """The defect: 'layer 0, every head' under a grid of L0 and L1, 'every head' under query head 0, the bug
+    zoo exported with a bug the page did not show, and kernels_candidates' caption speaking of skipped tiles
+    at T = 9 where none are. Each fact a caption states is in its figure's own title."""
     s = parse_query(query)
     figures, _ = export.all_figures(s)
     for name, (fig, caption) in figures.items():
@@ -117,8 +119,13 @@ def test_captions_and_file_names_carry_the_settings_each_figure_shows(query):
     else:
         assert export.file_stem(s, "attention") == "attention-lecture-Lall-hall"
         assert "every layer and head" in figures["attention"][0].layout.title.text
-    bug = figures["bug_zoo"][0].layout.title.text
-    assert "'none'" not in bug and "no bug was chosen" in figures["bug_zoo"][1]
+    bug = figures["bug_zoo"][0].layout.title.text                 # what the page shows: no bug planted
+    assert bug == views.bug_zoo_view(s)[0].layout.title.text and "'none'" in bug
+    assert "no bug planted" in figures["bug_zoo"][1] and "unmasked" not in figures["bug_zoo"][1]
+    assert "no kernel skips a tile" in figures["kernels_candidates"][1] and "where the skipped" not in \
+        figures["kernels_candidates"][1]
+    nano, _ = export.all_figures(parse_query("preset=phoenix-2026-nano", need_model=False))
+    assert "fa4 skips 8" in nano["kernels_candidates"][1]
 
 
 def _decoded(value):
@@ -178,7 +185,7 @@ def test_the_pack_at_a_production_preset_lists_what_it_left_out_and_why(tmp_path
     assert "## Left out at this preset" in captions and "- **attention**: runs the sidebar's model" in captions
     assert "figures/mask-lecture.svg" in names and "figures/timing-lecture.svg" in names
     assert "figures/gpu_kernels-lecture.svg" in names and "figures/gpu_forward-lecture.svg" in names
-    assert "- **gpu_kernels** (`figures/gpu_kernels-lecture.png`" in captions
+    assert "** (`figures/gpu_kernels-lecture.png`" in captions
     with pytest.raises(ValueError, match="^emb_size: got"):
         export.figure(s, "attention")
 
@@ -209,13 +216,19 @@ def test_lesson_html_is_offline_interactive_and_small(s, pack, tmp_path):
         page.route("**/*", block)
         page.on("request", lambda r: attempted.append(r.url))
         page.goto(path.as_uri())
-        page.wait_for_function(f"document.querySelectorAll('.figure .main-svg').length >= {len(figures)}",
+        page.wait_for_function(f"document.querySelectorAll('.figure .main-svg').length >= {len(figures) + len(LESSON)}",
                                timeout=60_000)
         drawn = page.eval_on_selector_all(".figure.js-plotly-plot", "els => els.length")
-        sections = page.eval_on_selector_all("section h2", "els => els.map(e => e.textContent)")
+        texts = lambda sel: page.eval_on_selector_all(sel, "els => els.map(e => e.textContent)")   # noqa: E731
+        stories, steps, claims, every = (texts("h2.story"), texts("section.step h3"), texts("section.step .claim"),
+                                         texts("section.every h3"))
         browser.close()
-    assert drawn == len(figures)
-    assert [h.split(". ", 1)[1] for h in sections] == list(figures)          # lesson order
+    assert drawn == len(figures) + len(LESSON)
+    # the lesson first, both stories in order, each step's claim over its figure; then every figure, named
+    assert stories == [*STORIES.values(), "Every figure at these settings"]
+    assert steps == [f"Step {i + 1} · {st.title}" for i, st in enumerate(LESSON)]
+    assert claims == [st.claim for st in LESSON]
+    assert every == [export.FIGURES[name].title for name in figures]
     assert {u for u in attempted if not u.startswith(("data:", "blob:"))} <= {path.as_uri()}, attempted
 
 

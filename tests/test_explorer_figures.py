@@ -14,8 +14,10 @@ SEGMENT_OF = {"U": "U", "H": "H", "C": "C", "p": "P"}      # a label's first let
 
 
 def heatmaps(fig):
-    """The heatmaps shown (a one-head view carries others hidden, for the page)."""
-    return [t for t in fig.data if t.type == "heatmap" and t.visible is not False]
+    """The value heatmaps shown (a one-head view carries others hidden, for the page; the masked pairs are
+    drawn over them)."""
+    return [t for t in fig.data if t.type == "heatmap" and t.visible is not False
+            and not (t.meta and t.meta.get("overlay"))]
 
 
 def segment(label: str) -> str:
@@ -98,9 +100,25 @@ def test_hover_names_query_key_and_value_from_the_axes_without_a_string_per_cell
     fig, _, _ = views.attention_view(s)
     hm = next(t for t in heatmaps(fig) if t.visible is not False)      # the head shown
     assert "query %{y}" in hm.hovertemplate and "key %{x}" in hm.hovertemplate and "weight" in hm.hovertemplate
-    assert hm.text is None and "%{text}" not in hm.hovertemplate
+    assert "%{text}" not in hm.hovertemplate
     # the labels the hover reads carry the segment
     assert [segment(t) for t in hm.x] == s.layout.segments()
+    grid, _, _ = views.attention_view(parse_query("preset=lecture&head=-1"))
+    assert all(t.text is None for t in grid.data if t.type == "heatmap")     # no string per cell of a grid
+
+
+def test_a_small_heads_values_are_printed_in_its_cells_while_the_colour_is_the_value():
+    """One head of the lecture layout (9 x 9): each cell prints its value (weights to two places, logits to
+    one) under a linear colour; under a log colour none (plotly prints the colour coordinate, not the value);
+    the format travels in the trace's meta for the page's own recolouring (static/page.js colourUpdate)."""
+    for query, template, fmt in (("preset=lecture&head=3&layer=1", "%{z:.2f}", ".2f"),
+                                 ("preset=lecture&head=3&layer=1&color=log", "", ".2f"),
+                                 ("preset=lecture&head=3&values=capped+logits", "%{z:.1f}", ".1f")):
+        fig, _, _ = views.attention_view(parse_query(query))
+        shown = heatmaps(fig)[0]
+        assert (shown.texttemplate, shown.meta["text"]) == (template, fmt), query
+    grid, _, _ = views.attention_view(parse_query("preset=lecture&head=-1"))
+    assert all(t.texttemplate is None for t in heatmaps(grid))                 # a grid's cells are too small
 
 
 # --- what a redraw weighs on the wire ----------------------------------------------------------------

@@ -15,7 +15,8 @@ LECTURE = "preset=lecture&weights=random"
 
 
 def heatmaps(fig):
-    return [t for t in fig.data if t.type == "heatmap"]
+    """The value heatmaps (not the masked pairs drawn over them)."""
+    return [t for t in fig.data if t.type == "heatmap" and not (t.meta and t.meta.get("overlay"))]
 
 
 def shown(fig):
@@ -144,9 +145,9 @@ def test_pooling_takes_block_max_and_names_ranges():
 def test_isolation_verdict_isolated_for_recsys_not_for_causal():
     s = parse_query(LECTURE + "&candidate=1&perturbation=noise&delta=3")
     ours, causal = views.isolation_reading(s), views.isolation_reading(s, "causal")
-    assert ours.isolated and ours.largest_other == 0.0
-    assert not causal.isolated and causal.largest_other > 1e-4
-    assert causal.worst == "C2"        # under a causal mask only later candidates see C1
+    assert ours.isolated and ours.residual.value == ours.logits.value == 0.0
+    assert not causal.isolated and causal.residual.value > 1e-4 and causal.logits.value > 1e-4
+    assert causal.residual.where == causal.logits.where == "C2"     # under a causal mask only later candidates see C1
     assert "isolated" in views.verdict(ours) and "NOT isolated" in views.verdict(causal)
     # the perturbed candidate itself changes under both masks
     assert ours.logit_change[1] > 0 and causal.logit_change[1] > 0
@@ -181,7 +182,29 @@ def test_isolation_view_figure_matches_probe_numbers():
     r = views.isolation_reading(s)
     assert_bit_exact(np.asarray(heatmaps(fig)[0].z, dtype=float), r.change, "same computation")
     assert_bit_exact(np.asarray(bars.data[0].y, dtype=float), r.logit_change, "same computation")
-    assert text.startswith("**recsys: largest change on any other candidate: 0 ")
+    assert text.startswith("**recsys: isolated — largest change on any other candidate: residual stream 0, logits 0")
+
+
+def test_the_isolation_headline_names_each_quantity_and_agrees_with_its_figure():
+    """One number per quantity, each named: the residual stream's is the heatmap's largest cell in another
+    candidate's column (any layer), the logits' the bars' largest on another candidate; both printed on the
+    figures. (The headline once printed the larger of the two as 'the largest change'.)"""
+    s = parse_query(LECTURE + "&candidate=1")
+    fig, bars, text = views.isolation_view(s)
+    labels = s.layout.token_labels()
+    others = [i for i in range(s.candidate_start_offset, s.seq_len) if i != s.candidate_start_offset + 1]
+    causal_panel, causal_bars = heatmaps(fig)[1], bars.data[1]
+    residual = float(np.nanmax(np.asarray(causal_panel.z, dtype=float)[:, others]))
+    logits = max(float(causal_bars.y[i - s.candidate_start_offset]) for i in others)
+    assert residual != logits                                    # two quantities, two numbers
+    line = text.split("\n\n")[1]
+    assert f"residual stream {residual:.6g} (C2)" in line and f"logits {logits:.6g} (C2)" in line, line
+    titles = [a.text for a in fig.layout.annotations]
+    assert f"causal mask: NOT isolated<br>largest on another candidate: {residual:.6g} (C2)" in titles, titles
+    assert "recsys mask: isolated<br>largest on another candidate: 0" in titles, titles
+    assert f"causal mask (largest on another candidate: {logits:.6g} (C2))" == causal_bars.name
+    assert list(causal_bars.text) == [f"{v:.3g}" for v in causal_bars.y] and bars.data[0].text[0] == "0"
+    assert causal_bars.x[1] == "C1 (perturbed)" and labels[s.candidate_start_offset + 1] == "C1"
 
 
 @pytest.mark.parametrize("op", ["permute", "drop", "add"])
@@ -373,7 +396,9 @@ def test_kernel_view_draws_and_counts_the_registry_tiles():
     element, *kernels = heatmaps(fig)
     mask = views.layout_mask(s, s.mask_kind)
     np.testing.assert_array_equal(np.asarray(element.z) == 2, mask.dense()[0, 0].numpy())
-    for (name, k), hm in zip(KERNEL_TILINGS.items(), kernels):
+    assert all(views.KERNEL_TILINGS[n].title in a.text for n, a in zip(views.KERNEL_ORDER, fig.layout.annotations[1:]))
+    for name, hm in zip(views.KERNEL_ORDER, kernels):
+        k = KERNEL_TILINGS[name]
         z = np.asarray(hm.z)
         t = k.tiles(mask)
         tile_of = t.classes[0].numpy()[np.arange(s.seq_len)[:, None] // k.block_q, np.arange(s.seq_len)[None] // k.block_kv]
@@ -497,21 +522,30 @@ def test_invariance_bars_draw_rounding_as_rounding_and_explain_the_operation():
     assert fig.layout.yaxis.range[1] >= max(max(t.y) for t in fig.data)       # a real change is drawn whole
 
 
-def test_every_variant_curve_has_its_own_colour_and_line_style():
+# hues a projector (or a colour-blind eye) shows alike
+ALIKE = [{"#E69F00", "#D55E00"}, {"#0072B2", "#56B4E9"}]
+
+
+def test_every_variant_curve_has_its_own_look_that_a_projector_tells_apart():
+    """Ten loss curves: no two share a colour and dash, no two alike hues (orange and vermillion) share a dash,
+    each carries its own marker symbol, and none is yellow (faint on white)."""
     report = views.variant_training_report()
     if report is None:
         pytest.skip("no committed variants-training.json")
     fig = views.variant_loss_figure(report)
-    styles = [(t.line.color, t.line.dash) for t in fig.data]
-    assert len(styles) == len(report["variants"]) == len(set(styles))
-    by_name = {t.name.split(" · ")[0]: (t.line.color, t.line.dash) for t in fig.data}
-    assert by_name["mqa"] != by_name["din-target-attention"] and by_name["mqa"][1] != by_name["din-target-attention"][1]
+    looks = [(t.line.color, t.line.dash or "solid", t.marker.symbol) for t in fig.data]
+    assert len(looks) == len(report["variants"]) == len({(c, d) for c, d, _ in looks}) == len({m for *_, m in looks})
+    hue = {c: next((i for i, group in enumerate(ALIKE) if c in group), c) for c, _, _ in looks}
+    assert len({(hue[c], d) for c, d, _ in looks}) == len(looks), looks
+    assert "#F0E442" not in {c for c, _, _ in looks} and all(t.mode == "lines+markers" for t in fig.data)
 
 
 def test_anatomy_steps_label_their_keys_and_carry_the_segment_legend():
     _, steps, _, _ = views.anatomy_view(parse_query(LECTURE + "&query=7"))
-    axes = [k for k in steps.layout.to_plotly_json() if k.startswith("xaxis")]
-    assert len(axes) == 5 and all(steps.layout[k].showticklabels for k in axes)
+    axes = sorted(k for k in steps.layout.to_plotly_json() if k.startswith("xaxis"))
+    # the keys under the last panel; every panel shares its axis
+    assert len(axes) == 5 and [bool(steps.layout[k].showticklabels) for k in axes] == [False] * 4 + [True]
+    assert all(steps.layout[k].matches == "x" for k in axes[1:])
     assert {t.name for t in steps.data if t.showlegend is not False and t.name} >= {"user", "history", "candidate"}
     assert steps.layout.showlegend
 
@@ -524,7 +558,78 @@ def test_a_zoomed_grid_is_pooled_to_the_figure_payload_bound(monkeypatch):
     monkeypatch.setattr(views, "MAX_FIGURE_CELLS", 50_000)
     s = parse_query("preset=lecture&weights=random&num_candidates=200&zoom=candidates&head=-1")
     fig = views.attention_view(s)[0]
-    shown = sum(np.asarray(t.z).size for t in fig.data if t.type == "heatmap")
+    shown = sum(np.asarray(t.z).size for t in heatmaps(fig))
     assert shown <= 50_000 and 8 * 200 * 200 > 50_000
     assert "zoom: candidates" in fig.layout.title.text and "full resolution" not in fig.layout.title.text
     assert views.VIEWS["attention"].estimate(s).peak_bytes >= 2 * limits.FIGURE_PEAK_BYTES
+
+
+# --- masked pairs on every heatmap, and the kernels' tile grid ---------------------------------------
+
+def overlays(fig):
+    return [t for t in fig.data if t.type == "heatmap" and t.meta and t.meta.get("overlay")]
+
+
+@pytest.mark.parametrize("query", ["preset=lecture&head=-1", "preset=lecture&head=3&layer=1",
+                                   "preset=lecture&head=3&values=masked+logits", "preset=phoenix-2026-nano&head=0",
+                                   "preset=lecture&head=1&zoom=candidates"])
+def test_the_pairs_the_mask_hides_look_masked_on_the_attention_heatmaps(query):
+    """Over weights and masked logits every hidden pair is drawn in the masked colour (a grey that neither
+    Viridis nor RdBu holds, so 'exactly 0' never reads as 'a tiny weight'), named in the legend, and no
+    allowed pair is; a small panel carries a × in each. Over capped logits (the values before the mask)
+    the grey travels hidden, for the page to show with another kind."""
+    from explorer.figures import MASKED_COLOUR, MASKED_NAME
+    s = parse_query(query)
+    fig, _, _ = views.attention_view(s)
+    rows, cols = views.zoom_region(s)
+    hidden = ~views.mask_dense(s, s.mask_kind)[np.ix_(rows, cols)]
+    shown = [t for t in overlays(fig) if t.visible is not False]
+    assert len(shown) == len(heatmaps(fig) if s.head < 0 else [1])
+    for t in shown:
+        z = np.asarray(t.z, dtype=bool)
+        if len(rows) <= views.SINGLE_MAX_CELLS:                          # unpooled: pair for pair
+            np.testing.assert_array_equal(z, hidden)
+        assert t.colorscale[-1][1] == MASKED_COLOUR and t.colorscale[0][1] == "rgba(0,0,0,0)"
+    assert any(t.name == MASKED_NAME and t.visible is not False for t in fig.data)
+    if max(hidden.shape) <= 24 and s.head >= 0:
+        assert np.array_equal(np.asarray(shown[0].text) == "×", hidden)
+    capped, _, _ = views.attention_view(parse_query(query + "&values=capped+logits"))
+    assert all(t.visible is False for t in overlays(capped))
+    # the grey is no colour of the value scales
+    import plotly.colors as pc
+    for scale in ("Viridis", "RdBu"):
+        assert MASKED_COLOUR.lower() not in {c.lower() for c in pc.get_colorscale(scale) for c in [c[1]]}
+        assert all(pc.hex_to_rgb(MASKED_COLOUR) != pc.unlabel_rgb(c) if c.startswith("rgb") else True
+                   for _, c in pc.get_colorscale(scale))
+
+
+def test_a_planted_bug_shows_its_leaks_as_weights_not_as_masked():
+    """The bug zoo's heatmap marks masked what the model's mask hides and the bugged model left at exactly 0:
+    the faithful trunk's every hidden pair; under the unmasked decoder none — its C1 → C0 shows its weight."""
+    s = parse_query("preset=lecture")
+    fig, _ = views.bug_zoo_view(s)
+    hidden = ~views.mask_dense(s, s.mask_kind)
+    np.testing.assert_array_equal(np.asarray(overlays(fig)[0].z, dtype=bool), hidden)
+    fig, _ = views.bug_zoo_view(parse_query("preset=lecture&bug=unmasked-decoder"))
+    weights = np.asarray(heatmaps(fig)[0].z, dtype=float)
+    c0, c1 = s.candidate_start_offset, s.candidate_start_offset + 1
+    assert hidden[c1, c0] and weights[c1, c0] > 0 and not overlays(fig)
+
+
+def test_the_kernel_tile_map_draws_the_tile_grid_crosses_each_skipped_tile_and_writes_its_counts():
+    """phoenix-2026-nano: FA4's 9 x 9 tiles of 128, 8 lines each way, a cross (two strokes) over each of its
+    8 skipped tiles; the panel titles carry the counts and shares the lesson quotes; run-with-a-mask and
+    computed-but-masked are two hues (not orange and vermillion)."""
+    from explorer.figures import TILE_SCALE, _step_colour
+    s = parse_query("preset=phoenix-2026-nano")
+    fig, _ = views.kernel_view(s)
+    fa4 = next(i for i, a in enumerate(fig.layout.annotations) if a.text.startswith("FA4"))
+    ax = "x" if fa4 == 0 else f"x{fa4 + 1}"
+    paths = [sh.path for sh in fig.layout.shapes if sh.type == "path" and sh.xref == ax]
+    grid, crosses = paths
+    assert grid.count("M") == 16 and crosses.count("M") == 2 * 8
+    assert fig.layout.annotations[fa4].text.endswith("72 full · 1 masked · 8 skipped<br>9.9% of the work skipped")
+    assert fig.layout.annotations[0].text.endswith("11.1% of the pairs masked")
+    assert {_step_colour(TILE_SCALE, 1 / 3), _step_colour(TILE_SCALE, 1.0)} == {"#E69F00", "#CC79A7"}
+    names = [t.name for t in fig.data if t.type == "scatter"]
+    assert "skipped (×) / masked" in names
