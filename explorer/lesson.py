@@ -128,8 +128,9 @@ def skipped_work_share(s: Settings) -> bool:
 
 
 def numbers(text: str) -> tuple[str, ...]:
-    """The numbers written in a text, in order ('30.6×', '39%', '303 → 115 ms': 30.6, 39, 303, 115)."""
-    return tuple(dict.fromkeys(re.findall(r"\d+(?:\.\d+)?", text)))
+    """The numbers written in a text, in order ('30.6×', '39%', '303 → 115 ms': 30.6, 39, 303, 115); digits
+    inside a name ('H100', 'fa4', 'B32') are part of the name, not a number the claim makes."""
+    return tuple(dict.fromkeys(re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?!\w)", text)))
 
 
 def figure_text(fig) -> str:
