@@ -800,7 +800,8 @@ def run_soak(url: str, honest_n: int, duration_s: float, seed: int, processes: i
 
 
 def main_soak(a) -> dict:
-    from server.admission import TRUSTED_PROXIES_ENV, memory_budget
+    from server.admission import memory_budget
+    from server.visitors import TRUSTED_PROXIES_ENV
     os.environ[TRUSTED_PROXIES_ENV] = "1"       # the server sits behind one (simulated) proxy: X-Forwarded-For
     when = dt.datetime.now(dt.timezone.utc)
     info = dict(kind="soak", date=when.isoformat(timespec="seconds"), git_commit=git_commit(), device=machine(),

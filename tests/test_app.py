@@ -523,9 +523,9 @@ def test_the_queue_refuses_by_name_past_a_lanes_bounds_and_the_mask_keeps_answer
 
     import app
     from server import lanes, timing_runs
-    from server import admission
+    from server import admission, visitors
     monkeypatch.setitem(admission.LANES, "timing", replace(admission.LANES["timing"], waiting=2))
-    monkeypatch.setenv(admission.TRUSTED_PROXIES_ENV, "1")
+    monkeypatch.setenv(visitors.TRUSTED_PROXIES_ENV, "1")
     demo = app.build_app()
     _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=None, quiet=True)
     try:
@@ -605,8 +605,8 @@ def test_every_computing_endpoint_refuses_one_session_over_its_share_at_the_http
 
     import app
     from explorer import views
-    from server import admission, lanes
-    monkeypatch.setenv(admission.TRUSTED_PROXIES_ENV, "1")
+    from server import admission, lanes, visitors
+    monkeypatch.setenv(visitors.TRUSTED_PROXIES_ENV, "1")
     gate = threading.Event()
     for view in views.drawn_views():            # every view's parts wait for the gate
         parts = tuple(replace(p, draw=lambda s, *a, **k: (gate.wait(60), ())[1]) for p in view.parts)
@@ -646,8 +646,8 @@ def test_every_event_passes_admission_before_it_is_queued(monkeypatch):
 
     import app
     from explorer import timing
-    from server import admission
-    monkeypatch.setenv(admission.TRUSTED_PROXIES_ENV, "1")
+    from server import admission, visitors
+    monkeypatch.setenv(visitors.TRUSTED_PROXIES_ENV, "1")
     demo = app.build_app()
     unchecked = [fn.api_name for fn in demo.fns.values()
                  if not fn.cancels and (fn.validator is None or fn.concurrency_id not in admission.LANES)]
@@ -798,13 +798,13 @@ def front_door_server():
     """app.py's server in this process, launched as __main__ launches it (front door, session capacity),
     behind one trusted proxy, with a small raw-upload share."""
     import app
-    from server import admission
+    from server import front_door, visitors
     mp = pytest.MonkeyPatch()
-    mp.setenv(admission.TRUSTED_PROXIES_ENV, "1")
-    mp.setattr(admission, "UPLOAD_ROUTE_SHARE", dict(max_bytes=3000, max_calls=5, window_s=3600.0))
+    mp.setenv(visitors.TRUSTED_PROXIES_ENV, "1")
+    mp.setattr(front_door, "UPLOAD_ROUTE_SHARE", dict(max_bytes=3000, max_calls=5, window_s=3600.0))
     demo = app.build_app()
     _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=None, quiet=True,
-                            **app.launch_options())
+                            **app.launch_options(demo))
     yield demo, url
     demo.close()
     mp.undo()
