@@ -65,8 +65,9 @@ LANES: dict[str, Lane] = {lane.name: lane for lane in (
     Lane("heavy", "large views", running=1, waiting=6, per_visitor=1, per_address=2),
     # the mask view (no model): one address holds fewer than run at once, so others always find a slot
     Lane("light", "mask views", running=6, waiting=64, per_visitor=2, per_address=3, scales=True),
-    # the page's own cheap steps that stay queued (a page load's link check, the committed timing curves)
-    Lane("control", "page steps", running=4, waiting=32, per_visitor=4, per_address=8, scales=True),
+    # the page's own cheap steps that stay queued (a page load's link check, the committed timing curves); a
+    # class's 31 page loads at once from one address fit under three quarters of it
+    Lane("control", "page steps", running=4, waiting=48, per_visitor=4, per_address=8, scales=True),
     # a new Run replaces the visitor's running sweep, so only waiting ones count
     Lane("timing", "timing sweeps", running=1, waiting=16, per_visitor=1, per_address=1, count_running=False),
     Lane("export", "figure exports", running=1, waiting=4, per_visitor=1, per_address=2),
@@ -113,16 +114,17 @@ def check_admission(lane: str, waiting: list, visitor: tuple, running: list = ()
     counted = waiting + (running if bound.count_running else [])
     state = "waiting or running" if bound.count_running else "waiting"
     mine = [h for h in counted if (h.key, h.session) == (key, session)]
-    if redraw:
-        earlier = sum(1 for h in waiting if (h.key, h.session) == (key, session) and h.redraw)
-        if earlier >= STALE_PER_SESSION:
-            raise ValidationError("queue", f"{earlier} of your earlier redraws waiting",
-                                  f"{STALE_PER_SESSION} per page; wait for the views to catch up")
+    superseded = [h for h in waiting if (h.key, h.session) == (key, session) and h.redraw] if redraw else []
+    if len(superseded) >= STALE_PER_SESSION:
+        raise ValidationError("queue", f"{len(superseded)} of your earlier redraws waiting",
+                              f"{STALE_PER_SESSION} per page; wait for the views to catch up")
+    if redraw:                          # its page's other redraws: superseded if waiting, ending if running
         mine = [h for h in mine if not h.redraw]
     if len(mine) >= bound.per_visitor:
         raise ValidationError("queue", f"{len(mine)} of your {bound.what} {state}",
                               f"{bound.per_visitor} per visitor; wait for one to finish (or Stop it)")
-    ours, limit = sum(1 for h in counted if h.key == key), address_bound(bound, weight)
+    ours = sum(1 for h in counted if h.key == key) - len(superseded)
+    limit = address_bound(bound, weight)
     if ours >= limit:
         raise ValidationError("queue", f"{ours} {bound.what} {state} from your address",
                               f"{limit} per address; wait for one to finish")

@@ -12,6 +12,7 @@ import os
 import sys
 import time
 from collections import OrderedDict
+from typing import Optional
 
 import gradio as gr
 from gradio.data_classes import FileData
@@ -21,7 +22,7 @@ from pydantic import model_validator
 
 from explorer.schema import ValidationError
 
-from .admission import QUEUE_MAX, SESSION_CAPACITY
+from .admission import QUEUE_MAX
 from .visitors import check_session_hash, visitor_key, visitor_of
 from .browsers import BROWSERS, SIGNER, cookie_value
 
@@ -188,12 +189,14 @@ class SessionMessages(LRUCache):
 NEW_SESSION_RATE = dict(what="new sessions", burst=200, per_s=1.0)
 
 
-def bound_sessions(demo: gr.Blocks, capacity: int = SESSION_CAPACITY) -> None:
+def bound_sessions(demo: gr.Blocks, capacity: Optional[int] = None) -> None:
     """Every push into Gradio's queue first: the session hash one Gradio's clients could have made
     (server.visitors.check_session_hash), a new one within its visitor's NEW_SESSION_RATE, the page's load
     event noted for the browser cookie it carries (server.browsers); per-session messages in SessionMessages;
     a message for a session already dropped is dropped with it instead of raising in the queue's loop."""
+    from . import admission
     from .front_door import RateLimited, TokenBucket
+    capacity = capacity or admission.SESSION_CAPACITY
     queue = demo._queue
     sessions = queue.pending_messages_per_session = SessionMessages(queue, capacity)
     new_sessions = TokenBucket(**NEW_SESSION_RATE)

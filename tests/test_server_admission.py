@@ -338,3 +338,117 @@ def test_a_refusal_for_rate_is_answered_late_so_a_loop_of_them_slows_down(monkey
     monkeypatch.setattr(front_door, "TARPIT_AT_ONCE", 0)                    # too many waiting: at once
     t0 = time.monotonic()
     assert call(door, "GET", "/", "10.0.0.1")[0] == 429 and time.monotonic() - t0 < 0.3
+
+
+# --- round four: networks, full lanes, page redraws, classes behind one address ------------------------------
+
+def test_an_ipv6_64_is_one_visitor_and_networks_weigh_fairness_only():
+    """2^64 addresses of one subscriber are one visitor; an IPv4-mapped address is its IPv4 one; the /24 and
+    the /48 are networks, never visitors."""
+    keys = {visitor_key({"x-forwarded-for": f"2001:db8:1:2::{i:x}"}, None, hops=1) for i in range(1, 200, 7)}
+    assert keys == {"addr:2001:db8:1:2::/64"}
+    assert visitor_key({"x-forwarded-for": "2001:db8:1:3::1"}, None, hops=1) != keys.pop()
+    assert visitor_key({"x-forwarded-for": "::ffff:198.51.100.7"}, None, hops=1) == "addr:198.51.100.7"
+    assert visitors.network_of("addr:198.51.100.7") == visitors.network_of("addr:198.51.100.200") == "net:198.51.100.0/24"
+    assert visitors.network_of("addr:2001:db8:1:2::/64") == "net:2001:db8:1::/48"
+    assert visitors.network_of("user:alice") == "user:alice"
+    assert visitor_key({"x-forwarded-for": "198.51.100.7"}, None, hops=1) == "addr:198.51.100.7"   # identity stays
+
+
+def test_a_session_hash_is_one_gradios_clients_could_have_made():
+    for good in ("abc123defgh", "0b9c3f2e-5d1a-4c7e-9f00-1234567890ab", "honest0001"):
+        visitors.check_session_hash(good)
+    for bad in ("x" * 65, "", "a b", "../x", None, 7, "é"):
+        with pytest.raises(ValidationError, match=r"^session_hash: got .*allowed: 1 to 64 letters, digits"):
+            visitors.check_session_hash(bad)
+
+
+def queued(key: str, session: str, redraw: bool = False, stale: bool = False):
+    """A request waiting in a lane's queue, as admission counts it (its event a stand-in)."""
+    return admission.Held(key, session, redraw, stale, type("Event", (), {})())
+
+
+def test_a_full_lane_pushes_out_the_heaviest_networks_latest_not_the_newcomer():
+    """Twelve addresses of one /24 fill the timing lane (one sweep each, within every per-address bound):
+    an honest newcomer of another network is admitted and the botnet's latest waiting sweep pushed out;
+    another address of the botnet's network arriving is refused, and so is anyone when no network holds more
+    than the newcomer's would."""
+    lane = LANES["timing"]
+    botnet = [queued(f"addr:198.51.100.{i}", f"s{i}") for i in range(lane.waiting)]
+    victim = check_admission("timing", botnet, ("addr:203.0.113.5", "honest"))
+    assert victim is botnet[-1]
+    with pytest.raises(ValidationError, match=rf"^queue: got '{lane.waiting} timing sweeps waiting'"):
+        check_admission("timing", botnet, ("addr:198.51.100.99", "more"))
+    spread = [queued(f"addr:10.{i}.0.1", f"s{i}") for i in range(lane.waiting)]     # one per network
+    with pytest.raises(ValidationError, match="timing sweeps waiting"):
+        check_admission("timing", spread, ("addr:203.0.113.5", "honest"))
+    tickets = [admission.Held(f"addr:198.51.100.{i}", f"s{i}") for i in range(lane.waiting)]   # not queued yet
+    with pytest.raises(ValidationError, match="timing sweeps waiting"):
+        check_admission("timing", tickets, ("addr:203.0.113.5", "honest"))
+
+
+def test_a_pushed_out_request_stops_counting_and_the_arrival_takes_its_place():
+    gate = Admission()
+    lane = LANES["timing"]
+    botnet = [queued(f"addr:198.51.100.{i}", f"s{i}") for i in range(lane.waiting)]
+    waiting = list(botnet)
+
+    def now():
+        return [h for h in waiting if not getattr(h.event, "_pushed_out", False)], []
+    _, victim = gate.admit("timing", ("addr:203.0.113.5", "honest"), now)
+    assert victim is botnet[-1] and victim.event._pushed_out and len(now()[0]) == lane.waiting - 1
+
+
+def test_a_page_redraw_supersedes_its_pages_waiting_ones_and_is_never_refused_for_them():
+    """A lecturer switching presets fast: the heavy lane holds one per visitor, counting the running one; a
+    page's newer redraw is admitted while its older one runs or waits, the waiting one marked superseded (it
+    then draws nothing), and only STALE_PER_SESSION of those may wait."""
+    gate = Admission()
+    page = ("addr:192.0.2.1", "lecturer")
+    running = [admission.Held(*page, True)]
+    first, _ = gate.admit("heavy", page, lambda: ([], running), redraw=True)
+    gate.tickets.clear()                                # queued: counted from the queue below
+    state = type("State", (), {"redraw": (page, first)})()
+    assert not gate.superseded(state)
+    second, _ = gate.admit("heavy", page, lambda: ([queued(*page, True)], running),
+                           redraw=True)
+    gate.tickets.clear()
+    assert gate.superseded(state) and not gate.superseded(type("State", (), {"redraw": (page, second)})())
+    with pytest.raises(ValidationError, match=r"1 of your large views waiting or running'; allowed: 1 per visitor"):
+        gate.admit("heavy", page, lambda: ([], running))                 # an API call of that page: as before
+    stale = [queued(*page, True, True)] * admission.STALE_PER_SESSION
+    with pytest.raises(ValidationError, match=r"of your earlier redraws waiting"):
+        check_admission("forward", stale, page, redraw=True)
+
+
+def test_an_address_bound_grows_with_its_established_browsers_and_heavy_work_does_not():
+    """A class of 30 behind one address: the light lanes' per-address bounds grow a visitor's share per
+    browser (capped under the lane), the heavy, timing, export, pack and upload lanes do not, and the work
+    share grows to WORK_WEIGHT_CAP visitors' worth."""
+    forward = LANES["forward"]
+    assert admission.address_bound(forward, 1) == forward.per_address
+    assert admission.address_bound(forward, 30) == forward.waiting * 3 // 4 > forward.per_address
+    for name in ("heavy", "timing", "export", "pack", "upload"):
+        assert admission.address_bound(LANES[name], 30) == LANES[name].per_address
+    students = [(f"addr:192.0.2.1", f"student{i}") for i in range(forward.per_address)]
+    with pytest.raises(ValidationError, match="from your address"):
+        check_admission("forward", students, ("addr:192.0.2.1", "student99"))
+    check_admission("forward", students, ("addr:192.0.2.1", "student99"), weight=30)
+    now = [0.0]
+    gate = Admission(clock=lambda: now[0])
+    gate.weights = lambda key: 30
+    limit = admission.WORK_SHARE["max_bytes"] * admission.WORK_WEIGHT_CAP
+    for _ in range(limit // 1000):
+        gate.admit("heavy", ("addr:192.0.2.1", "s"), lambda: ([], []), flops=1000e9)
+        gate.tickets.clear()
+    with pytest.raises(ValidationError, match=rf"allowed: {limit:,} GFLOP for your address \(4 visitors' worth\)"):
+        gate.admit("heavy", ("addr:192.0.2.1", "s"), lambda: ([], []), flops=1000e9)
+
+
+def test_a_view_drawing_more_than_its_event_was_admitted_for_is_refused_by_name():
+    state = type("State", (), {"admitted_flops": 0.01e9})()
+    admission.check_drawn(state, 0.5e9)                         # small work: no share, no heavy lane
+    admission.check_drawn(type("State", (), {})(), 554e9)       # no event (a direct call): nothing to compare
+    with pytest.raises(ValidationError, match=r"^work: got '554.0 GFLOP drawn'; allowed: the 0.0 GFLOP this request"):
+        admission.check_drawn(state, 554e9)
+    admission.check_drawn(type("State", (), {"admitted_flops": 554e9})(), 554e9)
