@@ -926,9 +926,13 @@ def _client_machine(role: str, args: list, url: str, seed: int, tmp: str, ready,
     go.wait()
     stop_at[0] = stop_value.value
     start.wait()
-    for t in threads:
-        t.join(timeout=max(1.0, stop_at[0] + 150 - time.monotonic()))
-    out.put((role, list(records), list(RAW_UPLOADS), sum(t.is_alive() for t in threads), time.process_time()))
+    for t in threads:                       # a request still waiting END_GRACE_S after the end is left behind
+        t.join(timeout=max(1.0, stop_at[0] + END_GRACE_S - time.monotonic()))
+    with lock:
+        out.put((role, list(records), list(RAW_UPLOADS), sum(t.is_alive() for t in threads), time.process_time()))
+
+
+END_GRACE_S = 60.0
 
 
 class HealthSampler:
@@ -1029,7 +1033,8 @@ def run_soak(url: str, honest_n: int, duration_s: float, seed: int, processes: i
         go.wait()
         for _ in procs:
             try:
-                role, recs, uploads, alive, cpu = out.get(timeout=max(1.0, t0 + duration_s + 160 - time.monotonic()))
+                role, recs, uploads, alive, cpu = out.get(timeout=max(1.0, t0 + duration_s + END_GRACE_S + 60
+                                                                      - time.monotonic()))
             except queue_module.Empty:
                 still_running += 1
                 continue
@@ -1041,6 +1046,8 @@ def run_soak(url: str, honest_n: int, duration_s: float, seed: int, processes: i
         server_cpu = sampler.cpu
         for p in procs:
             p.join(timeout=10)
+            if p.is_alive():                # requests left behind: they stop with their process
+                p.terminate()
         time.sleep(SOAK_TARGETS["after_s"])
         rss_after = family_rss_bytes(pid)
         sampler.stop()
@@ -1248,8 +1255,8 @@ def main_soak(a) -> dict:
     for side in ("honest", "classroom", "fairness", "attacker"):
         print(f"{side:<44}{'requests':>9}{'failed':>8}{'refused':>8}{'p50 s':>9}{'p95 s':>9}")
         for kind, r in report[side].items():
-            print(f"  {kind:<42}{r['requests']:>9}{r['failures']:>8}{r['refused_by_name']:>8}{r['p50_s']:>9.3f}"
-                  f"{r['p95_s']:>9.3f}")
+            print(f"  {kind:<42}{r['requests']:>9}{r['failures']:>8}{r['refused_by_name']:>8}"
+                  + "".join(f"{r[k]:>9.3f}" if r[k] is not None else f"{'-':>9}" for k in ("p50_s", "p95_s")))
     m = report["memory"]
     print(f"RSS start {m['rss_start_gb']} GB, peak {m['peak_rss_gb']} GB, {m['after_s']:g} s after {m['rss_after_gb']} GB;"
           f" stores {report['stores']}; queue alive {report['queue_alive_at_end']}; checks failed "

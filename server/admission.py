@@ -211,7 +211,8 @@ class Admission:
         self.tickets: list[Ticket] = []
         self.ticket_ttl_s, self.clock = ticket_ttl_s, clock
         self.rates = {"export": RateShare("export", **EXPORT_SHARE, clock=clock),
-                      "work": RateShare("work", **WORK_SHARE, clock=clock)}
+                      "work": RateShare("work", **WORK_SHARE, clock=clock),
+                      "network work": RateShare("work", **NETWORK_WORK_SHARE, clock=clock)}
         self.usage = Usage(clock=clock)
         self.queues: dict[str, WatchedQueue] = {}
         self.weights: Callable[[str], int] = BROWSERS.weight
@@ -241,13 +242,15 @@ class Admission:
             waiting, running = lane_now()
             weight = self.weights(visitor[0])
             victim = check_admission(lane, list(waiting) + pending, visitor, running, weight, redraw, self.weights)
-            shares = [(self.rates["export"], units, 1)] if lane in ("export", "pack") and units else []
+            shares = [(self.rates["export"], visitor[0], units, 1)] if lane in ("export", "pack") and units else []
             if flops >= 1e9:
-                shares.append((self.rates["work"], round(flops / 1e9), min(weight, WORK_WEIGHT_CAP)))
-            for share, n, scale in shares:
-                share.check(visitor[0], n, scale)
-            for share, n, scale in shares:              # every share checked first: a refusal takes none
-                share.take(visitor[0], n, scale)
+                scale = min(weight, WORK_WEIGHT_CAP)
+                shares += [(self.rates["work"], visitor[0], round(flops / 1e9), scale),
+                           (self.rates["network work"], network_of(visitor[0]), round(flops / 1e9), scale)]
+            for share, who, n, scale in shares:
+                share.check(who, n, scale)
+            for share, who, n, scale in shares:         # every share checked first: a refusal takes none
+                share.take(who, n, scale)
             self.tickets.append(Ticket(lane, tuple(visitor), now, request, redraw))
             if victim is not None:
                 victim.event._pushed_out = True
@@ -299,24 +302,31 @@ def check_drawn(state: Any, flops: float) -> None:
 
 class WatchedQueue(list):
     """A lane's queue list (Gradio appends to it and serves its first entry) that tells `admission`
-    when a request enters it and keeps its requests in order of their visitor's usage (least first;
-    arrival order among equals; a superseded page redraw first, as it runs as a no-op)."""
+    when a request enters it and keeps its requests in serving order (`order`)."""
 
     def __init__(self, lane: str, admission: Admission, items=()):
         super().__init__(items)
         self.lane, self.admission, self.arrivals = lane, admission, 0
         admission.queues[lane] = self
 
-    def _rank(self, event) -> tuple[int, int]:
-        """The visitor's usage rank less the seconds this request has waited, in whole seconds (within a
-        second of each other: arrival order), then arrival. Waiting counts, so a busy visitor's request
-        waits at most about its usage behind new arrivals, never for ever."""
-        if self.admission.superseded(getattr(getattr(event, "request", None), "state", None)):
-            return -2**62, getattr(event, "_arrival", -1)
-        key = getattr(event, "_visitor_key", "")
-        usage = self.admission.usage.rank(key, self.admission.weights(key))
-        waited = self.admission.clock() - getattr(event, "_queued_at", self.admission.clock())
-        return math.floor(usage - waited), getattr(event, "_arrival", -1)
+    def order(self, events: Optional[list] = None) -> list:
+        """(call under the admission lock) The requests (`events`, by default the queue's) in serving order: a superseded page redraw first (it
+        runs as a no-op); then by round — how many requests of its network wait ahead of it, per browser
+        established behind its visitor (networks take turns, so the heaviest's later requests wait behind
+        everyone's first); then the visitor's usage rank less the seconds it has waited, in whole seconds
+        (so a busy visitor waits at most about its usage behind new arrivals, never for ever); then arrival."""
+        now, ahead, keys = self.admission.clock(), collections.Counter(), []
+        for event in sorted(self if events is None else events, key=lambda e: getattr(e, "_arrival", -1)):
+            key = getattr(event, "_visitor_key", "")
+            weight = self.admission.weights(key)
+            if self.admission.superseded(getattr(getattr(event, "request", None), "state", None)):
+                keys.append(((-1, 0, getattr(event, "_arrival", -1)), event))
+                continue
+            network = network_of(key)
+            usage = self.admission.usage.rank(key, weight) - (now - getattr(event, "_queued_at", now))
+            keys.append(((ahead[network] // max(1, weight), math.floor(usage), getattr(event, "_arrival", -1)), event))
+            ahead[network] += 1
+        return [event for _, event in sorted(keys, key=lambda k: k[0])]
 
     def append(self, event) -> None:
         """Queue `event` here, or in the lane its admission chose (`request.state.lane`: a model view
@@ -329,15 +339,13 @@ class WatchedQueue(list):
             event._visitor_key, event._arrival = visitor_of(event)[0], self.arrivals
             event._queued_at = self.admission.clock()
             self.arrivals += 1
-            rank = self._rank(event)
-            at = next((i for i, e in enumerate(self) if self._rank(e) > rank), len(self))
-            self.insert(at, event)      # one step for Gradio's reader on the event loop
+            self[:] = self.order([*self, event])      # one step for Gradio's reader on the event loop
             self.admission.entered(self.lane, getattr(event, "session_hash", None), getattr(event, "request", None))
 
     def reorder(self) -> None:
         """Back in order after usage changed (call under the admission lock); a single slice
         assignment, so Gradio's reader never sees the list part-sorted or empty."""
-        self[:] = sorted(self, key=self._rank)
+        self[:] = self.order()
 
 
 # --- the process's memory budget ----------------------------------------------------------------
@@ -404,7 +412,8 @@ class RateShare:
     def _refuse_past(self, visitor: str, nbytes: int, q: collections.deque, scale: int = 1) -> None:
         used = sum(n for _, n in q)
         minutes = f"{self.window_s / 60:.0f} minutes"
-        whose = "per visitor" if scale == 1 else f"for your address ({scale} visitors' worth)"
+        whose = ("per network" if "network" in self.what else "per visitor") if scale == 1 else \
+            f"for your address ({scale} visitors' worth)"
         if len(q) >= self.max_calls * scale:
             raise ValidationError(self.field, f"{len(q)} {self.what} in {minutes}",
                                   f"{self.max_calls * scale} {whose} per {minutes}")
@@ -422,6 +431,9 @@ EXPORT_SHARE = dict(max_bytes=80, max_calls=80, window_s=600.0, unit="renders", 
 # (26-150 GFLOP each); a loop of the largest the budget admits (~550 GFLOP) gets 5, then waits for the
 # window; lecture views (< 1 GFLOP) never count. A class behind one NAT address has up to WORK_WEIGHT_CAP of it.
 WORK_SHARE = dict(max_bytes=3000, max_calls=10**6, window_s=600.0, unit="GFLOP", what="model views")
+# ... and per network (a /24, an IPv6 /48): two visitors' worth, so fresh addresses of one block each asking for the
+# largest views cannot keep the heavy lane busy (a botnet's heavy views, finding 7 of issue 34)
+NETWORK_WORK_SHARE = dict(WORK_SHARE, max_bytes=2 * WORK_SHARE["max_bytes"], what="model views from your network")
 
 
 # the one admission of this process: every lane, share and visitor count (server.lanes, server.guard)

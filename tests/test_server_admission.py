@@ -122,8 +122,9 @@ def _event(session: str, address: str):
 
 
 def test_lanes_serve_the_visitor_who_had_least_of_the_server_first(monkeypatch):
-    """Least attained service: a visitor whose requests ran long waits behind everyone else's, whatever
-    the arrival order; equals keep arrival order; usage decays, and a charge re-sorts what waits."""
+    """Least attained service, networks taking turns: a network's second waiting request comes after every
+    network's first; within a round, a visitor whose requests ran long waits behind everyone else's,
+    whatever the arrival order; equals keep arrival order; usage decays, and a charge re-sorts what waits."""
     monkeypatch.setenv(visitors.TRUSTED_PROXIES_ENV, "1")
     now = [0.0]
     gate = Admission(clock=lambda: now[0])
@@ -136,16 +137,37 @@ def test_lanes_serve_the_visitor_who_had_least_of_the_server_first(monkeypatch):
         queue.append(e)
     assert list(queue) == [light[0], light[2], light[1], *heavy]     # 10.2.0.1 had 1 s, the others none
     gate.served("addr:10.1.0.1", 60.0)                   # 10.1.0.1's request ran a minute: now the heaviest
-    assert list(queue) == [light[2], light[1], *heavy, light[0]]
+    assert list(queue) == [light[2], light[1], heavy[0], light[0], heavy[1], heavy[2]]   # its 1st before their 2nd
     now[0] = 20.0       # 20 s later the heavy user's 30 s decayed to 23.8, less 20 s waited: 3.8, ahead of
     late = _event("late", "10.7.0.1")                    # a newcomer with 5 s of usage
     gate.served("addr:10.7.0.1", 5.0)
     queue.append(late)
-    assert list(queue) == [light[1], light[2], *heavy, late, light[0]]
+    assert list(queue) == [light[1], light[2], heavy[0], late, light[0], heavy[1], heavy[2]]
     now[0] = 600.0                                       # ten half-lives: everyone is even again
     gate.served("addr:10.9.0.1", 0.0)
-    assert list(queue) == [heavy[0], light[0], heavy[1], light[1], heavy[2], light[2], late]   # arrival order
+    assert list(queue) == [heavy[0], light[0], light[1], light[2], late, heavy[1], heavy[2]]   # arrival, by round
     assert gate.usage.of("addr:198.51.100.66") < 0.05
+
+
+def test_a_networks_later_requests_wait_behind_everyones_first_and_a_class_counts_its_browsers(monkeypatch):
+    """Sixteen timing sweeps of one /24 waiting, then a lone honest one: it is served after the botnet's first,
+    not its sixteenth. Thirty waiting requests of a class's address with 30 browsers are one round."""
+    monkeypatch.setenv(visitors.TRUSTED_PROXIES_ENV, "1")
+    gate = Admission(clock=lambda: 0.0)
+    queue = WatchedQueue("timing", gate)
+    botnet = [_event(f"b{i}", f"198.18.17.{i}") for i in range(16)]
+    for e in botnet:
+        queue.append(e)
+    honest = _event("honest", "203.0.113.9")
+    queue.append(honest)
+    assert list(queue).index(honest) == 1
+    gate.weights = lambda key: 30 if key == "addr:192.0.2.1" else 1
+    lane = WatchedQueue("forward", gate)
+    students = [_event(f"s{i}", "192.0.2.1") for i in range(30)]
+    for e in students:
+        lane.append(e)
+    lane.append(honest)
+    assert list(lane)[-1] is honest                      # the class's 30 are its first round
 
 
 def test_a_networks_usage_ranks_its_addresses_and_a_class_ranks_as_its_browsers(monkeypatch):
@@ -452,3 +474,16 @@ def test_a_view_drawing_more_than_its_event_was_admitted_for_is_refused_by_name(
     with pytest.raises(ValidationError, match=r"^work: got '554.0 GFLOP drawn'; allowed: the 0.0 GFLOP this request"):
         admission.check_drawn(state, 554e9)
     admission.check_drawn(type("State", (), {"admitted_flops": 554e9})(), 554e9)
+
+
+def test_fresh_addresses_of_one_network_share_its_work_share():
+    """A botnet asking for the largest views from a fresh address of one /24 each time: each address is
+    within its own share, the network's ends them; another network still draws."""
+    gate = Admission(clock=lambda: 0.0)
+    limit = admission.NETWORK_WORK_SHARE["max_bytes"]
+    for i in range(limit // 1000):
+        gate.admit("heavy", (f"addr:198.18.18.{i}", "s"), lambda: ([], []), flops=1000e9)
+        gate.tickets.clear()
+    with pytest.raises(ValidationError, match=r"^work: got .* GFLOP in 10 minutes'; allowed: .* GFLOP per network"):
+        gate.admit("heavy", ("addr:198.18.18.99", "s"), lambda: ([], []), flops=1000e9)
+    gate.admit("heavy", ("addr:203.0.113.1", "s"), lambda: ([], []), flops=1000e9)
