@@ -1106,3 +1106,51 @@ def test_a_queue_whose_loop_failed_is_restarted_and_its_health_says_so(monkeypat
         assert gradio_patches.queue_health(stuck)()[0] is False
     finally:
         demo.close()
+
+
+def test_a_full_lane_refuses_the_heaviest_networks_request_not_the_honest_newcomers(monkeypatch):
+    """Through Gradio's queue: the timing lane (2 waiting here) held by addresses of one /24, an honest
+    sweep from another network arrives — it is admitted, and the botnet's latest waiting sweep is answered
+    by name and taken out of the queue; another address of the botnet is refused."""
+    import threading
+
+    import app
+    from explorer import timing
+    from server import admission, lanes, timing_runs, visitors
+    from dataclasses import replace
+    monkeypatch.setenv(visitors.TRUSTED_PROXIES_ENV, "1")
+    monkeypatch.setitem(admission.LANES, "timing", replace(admission.LANES["timing"], waiting=2))
+    demo = app.build_app()
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=None, quiet=True)
+    try:
+        from benchmarks.load_test import RawClient, api_functions
+        fns = api_functions(url)
+        answers = {}
+
+        def sweep(address, session, args):
+            answers[session] = RawClient(url, address, fns).call("timing", list(args), session)
+        running = threading.Thread(target=sweep, args=("198.18.17.1", "botrun", LONG_SWEEP))
+        running.start()
+        deadline = time.monotonic() + 60
+        while not timing_runs.TIMING_RUNS.running() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        bots = [threading.Thread(target=sweep, args=(f"198.18.17.{i}", f"botwait{i}", (LECTURE, "16", ["naive"])))
+                for i in (2, 3)]
+        for bot in bots:
+            bot.start()
+            while len(lanes.lane_now(fake_request(demo), "timing")[0]) < bots.index(bot) + 1 \
+                    and time.monotonic() < deadline:
+                time.sleep(0.05)
+        honest = threading.Thread(target=sweep, args=("203.0.113.9", "honest", (LECTURE, "16", ["naive"])))
+        honest.start()
+        bots[1].join(60)
+        assert "queue: got 'your request, waiting in a full lane while your network held the most" in answers["botwait3"]
+        waiting = lanes.lane_now(fake_request(demo), "timing")[0]
+        assert sorted(h.session for h in waiting) == ["botwait2", "honest"]
+        code, body = join(url, fns["timing"][0], [LECTURE, "16", ["naive"]], "botwait4", "198.18.17.4")
+        assert code == 422 and "2 timing sweeps waiting" in body
+        timing_runs.TIMING_RUNS.cancel("botrun")
+        honest.join(120)
+        assert answers["honest"] is None
+    finally:
+        demo.close()
