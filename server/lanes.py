@@ -84,9 +84,8 @@ def lane_now(request, lane_name: str) -> tuple[list, list]:
         return [], []
 
 
-PUSHED_OUT = ValidationError(
-    "queue", "your request, waiting in a full lane while your network held the most of it",
-    "room for a lighter visitor first; try again in a moment")
+PUSHED_OUT = ValidationError("queue", "your place in a full lane", "room first for a visitor whose network holds "
+                             "less of the lane than yours; try again in a moment")
 
 
 def push_out(request, event) -> None:

@@ -1111,11 +1111,11 @@ def test_a_queue_whose_loop_failed_is_restarted_and_its_health_says_so(monkeypat
 def test_a_full_lane_refuses_the_heaviest_networks_request_not_the_honest_newcomers(monkeypatch):
     """Through Gradio's queue: the timing lane (2 waiting here) held by addresses of one /24, an honest
     sweep from another network arrives — it is admitted, and the botnet's latest waiting sweep is answered
-    by name and taken out of the queue; another address of the botnet is refused."""
+    by name and taken out of the queue; another address of the botnet is refused. The full lane refused the
+    honest newcomer before."""
     import threading
 
     import app
-    from explorer import timing
     from server import admission, lanes, timing_runs, visitors
     from dataclasses import replace
     monkeypatch.setenv(visitors.TRUSTED_PROXIES_ENV, "1")
@@ -1128,29 +1128,35 @@ def test_a_full_lane_refuses_the_heaviest_networks_request_not_the_honest_newcom
         answers = {}
 
         def sweep(address, session, args):
-            answers[session] = RawClient(url, address, fns).call("timing", list(args), session)
-        running = threading.Thread(target=sweep, args=("198.18.17.1", "botrun", LONG_SWEEP))
-        running.start()
-        deadline = time.monotonic() + 60
-        while not timing_runs.TIMING_RUNS.running() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        bots = [threading.Thread(target=sweep, args=(f"198.18.17.{i}", f"botwait{i}", (LECTURE, "16", ["naive"])))
-                for i in (2, 3)]
-        for bot in bots:
-            bot.start()
-            while len(lanes.lane_now(fake_request(demo), "timing")[0]) < bots.index(bot) + 1 \
-                    and time.monotonic() < deadline:
+            thread = threading.Thread(target=lambda: answers.__setitem__(
+                session, RawClient(url, address, fns).call("timing", list(args), session)), daemon=True)
+            thread.start()
+            return thread
+
+        def waiting():
+            return sorted(h.session for h in lanes.lane_now(fake_request(demo), "timing")[0])
+
+        def until(condition):
+            deadline = time.monotonic() + 60
+            while not condition() and time.monotonic() < deadline:
                 time.sleep(0.05)
-        honest = threading.Thread(target=sweep, args=("203.0.113.9", "honest", (LECTURE, "16", ["naive"])))
-        honest.start()
-        bots[1].join(60)
-        assert "queue: got 'your request, waiting in a full lane while your network held the most" in answers["botwait3"]
-        waiting = lanes.lane_now(fake_request(demo), "timing")[0]
-        assert sorted(h.session for h in waiting) == ["botwait2", "honest"]
-        code, body = join(url, fns["timing"][0], [LECTURE, "16", ["naive"]], "botwait4", "198.18.17.4")
+            return condition()
+        sweep("198.18.17.1", "botrun", LONG_SWEEP)
+        assert until(lambda: timing_runs.TIMING_RUNS.running())
+        for i in (2, 3):
+            sweep(f"198.18.17.{i}", f"botwait{i}", (LECTURE, "16", ["naive"]))
+            assert until(lambda: f"botwait{i}" in waiting())
+        honest = sweep("203.0.113.9", "honest", (LECTURE, "16", ["naive"]))
+        assert until(lambda: waiting() == ["botwait2", "honest"]), waiting()
+        assert until(lambda: "botwait3" in answers)
+        assert "queue: got 'your place in a full lane'; allowed: room first for a visitor whose network" \
+            in answers["botwait3"]
+        fn, defaults = fns["timing"]
+        code, body = join(url, fn, [LECTURE, "16", ["naive"], *defaults[3:]], "botwait4", "198.18.17.4")
         assert code == 422 and "2 timing sweeps waiting" in body
         timing_runs.TIMING_RUNS.cancel("botrun")
         honest.join(120)
         assert answers["honest"] is None
     finally:
+        timing_runs.TIMING_RUNS.cancel("botrun")
         demo.close()
