@@ -1049,7 +1049,8 @@ def test_sessions_minted_past_gradios_table_never_stop_the_queue(monkeypatch):
         fns = api_functions(url)
         honest = RawClient(url, "203.0.113.72", fns)
         answer = []
-        waiting = threading.Thread(target=lambda: answer.append(honest.call("attention", [LECTURE], "honestinflight")))
+        waiting = threading.Thread(target=lambda: answer.append(honest.call("attention", [LECTURE], "honestinflight")),
+                                   daemon=True)
         waiting.start()
         deadline = time.monotonic() + 30
         while "honestinflight" not in demo._queue.pending_messages_per_session and time.monotonic() < deadline:
