@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from server import admission, front_door, visitors
+from server import admission, visitors
 from server.admission import LANES, QUEUE_MAX, Admission, RateShare, WatchedQueue, check_admission
 from server.visitors import client_address, visitor_key
 from explorer.schema import ValidationError
@@ -225,7 +225,7 @@ def test_a_rate_share_bounds_bytes_and_calls_per_visitor_within_its_window():
     share.take("a", 100)                                 # the window passed
 
 
-# --- round three: one visitor function, the front door's rates and cache, heavy work in its own lane ---
+# --- round three: heavy work in its own lane, work shares (the front door: tests/test_server_front_door.py) ---
 
 def test_every_x_forwarded_for_line_counts_and_the_rightmost_hop_decides_everywhere():
     """A client sends two X-Forwarded-For lines, the first forged; the proxy appends the real address to the
@@ -237,71 +237,6 @@ def test_every_x_forwarded_for_line_counts_and_the_rightmost_hop_decides_everywh
     keys = {visitor_key(raw, "10.0.0.1", hops=1), visitor_key(Headers(raw=raw), "10.0.0.1", hops=1)}
     assert keys == {"addr:192.0.2.9"}
     assert visitor_key(Headers(raw=raw), "10.0.0.1", hops=3) == "addr:203.0.113.1"
-
-
-def test_a_token_bucket_bounds_each_visitor_and_names_when_to_retry():
-    now = [0.0]
-    bucket = front_door.TokenBucket("events", burst=3, per_s=2, clock=lambda: now[0])
-    for _ in range(3):
-        bucket.take("a")
-    with pytest.raises(front_door.RateLimited, match=r"^requests: got 'more events from your address than the "
-                                                    r"server answers'; allowed: 3 at once, then 2 a second; "
-                                                    r"retry in 0\.5 s") as refused:
-        bucket.take("a")
-    assert refused.value.retry_after_s == pytest.approx(0.5)
-    bucket.take("b")                                     # another visitor's bucket
-    now[0] = 0.5
-    bucket.take("a")                                     # refilled one
-
-
-class ToyApp:
-    """An ASGI app that counts the requests it answers."""
-
-    def __init__(self):
-        self.seen = []
-
-    async def __call__(self, scope, receive, send):
-        self.seen.append((scope["method"], scope["path"]))
-        body = f"page {len(self.seen)}".encode()
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/html")]})
-        await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-def call(door, method: str, path: str, address: str, body: bytes = b"") -> tuple[int, bytes]:
-    import asyncio
-    scope = {"type": "http", "method": method, "path": path, "root_path": "", "query_string": b"",
-             "client": (address, 1), "headers": [(b"host", b"space"), (b"content-length", str(len(body)).encode())]}
-    sent = []
-
-    async def receive():
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    async def send(message):
-        sent.append(message)
-    asyncio.run(door(scope, receive, send))
-    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
-
-
-def test_the_page_is_built_once_and_page_loads_and_events_are_bounded_per_visitor(monkeypatch):
-    """GET / built by Gradio once and then served from the cache, byte for byte; one address past its
-    page-load or event rate is answered 429 by name before Gradio sees the request; another address is not."""
-    monkeypatch.setenv(visitors.TRUSTED_PROXIES_ENV, "0")
-    monkeypatch.setattr(front_door, "TARPIT_S", 0.0)
-    app = ToyApp()
-    door = front_door.FrontDoor(app)
-    first = call(door, "GET", "/", "10.0.0.1")
-    assert all(call(door, "GET", "/", "10.0.0.1") == first for _ in range(5)) and app.seen == [("GET", "/")]
-    for _ in range(int(front_door.PAGE_RATE["burst"]) - 6):
-        call(door, "GET", "/config", "10.0.0.1")
-    status, body = call(door, "GET", "/", "10.0.0.1")
-    assert status == 429 and b"requests: got 'more page loads from your address" in body
-    assert call(door, "GET", "/", "10.0.0.2") == first                       # another visitor
-    before = len(app.seen)
-    burst = int(front_door.EVENT_RATE["burst"])      # a few more refill while these run (20 a second)
-    answers = [call(door, "POST", "/gradio_api/queue/join", "10.0.0.3", b"{}") for _ in range(burst + 10)]
-    codes = [code for code, _ in answers]
-    assert codes[:burst] == [200] * burst and 429 in codes and len(app.seen) - before == codes.count(200)
-    assert b"more events from your address" in answers[codes.index(429)][1]
 
 
 def test_a_heavy_model_view_is_admitted_to_the_heavy_lane_and_queued_there(monkeypatch):
@@ -344,22 +279,6 @@ def test_a_visitors_work_share_refuses_by_name_and_takes_nothing_when_it_refuses
     with pytest.raises(ValidationError, match="export"):                     # a refused share takes no work
         gate.admit("pack", ("addr:b", "s"), lambda: ([], []), units=10**6, flops=1000e9)
     assert "addr:b" not in gate.rates["work"].log
-
-
-def test_a_refusal_for_rate_is_answered_late_so_a_loop_of_them_slows_down(monkeypatch):
-    """A client looping on refusals gets each TARPIT_S late (an await, no thread): about one a second per
-    connection instead of thousands."""
-    import time
-    monkeypatch.setenv(visitors.TRUSTED_PROXIES_ENV, "0")
-    monkeypatch.setattr(front_door, "TARPIT_S", 0.3)
-    door = front_door.FrontDoor(ToyApp())
-    for _ in range(int(front_door.PAGE_RATE["burst"])):
-        call(door, "GET", "/", "10.0.0.1")
-    t0 = time.monotonic()
-    assert call(door, "GET", "/", "10.0.0.1")[0] == 429 and time.monotonic() - t0 >= 0.3
-    monkeypatch.setattr(front_door, "TARPIT_AT_ONCE", 0)                    # too many waiting: at once
-    t0 = time.monotonic()
-    assert call(door, "GET", "/", "10.0.0.1")[0] == 429 and time.monotonic() - t0 < 0.3
 
 
 # --- round four: networks, full lanes, page redraws, classes behind one address ------------------------------

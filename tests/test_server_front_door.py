@@ -196,3 +196,55 @@ def test_raw_uploads_go_after_their_time_and_the_temp_dir_is_trimmed_oldest_firs
     assert sorted(os.listdir(tmp_path)) == ["fresh", "old4"]
     with pytest.raises(ValidationError):
         disk.RawUploads(max_bytes=10).reserve("net:a", 11)
+
+
+# --- rates per visitor, answered late (round three) ------------------------------------------------------------
+
+def test_a_token_bucket_bounds_each_visitor_and_names_when_to_retry():
+    now = [0.0]
+    bucket = front_door.TokenBucket("events", burst=3, per_s=2, clock=lambda: now[0])
+    for _ in range(3):
+        bucket.take("a")
+    with pytest.raises(front_door.RateLimited, match=r"^requests: got 'more events from your address than the "
+                                                    r"server answers'; allowed: 3 at once, then 2 a second; "
+                                                    r"retry in 0\.5 s") as refused:
+        bucket.take("a")
+    assert refused.value.retry_after_s == pytest.approx(0.5)
+    bucket.take("b")                                     # another visitor's bucket
+    now[0] = 0.5
+    bucket.take("a")                                     # refilled one
+
+
+def test_the_page_is_built_once_and_page_loads_and_events_are_bounded_per_visitor():
+    """GET / built by Gradio once and then served from the cache, byte for byte; one address past its
+    page-load or event rate is answered 429 by name before Gradio sees the request; another address is not."""
+    app = ToyApp()
+    door = front_door.FrontDoor(app)
+    first = call(door, "GET", "/", "10.0.0.1")[::2]
+    assert all(call(door, "GET", "/", "10.0.0.1")[::2] == first for _ in range(5)) and app.seen == [("GET", "/", b"")]
+    for _ in range(int(front_door.PAGE_RATE["burst"]) - 6):
+        call(door, "GET", "/config", "10.0.0.1")
+    status, _, body = call(door, "GET", "/", "10.0.0.1")
+    assert status == 429 and b"requests: got 'more page loads from your address" in body
+    assert call(door, "GET", "/", "10.0.0.2")[::2] == first                 # another visitor
+    before = len(app.seen)
+    burst = int(front_door.EVENT_RATE["burst"])      # a few more refill while these run (20 a second)
+    answers = [call(door, "POST", "/gradio_api/queue/join", "10.0.0.3", b"{}") for _ in range(burst + 10)]
+    codes = [code for code, _, _ in answers]
+    assert codes[:burst] == [200] * burst and 429 in codes and len(app.seen) - before == codes.count(200)
+    assert b"more events from your address" in answers[codes.index(429)][2]
+
+
+def test_a_refusal_for_rate_is_answered_late_so_a_loop_of_them_slows_down(monkeypatch):
+    """A client looping on refusals gets each TARPIT_S late (an await, no thread): about one a second per
+    connection instead of thousands."""
+    import time
+    monkeypatch.setattr(front_door, "TARPIT_S", 0.3)
+    door = front_door.FrontDoor(ToyApp())
+    for _ in range(int(front_door.PAGE_RATE["burst"])):
+        call(door, "GET", "/", "10.0.0.1")
+    t0 = time.monotonic()
+    assert call(door, "GET", "/", "10.0.0.1")[0] == 429 and time.monotonic() - t0 >= 0.3
+    monkeypatch.setattr(front_door, "TARPIT_AT_ONCE", 0)                    # too many waiting: at once
+    t0 = time.monotonic()
+    assert call(door, "GET", "/", "10.0.0.1")[0] == 429 and time.monotonic() - t0 < 0.3
