@@ -203,21 +203,21 @@ def bound_sessions(demo: gr.Blocks, capacity: Optional[int] = None) -> None:
     push, send = queue.push, queue.send_message
 
     async def checked_push(body, request, username):
-        session = body.session_hash
+        session = body.session_hash                 # None from /call/<api>: Gradio makes one per call
         try:
-            check_session_hash(session)
+            if session is not None:
+                check_session_hash(session)
             key = visitor_key(request.headers, getattr(request.client, "host", None), username)
             fn = demo.fns.get(body.fn_index) if isinstance(body.fn_index, int) else None
             if fn is not None and fn.api_name == "load":
                 BROWSERS.loaded(key, SIGNER.browser(cookie_value(request.headers)))
             if session not in sessions:
                 new_sessions.take(key, math.sqrt(BROWSERS.weight(key)))
-                sessions.owner[session] = key
         except (ValidationError, RateLimited) as e:
             return False, str(e), "error"
         answer = await push(body, request, username)
-        if session not in sessions:
-            sessions.owner.pop(session, None)
+        if body.session_hash in sessions:
+            sessions.owner.setdefault(body.session_hash, key)
         if len(queue.pending_event_ids_session) > capacity + QUEUE_MAX:    # ids of sessions no longer held
             for gone in [s for s in queue.pending_event_ids_session if s not in sessions]:
                 queue.pending_event_ids_session.pop(gone, None)
