@@ -212,7 +212,8 @@ class Admission:
         self.ticket_ttl_s, self.clock = ticket_ttl_s, clock
         self.rates = {"export": RateShare("export", **EXPORT_SHARE, clock=clock),
                       "work": RateShare("work", **WORK_SHARE, clock=clock),
-                      "network work": RateShare("work", **NETWORK_WORK_SHARE, clock=clock)}
+                      "network work": RateShare("work", **NETWORK_WORK_SHARE, clock=clock),
+                      "network export": RateShare("export", **NETWORK_EXPORT_SHARE, clock=clock)}
         self.usage = Usage(clock=clock)
         self.queues: dict[str, WatchedQueue] = {}
         self.weights: Callable[[str], int] = BROWSERS.weight
@@ -242,7 +243,8 @@ class Admission:
             waiting, running = lane_now()
             weight = self.weights(visitor[0])
             victim = check_admission(lane, list(waiting) + pending, visitor, running, weight, redraw, self.weights)
-            shares = [(self.rates["export"], visitor[0], units, 1)] if lane in ("export", "pack") and units else []
+            shares = [(self.rates["export"], visitor[0], units, 1), (self.rates["network export"],
+                      network_of(visitor[0]), units, 1)] if lane in ("export", "pack") and units else []
             if flops >= 1e9:
                 scale = min(weight, WORK_WEIGHT_CAP)
                 shares += [(self.rates["work"], visitor[0], round(flops / 1e9), scale),
@@ -426,6 +428,7 @@ class RateShare:
 # key, renders per window (a lecture pack renders every figure of export.FIGURES in each format). A lecturer
 # making slides renders a few dozen; a loop of them would keep the browser busy for everyone.
 EXPORT_SHARE = dict(max_bytes=80, max_calls=80, window_s=600.0, unit="renders", what="exports")
+NETWORK_EXPORT_SHARE = dict(EXPORT_SHARE, max_bytes=160, max_calls=160, what="exports from your network")
 # Model work per visitor key, estimated before a request runs (explorer.limits.view_cost): on average a
 # quarter of a free Space's core for one address. A student on phoenix-nano draws ~30 views in 10 minutes
 # (26-150 GFLOP each); a loop of the largest the budget admits (~550 GFLOP) gets 5, then waits for the

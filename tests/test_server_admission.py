@@ -395,9 +395,9 @@ def test_a_view_drawing_more_than_its_event_was_admitted_for_is_refused_by_name(
     admission.check_drawn(type("State", (), {"admitted_flops": 554e9})(), 554e9)
 
 
-def test_fresh_addresses_of_one_network_share_its_work_share():
-    """A botnet asking for the largest views from a fresh address of one /24 each time: each address is
-    within its own share, the network's ends them; another network still draws."""
+def test_fresh_addresses_of_one_network_share_its_work_and_render_shares():
+    """A botnet asking for the largest views, or lecture packs, from a fresh address of one /24 each time:
+    each address is within its own share, the network's ends them; another network still draws."""
     gate = Admission(clock=lambda: 0.0)
     limit = admission.NETWORK_WORK_SHARE["max_bytes"]
     for i in range(limit // 1000):
@@ -406,3 +406,9 @@ def test_fresh_addresses_of_one_network_share_its_work_share():
     with pytest.raises(ValidationError, match=r"^work: got .* GFLOP in 10 minutes'; allowed: .* GFLOP per network"):
         gate.admit("heavy", ("addr:198.18.18.99", "s"), lambda: ([], []), flops=1000e9)
     gate.admit("heavy", ("addr:203.0.113.1", "s"), lambda: ([], []), flops=1000e9)
+    renders = admission.NETWORK_EXPORT_SHARE["max_bytes"]
+    for i in range(renders // 40):
+        gate.admit("pack", (f"addr:198.18.19.{i}", "s"), lambda: ([], []), units=40)
+        gate.tickets.clear()
+    with pytest.raises(ValidationError, match=r"^export: got .* renders in 10 minutes'; allowed: .* per network"):
+        gate.admit("pack", ("addr:198.18.19.99", "s"), lambda: ([], []), units=40)
