@@ -937,7 +937,7 @@ def _client_machine(role: str, args: list, url: str, seed: int, tmp: str, ready,
         out.put((role, list(records), list(RAW_UPLOADS), sum(t.is_alive() for t in threads), time.process_time()))
 
 
-END_GRACE_S = 60.0
+END_GRACE_S = 30.0
 
 
 class HealthSampler:
@@ -998,9 +998,11 @@ def _below(value: Optional[float], target: float) -> bool:
 
 
 def run_soak(url: str, honest_n: int, duration_s: float, seed: int, processes: int = 6,
-             records_out: Optional[Path] = None, attacks: Optional[list] = None) -> dict:
+             records_out: Optional[Path] = None, attacks: Optional[list] = None,
+             after_s: float = SOAK_TARGETS["after_s"]) -> dict:
     """One soak run against the app at `url`: `honest_n` honest visitors, the probe and the uploader beside
-    the modes `attacks` for `duration_s` -> the run's figures, its checks and its targets."""
+    the modes `attacks` for `duration_s` -> the run's figures, its checks and its targets (RSS `after_s`
+    after the load; its target only where that is the target's wait)."""
     import multiprocessing
     import queue as queue_module
     import tempfile
@@ -1053,7 +1055,7 @@ def run_soak(url: str, honest_n: int, duration_s: float, seed: int, processes: i
             p.join(timeout=10)
             if p.is_alive():                # requests left behind: they stop with their process
                 p.terminate()
-        time.sleep(SOAK_TARGETS["after_s"])
+        time.sleep(after_s)
         rss_after = family_rss_bytes(pid)
         sampler.stop()
         health.stop()
@@ -1096,7 +1098,7 @@ def run_soak(url: str, honest_n: int, duration_s: float, seed: int, processes: i
                          cores=os.cpu_count(), why="the clients run on the server's machine: what they use, "
                                                    "the server cannot"),
         memory=dict(rss_start_gb=round(rss_start / 1e9, 3), peak_rss_gb=round(max(during, default=0) / 1e9, 3),
-                    rss_after_gb=round(rss_after / 1e9, 3), after_s=SOAK_TARGETS["after_s"],
+                    rss_after_gb=round(rss_after / 1e9, 3), after_s=after_s,
                     timeline_gb=[(round(t - t0, 1), round(r / 1e9, 3)) for t, r in samples[::25]]),
         stores=dict(most={k: health.most.get(k, 0) for k in limits}, bounds=limits,
                     queue_restarts=(final or {}).get("restarts"), health_not_ok=health.down),
@@ -1121,7 +1123,6 @@ def run_soak(url: str, honest_n: int, duration_s: float, seed: int, processes: i
     stores = result["stores"]
     met = dict(
         peak_rss_gb=m["peak_rss_gb"] < SOAK_TARGETS["peak_rss_gb"],
-        rss_after_gb=m["rss_after_gb"] < SOAK_TARGETS["rss_after_gb"],
         honest_mask_p95_s=_below(result["honest_mask_p95_s"], SOAK_TARGETS["honest_mask_p95_s"]),
         honest_failures=h["failures"] + h["refused_by_name"] <= SOAK_TARGETS["honest_failures"],
         honest_model_views_p95_s=_below(result["honest_model_views_p95_s"], SOAK_TARGETS["honest_model_views_p95_s"]),
@@ -1132,19 +1133,21 @@ def run_soak(url: str, honest_n: int, duration_s: float, seed: int, processes: i
         # the attacks answered within their bounds are not refused; every other attack of the attacker is
         attacker_refused_by_name=all(sides["attacker"][a.label]["refused_by_name"] > 0 for a in attacks
                                      if a.side == "attacker" and a not in ANSWERED_ATTACKS))
+    if after_s >= SOAK_TARGETS["after_s"]:
+        met["rss_after_gb"] = m["rss_after_gb"] < SOAK_TARGETS["rss_after_gb"]
     if result["classroom_views_p95_s"] is not None:
         met["classroom_views_p95_s"] = _below(result["classroom_views_p95_s"], SOAK_TARGETS["classroom_views_p95_s"])
     result["targets"] = dict(SOAK_TARGETS, met=met)
     return result
 
 
-def soak_once(a, attacks: list, duration_s: float) -> dict:
+def soak_once(a, attacks: list, duration_s: float, after_s: float = SOAK_TARGETS["after_s"]) -> dict:
     """A fresh app (Space mode: one trusted proxy; its own temp dir) soaked once with `attacks`."""
     import tempfile
     from server.visitors import TRUSTED_PROXIES_ENV
     with tempfile.TemporaryDirectory(prefix="soak-gradio-") as temp:
         with running_app(env={TRUSTED_PROXIES_ENV: "1", "GRADIO_TEMP_DIR": temp}) as url:
-            return run_soak(url, a.sessions, duration_s, a.seed, a.client_processes, a.records, attacks)
+            return run_soak(url, a.sessions, duration_s, a.seed, a.client_processes, a.records, attacks, after_s)
 
 
 # What each figure of a run is and which way is worse: the suite quotes min / median / max over its full runs
@@ -1194,14 +1197,16 @@ def main_suite(a) -> dict:
     every mode; the file keeps every run and quotes the worst."""
     from server.admission import memory_budget
     when = dt.datetime.now(dt.timezone.utc)
-    plan = [("baseline", [], a.mode_duration)] + [(m.label, [m], a.mode_duration) for m in a.attacks] + \
-        [(f"full run {i + 1}", a.attacks, a.duration) for i in range(a.runs)]
-    print(f"soak suite: {len(plan)} runs, {sum(d for _, _, d in plan) / 60:.0f} min of load, about "
-          f"{sum(d + SUITE_OVERHEAD_S for _, _, d in plan) / 60:.0f} min in all", flush=True)
+    after = SOAK_TARGETS["after_s"]
+    plan = [("baseline", [], a.mode_duration, after)] + [(m.label, [m], a.mode_duration, ALONE_AFTER_S)
+                                                         for m in a.attacks] + \
+        [(f"full run {i + 1}", a.attacks, a.duration, after) for i in range(a.runs)]
+    print(f"soak suite: {len(plan)} runs, {sum(p[2] for p in plan) / 60:.0f} min of load, about "
+          f"{sum(p[2] + p[3] + SUITE_OVERHEAD_S for p in plan) / 60:.0f} min in all", flush=True)
     results = {}
-    for name, modes, duration in plan:
+    for name, modes, duration, after_s in plan:
         t = time.monotonic()
-        results[name] = soak_once(a, modes, duration)
+        results[name] = soak_once(a, modes, duration, after_s)
         r = results[name]
         print(f"  {name}: {time.monotonic() - t:.0f} s; honest mask p95 {r['honest_mask_p95_s']:.2f} s, model views "
               f"p95 {r['honest_model_views_p95_s']:.2f} s, classroom p95 {r['classroom_views_p95_s']}, honest failed "
@@ -1242,7 +1247,8 @@ def main_suite(a) -> dict:
     return report
 
 
-SUITE_OVERHEAD_S = 75       # per run: the app's start and warm-up, the client processes, the 30 s after
+SUITE_OVERHEAD_S = 60       # per run: the app's start and warm-up, the client processes, the end's stragglers
+ALONE_AFTER_S = 5.0         # a mode alone shows its cost during the load; the 30 s after is the full runs' target
 
 
 def main_soak(a) -> dict:
