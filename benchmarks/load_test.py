@@ -1247,7 +1247,7 @@ def main_suite(a) -> dict:
     return report
 
 
-SUITE_OVERHEAD_S = 60       # per run: the app's start and warm-up, the client processes, the end's stragglers
+SUITE_OVERHEAD_S = 55       # per run: the app's start and warm-up, the client processes, the end's stragglers
 ALONE_AFTER_S = 5.0         # a mode alone shows its cost during the load; the 30 s after is the full runs' target
 
 
