@@ -493,11 +493,13 @@ def _refusal(text: str) -> bool:
     return ": got " in text and "; allowed: " in text and "internal error" not in text
 
 
-def api_functions(url: str) -> dict:
-    """api name -> (Gradio function index, its inputs' values on a fresh page), read once from the app's
-    config: a call with fewer inputs is completed with those, as gradio_client does."""
+def api_functions(url: str, address: str = "10.0.0.1") -> dict:
+    """api name -> (Gradio function index, its inputs' values on a fresh page), read once per client machine
+    from the app's config (asked for from `address`): a call with fewer inputs is completed with those, as
+    gradio_client does."""
     import urllib.request
-    config = json.load(urllib.request.urlopen(f"{url}config", timeout=60))
+    request = urllib.request.Request(f"{url}config", headers={"X-Forwarded-For": address})
+    config = json.load(urllib.request.urlopen(request, timeout=60))
     value = {c["id"]: c.get("props", {}).get("value") for c in config["components"]}
     return {d["api_name"]: (d["id"], [value.get(i) for i in d["inputs"]])
             for d in config["dependencies"] if d.get("api_name")}
@@ -512,7 +514,7 @@ class RawClient:
     def __init__(self, url: str, address: str, fn: Optional[dict] = None):
         import httpx
         self.url, self.address = url, address
-        self.fn = fn if fn is not None else api_functions(url)
+        self.fn = fn if fn is not None else api_functions(url, address)
         self.http = httpx.Client(timeout=120)
 
     def headers(self) -> dict:
@@ -634,11 +636,11 @@ def _weights_of(tmp: Path, query: str, seed: int) -> Path:
 
 
 def attacker(attack: Attack, k: int, url: str, stop_at: list, records: list, lock: threading.Lock, tmp: Path,
-             start: threading.Barrier) -> None:
+             start: threading.Barrier, fn: dict) -> None:
     """Thread `k` of a mode, in a loop until `stop_at`; every answer recorded (a refusal naming its field
     apart from an error)."""
     import uuid
-    raw = RawClient(url, ATTACKER)
+    raw = RawClient(url, ATTACKER, fn)
     fresh = lambda: uuid.uuid4().hex[:11]       # noqa: E731
     side = {"honest": "fairness" if attack is Attack.PAGE_VS_API else "classroom"}.get(attack.side, "attacker")
     if attack is Attack.UPLOAD_STORE:
@@ -819,7 +821,7 @@ def smaller(raw: RawClient, url: str, i: int, files: list, note, t0: float) -> N
     else:
         import httpx
         first, second = f"gracepageA{i}", f"gracepageB{i}"
-        mine, theirs = RawClient(url, raw.address, raw.fn), RawClient(url, raw.address, raw.fn)
+        mine, theirs = RawClient(url, raw.address, raw.fn), RawClient(url, raw.address, raw.fn)   # two browsers
         mine.get("")
         theirs.get("")                          # two browsers: two cookies
         query, error = mine.upload_weights(files[0], LECTURE_Q, first)
@@ -860,12 +862,12 @@ def honest(url: str, index: int, start: threading.Barrier, stop_at: list, record
                                 error=error, refused=refused, visitor=index, query=args[0], t=time.monotonic()))
 
 
-def probe(url: str, start: threading.Barrier, stop_at: list, records: list, lock: threading.Lock) -> None:
+def probe(url: str, start: threading.Barrier, stop_at: list, records: list, lock: threading.Lock, fn: dict) -> None:
     """One more honest visitor of its own address (one page: one session) asking for the lecture /mask one at
     a time (0.3 s apart), over plain HTTP so each answer splits into phases: join (the POST, admission
     included), wait (queued until Gradio starts it), run (the view function, as Gradio times it) and rest
     (pre/postprocessing and the answer's way back)."""
-    raw = RawClient(url, PROBE_ADDRESS)
+    raw = RawClient(url, PROBE_ADDRESS, fn)
     start.wait()
     i = 0
     while time.monotonic() < stop_at[0]:
@@ -878,10 +880,11 @@ def probe(url: str, start: threading.Barrier, stop_at: list, records: list, lock
         time.sleep(0.3)
 
 
-def uploader(url: str, tmp: Path, start: threading.Barrier, stop_at: list, records: list, lock: threading.Lock) -> None:
+def uploader(url: str, tmp: Path, start: threading.Barrier, stop_at: list, records: list, lock: threading.Lock,
+             fn: dict) -> None:
     """An honest visitor uploading weights (a lecture-geometry file) every 10 s and drawing /attention with
     them: every upload must be taken, whatever fills the disk or the store."""
-    raw = RawClient(url, UPLOADER_ADDRESS)
+    raw = RawClient(url, UPLOADER_ADDRESS, fn)
     path = _weights_of(tmp, "preset=lecture", 5)
     start.wait()
     while time.monotonic() < stop_at[0]:
@@ -912,17 +915,18 @@ def _client_machine(role: str, args: list, url: str, seed: int, tmp: str, ready,
         n = 2
     else:
         n = sum(Attack[name].threads for name in args)
-    start = threading.Barrier(n + 1)                    # every thread, and this one
+    start = threading.Barrier(n + 1, timeout=300)       # every thread, and this one (a thread that failed to
+    fn = api_functions(url, f"10.3.0.{os.getpid() % 250 + 1}")     # set up breaks it instead of hanging)
     if role == "honest":
-        fn = api_functions(url)
         threads = [threading.Thread(target=honest, args=(url, i, start, stop_at, records, lock, seed, fn),
                                     daemon=True) for i in args]
     elif role == "probe":
-        threads = [threading.Thread(target=probe, args=(url, start, stop_at, records, lock), daemon=True),
-                   threading.Thread(target=uploader, args=(url, Path(tmp), start, stop_at, records, lock), daemon=True)]
+        threads = [threading.Thread(target=probe, args=(url, start, stop_at, records, lock, fn), daemon=True),
+                   threading.Thread(target=uploader, args=(url, Path(tmp), start, stop_at, records, lock, fn),
+                                    daemon=True)]
     else:
         threads = [threading.Thread(target=attacker, args=(Attack[name], k, url, stop_at, records, lock, Path(tmp),
-                                                           start), daemon=True)
+                                                           start, fn), daemon=True)
                    for name in args for k in range(Attack[name].threads)]
     assert len(threads) == n
     for t in threads:

@@ -152,6 +152,8 @@ def pick_on_page(request: gr.Request, pick: str, *args):
     *values, tab, last_query, marked = args
     values, chosen = picked_values(pick, values)
     out = control_change_on_page(request, *values, tab, last_query, marked)
+    if not isinstance(out[0], str):             # superseded meanwhile: nothing drawn, nothing to show
+        return out
     s = settings_of(out[0], request, need_model=False)
     first = 3                            # control_change_on_page: query, marked, note, then the controls
     for f in ("layer", "query"):

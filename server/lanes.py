@@ -47,9 +47,10 @@ def lane(name: str, units=1, work=None, redraw: bool = False) -> dict:
 
 
 def watch_lanes(demo: gr.Blocks) -> None:
-    """Gradio 6 has no public hook on its queue: this is the one place that touches its internals
-    (Queue.event_queue_per_concurrency_id, EventQueue.queue). Each lane's queue is made up front as
-    an admission.WatchedQueue, so a request's ticket ends the moment it is queued (atomic bounds);
+    """Gradio 6 has no public hook on its queue: this module reads and changes it here, in lane_now and in
+    push_out (Queue.event_queue_per_concurrency_id, EventQueue.queue, active_jobs, delete_lock); the rest of
+    its internals are server.gradio_patches'. Each lane's queue is made up front as an
+    admission.WatchedQueue, so a request's ticket ends the moment it is queued (atomic bounds);
     tests/test_app.py fails if they move."""
     from gradio.queueing import EventQueue
     queues = demo._queue.event_queue_per_concurrency_id
@@ -63,7 +64,8 @@ def admit_every_event(demo: gr.Blocks) -> None:
     so every one passes a lane's admission: those wired without one (the page's own JS-only steps, the
     unload, an event added later) are checked as page steps. A Stop (an event that `cancels`) takes no
     check — Gradio hands it the session hash instead of its inputs, which a check could not read — and
-    runs in microseconds, bounded by the front door's event rate."""
+    runs in microseconds, bounded by the front door's event rate and, like every push, by its visitor's
+    rate of new sessions (server.gradio_patches.bound_sessions)."""
     for fn in demo.fns.values():
         if fn.validator is None and not fn.cancels:
             fn.validator = admit_to("control")
