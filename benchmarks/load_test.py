@@ -724,7 +724,7 @@ def attacker(attack: Attack, k: int, url: str, stop_at: list, records: list, loc
                            *raw.join("stop_timing", [], hash_), sent)
                 time.sleep(max(0.0, 1.0 - (time.perf_counter() - t0)))
             elif attack is Attack.PAGE_VS_API:
-                raw.address = f"10.14.0.{k + 1}"
+                raw.address = f"10.14.{k}.1"
                 if k < 4:
                     note("render_on_change", raw.call("render_on_change", change_data(
                         raw.fn, LECTURE_Q + f"&seed={rng.randint(1, 9)}&head={rng.randint(-1, 3)}", "attention",
@@ -843,7 +843,7 @@ def honest(url: str, index: int, start: threading.Barrier, stop_at: list, record
     the page's protocol over plain HTTP (RawClient), so its process spends its CPU as a browser would
     (parsing the answers), not on gradio_client's job machinery (5x the CPU per request, measured)."""
     rng = random.Random(seed * 1000 + index)
-    raw = RawClient(url, f"10.1.{index // 250}.{index % 250 + 1}", fn)
+    raw = RawClient(url, f"10.{1 + index // 250}.{index % 250}.1", fn)     # each its own network, as homes are
     views, weights = zip(*((v, w) for v, (_, w) in MIX.items()))
     start.wait()
     while time.monotonic() < stop_at[0]:

@@ -59,12 +59,13 @@ def address_bound(lane: Lane, weight: int) -> int:
 FORWARDS_AT_ONCE = 4 if torch.cuda.is_available() else max(1, min(4, 2 * (os.cpu_count() or 1)))
 
 LANES: dict[str, Lane] = {lane.name: lane for lane in (
-    Lane("forward", "model views", running=FORWARDS_AT_ONCE, waiting=48, per_visitor=4, per_address=6, scales=True),
+    # room for a class's thirty and as many lone visitors waiting at once (the mask lane's wait is milliseconds)
+    Lane("forward", "model views", running=FORWARDS_AT_ONCE, waiting=64, per_visitor=4, per_address=6, scales=True),
     # views over limits.LARGE_REQUEST_FLOPS (any event that draws one): one at a time, so they never hold the
     # small views' slots
     Lane("heavy", "large views", running=1, waiting=6, per_visitor=1, per_address=2),
     # the mask view (no model): one address holds fewer than run at once, so others always find a slot
-    Lane("light", "mask views", running=6, waiting=64, per_visitor=2, per_address=3, scales=True),
+    Lane("light", "mask views", running=6, waiting=48, per_visitor=2, per_address=3, scales=True),
     # the page's own cheap steps that stay queued (a page load's link check, the committed timing curves); a
     # class's 31 page loads at once from one address fit under three quarters of it
     Lane("control", "page steps", running=4, waiting=48, per_visitor=4, per_address=8, scales=True),
