@@ -21,12 +21,16 @@ memory throughout and records peak RSS, RSS after the load and the lecture /mask
 ``benchmarks/results/load-abuse-<date>.json``. Targets: 0 failures, peak RSS < 6 GB, /mask p95 < 1 s,
 RSS back near its start.
 
-``--soak`` (issue 19) runs 30 honest visitors beside one attacker running that issue's findings 1-6
-for up to 120 s. Each side is its own client machine: the honest visitors spread over
-``--client-processes`` processes, the attacker in one, and a probe in one more (a visitor of its own
-asking for the lecture /mask one at a time, each answer split into join / wait / run / rest), so no
-client's GIL slows another's timing. ``benchmarks/results/load-soak-<date>.json``; ``--records``
-keeps every request.
+``--suite`` (issues 19, 28, 34) is the soak of record: a fresh app in Space mode per run, 30 honest visitors
+(spread over ``--client-processes`` processes), a probe (the lecture /mask one at a time, split into join /
+wait / run / rest) and an uploader beside the modes of ``Attack`` — the honest visitors alone once, each mode
+alone once (``--mode-duration`` s), then ``--runs`` runs with every mode (``--duration`` s); every side is its
+own client machine, so no client's GIL slows another's timing. The file keeps every run, min / median / max of
+the figures over the full runs and the worst run, which the README quotes:
+``benchmarks/results/load-soak-<date>.json``. ``--soak`` runs once (a quick look, not the record;
+``--records`` keeps every request).
+
+    python -m benchmarks.load_test --suite --duration 90 --mode-duration 30     # about 40 minutes on 2 cores
 """
 from __future__ import annotations
 
@@ -1282,7 +1286,8 @@ def main_soak(a) -> dict:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", help="a running app; default: launch app.py on a free localhost port")
-    ap.add_argument("--sessions", type=int, default=24)
+    ap.add_argument("--sessions", type=int, default=None, help="clients (default 24; --soak and --suite: 30 honest "
+                    "visitors)")
     ap.add_argument("--duration", type=float, default=45.0, help="seconds of load (at most 60; --soak, --suite: "
                     "each full run, at most 120)")
     ap.add_argument("--seed", type=int, default=0)
@@ -1308,6 +1313,7 @@ def main(argv=None) -> dict:
     if set(chosen) - set(numbers):
         ap.error(f"--attacks: got {a.attacks!r}; allowed: numbers among {', '.join(numbers)}, or none")
     a.attacks = [numbers[n] for n in chosen] if chosen or a.attacks.strip() == "none" else ATTACKS
+    a.sessions = a.sessions or (30 if a.soak or a.suite else 24)
     if not 1 <= a.sessions <= 200:
         ap.error(f"--sessions: got {a.sessions}; allowed: 1..200")
     longest = 120 if a.soak or a.suite else 60
