@@ -29,16 +29,16 @@ from explorer.links import to_query
 from explorer.schema import Settings
 from explorer.settings import COLOR_SCALES, INVARIANCE_OPS, VALUE_KINDS, ZOOMS, parse_settings
 from explorer.views import VIEWS, drawn_views
-from server import admission, gradio_patches, memory
-from server.admission import QUEUE_MAX
+from server import admission, disk, front_door, gradio_patches, memory
+from server.admission import ADMISSION, QUEUE_MAX
 from server.endpoints import (VIEW_ENDPOINTS, control_change, control_change_on_page, export_endpoint,
                               export_preview_endpoint, family_on_page, lecture_pack_endpoint, link_on_page, page_gone,
                               pick_on_page, preset_on_page, present_key_on_page, render_tab, upload_endpoint)
 from server.gradio_patches import weights_file
 from server.guard import settings_of
 from server.lanes import (CONTROL, EXPORT, EXPORT_PACK, TIMING, UNQUEUED, UPLOAD, admit_every_event, forward, light,
-                          watch_lanes, work_of_change, work_of_figure, work_of_pick, work_of_query, work_of_source,
-                          work_of_tab)
+                          page_redraw, watch_lanes, work_of_change, work_of_figure, work_of_keys, work_of_link,
+                          work_of_page_change, work_of_pick, work_of_query, work_of_source, work_of_tab)
 from server.links import (bug_choices, family_endpoint, head_choices, head_of_link, limit_endpoint, link_to_controls,
                           load_endpoint, preset_choices, preset_endpoint, query_to_controls, settings_endpoint,
                           weight_choices)
@@ -287,7 +287,7 @@ def redraw(page: SimpleNamespace, event, after: str):
     """After `event`: the address bar follows the query, then the visible tab is redrawn."""
     return (event.then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP)
             .then(render_tab, [page.query, page.tab_state], page.view_outputs, api_name=f"render_after_{after}",
-                  **figures_of(page.view_outputs), **HIDDEN, **forward(work_of_tab)))
+                  **figures_of(page.view_outputs), **HIDDEN, **page_redraw(work_of_tab)))
 
 
 def picked(control: gr.components.Component):
@@ -313,7 +313,7 @@ def wire_controls(page: SimpleNamespace, c: dict) -> None:
     page.pick.change(pick_on_page, [page.pick] + controls + [page.tab_state, page.query],
                     [page.query, page.limit_md] + controls + page.view_outputs,
                     api_name="render_after_pick", trigger_mode="always_last", **figures_of(page.view_outputs), **HIDDEN,
-                    **forward(work_of_pick), **RAW).then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP)
+                    **page_redraw(work_of_pick), **RAW).then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP)
     for f, js in IN_BROWSER.items():    # no server request: the page redraws and writes the link
         picked(c[f])(None, [c[f], page.query], [page.query], js=js, api_name=f"{f}_in_browser", **STEP, **RAW) \
             .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP)
@@ -330,7 +330,7 @@ def wire_controls(page: SimpleNamespace, c: dict) -> None:
           controls + [page.tab_state, page.query],
           [page.query, page.limit_md] + controls + page.view_outputs,
           api_name="render_on_change", trigger_mode="always_last", **figures_of(page.view_outputs), **HIDDEN,
-          **forward(work_of_change), **RAW).then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP)
+          **page_redraw(work_of_page_change), **RAW).then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP)
     page.hidden_q.change(control_change, controls + [page.tab_state], [page.query, c["head"]] + page.view_outputs,
                          api_name="control_change", **forward(work_of_change), **RAW)
     page.hidden_q.blur(settings_endpoint, controls, page.hidden_out, api_name="settings", **UNQUEUED, **RAW)
@@ -347,12 +347,12 @@ def wire_sources(page: SimpleNamespace, c: dict) -> None:
         trigger(api_fn, inputs, page.hidden_out, api_name=name, **UNQUEUED, **RAW)
         outputs = [page.query, page.limit_md] + controls + page.view_outputs
         picked(c[name])(page_fn, inputs + [page.tab_state], outputs, api_name=f"render_after_{name}",
-                        **figures_of(outputs), **HIDDEN, **forward(work_of_source), **RAW) \
+                        **figures_of(outputs), **HIDDEN, **page_redraw(work_of_source), **RAW) \
             .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP)
     # Reset: every control back to the preset's values, as picking the preset again would
     outputs = [page.query, page.limit_md] + controls + page.view_outputs
     page.reset.click(preset_on_page, [c["preset"], page.tab_state], outputs, api_name="render_after_reset",
-                     **figures_of(outputs), **HIDDEN, **forward(work_of_source), **RAW) \
+                     **figures_of(outputs), **HIDDEN, **page_redraw(work_of_source), **RAW) \
         .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP)
     ev = page.upload.upload(upload_endpoint, [page.query, page.upload], [page.query, page.upload_msg],
                             api_name="upload_weights", **UPLOAD)
@@ -367,7 +367,7 @@ def wire_navigation(demo: gr.Blocks, page: SimpleNamespace, c: dict) -> None:
                    **STEP) \
            .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP) \
            .then(render_tab, [page.query, page.tab_state], page.view_outputs, api_name=f"render_{name}",
-                 **figures_of(page.view_outputs), **HIDDEN, **forward(work_of_tab))
+                 **figures_of(page.view_outputs), **HIDDEN, **page_redraw(work_of_tab))
     page.copy.click(None, None, None, api_name="copy_link", js=COPY_LINK, **STEP)
     # the load stays queued: its gr.Warning about a bad link reaches the page through the queue
     redraw(page, demo.load(load_endpoint, None, [page.query, page.tab_state, page.tabs, page.marked], api_name="load",
@@ -382,7 +382,7 @@ def wire_navigation(demo: gr.Blocks, page: SimpleNamespace, c: dict) -> None:
     page.history.change(link_on_page, page.history,
                         [page.query, page.tab_state, page.tabs, page.limit_md] + [c[f] for f in CONTROL_FIELDS]
                         + page.view_outputs, api_name="render_after_history", **figures_of(page.view_outputs),
-                        **HIDDEN, **forward(work_of_tab), **RAW) \
+                        **HIDDEN, **page_redraw(work_of_link), **RAW) \
         .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP)
 
 
@@ -392,7 +392,7 @@ def wire_presentation(page: SimpleNamespace, c: dict) -> None:
     outputs = [page.query, page.limit_md] + [c[f] for f in CONTROL_FIELDS] + page.view_outputs
     page.key.click(present_key_on_page, [page.query, page.hidden_out, page.tab_state], outputs,
                    js="(q, keys, tab) => [q, explorer.present.pendingKey, tab]", api_name="render_after_key",
-                   **figures_of(outputs), **HIDDEN, **forward(work_of_tab), **RAW) \
+                   **figures_of(outputs), **HIDDEN, **page_redraw(work_of_keys), **RAW) \
         .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP) \
         .then(None, None, None, js="() => explorer.present.done()", **STEP)
     page.present.click(None, None, None, js="() => explorer.present.enter()", api_name="present", **STEP)
@@ -486,6 +486,9 @@ def build_app() -> gr.Blocks:
     demo.queue(default_concurrency_limit=4, max_size=QUEUE_MAX, api_open=False)
     admit_every_event(demo)
     watch_lanes(demo)
+    gradio_patches.bound_sessions(demo)
+    gradio_patches.charge_every_event(demo, ADMISSION)
+    gradio_patches.keep_queue_alive(demo)
     gradio_patches.skip_queue_analytics(demo)
     gradio_patches.keep_outputs_out_of_session_state()
     gradio_patches.skip_absent_matplotlib()
@@ -493,12 +496,15 @@ def build_app() -> gr.Blocks:
 
 
 
-def launch_options() -> dict:
-    """demo.launch keywords: the front door (body and upload-route bounds per visitor) and the
-    session capacity."""
+def launch_options(demo: gr.Blocks | None = None) -> dict:
+    """demo.launch keywords: the front door (rates, body and upload-route bounds per visitor; with `demo`, its
+    /healthz answers for demo's queue), the session capacity, and no run history (a page of its own that
+    records every call)."""
     from starlette.middleware import Middleware
+    health = gradio_patches.queue_health(demo) if demo is not None else None
     return dict(show_error=True, max_file_size=f"{runs.MAX_UPLOAD_BYTES}b", head=HEAD, css_paths=CSS_PATHS,
-                state_session_capacity=admission.SESSION_CAPACITY, app_kwargs={"middleware": [Middleware(admission.FrontDoor)]})
+                state_session_capacity=admission.SESSION_CAPACITY, run_history=False,
+                app_kwargs={"middleware": [Middleware(front_door.FrontDoor, health=health)]})
 
 
 def warm_up() -> None:
@@ -535,8 +541,9 @@ if __name__ == "__main__":
     demo = build_app()
     memory.freeze_startup_objects()     # the idle trim's collections then skip the page and the imports
     memory.start_idle_trim()
+    disk.start_sweeper()
     warm = threading.Timer(3.0, warm_up)
     warm.daemon = True
     warm.start()
     demo.launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
-                server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")), **launch_options())
+                server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")), **launch_options(demo))

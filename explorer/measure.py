@@ -829,7 +829,7 @@ def _read_results(stamps: tuple) -> list[tuple[str, dict]]:
     return out
 
 
-def load_model_timings(results_dir: Path = RESULTS_DIR) -> list[tuple[str, dict]]:
+def load_model_timings(results_dir: Path = RESULTS_DIR, tab_of: Optional[dict] = None) -> list[tuple[str, dict]]:
     """(file name, data) for every results file (load_results) with a "trunk" or "views" list: the file's
     device_name, date, commit, torch, cuda and matmul_tflops, "source" (what was read), and "trunk" / "views"
     (both always there) whose records hold exactly TRUNK_KEYS / VIEW_KEYS (an absent key is None); a trunk
@@ -841,7 +841,7 @@ def load_model_timings(results_dir: Path = RESULTS_DIR) -> list[tuple[str, dict]
         source = name
         if not (data.get("trunk") or data.get("views")):
             probe = Path(results_dir) / f"gpu-run-{data.get('date')}" / "probe.json"
-            data, source = _probe_timings(probe, data), f"{name} + {probe.parent.name}/{probe.name}"
+            data, source = _probe_timings(probe, data, tab_of), f"{name} + {probe.parent.name}/{probe.name}"
             if data is None:
                 continue
         trunk = [{k: r.get(k) for k in TRUNK_KEYS} for r in data.get("trunk") or [] if isinstance(r, dict)]
@@ -857,20 +857,19 @@ def load_model_timings(results_dir: Path = RESULTS_DIR) -> list[tuple[str, dict]
 PROBE_TRUNK = re.compile(r"(?P<preset>\S+) B(?P<B>\d+) cap (?P<cap>\S+) (?P<backend>\S+)$")
 
 
-def _probe_timings(path: Path, data: dict) -> Optional[dict]:
+def _probe_timings(path: Path, data: dict, tab_of: Optional[dict] = None) -> Optional[dict]:
     """The first GPU run's probe.json (benchmarks/results/gpu-run-2026-11-26/probe.py: its views and the grok
     trunk, B 32, bf16, prefix causal, padded, CUDA events, median of 7 after 2 warm-ups; rel_err against naive in
     bf16) as `data` with "trunk" and "views" in this module's schema: min / max and attention_ms were not
-    measured (None); a tab's times are the sums of its parts' (probe.py timed each view function); None when
-    there is no probe of this file's device."""
+    measured (None); probe.py timed each view function: `tab_of` (function name -> tab, from explorer.views,
+    which imports this module) sums them by tab, else each is its own row; None when there is no probe of this
+    file's device."""
     try:
         probe = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     if probe.get("device") != data.get("device_name"):
         return None
-    from explorer.views import VIEWS                    # here: explorer.views imports this module
-    tab_of = {part.draw.__name__: v.name for v in VIEWS.values() for part in v.parts}
     trunk = []
     for key, r in probe.get("trunk", {}).items():
         m = PROBE_TRUNK.match(key)
@@ -884,7 +883,7 @@ def _probe_timings(path: Path, data: dict) -> Optional[dict]:
     views: dict[tuple, dict] = {}
     for key, r in probe.get("views", {}).items():
         preset, _, fn = key.partition(" ")
-        tab = tab_of.get(fn)
+        tab = tab_of.get(fn) if tab_of is not None else fn
         if tab is None:
             continue
         v = views.setdefault((preset, tab), dict(preset=preset, view=tab, cold_ms=0.0, warm_ms=0.0, repeats=3))

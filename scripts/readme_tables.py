@@ -15,8 +15,8 @@ Blocks (between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``):
 - ``browser-latency``: benchmarks/results/browser-latency-<date>.json (benchmarks/browser_latency.py)
 - ``load-test``: benchmarks/results/load-<date>.json (benchmarks/load_test.py)
 - ``load-abuse``: benchmarks/results/load-abuse-<date>.json (python -m benchmarks.load_test --abuse)
-- ``load-soak``: benchmarks/results/load-soak-<date>.json (python -m benchmarks.load_test --soak), with the
-  server's memory budget it was measured against
+- ``load-soak``: benchmarks/results/load-soak-<date>.json (python -m benchmarks.load_test --suite: several runs,
+  the worst claimed; older files hold one --soak run), with the server's memory budget it was measured against
 - ``demo``: benchmarks/results/demo-training.json (python -m models.train_demo)
 - ``variants``: the variants registry + benchmarks/results/variants-training.json (python -m models.train_variants)
 - ``bugzoo``: the bug registry, every probe run now on the shipped demo weights
@@ -274,7 +274,9 @@ def trunk_block(results_dir: Path = RESULTS_DIR) -> str:
 def device_views_block(results_dir: Path = RESULTS_DIR) -> str:
     """Every view timed on a GPU (load_model_timings): first call and warm, ms, figure JSON included."""
     lines = []
-    for name, data in load_model_timings(results_dir):
+    from explorer.views import VIEWS
+    tab_of = {part.draw.__name__: v.name for v in VIEWS.values() for part in v.parts}     # the probe timed parts
+    for name, data in load_model_timings(results_dir, tab_of):
         if not data["views"] or not data.get("cuda"):
             continue
         views = list(dict.fromkeys(r["view"] for r in data["views"]))
@@ -464,10 +466,107 @@ def load_abuse_block(results_dir: Path = RESULTS_DIR) -> str:
 
 
 def load_soak_block(results_dir: Path = RESULTS_DIR) -> str:
-    found = _newest("load-soak-*.json", results_dir)
+    found = _newest("load-soak-2*.json", results_dir)
     if not found:
-        return "No soak results are committed yet (`python -m benchmarks.load_test --soak --duration 120`)."
+        return "No soak results are committed yet (`python -m benchmarks.load_test --suite`)."
     name, d = found
+    if d.get("kind") == "soak-suite":
+        return soak_suite_block(name, d)
+    return soak_run_block(name, d)
+
+
+def _budget_lines(budget: dict) -> list[str]:
+    lines = ["The server's memory budget at that commit (`server.admission.memory_budget`, recorded by the soak), "
+             "part by part:", "", "| part | bytes |", "|---|---|"]
+    lines += [f"| {part} | {n / 1e9:.2f} GB |" for part, n in budget.items() if part != "total"]
+    return lines + [f"| **total** | **{budget['total'] / 1e9:.2f} GB** |"]
+
+
+def _s(v) -> str:
+    return "—" if v is None else f"{v:.2f} s"
+
+
+def _kinds_lines(run: dict, sides: tuple) -> list[str]:
+    lines = ["| side | what | requests | failed | refused by name | p50 | p95 |", "|---|---|---|---|---|---|---|"]
+    for side in sides:
+        for kind, r in (run.get(side) or {}).items():
+            lines.append(f"| {side} | {kind} | {r['requests']} | {r['failures']} | {r['refused_by_name']} | "
+                         f"{_s(r['p50_s'])} | {_s(r['p95_s'])} |")
+    return lines
+
+
+def soak_suite_block(name: str, d: dict) -> str:
+    """The soak of record: every full run's spread, the worst run's targets (the claim), what each mode alone
+    cost against the honest visitors alone, and the worst run's requests by kind."""
+    dev, p, s = d["device"], d["parameters"], d["summary"]
+    runs, worst = d["runs"], d["runs"][s["worst_run"]]
+    t, met = worst["targets"], worst["targets"]["met"]
+    ok = lambda key: "met" if met.get(key) else "**not met**"          # noqa: E731
+    spread = lambda key, fmt: (" / ".join(fmt(s["spread"][key][k]) for k in ("min", "median", "max"))  # noqa: E731
+                               if key in s["spread"] else "—")
+    gb, sec, n = (lambda v: f"{v:.2f} GB"), (lambda v: f"{v:.2f} s"), (lambda v: f"{v:.0f}")
+    h, stores = worst["honest_total"], worst["stores"]
+    lines = [f"{p['honest_visitors']} honest visitors (with a probe and an uploader) beside {len(p['modes'])} modes, "
+             f"**{p['runs']} runs of {p['duration_s']:g} s with every mode**, after one run of the honest visitors "
+             f"alone and one of each mode alone ({p['mode_duration_s']:g} s each), on {dev['cores']} CPU cores "
+             f"({dev['cpu']}), clients and server on the same machine, a fresh app in Space mode per run, "
+             f"{d['date'][:10]}, commit `{d['git_commit'][:7]}` (`benchmarks/results/{name}`); load average "
+             f"{dev['load_average_before']:.1f} before, {dev['load_average_after']:.1f} after"
+             + (f"; {p['conditions']}" if p.get("conditions") else "") + ". The claim is the worst run "
+             f"(run {s['worst_run'] + 1}: most targets missed, then the figure nearest its target); beside it, "
+             "min / median / max over the runs.", ""]
+    lines += _budget_lines(p["memory_budget_bytes"]) + [""]
+    lines += ["| what | target | worst run | min / median / max | |", "|---|---|---|---|---|",
+              f"| honest `/mask` p95 | < {t['honest_mask_p95_s']:g} s | {_s(worst['honest_mask_p95_s'])} | "
+              f"{spread('honest_mask_p95_s', sec)} | {ok('honest_mask_p95_s')} |",
+              f"| honest lecture model views p95 | < {t['honest_model_views_p95_s']:g} s | "
+              f"{_s(worst['honest_model_views_p95_s'])} | {spread('honest_model_views_p95_s', sec)} | "
+              f"{ok('honest_model_views_p95_s')} |",
+              f"| classroom views p95 (30 students, one address) | < {t['classroom_views_p95_s']:g} s | "
+              f"{_s(worst['classroom_views_p95_s'])} | {spread('classroom_views_p95_s', sec)} | "
+              f"{ok('classroom_views_p95_s')} |",
+              f"| honest requests failed or refused | {t['honest_failures']} | {h['failures'] + h['refused_by_name']} "
+              f"of {h['requests']} | {spread('honest failures', n)} | {ok('honest_failures')} |",
+              f"| peak RSS, server and its export browser | < {t['peak_rss_gb']:g} GB (budget "
+              f"{p['memory_budget_bytes']['total'] / 1e9:.2f} GB) | {gb(worst['memory']['peak_rss_gb'])} | "
+              f"{spread('peak_rss_gb', gb)} | {ok('peak_rss_gb')} |",
+              f"| RSS {t['after_s']:g} s after the load | < {t['rss_after_gb']:g} GB | "
+              f"{gb(worst['memory']['rss_after_gb'])} | {spread('rss_after_gb', gb)} | {ok('rss_after_gb')} |",
+              "| Gradio's temp dir, raw uploads, upload store (most held / bound) | within | " + ", ".join(
+                  f"{stores['most'][k] / 2**20:,.0f} / {stores['bounds'][k] / 2**20:,.0f} MiB"
+                  for k in ("temp_dir_bytes", "raw_upload_bytes", "upload_store_bytes"))
+              + f" | | {ok('stores_within_bounds')} |",
+              f"| honest uploads taken | every one | {worst['honest_uploads']['taken']} of "
+              f"{worst['honest_uploads']['requests']} | | {ok('honest_uploads_taken')} |",
+              f"| the queue alive at the end | yes | {'yes' if worst['queue_alive_at_end'] else 'no'} "
+              f"({stores['queue_restarts']} restarts) | | {ok('queue_alive_at_end')} |",
+              f"| the modes' own checks (echoes, closed routes, a classmate's grace) | none failed | "
+              f"{len(worst['checks_failed'])} failed | | {ok('mode_checks')} |",
+              f"| attacks past their bounds refused by name | every one | "
+              f"{sum(r['refused_by_name'] for r in worst['attacker'].values())} refusals | | "
+              f"{ok('attacker_refused_by_name')} |", "",
+              "What each mode costs the honest visitors, alone beside them:", "",
+              "| mode | honest `/mask` p95 | model views p95 | classroom p95 | honest failed or refused | "
+              "attacker refused by name | targets missed |", "|---|---|---|---|---|---|---|"]
+    base = s["baseline"]
+    lines.append(f"| none (honest visitors alone) | {_s(base['honest_mask_p95_s'])} | "
+                 f"{_s(base['honest_model_views_p95_s'])} | {_s(base['classroom_views_p95_s'])} | "
+                 f"{base['honest failures']} | — | — |")
+    for mode, c in s["mode_alone"].items():
+        lines.append(f"| {mode} | {_s(c['honest_mask_p95_s'])} | {_s(c['honest_model_views_p95_s'])} | "
+                     f"{_s(c['classroom_views_p95_s'])} | {c['honest failures']} | {c['attacker_refused_by_name']} | "
+                     f"{', '.join(c['targets_missed']) or 'none'} |")
+    lines += ["", f"The worst run, request by request kind ({worst['wall_s']:.0f} s):", ""]
+    lines += _kinds_lines(worst, ("honest", "classroom", "fairness", "attacker"))
+    cpu = {k: v for k, v in worst["cpu_seconds"].items() if k.endswith("_s")}
+    lines += ["", f"CPU seconds used during the worst run's load, of {worst['wall_s'] * dev['cores']:.0f} the "
+                  f"{dev['cores']} cores had ({worst['cpu_seconds']['why']}): "
+              + ", ".join(f"{k[:-2].replace('_', ' ')} {v:.0f}" for k, v in cpu.items()) + "."]
+    return "\n".join(lines)
+
+
+def soak_run_block(name: str, d: dict) -> str:
+    """One soak run (the files of issues 19 and 28)."""
     dev, p, m, t = d["device"], d["parameters"], d["memory"], d["targets"]
     budget = p["memory_budget_bytes"]
     met = lambda key: "met" if t["met"][key] else "**not met**"          # noqa: E731

@@ -1,5 +1,6 @@
 """The server floor: what serves many visitors at once, between explorer/ (plain functions of Settings)
-and app.py (the page's layout and wiring). The front door and the lanes (admission.py, lanes.py), the
+and app.py (the page's layout and wiring). Who is asking (visitors.py, browsers.py), the front door and
+the disk it guards (front_door.py, disk.py), the lanes and their admission (admission.py, lanes.py), the
 event handlers by job (guard.py, links.py, endpoints.py, timing_events.py with timing_runs.py), where
 the app meets Gradio's internals (gradio_patches.py), each visitor's uploaded weights (uploads.py),
 the process's memory and thread policy (memory.py), and the localhost launcher the tests and

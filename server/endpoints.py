@@ -1,8 +1,11 @@
 """The view endpoints (one per drawn view of explorer.views.VIEWS, each taking the configuration as a
 URL query string), the page's redraws (a control change, a heatmap click, a preset, presentation
-mode's keys: the visible tab redrawn in the same round trip), the exports and the weights upload."""
+mode's keys: the visible tab redrawn in the same round trip), the exports and the weights upload. What a
+redraw draws is decided by functions its admission calls too (page_change, picked_values, stepped:
+server.lanes estimates exactly that), and a redraw the page has superseded draws nothing."""
 from __future__ import annotations
 
+import functools
 import os
 from urllib.parse import parse_qsl
 
@@ -11,14 +14,16 @@ import gradio as gr
 from explorer import controls, export
 from explorer.controls import CONTROL_FIELDS
 from explorer.links import to_query
-from explorer.schema import ValidationError
+from explorer.schema import Settings, ValidationError
 from explorer.settings import parse_settings
 from explorer.views import VIEWS, Text, View, check_view, drawn_views
 
 from . import uploads
-from .admission import visitor_of
+from .admission import ADMISSION, check_drawn
+from .browsers import browser_of
+from .visitors import visitor_of
 from .gradio_patches import NotAFile
-from .guard import as_markdown_text, gpu, guarded, limit_note, model_limit, session_of, settings_of
+from .guard import as_markdown_text, current_request, gpu, guarded, limit_note, model_limit, session_of, settings_of
 from .links import (family_endpoint, head_choices, limit_endpoint, link_to_controls, preset_endpoint, query_to_controls,
                     settings_endpoint)
 
@@ -29,16 +34,43 @@ def view_endpoint(view: View):
 
     def endpoint(query: str, request: gr.Request = None):
         current = VIEWS[name]                   # the record as it is now (a test may stand one in)
-        return current.draw(settings_of(query, request, need_model=current.needs_model))
+        s = settings_of(query, request, need_model=current.needs_model)
+        check_drawn(getattr(getattr(request, "request", None), "state", None), _flops(current, s))
+        return current.draw(s)
     endpoint.__name__ = endpoint.__qualname__ = f"{view.name}_endpoint"
     return guarded(gpu(endpoint) if view.gpu else endpoint)
+
+
+def _flops(view: View, s: Settings) -> float:
+    try:
+        return view.estimate(s).flops
+    except ValidationError:                     # past the budget: draw() refuses it by name
+        return 0.0
 
 
 VIEW_ENDPOINTS = {v.name: view_endpoint(v) for v in drawn_views()}
 # the outputs every redraw fills: each drawn view's, in tab order (app.py's page.view_outputs)
 VIEW_OUTPUTS = sum(len(v.outputs) for v in drawn_views())
+# a page redraw's outputs before the views: the link and the note, then every control
+CHANGE_OUTPUTS = 2 + len(CONTROL_FIELDS) + VIEW_OUTPUTS
+SOURCE_OUTPUTS = 2 + len(CONTROL_FIELDS) + VIEW_OUTPUTS         # a preset, a family, presentation keys, Reset
+LINK_OUTPUTS = 4 + len(CONTROL_FIELDS) + VIEW_OUTPUTS           # Back / Forward: link, tab, tabs, note, ...
 
 
+def unless_superseded(outputs: int):
+    """A page redraw's handler: when its page has sent a newer redraw since this one was admitted (it waited
+    meanwhile: server.admission.Admission.superseded), its `outputs` are left as they are and nothing is drawn."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def handler(*args, **kwargs):
+            if ADMISSION.superseded(getattr(getattr(current_request(), "request", None), "state", None)):
+                return [gr.skip()] * outputs
+            return fn(*args, **kwargs)
+        return handler
+    return wrap
+
+
+@unless_superseded(VIEW_OUTPUTS)
 @guarded
 def render_tab(query: str, tab: str, request: gr.Request = None):
     """Redraw only the visible tab (the others redraw when they are opened): every drawn view's outputs,
@@ -67,6 +99,14 @@ def control_change(request: gr.Request, *args):
     return [query, gr.update(choices=head_choices(s), value=s.head)] + render_tab(query, tab, request)
 
 
+def page_change(values, last_query: str, request=None) -> tuple[Settings, dict]:
+    """What the page's control change draws -> (settings, {field: message}): every valid control, and for
+    each invalid one the value of the last valid link (explorer.controls.keep_valid)."""
+    last = settings_of(last_query, request, need_model=False)
+    return controls.keep_valid(dict(zip(CONTROL_FIELDS, values)), last, uploads.uploads(session_of(request)))
+
+
+@unless_superseded(CHANGE_OUTPUTS)
 @guarded
 def control_change_on_page(request: gr.Request, *args):
     """The page's control change: like control_change, but an invalid value is marked at its control
@@ -75,8 +115,7 @@ def control_change_on_page(request: gr.Request, *args):
     (a change typed while an earlier one is answered must not leave that one's mark). Model views name the
     device limit instead of failing."""
     *values, tab, last_query = args
-    last = settings_of(last_query, request, need_model=False)
-    s, problems = controls.keep_valid(dict(zip(CONTROL_FIELDS, values)), last, uploads.uploads(session_of(request)))
+    s, problems = page_change(values, last_query, request)
     query = to_query(s)
     limit = model_limit(s)
     updates = [gr.update(info="⚠ " + problems[f], elem_classes=["invalid"]) if f in problems
@@ -92,19 +131,29 @@ def control_change_on_page(request: gr.Request, *args):
 PICKED = ("layer", "head", "query")
 
 
-@guarded
-def pick_on_page(request: gr.Request, pick: str, *args):
-    """A click on a heatmap cell (static/page.js writes `layer=1&head=3&query=7`, or only `query` for a
-    panel of no one head): those controls set together, then the usual control change; the layer and
-    query boxes show the values drawn."""
-    *values, tab, last_query = args
+def picked_values(pick: str, values) -> tuple[list, dict]:
+    """A heatmap click (static/page.js writes `layer=1&head=3&query=7`, or only `query` for a panel of no
+    one head) on the controls' `values` -> (the values with those set, {control: value picked})."""
     chosen = dict(parse_qsl(pick if isinstance(pick, str) else "", keep_blank_values=True))
     if not chosen or set(chosen) - {*PICKED, "n"}:
         raise ValidationError("pick", pick, "layer=<int>&head=<int>&query=<int> from a click on a heatmap")
+    values = list(values)
     for f in PICKED:
         if f in chosen:
             values[CONTROL_FIELDS.index(f)] = chosen[f]
+    return values, chosen
+
+
+@unless_superseded(CHANGE_OUTPUTS)
+@guarded
+def pick_on_page(request: gr.Request, pick: str, *args):
+    """A click on a heatmap cell: those controls set together (picked_values), then the usual control
+    change; the layer and query boxes show the values drawn."""
+    *values, tab, last_query = args
+    values, chosen = picked_values(pick, values)
     out = control_change_on_page(request, *values, tab, last_query)
+    if not isinstance(out[0], str):             # superseded meanwhile: nothing drawn, nothing to show
+        return out
     s = settings_of(out[0], request, need_model=False)
     first = 2                            # control_change_on_page: query, note, then the controls
     for f in ("layer", "query"):
@@ -121,35 +170,51 @@ def source_change_on_page(query: str, tab: str, request=None) -> list:
             + render_tab(query, tab, request))
 
 
+@unless_superseded(LINK_OUTPUTS)
 @guarded
 def link_on_page(link: str, request: gr.Request = None):
     """The browser's Back or Forward (static/page.js writes the address it went to): that address read as a
     page load reads a link — every control set from it, a bad value dropped and marked, its tab opened and
     redrawn, in one round trip. -> (query, tab, the tabs' update, device note, controls..., views...)"""
-    params = dict(parse_qsl(str(link or "").lstrip("?"), keep_blank_values=True))
-    tab = params.get("tab") if params.get("tab") in VIEWS else "mask"
-    s, problems = controls.from_link(params, uploads.uploads(session_of(request)))
+    s, problems, tab = linked(link, request)
     query = to_query(s)
     return ([query, tab, gr.Tabs(selected=tab), limit_endpoint(query, request)] + link_to_controls(query, problems, request)
             + render_tab(query, tab, request))
 
 
-@guarded
-def present_key_on_page(query: str, keys: str, tab: str, request: gr.Request = None):
-    """Presentation mode's keys, comma-separated (those pressed since the last answer): the view stepped
-    (explorer.controls.step_view), every control set from it and the visible tab redrawn."""
+def linked(link: str, request=None) -> tuple[Settings, dict, str]:
+    """What Back / Forward draws -> (settings, {field: message}, tab): the address read as a page load reads a
+    link (explorer.controls.from_link: a bad value dropped), its tab or the first."""
+    params = dict(parse_qsl(str(link or "").lstrip("?"), keep_blank_values=True))
+    tab = params.get("tab") if params.get("tab") in VIEWS else "mask"
+    s, problems = controls.from_link(params, uploads.uploads(session_of(request)))
+    return s, problems, tab
+
+
+def stepped(query: str, keys: str, request=None) -> Settings:
+    """Presentation mode's keys, comma-separated (those pressed since the last answer), stepping the view of
+    `query` (explorer.controls.step_view)."""
     s = settings_of(query, request, need_model=False)
     for key in str(keys or "").split(",")[:64]:
         if key:
             s = controls.step_view(s, key)
-    return source_change_on_page(to_query(s), tab, request)
+    return s
 
 
+@unless_superseded(SOURCE_OUTPUTS)
+@guarded
+def present_key_on_page(query: str, keys: str, tab: str, request: gr.Request = None):
+    """Presentation mode's keys: the view stepped, every control set from it and the visible tab redrawn."""
+    return source_change_on_page(to_query(stepped(query, keys, request)), tab, request)
+
+
+@unless_superseded(SOURCE_OUTPUTS)
 @guarded
 def preset_on_page(preset: str, tab: str, request: gr.Request = None):
     return source_change_on_page(preset_endpoint(preset), tab, request)
 
 
+@unless_superseded(SOURCE_OUTPUTS)
 @guarded
 def family_on_page(query: str, family: str, tab: str, request: gr.Request = None):
     return source_change_on_page(family_endpoint(query, family, request), tab, request)
@@ -180,7 +245,7 @@ def upload_endpoint(query: str, path: str, request: gr.Request = None):
     s = settings_of(query, request)
     if not path:
         raise ValidationError("weights file", path, "a .npz or .safetensors file")
-    name = uploads.load_upload(s, path, session_of(request), visitor_of(request)[0])
+    name = uploads.load_upload(s, path, session_of(request), visitor_of(request)[0], browser_of(request))
     s = parse_settings({**s.to_dict(), "weights": f"upload:{name}"}, uploaded=uploads.uploads(session_of(request)))
     return to_query(s), (f"Loaded {as_markdown_text(os.path.basename(path))}: every shape matches; "
                          "the views now use it (for this visitor only).")

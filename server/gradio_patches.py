@@ -1,17 +1,32 @@
 """Where the app meets Gradio's internals: what its session state keeps (no deep-link copy, no output
-values), its queue's analytics, its matplotlib probe, and a file input that names what it refuses.
+values), its queue's analytics, its matplotlib probe, a file input that names what it refuses, and its
+queue (one charge per event, per-session tables bounded, its loop restarted rather than stopped for good).
 tests/test_app.py fails if the internals these touch move."""
 from __future__ import annotations
 
+import asyncio
+import collections
+import logging
+import math
 import os
 import sys
+import time
+from collections import OrderedDict
+from typing import Optional
 
 import gradio as gr
 from gradio.data_classes import FileData
+from gradio.utils import LRUCache
 from gradio_client.utils import is_file_obj_with_meta
 from pydantic import model_validator
 
+from explorer.schema import ValidationError
+
 from .admission import QUEUE_MAX
+from .visitors import check_session_hash, visitor_key, visitor_of
+from .browsers import BROWSERS, SIGNER, cookie_value
+
+log = logging.getLogger("explorer")
 
 
 class UploadedFile(FileData):
@@ -115,3 +130,158 @@ class _NoDeepLinkConfig:
 
     def __getattr__(self, name):
         return getattr(self._blocks, name)
+
+
+# --- the queue: one charge per event, sessions bounded, never stopped for good ------------------------
+
+def charge_every_event(demo: gr.Blocks, admission) -> None:
+    """Each queued event's running time charged once to its visitor (`admission.served`: the fair queue's
+    usage, server.admission.Admission), however many guarded functions it calls: Gradio's
+    Queue.process_events runs one event (or batch) from start to end, streams included."""
+    queue = demo._queue
+    process = queue.process_events
+
+    async def process_events(events, batch, begin_time, fn):
+        started = time.monotonic()
+        try:
+            return await process(events, batch, begin_time, fn)
+        finally:
+            for key in {visitor_of(event)[0] for event in events}:
+                admission.served(key, time.monotonic() - started)
+    queue.process_events = process_events
+
+
+class SessionMessages(LRUCache):
+    """Gradio's per-session message queues (an LRUCache of 2000 filled at a session's first join), made
+    safe: a session with an event queued or running is never dropped for a newer one (Gradio's reader
+    raised KeyError for it, which stopped the queue for everyone); the session dropped is the least
+    recently used idle one of the visitor key holding most sessions, and its event ids go with it."""
+
+    def __init__(self, queue, capacity: int):
+        super().__init__(capacity)
+        self.queue = queue
+        self.owner: dict[str, str] = {}             # session -> visitor key
+
+    def __setitem__(self, session, messages) -> None:
+        if session not in self and len(self) >= self.max_size:
+            self.drop_one()
+        OrderedDict.__setitem__(self, session, messages)
+        self.move_to_end(session)
+
+    def drop_one(self) -> None:
+        busy = {event.session_hash for event in list(self.queue.event_ids_to_events.values())}
+        idle = [s for s in self if s not in busy] or list(self)
+        held = collections.Counter(self.owner.get(s, "") for s in idle)
+        heaviest = max(held, key=held.get)
+        session = next(s for s in idle if self.owner.get(s, "") == heaviest)
+        OrderedDict.__delitem__(self, session)
+        self.owner.pop(session, None)
+        self.queue.pending_event_ids_session.pop(session, None)
+
+    def __delitem__(self, session) -> None:
+        if session in self:                 # Gradio deletes a session whose stream was cancelled, maybe twice
+            OrderedDict.__delitem__(self, session)
+        self.owner.pop(session, None)
+
+
+# New session hashes per visitor key (a page load makes one, a gradio_client Client one): a class's arrival
+# fits in the burst; a client minting one per call is held to the rate, and its idle sessions go first.
+NEW_SESSION_RATE = dict(what="new sessions", burst=200, per_s=1.0)
+
+
+def bound_sessions(demo: gr.Blocks, capacity: Optional[int] = None) -> None:
+    """Every push into Gradio's queue first: the session hash one Gradio's clients could have made
+    (server.visitors.check_session_hash), a new one within its visitor's NEW_SESSION_RATE, the page's load
+    event noted for the browser cookie it carries (server.browsers); per-session messages in SessionMessages;
+    a message for a session already dropped is dropped with it instead of raising in the queue's loop."""
+    from . import admission
+    from .front_door import RateLimited, TokenBucket
+    capacity = capacity or admission.SESSION_CAPACITY
+    queue = demo._queue
+    sessions = queue.pending_messages_per_session = SessionMessages(queue, capacity)
+    new_sessions = TokenBucket(**NEW_SESSION_RATE)
+    push, send = queue.push, queue.send_message
+
+    async def checked_push(body, request, username):
+        session = body.session_hash                 # None from /call/<api>: Gradio makes one per call
+        try:
+            if session is not None:
+                check_session_hash(session)
+            key = visitor_key(request.headers, getattr(request.client, "host", None), username)
+            fn = demo.fns.get(body.fn_index) if isinstance(body.fn_index, int) else None
+            if fn is not None and fn.api_name == "load":
+                BROWSERS.loaded(key, SIGNER.browser(cookie_value(request.headers)))
+            if session not in sessions:
+                new_sessions.take(key, math.sqrt(BROWSERS.weight(key)))
+        except (ValidationError, RateLimited) as e:
+            return False, str(e), "error"
+        answer = await push(body, request, username)
+        if body.session_hash in sessions:
+            sessions.owner.setdefault(body.session_hash, key)
+        if len(queue.pending_event_ids_session) > capacity + QUEUE_MAX:    # ids of sessions no longer held
+            for gone in [s for s in queue.pending_event_ids_session if s not in sessions]:
+                queue.pending_event_ids_session.pop(gone, None)
+        return answer
+
+    def send_message(event, message):
+        if event.session_hash in sessions:
+            send(event, message)
+    queue.push, queue.send_message = checked_push, send_message
+
+
+def keep_queue_alive(demo: gr.Blocks) -> None:
+    """Gradio's queue loop (Queue.start_processing) sets `stopped` when anything raises in it, and from
+    then every event of every visitor is refused ("Queue is stopped") while the page still loads. Its
+    loops are restarted instead, each failure logged and counted (`demo._queue.restarts`); only
+    Queue.close (the server stopping) ends them."""
+    queue = demo._queue
+    queue.restarts, queue.closing, queue.loop_alive = 0, False, False
+    close, start = queue.close, queue.start
+
+    def resilient(loop, main: bool):
+        async def run():
+            while True:
+                if main:
+                    queue.loop_alive = True
+                try:
+                    await loop()
+                except Exception:
+                    log.exception("Gradio's queue loop %s failed", loop.__name__)
+                if queue.closing:
+                    if main:
+                        queue.loop_alive = False
+                    return
+                if main:
+                    queue.restarts += 1
+                    log.error("Gradio's queue had stopped; restarted (%d restarts)", queue.restarts)
+                queue.stopped = False
+                await asyncio.sleep(0.05)
+        run.__name__ = loop.__name__
+        return run
+    for name, main in (("start_processing", True), ("start_progress_updates", False), ("notify_clients", False)):
+        setattr(queue, name, resilient(getattr(queue, name), main))
+
+    def closing():
+        queue.closing = True
+        close()
+
+    def starting():
+        queue.closing = False
+        start()
+    queue.close, queue.start = closing, starting
+
+
+def queue_health(demo: gr.Blocks):
+    """For /healthz (server.front_door): () -> (alive, details): the queue's loop running and not stopped,
+    its restarts, and what the server holds of its bounded stores."""
+    from . import uploads
+    from .disk import RAW_UPLOADS, dir_bytes, temp_dir
+
+    def health():
+        queue = demo._queue
+        alive = not queue.stopped and getattr(queue, "loop_alive", False)
+        return alive, {"queue": "running" if alive else "stopped", "restarts": getattr(queue, "restarts", 0),
+                       "sessions": len(queue.pending_messages_per_session),
+                       "upload_store_bytes": uploads.store_bytes(), "raw_upload_bytes": RAW_UPLOADS.bytes_of(),
+                       "temp_dir_bytes": dir_bytes(temp_dir())}
+    return health

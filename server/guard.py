@@ -2,10 +2,10 @@
 gr.Error naming its field, every message safe to show; a bug is logged, never shown."""
 from __future__ import annotations
 
+import contextvars
 import functools
 import logging
 import re
-import time
 
 import gradio as gr
 import torch
@@ -16,7 +16,6 @@ from explorer.limits import check_model_fits, device
 from explorer.schema import Settings, ValidationError
 
 from . import uploads
-from .admission import ADMISSION, visitor_of
 
 log = logging.getLogger("explorer")
 
@@ -63,13 +62,20 @@ def as_markdown_text(text: str) -> str:
         .replace(">", "&gt;")
 
 
+_GUARDED = contextvars.ContextVar("guarded", default=False)
+
+
 def guarded(fn):
     """No traceback reaches the page: the validation layer's refusals (ValidationError) become gr.Error
     with the field named, CUDA out-of-memory frees the caches, anything else — a bug — is logged with
-    its traceback and answered "internal error (logged)"."""
+    its traceback and answered "internal error (logged)". One guard per event: a guarded function called
+    inside another (a page redraw calls the view endpoint) runs as it is, the outer guard answering. The
+    time an event takes is charged once, by the queue (server.gradio_patches.charge_every_event)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        started = time.monotonic()
+        if _GUARDED.get():
+            return fn(*args, **kwargs)
+        token = _GUARDED.set(True)
         try:
             return fn(*args, **kwargs)
         except gr.Error:
@@ -83,8 +89,8 @@ def guarded(fn):
         except Exception:
             log.exception("unexpected error in %s", fn.__name__)
             raise gr.Error(f"{fn.__name__}: internal error (logged)", print_exception=False) from None
-        finally:                        # the visitor's usage orders the lanes (server.admission.Usage)
-            ADMISSION.served(visitor_of(current_request())[0], time.monotonic() - started)
+        finally:
+            _GUARDED.reset(token)
     return wrapper
 
 

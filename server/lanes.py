@@ -3,46 +3,54 @@
 Every event that runs the ranking model (control changes, tab redraws, the view endpoints) queues in
 one lane, or in the heavy lane when its estimated work (explorer.views.View.estimate) is over
 LARGE_REQUEST_FLOPS: at most LANES["forward"].running small forwards and one heavy at once, whichever
-event asked. The mask view (no model, milliseconds) has its own lane; the page's other queued steps
-theirs; exports, packs, uploads and timing sweeps have lanes of 1. Each lane bounds how many may wait,
-and how many of them one visitor's (server.admission): a request over a bound is refused by name when
-it is pushed. Every other event runs outside the queue (queue=False), bounded per visitor by the front
+event asked. A view's work is estimated from exactly the settings its handler will draw (the functions
+of server.endpoints that the handler calls too), and a handler drawing more than was admitted is refused
+(server.admission.check_drawn). The mask view (no model, milliseconds) has its own lane; the page's other
+queued steps theirs; exports, packs, uploads and timing sweeps have lanes of 1. Each lane bounds how many
+may wait, and how many of them one visitor's (server.admission): a request over a bound is refused by name
+when it is pushed, or, in a full lane, pushes out the heaviest network's latest. A page's redraw supersedes
+its waiting ones. Every other event runs outside the queue (queue=False), bounded per visitor by the front
 door's request rates."""
 from __future__ import annotations
 
 import logging
 
+import anyio
 import gradio as gr
 
 from explorer import export
 from explorer.controls import CONTROL_FIELDS
-from explorer.links import parse_query
 from explorer.limits import LARGE_REQUEST_FLOPS
+from explorer.links import to_query
 from explorer.schema import Settings, ValidationError
 from explorer.settings import parse_settings
 from explorer.views import VIEWS
 
 from . import admission, uploads
-from .admission import ADMISSION, LANES, visitor_of
-from .guard import as_text, session_of, settings_of
+from .admission import ADMISSION, LANES
+from .visitors import visitor_of
+from .endpoints import linked, page_change, picked_values, stepped
+from .guard import as_text, model_limit, session_of, settings_of
 from .links import family_endpoint, preset_endpoint
 from .timing_runs import TIMING_RUNS
 
 log = logging.getLogger("explorer")
 
 
-def lane(name: str, units=1, work=None) -> dict:
+def lane(name: str, units=1, work=None, redraw: bool = False) -> dict:
     """The event keywords of lane `name`: its concurrency group and its admission check (a request
     worth `units` of the lane's rate share, where it has one: a number, or `units(*inputs, request=...)`).
     `work(*inputs, request=...)`: the request's estimated FLOPs, for a view (its lane then follows: its own,
-    or heavy)."""
-    return dict(concurrency_id=name, concurrency_limit=LANES[name].running, validator=admit_to(name, units, work))
+    or heavy). `redraw`: a page's redraw of its views, superseding the page's waiting ones."""
+    return dict(concurrency_id=name, concurrency_limit=LANES[name].running,
+                validator=admit_to(name, units, work, redraw))
 
 
 def watch_lanes(demo: gr.Blocks) -> None:
-    """Gradio 6 has no public hook on its queue: this is the one place that touches its internals
-    (Queue.event_queue_per_concurrency_id, EventQueue.queue). Each lane's queue is made up front as
-    an admission.WatchedQueue, so a request's ticket ends the moment it is queued (atomic bounds);
+    """Gradio 6 has no public hook on its queue: this module reads and changes it here, in lane_now and in
+    push_out (Queue.event_queue_per_concurrency_id, EventQueue.queue, active_jobs, delete_lock); the rest of
+    its internals are server.gradio_patches'. Each lane's queue is made up front as an
+    admission.WatchedQueue, so a request's ticket ends the moment it is queued (atomic bounds);
     tests/test_app.py fails if they move."""
     from gradio.queueing import EventQueue
     queues = demo._queue.event_queue_per_concurrency_id
@@ -56,7 +64,8 @@ def admit_every_event(demo: gr.Blocks) -> None:
     so every one passes a lane's admission: those wired without one (the page's own JS-only steps, the
     unload, an event added later) are checked as page steps. A Stop (an event that `cancels`) takes no
     check — Gradio hands it the session hash instead of its inputs, which a check could not read — and
-    runs in microseconds, bounded by the front door's event rate."""
+    runs in microseconds, bounded by the front door's event rate and, like every push, by its visitor's
+    rate of new sessions (server.gradio_patches.bound_sessions)."""
     for fn in demo.fns.values():
         if fn.validator is None and not fn.cancels:
             fn.validator = admit_to("control")
@@ -65,40 +74,76 @@ def admit_every_event(demo: gr.Blocks) -> None:
 
 
 def lane_now(request, lane_name: str) -> tuple[list, list]:
-    """(waiting, running): (visitor key, session) of each event in a lane now."""
+    """(waiting, running): server.admission.Held of each event in a lane now."""
     try:
         queue = request.request.app.get_blocks()._queue
         waiting = queue.event_queue_per_concurrency_id.get(lane_name)
         running = [e for job in list(queue.active_jobs) if job for e in job if e.concurrency_id == lane_name]
-        return ([visitor_of(e) for e in list(waiting.queue)] if waiting is not None else [],
-                [visitor_of(e) for e in running])
+        held = [ADMISSION.held(e) for e in (list(waiting.queue) if waiting is not None else [])]
+        return [h for h in held if h], [h for h in map(ADMISSION.held, running) if h]
     except AttributeError:              # a Gradio that moved them: admit (logged), never refuse everyone
         log.warning("cannot read Gradio's queue: admission bounds are off", exc_info=True)
         return [], []
 
 
-def admit_to(lane_name: str, units=1, work=None):
+PUSHED_OUT = ValidationError("queue", "your place in a full lane", "room first for a visitor whose network holds "
+                             "less of the lane than yours; try again in a moment")
+
+
+def push_out(request, event) -> None:
+    """Answer a waiting `event` that an arrival pushed out of its full lane (server.admission.check_admission)
+    with PUSHED_OUT, taking it out of Gradio's queue on the event loop, under the queue's own lock (its
+    reader removes entries there). If it started meanwhile, it runs."""
+    from gradio.server_messages import ProcessCompletedMessage
+    from gradio.utils import error_payload
+    queue = request.request.app.get_blocks()._queue
+
+    async def drop():
+        async with queue.delete_lock:
+            try:
+                queue.event_queue_per_concurrency_id[event.concurrency_id].queue.remove(event)
+            except (KeyError, ValueError):
+                event._pushed_out = False           # it started: it counts again, and runs
+                return
+            queue.event_ids_to_events.pop(event._id, None)
+        message = gr.Error(as_text(str(PUSHED_OUT)), print_exception=False)
+        queue.send_message(event, ProcessCompletedMessage(output=error_payload(message, True), success=False))
+    anyio.from_thread.run(drop)
+
+
+def admit_to(lane_name: str, units=1, work=None, redraw: bool = False):
     """Gradio's `validator=` for a lane: it runs when an event is pushed, before it is queued, and
     refuses it by name ("queue: got ...") when a bound of the lane would be passed. A model view (`work`
     given) estimated over LARGE_REQUEST_FLOPS is admitted to the heavy lane instead, and its work counts
-    against the visitor's share. In the timing lane a new Run replaces the visitor's running sweep (which
-    stops within one timed block)."""
+    against the visitor's share; what was admitted is written on the request (`admitted_flops`: the view
+    checks it before drawing). A page redraw (`redraw`) is numbered: the page's older waiting ones then run
+    as no-ops. In the timing lane a new Run replaces the visitor's running sweep (which stops within one
+    timed block)."""
     def admit(request: gr.Request, *inputs):
         chosen, flops = lane_name, 0.0
         http = getattr(request, "request", None)
+        visitor = visitor_of(request)
         try:
             if work is not None:
                 flops = work(*inputs, request=request)
                 chosen = "heavy" if flops > LARGE_REQUEST_FLOPS else lane_name
             taken = units(*inputs, request=request) if callable(units) else units
-            ADMISSION.admit(chosen, visitor_of(request), lambda: lane_now(request, chosen), taken, flops, http)
+            number, victim = ADMISSION.admit(chosen, visitor, lambda: lane_now(request, chosen), taken, flops, http,
+                                             redraw)
         except ValidationError as e:
             log.info("refused at admission (%s): %s", chosen, e)
             if not inputs:              # no input to mark the refusal on: it is answered in words
                 raise gr.Error(as_text(str(e)), print_exception=False) from None
             return refused(str(e), len(inputs))
-        if http is not None and chosen != lane_name:
-            http.state.lane = chosen                # admission.WatchedQueue queues it in that lane
+        if http is not None:
+            http.state.admitted_flops = flops
+            if chosen != lane_name:
+                http.state.lane = chosen            # admission.WatchedQueue queues it in that lane
+            if number is not None:
+                http.state.redraw = (visitor, number)
+        if victim is not None:
+            log.info("pushed out of the full %s lane: a request of %s", chosen, victim.key)
+            push_out(request, victim.event)
         if lane_name == "timing":
             TIMING_RUNS.cancel(session_of(request))
         return refused(None, len(inputs)) if inputs else []
@@ -114,10 +159,10 @@ def refused(message, n: int):
 
 
 def view_work(s: Settings | None, tab: str) -> float:
-    """Estimated FLOPs of drawing `tab` with settings `s` (0: no model view, or settings the handler will
-    refuse by name anyway)."""
+    """Estimated FLOPs of drawing `tab` with settings `s` (0: no model view, a model this device does not
+    run — the handler then draws only the note — or settings the handler will refuse by name anyway)."""
     view = VIEWS.get(tab) if isinstance(tab, str) else None
-    if s is None or view is None or not view.drawn:
+    if s is None or view is None or not view.drawn or (view.needs_model and model_limit(s)):
         return 0.0
     try:
         return view.estimate(s).flops
@@ -138,20 +183,29 @@ def work_of_query(view: str):
 
 
 def work_of_tab(query: str, *rest, request=None) -> float:
-    """`work` for a redraw of the visible tab: (query, tab) or (query, keys, tab), the tab last."""
+    """`work` for a redraw of the visible tab: (query, tab), the tab last."""
     return view_work(_quietly(settings_of, query, request), rest[-1] if rest else "")
 
 
 def work_of_change(*args, request=None) -> float:
-    """`work` for a control change: (every control's value..., tab[, last valid link]); the controls
-    as they parse, else the last valid link."""
+    """`work` for an API client's control change: (every control's value..., tab), checked as the handler
+    checks them (one bad value refuses the whole change)."""
     n = len(CONTROL_FIELDS)
     values, tab = args[:n], args[n] if len(args) > n else ""
     uploaded = uploads.uploads(session_of(request))
-    s = _quietly(lambda: parse_settings(dict(zip(CONTROL_FIELDS, values)), uploaded=uploaded))
-    if s is None and len(args) > n + 1:
-        s = _quietly(settings_of, args[n + 1], request)
-    return view_work(s, tab)
+    return view_work(_quietly(lambda: parse_settings(dict(zip(CONTROL_FIELDS, values)), uploaded=uploaded)), tab)
+
+
+def work_of_page_change(*args, request=None) -> float:
+    """`work` for the page's control change: (every control's value..., tab, last valid link) ->
+    what the handler draws (server.endpoints.page_change: the valid controls, the last link's value for
+    each invalid one), nothing when the link did not change."""
+    n = len(CONTROL_FIELDS)
+    if len(args) < n + 2:
+        return 0.0
+    values, tab, last_query = args[:n], args[n], args[n + 1]
+    drawn = _quietly(lambda: page_change(values, last_query, request)[0])
+    return 0.0 if drawn is None or to_query(drawn) == last_query else view_work(drawn, tab)
 
 
 def work_of_figure(query: str, figure: str, *rest, request=None) -> float:
@@ -161,15 +215,28 @@ def work_of_figure(query: str, figure: str, *rest, request=None) -> float:
 
 
 def work_of_pick(pick: str, *args, request=None) -> float:
-    """`work` for a heatmap click: the pick, then as work_of_change."""
-    return work_of_change(*args, request=request)
+    """`work` for a heatmap click: the controls the pick sets (server.endpoints.picked_values), then as the
+    page's control change."""
+    values = _quietly(lambda: picked_values(pick, args[:len(CONTROL_FIELDS)])[0])
+    return 0.0 if values is None else work_of_page_change(*values, *args[len(CONTROL_FIELDS):], request=request)
+
+
+def work_of_keys(query: str, keys: str, tab: str, request=None) -> float:
+    """`work` for presentation mode's keys: the view they step to (server.endpoints.stepped)."""
+    return view_work(_quietly(lambda: stepped(query, keys, request)), tab)
+
+
+def work_of_link(link: str, request=None) -> float:
+    """`work` for Back / Forward: the view at the address they went to (server.endpoints.linked)."""
+    drawn = _quietly(lambda: linked(link, request))
+    return 0.0 if drawn is None else view_work(drawn[0], drawn[2])
 
 
 def work_of_source(source: str, *args, request=None) -> float:
     """`work` for a preset pick (preset, tab) or a family switch (query, family, tab)."""
     if len(args) == 1:
-        return view_work(_quietly(lambda: parse_query(preset_endpoint(source))), args[0])
-    return view_work(_quietly(lambda: parse_query(family_endpoint(source, args[0], request))), args[1])
+        return view_work(_quietly(lambda: settings_of(preset_endpoint(source), request)), args[0])
+    return view_work(_quietly(lambda: settings_of(family_endpoint(source, args[0], request), request)), args[1])
 
 
 FORWARD = lane("forward")
@@ -214,7 +281,7 @@ UPLOAD = lane("upload")
 
 
 # The page's own steps that need no queue (parsing a link, setting controls, JS-only steps): they run at
-# once, bounded per visitor by the front door's request rates (server.admission.EVENT_RATE).
+# once, bounded per visitor by the front door's request rates (server.front_door.EVENT_RATE).
 UNQUEUED = dict(queue=False)
 
 
@@ -222,6 +289,12 @@ def forward(work) -> dict:
     """The model-view lane for an event whose estimated work `work` computes from its inputs (the heavy lane
     past LARGE_REQUEST_FLOPS)."""
     return lane("forward", work=work)
+
+
+def page_redraw(work) -> dict:
+    """The model-view lane for a page's redraw of its views, likewise; the page's newer redraw supersedes it
+    while it waits."""
+    return lane("forward", work=work, redraw=True)
 
 
 def light(work) -> dict:

@@ -16,7 +16,7 @@ from models.bugzoo import bug_names
 from models.presets import PRESETS
 
 from . import uploads
-from .admission import visitor_of
+from .visitors import visitor_of
 from .guard import as_text, guarded, limit_note, model_limit, session_of, settings_of
 
 

@@ -1,5 +1,6 @@
 """Each visitor's uploaded weights: held per session, never listed to anyone else, forgotten after a
-while, bounded per visitor and in all. The model cache reads them by name (explorer.runs.upload_state)."""
+while, bounded per visitor, per network and in all. The model cache reads them by name
+(explorer.runs.upload_state)."""
 from __future__ import annotations
 
 import threading
@@ -13,17 +14,23 @@ from explorer import budget, runs
 from explorer.schema import Settings, ValidationError
 from explorer.settings import WEIGHT_GEOMETRY
 
+from .visitors import network_of
+
 
 # Held per session (Gradio's session hash; gradio_client keeps one per Client) and never listed to
-# anyone else; forgotten UPLOAD_TTL_S after their last use, or PAGE_GONE_GRACE_S after the page
-# was closed (a dropped heartbeat of an open page is back within seconds). A session keeps its newest
-# UPLOADS_PER_SESSION; the sessions of one visitor key (server.admission: an address or a signed-in
-# user) hold at most UPLOAD_SHARE_BYTES together, and nobody's uploads evict another's: when the
-# store (MAX_UPLOAD_STORE_BYTES) is full, a new upload is refused by name instead.
+# anyone else; forgotten UPLOAD_TTL_S after they were uploaded (using them does not renew them: uploading
+# again does), or PAGE_GONE_GRACE_S after the page was closed (a dropped heartbeat of an open page is back
+# within seconds; another page of the same address uploading changes nothing). A session keeps its newest
+# UPLOADS_PER_SESSION; the sessions of one visitor key (server.admission: an address or a signed-in user)
+# hold at most UPLOAD_SHARE_BYTES together, those of one network (server.visitors.network_of: a /24, an
+# IPv6 /48) NETWORK_SHARE_BYTES. When the store (MAX_UPLOAD_STORE_BYTES) is full, the network holding the
+# most gives up its oldest uploads, if it holds more than the uploader's network then would: an honest
+# upload is taken while a few addresses fill the store, and they cannot push out a lighter one's.
 # Names are the file's content hash, so two sessions holding one name hold the same weights.
 UPLOADS_PER_SESSION = 2
 MAX_UPLOAD_STORE_BYTES = 512 * 2**20        # as fp32 tensors: ~3 models at the CPU's 40M-parameter cap
 UPLOAD_SHARE_BYTES = MAX_UPLOAD_STORE_BYTES * 3 // 8    # one visitor: one cap-sized model, or a few small
+NETWORK_SHARE_BYTES = MAX_UPLOAD_STORE_BYTES // 2
 UPLOAD_TTL_S = 3600.0
 PAGE_GONE_GRACE_S = 600.0
 
@@ -33,8 +40,9 @@ class Upload:
     state: dict[str, torch.Tensor]
     geometry: dict[str, Any]            # the settings its shapes were checked against
     nbytes: int
-    used: float                         # time.monotonic() of the last use
+    loaded: float                       # time.monotonic() of the upload
     visitor: str = "local"              # server.admission's visitor key of the session that loaded it
+    browser: Optional[str] = None       # the page's signed browser (server.browsers), where it sent one
 
 
 _UPLOADS: dict[str, dict[str, Upload]] = {}     # session -> name -> upload, oldest first
@@ -57,8 +65,8 @@ def _expire_uploads(now: float) -> None:
             why = f"{PAGE_GONE_GRACE_S / 60:.0f} minutes after the page was closed"
             expired = list(mine)
         else:
-            why = f"{UPLOAD_TTL_S / 60:.0f} minutes after their last use"
-            expired = [n for n, u in mine.items() if now - u.used > UPLOAD_TTL_S]
+            why = f"{UPLOAD_TTL_S / 60:.0f} minutes after they were uploaded"
+            expired = [n for n, u in mine.items() if now - u.loaded > UPLOAD_TTL_S]
         for name in expired:
             del mine[name]
         if expired:
@@ -73,15 +81,17 @@ def _expire_uploads(now: float) -> None:
 
 def uploads(session: str) -> dict[str, dict[str, Any]]:
     """This session's uploads: name -> the geometry they fit (explorer.settings' `uploaded`). Asking
-    counts as a use (and as the page being open), so weights a visitor is looking at do not expire."""
-    now = time.monotonic()
+    counts as the page being open (a closed page that asks is back)."""
     with _uploads_lock:
-        _expire_uploads(now)
+        _expire_uploads(time.monotonic())
         _GONE.pop(session, None)
-        mine = _UPLOADS.get(session, {})
-        for u in mine.values():
-            u.used = now
-        return {name: dict(u.geometry) for name, u in mine.items()}
+        return {name: dict(u.geometry) for name, u in _UPLOADS.get(session, {}).items()}
+
+
+def store_bytes() -> int:
+    """Bytes of weights the store holds now, every visitor's."""
+    with _uploads_lock:
+        return sum(u.nbytes for mine in _UPLOADS.values() for u in mine.values())
 
 
 def forgotten(session: str, name: str) -> Optional[str]:
@@ -100,38 +110,65 @@ def page_gone(session: str) -> None:
             _GONE[session] = time.monotonic()
 
 
-def _check_room(session: str, visitor: str, nbytes: int, name: str = "") -> dict[str, Upload]:
-    """(call under _uploads_lock) Refuse by name an upload of `nbytes` past the visitor's share or the store;
-    -> the session's uploads. The visitor's closed pages' uploads go first (a reload leaves its old page's
-    uploads behind: they are this visitor's own, and counted against the same share), then the session's
-    oldest past UPLOADS_PER_SESSION."""
-    for other in [o for o in _UPLOADS if o in _GONE and o != session]:
-        if any(u.visitor == visitor for u in _UPLOADS[other].values()):
-            _forget(other, "when your reloaded page uploaded again")
+def _check_room(session: str, visitor: str, nbytes: int, name: str = "", evict: bool = False,
+                browser: Optional[str] = None) -> dict[str, Upload]:
+    """(call under _uploads_lock) Refuse by name an upload of `nbytes` past the visitor's share, its network's
+    or the store; -> the session's uploads. The same browser's closed pages (a reload without the link) and the
+    session's oldest past UPLOADS_PER_SESSION make room; the store full, the heaviest network's oldest uploads
+    do (only when it holds more than the uploader's network then would; with `evict` they are forgotten, else
+    only counted out). Another browser's closed page keeps its uploads for its grace, whatever its address."""
+    if evict and browser is not None:
+        for other in [o for o in _UPLOADS if o in _GONE and o != session]:
+            if any(u.browser == browser for u in _UPLOADS[other].values()):
+                _forget(other, "when your reloaded page uploaded again")
     mine = _UPLOADS.get(session, {})
     others = [n for n in mine if n != name]     # `name` is replaced; the oldest past the session's count go
-    evicted = set(others[:max(0, len(others) - UPLOADS_PER_SESSION + 1)]) | {name}
-    kept = [u for m in _UPLOADS.values() for n, u in m.items() if m is not mine or n not in evicted]
-    ours = sum(u.nbytes for u in kept if u.visitor == visitor)
+    replaced = set(others[:max(0, len(others) - UPLOADS_PER_SESSION + 1)]) | {name}
+    kept = [(s, n, u) for s, m in _UPLOADS.items() for n, u in m.items() if m is not mine or n not in replaced
+            if browser is None or s == session or s not in _GONE or u.browser != browser]
+    ours = sum(u.nbytes for _, _, u in kept if u.visitor == visitor)
     if ours + nbytes > UPLOAD_SHARE_BYTES:
         raise ValidationError("weights file", f"{ours + nbytes:,} bytes of weights held by your uploads",
                               f"{UPLOAD_SHARE_BYTES:,} bytes per visitor (every page and client of one "
-                              f"address together) — close another page's uploads or wait "
-                              f"{UPLOAD_TTL_S / 60:.0f} minutes for them to be forgotten")
-    held = sum(u.nbytes for u in kept)
-    if held + nbytes > MAX_UPLOAD_STORE_BYTES:
-        raise ValidationError("weights file", f"{nbytes:,} bytes of weights",
-                              f"room in the server's upload store ({MAX_UPLOAD_STORE_BYTES - held:,} of "
-                              f"{MAX_UPLOAD_STORE_BYTES:,} bytes free; uploads are forgotten "
-                              f"{UPLOAD_TTL_S / 60:.0f} minutes after their last use) — try again later")
+                              f"address together; a closed page's uploads go {PAGE_GONE_GRACE_S / 60:.0f} "
+                              f"minutes after it closed, the others {UPLOAD_TTL_S / 60:.0f} minutes after upload)")
+    network = network_of(visitor)
+    by_network: dict[str, int] = {}
+    for _, _, u in kept:
+        by_network[network_of(u.visitor)] = by_network.get(network_of(u.visitor), 0) + u.nbytes
+    theirs = by_network.get(network, 0) + nbytes
+    if theirs > NETWORK_SHARE_BYTES:
+        raise ValidationError("weights file", f"{theirs:,} bytes of weights held by uploads from your network",
+                              f"{NETWORK_SHARE_BYTES:,} bytes per network; try again later")
+    held = sum(by_network.values())
+    while held + nbytes > MAX_UPLOAD_STORE_BYTES:
+        heaviest = max((n for n in by_network if n != network), key=by_network.get, default=None)
+        if heaviest is None or by_network[heaviest] <= theirs:
+            raise ValidationError("weights file", f"{nbytes:,} bytes of weights",
+                                  f"room in the server's upload store ({MAX_UPLOAD_STORE_BYTES - held:,} of "
+                                  f"{MAX_UPLOAD_STORE_BYTES:,} bytes free; uploads are forgotten "
+                                  f"{UPLOAD_TTL_S / 60:.0f} minutes after upload) — try again later")
+        s, n, u = min(((s, n, u) for s, n, u in kept if network_of(u.visitor) == heaviest), key=lambda k: k[2].loaded)
+        kept.remove((s, n, u))
+        by_network[heaviest] -= u.nbytes
+        held -= u.nbytes
+        if evict:
+            _forget(s, "when the store needed room for a lighter network's upload", names={n})
     return mine
 
 
-def _forget(session: str, why: str) -> None:
-    """(call under _uploads_lock) Drop every upload of `session`, noting why for its next message."""
-    names, _ = _FORGOTTEN.get(session, (set(), ""))
-    _FORGOTTEN[session] = (names | set(_UPLOADS.pop(session, {})), why)
-    _GONE.pop(session, None)
+def _forget(session: str, why: str, names: Optional[set] = None) -> None:
+    """(call under _uploads_lock) Drop the uploads `names` of `session` (all of them by default), noting why
+    for its next message."""
+    mine = _UPLOADS.get(session, {})
+    gone = set(mine) if names is None else names & set(mine)
+    for name in gone:
+        del mine[name]
+    noted, _ = _FORGOTTEN.get(session, (set(), ""))
+    _FORGOTTEN[session] = (noted | gone, why)
+    if not mine:
+        _UPLOADS.pop(session, None)
+        _GONE.pop(session, None)
 
 
 def adopt(session: str, visitor: str, name: str) -> bool:
@@ -162,7 +199,7 @@ def state_of(weights: str) -> dict[str, torch.Tensor]:
     raise ValidationError("weights", weights, "an uploaded file the server still holds; upload it again")
 
 
-def load_upload(s: Settings, path: str, session: str, visitor: str = "local") -> str:
+def load_upload(s: Settings, path: str, session: str, visitor: str = "local", browser: Optional[str] = None) -> str:
     """Check an uploaded file against the current configuration (explorer.runs.check_upload) and keep it
     for this session -> its name for ``Settings.weights = "upload:<name>"``. On any problem a
     ValidationError names it and nothing changes (the current weights stay), a store without room
@@ -170,18 +207,18 @@ def load_upload(s: Settings, path: str, session: str, visitor: str = "local") ->
     def room(nbytes: int) -> None:
         with _uploads_lock:
             _expire_uploads(time.monotonic())
-            _check_room(session, visitor, nbytes)
+            _check_room(session, visitor, nbytes, browser=browser)   # counted only: the model may still fail
     name, state = runs.check_upload(s, path, room)
     nbytes = budget.nbytes(state)
     geometry = {f: getattr(s, f) for f in WEIGHT_GEOMETRY}
     now = time.monotonic()
     with _uploads_lock:
         _expire_uploads(now)
-        mine = _check_room(session, visitor, nbytes, name)
+        mine = _check_room(session, visitor, nbytes, name, evict=True, browser=browser)
         mine.pop(name, None)                     # uploaded again: now the newest, with this geometry
         for n in list(mine)[:max(0, len(mine) - UPLOADS_PER_SESSION + 1)]:
             del mine[n]
-        mine[name] = Upload(state, geometry, nbytes, now, visitor)
+        mine[name] = Upload(state, geometry, nbytes, now, visitor, browser)
         _UPLOADS[session] = mine
         _FORGOTTEN.pop(session, None)
     return name

@@ -3,6 +3,7 @@ input comes back as an error naming the field, and the server keeps serving afte
 import json
 import os
 import re
+import time
 import urllib.error
 import urllib.request
 from urllib.parse import parse_qs
@@ -541,9 +542,9 @@ def test_the_queue_refuses_by_name_past_a_lanes_bounds_and_the_mask_keeps_answer
 
     import app
     from server import lanes, timing_runs
-    from server import admission
+    from server import admission, visitors
     monkeypatch.setitem(admission.LANES, "timing", replace(admission.LANES["timing"], waiting=2))
-    monkeypatch.setenv(admission.TRUSTED_PROXIES_ENV, "1")
+    monkeypatch.setenv(visitors.TRUSTED_PROXIES_ENV, "1")
     demo = app.build_app()
     _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=None, quiet=True)
     try:
@@ -623,8 +624,8 @@ def test_every_computing_endpoint_refuses_one_session_over_its_share_at_the_http
 
     import app
     from explorer import views
-    from server import admission, lanes
-    monkeypatch.setenv(admission.TRUSTED_PROXIES_ENV, "1")
+    from server import admission, lanes, visitors
+    monkeypatch.setenv(visitors.TRUSTED_PROXIES_ENV, "1")
     gate = threading.Event()
     for view in views.drawn_views():            # every view's parts wait for the gate
         parts = tuple(replace(p, draw=lambda s, *a, **k: (gate.wait(60), ())[1]) for p in view.parts)
@@ -664,8 +665,8 @@ def test_every_event_passes_admission_before_it_is_queued(monkeypatch):
 
     import app
     from explorer import timing
-    from server import admission
-    monkeypatch.setenv(admission.TRUSTED_PROXIES_ENV, "1")
+    from server import admission, visitors
+    monkeypatch.setenv(visitors.TRUSTED_PROXIES_ENV, "1")
     demo = app.build_app()
     unchecked = [fn.api_name for fn in demo.fns.values()
                  if not fn.cancels and (fn.validator is None or fn.concurrency_id not in admission.LANES)]
@@ -816,13 +817,13 @@ def front_door_server():
     """app.py's server in this process, launched as __main__ launches it (front door, session capacity),
     behind one trusted proxy, with a small raw-upload share."""
     import app
-    from server import admission
+    from server import front_door, visitors
     mp = pytest.MonkeyPatch()
-    mp.setenv(admission.TRUSTED_PROXIES_ENV, "1")
-    mp.setattr(admission, "UPLOAD_ROUTE_SHARE", dict(max_bytes=3000, max_calls=5, window_s=3600.0))
+    mp.setenv(visitors.TRUSTED_PROXIES_ENV, "1")
+    mp.setattr(front_door, "UPLOAD_ROUTE_SHARE", dict(max_bytes=3000, max_calls=5, window_s=3600.0))
     demo = app.build_app()
     _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=None, quiet=True,
-                            **app.launch_options())
+                            **app.launch_options(demo))
     yield demo, url
     demo.close()
     mp.undo()
@@ -951,3 +952,230 @@ def test_the_started_server_leaves_the_page_and_imports_out_of_every_collection(
     assert frozen >= 0.9 * before and left < 0.01 * before, (before, frozen, left)
     main = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "app.py")).read()
     assert main.index("memory.freeze_startup_objects()") < main.index("demo.launch(")
+
+
+# --- round four: admission judges what is drawn, one charge per event, the queue never stops for good ------------
+
+HEAVY_CONTROLS = "preset=phoenix-nano&emb_size=1024&num_history=1500&weights=random"
+
+
+def page_change_data(query: str, tab: str, last_query: str, **raw) -> list:
+    """The inputs of the page's control change (render_on_change; render_after_pick takes the pick first):
+    every control set from `query` (raw values overriding: an invalid one), the tab, the last link."""
+    from explorer.controls import CONTROL_FIELDS
+    from explorer.links import parse_query
+    s = parse_query(query, need_model=False)
+    values = [raw.get(f, getattr(s, f)) for f in CONTROL_FIELDS]
+    return values + [tab, last_query]
+
+
+def test_an_invalid_control_cannot_smuggle_heavy_work_past_admission(monkeypatch):
+    """The controls of a ~550 GFLOP view with one invalid value (seed -1) and a lecture last link: the page's
+    handler draws the valid controls (the seed from the last link), so admission estimates exactly that —
+    the heavy lane and the visitor's work share — through render_on_change and render_after_pick alike; the
+    estimate was 0.01 GFLOP from the last link, and 16 such draws ran in 2 minutes."""
+    import threading
+
+    import app
+    from explorer import views
+    from server import admission, lanes, visitors
+    from dataclasses import replace
+    monkeypatch.setenv(visitors.TRUSTED_PROXIES_ENV, "1")
+    gate = threading.Event()
+    view = views.VIEWS["invariance"]
+    parts = tuple(replace(p, draw=lambda s, *a, n=len(p.outputs), **k: (gate.wait(60), (None,) * n)[1])
+                  for p in view.parts)                  # drawn as nothing: 550 GFLOP would take minutes here
+    monkeypatch.setitem(views.VIEWS, "invariance", replace(view, parts=parts))
+    demo = app.build_app()
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=None, quiet=True)
+    try:
+        fn_index = {d.api_name: i for i, d in enumerate(demo.fns.values())}
+        data = page_change_data(HEAVY_CONTROLS, "invariance", "preset=lecture", seed=-1)
+        key = "addr:198.51.100.70"
+        assert join(url, fn_index["render_on_change"], data, "smuggler1", "198.51.100.70")[0] == 200
+        deadline = time.monotonic() + 30
+        while not lanes.lane_now(fake_request(demo), "heavy")[1] and time.monotonic() < deadline:
+            time.sleep(0.05)                    # it runs in the heavy lane, not the model views'
+        assert lanes.lane_now(fake_request(demo), "heavy")[1] and not lanes.lane_now(fake_request(demo), "forward")[1]
+        taken = sum(n for _, n in admission.ADMISSION.rates["work"].log[key])
+        assert taken > 400, taken               # GFLOP of the visitor's work share
+        code, body = join(url, fn_index["render_after_pick"], ["head=1"] + data, "smuggler2", "198.51.100.70")
+        assert code == 200 and sum(n for _, n in admission.ADMISSION.rates["work"].log[key]) > 2 * taken - 1
+        for i in range(3, 40):                                  # the share (or the heavy lane) ends it, by name
+            code, body = join(url, fn_index["render_on_change"], data, f"smuggler{i}", "198.51.100.70")
+            if code != 200:
+                break
+        assert code == 422 and ("work: got" in body or "queue: got" in body), body
+    finally:
+        gate.set()
+        demo.close()
+
+
+def test_a_page_redraw_is_charged_once_however_many_guards_it_passes(monkeypatch):
+    """control_change_on_page -> render_tab -> the view endpoint: each guarded, each charged ADMISSION.served
+    (three charges per page redraw, one per API call: the fair queue favoured API clients about 3x). Now
+    every queued event is charged once, its whole running time."""
+    import app
+    from server import admission, visitors
+    monkeypatch.setenv(visitors.TRUSTED_PROXIES_ENV, "1")
+    demo = app.build_app()
+    charges = []
+    served = admission.ADMISSION.served
+    monkeypatch.setattr(admission.ADMISSION, "served", lambda key, s: (charges.append((key, s)), served(key, s))[1])
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=None, quiet=True)
+    try:
+        from benchmarks.load_test import RawClient, api_functions
+        raw = RawClient(url, "198.51.100.71", api_functions(url))
+        data = page_change_data(LECTURE + "&seed=3", "attention", LECTURE)
+        assert raw.call("render_on_change", data, "billedonce") is None
+        deadline = time.monotonic() + 10
+        while not charges and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)
+        assert [key for key, _ in charges] == ["addr:198.51.100.71"], charges
+        assert raw.call("attention", [LECTURE + "&seed=4"], "apionce") is None
+        time.sleep(0.2)
+        assert len(charges) == 2
+    finally:
+        demo.close()
+
+
+def test_sessions_minted_past_gradios_table_never_stop_the_queue(monkeypatch):
+    """Stop events (they cancel, and pass no lane) joined with a fresh session hash each, past the table of
+    per-session messages: an honest event in flight keeps its session and gets its answer, a session hash no
+    client makes is refused by name, the minting address is held to its rate of new sessions, and the queue
+    and its health answer stay up. Gradio's table dropped the oldest session whatever it held, its reader
+    raised KeyError, and the queue stopped for every visitor."""
+    import threading
+
+    import app
+    from explorer import views
+    from server import admission, gradio_patches, visitors
+    from dataclasses import replace
+    monkeypatch.setenv(visitors.TRUSTED_PROXIES_ENV, "1")
+    monkeypatch.setattr(admission, "SESSION_CAPACITY", 40)
+    monkeypatch.setattr(gradio_patches, "NEW_SESSION_RATE", dict(what="new sessions", burst=100, per_s=1.0))
+    gate = threading.Event()
+    view = views.VIEWS["attention"]
+    parts = tuple(replace(p, draw=lambda s, *a, **k: (gate.wait(60), p.draw(s, *a, **k))[1]) for p in view.parts)
+    monkeypatch.setitem(views.VIEWS, "attention", replace(view, parts=parts))
+    demo = app.build_app()
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=None, quiet=True,
+                            **app.launch_options(demo))
+    try:
+        from benchmarks.load_test import RawClient, api_functions
+        fns = api_functions(url)
+        honest = RawClient(url, "203.0.113.72", fns)
+        answer = []
+        waiting = threading.Thread(target=lambda: answer.append(honest.call("attention", [LECTURE], "honestinflight")),
+                                   daemon=True)
+        waiting.start()
+        deadline = time.monotonic() + 30
+        while "honestinflight" not in demo._queue.pending_messages_per_session and time.monotonic() < deadline:
+            time.sleep(0.02)
+        stop = fns["stop_timing"][0]
+        codes = [join(url, stop, [], f"minted{i:05d}", "198.51.100.72")[0] for i in range(120)]
+        assert codes.count(200) == 100 and set(codes) == {200, 400}, codes
+        code, body = join(url, stop, [], "z" * 5000, "198.51.100.73")
+        assert code == 400 and "session_hash: got" in body
+        assert len(demo._queue.pending_messages_per_session) <= 40
+        assert len(demo._queue.pending_event_ids_session) <= 40 + admission.QUEUE_MAX
+        gate.set()
+        waiting.join(60)
+        assert answer == [None] and not demo._queue.stopped
+        assert json.loads(urllib.request.urlopen(f"{url}healthz", timeout=10).read())["queue"] == "running"
+        assert honest.call("mask", [LECTURE], "afterwards") is None
+    finally:
+        gate.set()
+        demo.close()
+
+
+def test_a_queue_whose_loop_failed_is_restarted_and_its_health_says_so(monkeypatch):
+    """Anything raising in Gradio's queue loop set `stopped`, and every later event of every visitor was
+    refused (503 Queue is stopped) while the page still loaded. The loop is restarted, the restart counted
+    in /healthz, and the next visitor is served; a queue that stays stopped answers 503 there."""
+    import app
+    from server import gradio_patches, visitors
+    monkeypatch.setenv(visitors.TRUSTED_PROXIES_ENV, "1")
+    demo = app.build_app()
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=None, quiet=True,
+                            **app.launch_options(demo))
+    try:
+        from benchmarks.load_test import RawClient, api_functions
+        raw = RawClient(url, "203.0.113.74", api_functions(url))
+        queue = demo._queue
+        real, failed = queue.get_events, []
+
+        def failing():
+            if not failed:
+                failed.append(1)
+                raise KeyError("a session Gradio no longer holds")
+            return real()
+        monkeypatch.setattr(queue, "get_events", failing)
+        raw.call("mask", [LECTURE], "firstafterfail")          # may be lost with the failed loop
+        deadline = time.monotonic() + 10
+        while queue.restarts == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert failed and queue.restarts == 1
+        assert raw.call("mask", [LECTURE], "served") is None
+        health = json.loads(urllib.request.urlopen(f"{url}healthz", timeout=10).read())
+        assert health["queue"] == "running" and health["restarts"] == 1
+        stuck = type("Demo", (), {"_queue": type("Queue", (), {"stopped": True, "loop_alive": True, "restarts": 3,
+                                                               "pending_messages_per_session": {}})()})()
+        assert gradio_patches.queue_health(stuck)()[0] is False
+    finally:
+        demo.close()
+
+
+def test_a_full_lane_refuses_the_heaviest_networks_request_not_the_honest_newcomers(monkeypatch):
+    """Through Gradio's queue: the timing lane (2 waiting here) held by addresses of one /24, an honest
+    sweep from another network arrives — it is admitted, and the botnet's latest waiting sweep is answered
+    by name and taken out of the queue; another address of the botnet is refused. The full lane refused the
+    honest newcomer before."""
+    import threading
+
+    import app
+    from server import admission, lanes, timing_runs, visitors
+    from dataclasses import replace
+    monkeypatch.setenv(visitors.TRUSTED_PROXIES_ENV, "1")
+    monkeypatch.setitem(admission.LANES, "timing", replace(admission.LANES["timing"], waiting=2))
+    demo = app.build_app()
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=None, quiet=True)
+    try:
+        from benchmarks.load_test import RawClient, api_functions
+        fns = api_functions(url)
+        answers = {}
+
+        def sweep(address, session, args):
+            thread = threading.Thread(target=lambda: answers.__setitem__(
+                session, RawClient(url, address, fns).call("timing", list(args), session)), daemon=True)
+            thread.start()
+            return thread
+
+        def waiting():
+            return sorted(h.session for h in lanes.lane_now(fake_request(demo), "timing")[0])
+
+        def until(condition):
+            deadline = time.monotonic() + 60
+            while not condition() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            return condition()
+        sweep("198.18.17.1", "botrun", LONG_SWEEP)
+        assert until(lambda: timing_runs.TIMING_RUNS.running())
+        for i in (2, 3):
+            sweep(f"198.18.17.{i}", f"botwait{i}", (LECTURE, "16", ["naive"]))
+            assert until(lambda: f"botwait{i}" in waiting())
+        honest = sweep("203.0.113.9", "honest", (LECTURE, "16", ["naive"]))
+        assert until(lambda: waiting() == ["botwait2", "honest"]), waiting()
+        assert until(lambda: "botwait3" in answers)
+        assert "queue: got 'your place in a full lane'; allowed: room first for a visitor whose network" \
+            in answers["botwait3"]
+        fn, defaults = fns["timing"]
+        code, body = join(url, fn, [LECTURE, "16", ["naive"], *defaults[3:]], "botwait4", "198.18.17.4")
+        assert code == 422 and "2 timing sweeps waiting" in body
+        timing_runs.TIMING_RUNS.cancel("botrun")
+        honest.join(120)
+        assert answers["honest"] is None
+    finally:
+        timing_runs.TIMING_RUNS.cancel("botrun")
+        demo.close()

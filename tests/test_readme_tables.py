@@ -161,3 +161,45 @@ def test_numerics_block_sets_naive_beside_the_best_fused_kernel(tmp_path):
     md = readme_tables.numerics_block(tmp_path)
     assert "| phoenix-prod | 1 × 1087, 20/4, 128 | bfloat16 | none | 4 | 2.0e-02 (1.0e-02–4.0e-02) | flex | " in md
     assert "| 6.7× |" in md and "| 1.56e-02 | 1.84e-02 |" in md and "commit `abc1234`" in md
+
+
+def soak_run(mask_p95: float, model_p95: float, class_p95: float, peak: float, refused: int = 0) -> dict:
+    """One synthetic run of benchmarks.load_test's soak, as run_soak writes it (the fields the suite reads)."""
+    from benchmarks.load_test import SOAK_TARGETS
+    kind = dict(requests=10, failures=0, refused_by_name=0, p50_s=0.1, p95_s=0.2, max_s=0.3)
+    met = dict(honest_mask_p95_s=mask_p95 < 1, honest_model_views_p95_s=model_p95 < 3, classroom_views_p95_s=class_p95 < 3,
+               honest_failures=refused == 0, peak_rss_gb=peak < 6, rss_after_gb=True, stores_within_bounds=True,
+               honest_uploads_taken=True, queue_alive_at_end=True, mode_checks=True, attacker_refused_by_name=True)
+    return dict(honest_mask_p95_s=mask_p95, honest_model_views_p95_s=model_p95, classroom_views_p95_s=class_p95,
+                honest_total=dict(requests=900, failures=0, refused_by_name=refused),
+                memory=dict(peak_rss_gb=peak, rss_after_gb=0.9, rss_start_gb=0.5), targets=dict(SOAK_TARGETS, met=met),
+                honest={"mask": kind}, classroom={"class view": kind}, fairness={}, attacker={"17 botnet": dict(
+                    kind, refused_by_name=40)}, wall_s=90.0, honest_uploads=dict(requests=9, taken=9),
+                stores=dict(most=dict(temp_dir_bytes=2**20, raw_upload_bytes=0, upload_store_bytes=2**21),
+                            bounds=dict(temp_dir_bytes=2**31, raw_upload_bytes=2**30, upload_store_bytes=2**29),
+                            queue_restarts=0),
+                queue_alive_at_end=True, checks_failed=[], cpu_seconds=dict(server_s=150.0, why="shared"))
+
+
+def test_the_soak_block_claims_the_worst_of_several_runs_and_each_modes_cost(tmp_path):
+    """A synthetic suite of three full runs: the README quotes the worst run (most targets missed) with min /
+    median / max beside it, says which target it missed, and what each mode alone cost against the baseline."""
+    from benchmarks.load_test import summarise_suite
+    runs = [soak_run(0.6, 2.1, 1.9, 3.0), soak_run(0.9, 3.4, 2.5, 3.5, refused=2), soak_run(0.7, 2.4, 2.0, 3.2)]
+    alone = {"17 botnet": soak_run(0.8, 2.6, 2.2, 3.1)}
+    data = dict(kind="soak-suite", date="2026-11-27T10:00:00+00:00", git_commit="abcdef0123",
+                device=dict(cpu="X", cores=2, load_average_before=0.2, load_average_after=2.1),
+                parameters=dict(honest_visitors=30, duration_s=90, mode_duration_s=30, runs=3, conditions="idle box",
+                                modes={"17 botnet": {}}, memory_budget_bytes={"the process at start": 10**9,
+                                                                             "total": 10**9}),
+                summary=summarise_suite(soak_run(0.4, 1.5, 1.4, 2.0), alone, runs), runs=runs)
+    (tmp_path / "load-soak-2026-11-24.json").write_text(json.dumps(dict(kind="soak")))    # older: not chosen
+    (tmp_path / "load-soak-2026-11-27.json").write_text(json.dumps(data))
+    (tmp_path / "load-soak-quick-2026-11-28.json").write_text("{}")                          # a quick look: not chosen
+    md = readme_tables.load_soak_block(tmp_path)
+    assert "**3 runs of 90 s with every mode**" in md and "run 2" in md and "commit `abcdef0`" in md
+    assert "| honest lecture model views p95 | < 3 s | 3.40 s | 2.10 s / 2.40 s / 3.40 s | **not met** |" in md
+    assert "| honest requests failed or refused | 0 | 2 of 900 | 0 / 0 / 2 | **not met** |" in md
+    assert "| honest `/mask` p95 | < 1 s | 0.90 s | 0.60 s / 0.70 s / 0.90 s | met |" in md
+    assert "| none (honest visitors alone) | 0.40 s | 1.50 s | 1.40 s | 0 | — | — |" in md
+    assert "| 17 botnet | 0.80 s | 2.60 s | 2.20 s | 0 | 40 | none |" in md

@@ -4,9 +4,9 @@ import threading
 
 import pytest
 
-from server import admission
-from server.admission import (LANES, QUEUE_MAX, Admission, RateShare, WatchedQueue, check_admission, client_address,
-                                visitor_key)
+from server import admission, visitors
+from server.admission import LANES, QUEUE_MAX, Admission, RateShare, WatchedQueue, check_admission
+from server.visitors import client_address, visitor_key
 from explorer.schema import ValidationError
 
 
@@ -27,14 +27,14 @@ def test_a_signed_in_user_is_the_visitor_whatever_the_address():
 
 
 def test_trusted_proxies_default_to_one_on_a_space(monkeypatch):
-    monkeypatch.delenv(admission.TRUSTED_PROXIES_ENV, raising=False)
+    monkeypatch.delenv(visitors.TRUSTED_PROXIES_ENV, raising=False)
     monkeypatch.delenv("SPACE_ID", raising=False)
-    assert admission.trusted_proxies() == 0
+    assert visitors.trusted_proxies() == 0
     monkeypatch.setenv("SPACE_ID", "someone/explorer")
-    assert admission.trusted_proxies() == 1
-    monkeypatch.setenv(admission.TRUSTED_PROXIES_ENV, "many")
+    assert visitors.trusted_proxies() == 1
+    monkeypatch.setenv(visitors.TRUSTED_PROXIES_ENV, "many")
     with pytest.raises(ValidationError, match="EXPLORER_TRUSTED_PROXIES: got 'many'"):
-        admission.trusted_proxies()
+        visitors.trusted_proxies()
 
 
 def test_minted_session_hashes_share_their_addresss_bound():
@@ -122,30 +122,71 @@ def _event(session: str, address: str):
 
 
 def test_lanes_serve_the_visitor_who_had_least_of_the_server_first(monkeypatch):
-    """Least attained service: a visitor whose requests ran long waits behind everyone else's, whatever
-    the arrival order; equals keep arrival order; usage decays, and a charge re-sorts what waits."""
-    monkeypatch.setenv(admission.TRUSTED_PROXIES_ENV, "1")
+    """Least attained service, networks taking turns: a network's second waiting request comes after every
+    network's first; within a round, a visitor whose requests ran long waits behind everyone else's,
+    whatever the arrival order; equals keep arrival order; usage decays, and a charge re-sorts what waits."""
+    monkeypatch.setenv(visitors.TRUSTED_PROXIES_ENV, "1")
     now = [0.0]
     gate = Admission(clock=lambda: now[0])
     queue = WatchedQueue("forward", gate)
     gate.served("addr:198.51.100.66", 30.0)              # the heavy user: 30 s of service
-    gate.served("addr:10.0.0.2", 1.0)
+    gate.served("addr:10.2.0.1", 1.0)
     heavy = [_event(f"h{i}", "198.51.100.66") for i in range(3)]
-    light = [_event(f"l{i}", f"10.0.0.{i + 1}") for i in range(3)]
+    light = [_event(f"l{i}", f"10.{i + 1}.0.1") for i in range(3)]       # three networks
     for e in (heavy[0], light[0], heavy[1], light[1], heavy[2], light[2]):
         queue.append(e)
-    assert list(queue) == [light[0], light[2], light[1], *heavy]     # 10.0.0.2 had 1 s, the others none
-    gate.served("addr:10.0.0.1", 60.0)                   # 10.0.0.1's request ran a minute: now the heaviest
-    assert list(queue) == [light[2], light[1], *heavy, light[0]]
+    assert list(queue) == [light[0], light[2], light[1], *heavy]     # 10.2.0.1 had 1 s, the others none
+    gate.served("addr:10.1.0.1", 60.0)                   # 10.1.0.1's request ran a minute: now the heaviest
+    assert list(queue) == [light[2], light[1], heavy[0], light[0], heavy[1], heavy[2]]   # its 1st before their 2nd
     now[0] = 20.0       # 20 s later the heavy user's 30 s decayed to 23.8, less 20 s waited: 3.8, ahead of
-    late = _event("late", "10.0.0.7")                    # a newcomer with 5 s of usage
-    gate.served("addr:10.0.0.7", 5.0)
+    late = _event("late", "10.7.0.1")                    # a newcomer with 5 s of usage
+    gate.served("addr:10.7.0.1", 5.0)
     queue.append(late)
-    assert list(queue) == [light[1], light[2], *heavy, late, light[0]]
+    assert list(queue) == [light[1], light[2], heavy[0], late, light[0], heavy[1], heavy[2]]
     now[0] = 600.0                                       # ten half-lives: everyone is even again
-    gate.served("addr:10.0.0.9", 0.0)
-    assert list(queue) == [heavy[0], light[0], heavy[1], light[1], heavy[2], light[2], late]   # arrival order
+    gate.served("addr:10.9.0.1", 0.0)
+    assert list(queue) == [heavy[0], light[0], light[1], light[2], late, heavy[1], heavy[2]]   # arrival, by round
     assert gate.usage.of("addr:198.51.100.66") < 0.05
+
+
+def test_a_networks_later_requests_wait_behind_everyones_first_and_a_class_counts_its_browsers(monkeypatch):
+    """Sixteen timing sweeps of one /24 waiting, then a lone honest one: it is served after the botnet's first,
+    not its sixteenth. Thirty waiting requests of a class's address with 30 browsers are one round."""
+    monkeypatch.setenv(visitors.TRUSTED_PROXIES_ENV, "1")
+    gate = Admission(clock=lambda: 0.0)
+    queue = WatchedQueue("timing", gate)
+    botnet = [_event(f"b{i}", f"198.18.17.{i}") for i in range(16)]
+    for e in botnet:
+        queue.append(e)
+    honest = _event("honest", "203.0.113.9")
+    queue.append(honest)
+    assert list(queue).index(honest) == 1
+    gate.weights = lambda key: 30 if key == "addr:192.0.2.1" else 1
+    lane = WatchedQueue("forward", gate)
+    students = [_event(f"s{i}", "192.0.2.1") for i in range(30)]
+    for e in students:
+        lane.append(e)
+    lane.append(honest)
+    assert list(lane)[-1] is honest                      # the class's 30 are its first round
+
+
+def test_a_networks_usage_ranks_its_addresses_and_a_class_ranks_as_its_browsers(monkeypatch):
+    """Fairness weighting, not identity: twelve addresses of one /24 that took a minute each rank behind a
+    lone newcomer of another network though each address is new to the lane; an address with 30 browsers
+    established ranks by its usage per browser."""
+    monkeypatch.setenv(visitors.TRUSTED_PROXIES_ENV, "1")
+    gate = Admission(clock=lambda: 0.0)
+    queue = WatchedQueue("forward", gate)
+    for i in range(12):
+        gate.served(f"addr:198.51.100.{i}", 60.0)
+    fresh_of_botnet, lone = _event("b", "198.51.100.200"), _event("h", "203.0.113.5")
+    gate.served("addr:203.0.113.5", 20.0)
+    queue.append(fresh_of_botnet)
+    queue.append(lone)
+    assert list(queue) == [lone, fresh_of_botnet]        # 720 s over the /24, shared by 4: 180 s > 20 s
+    assert gate.usage.rank("addr:198.51.100.200") == pytest.approx(720 / admission.NETWORK_SHARE)
+    gate.served("addr:192.0.2.1", 300.0)                 # a class's address: 30 browsers, 10 s each
+    assert gate.usage.rank("addr:192.0.2.1", weight=30) == pytest.approx(10.0)
 
 
 def test_exports_have_a_rate_share_per_visitor_counted_in_renders():
@@ -184,7 +225,7 @@ def test_a_rate_share_bounds_bytes_and_calls_per_visitor_within_its_window():
     share.take("a", 100)                                 # the window passed
 
 
-# --- round three: one visitor function, the front door's rates and cache, heavy work in its own lane ---
+# --- round three: heavy work in its own lane, work shares (the front door: tests/test_server_front_door.py) ---
 
 def test_every_x_forwarded_for_line_counts_and_the_rightmost_hop_decides_everywhere():
     """A client sends two X-Forwarded-For lines, the first forged; the proxy appends the real address to the
@@ -192,74 +233,10 @@ def test_every_x_forwarded_for_line_counts_and_the_rightmost_hop_decides_everywh
     the same visitor: the address the trusted proxy appended."""
     from starlette.datastructures import Headers
     raw = [(b"x-forwarded-for", b"203.0.113.1"), (b"host", b"x"), (b"x-forwarded-for", b"198.51.100.7, 192.0.2.9")]
-    assert admission.forwarded_for(raw) == ["203.0.113.1", "198.51.100.7", "192.0.2.9"]
+    assert visitors.forwarded_for(raw) == ["203.0.113.1", "198.51.100.7", "192.0.2.9"]
     keys = {visitor_key(raw, "10.0.0.1", hops=1), visitor_key(Headers(raw=raw), "10.0.0.1", hops=1)}
     assert keys == {"addr:192.0.2.9"}
     assert visitor_key(Headers(raw=raw), "10.0.0.1", hops=3) == "addr:203.0.113.1"
-
-
-def test_a_token_bucket_bounds_each_visitor_and_names_when_to_retry():
-    now = [0.0]
-    bucket = admission.TokenBucket("events", burst=3, per_s=2, clock=lambda: now[0])
-    for _ in range(3):
-        bucket.take("a")
-    with pytest.raises(admission.RateLimited, match=r"^requests: got 'more events from your address than the "
-                                                    r"server answers'; allowed: 3 at once, then 2 a second; "
-                                                    r"retry in 0\.5 s") as refused:
-        bucket.take("a")
-    assert refused.value.retry_after_s == pytest.approx(0.5)
-    bucket.take("b")                                     # another visitor's bucket
-    now[0] = 0.5
-    bucket.take("a")                                     # refilled one
-
-
-class ToyApp:
-    """An ASGI app that counts the requests it answers."""
-
-    def __init__(self):
-        self.seen = []
-
-    async def __call__(self, scope, receive, send):
-        self.seen.append((scope["method"], scope["path"]))
-        body = f"page {len(self.seen)}".encode()
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/html")]})
-        await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-def call(door, method: str, path: str, address: str, body: bytes = b"") -> tuple[int, bytes]:
-    import asyncio
-    scope = {"type": "http", "method": method, "path": path, "root_path": "", "query_string": b"",
-             "client": (address, 1), "headers": [(b"host", b"space"), (b"content-length", str(len(body)).encode())]}
-    sent = []
-
-    async def receive():
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    async def send(message):
-        sent.append(message)
-    asyncio.run(door(scope, receive, send))
-    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
-
-
-def test_the_page_is_built_once_and_page_loads_and_events_are_bounded_per_visitor(monkeypatch):
-    """GET / built by Gradio once and then served from the cache, byte for byte; one address past its
-    page-load or event rate is answered 429 by name before Gradio sees the request; another address is not."""
-    monkeypatch.setenv(admission.TRUSTED_PROXIES_ENV, "0")
-    monkeypatch.setattr(admission, "TARPIT_S", 0.0)
-    app = ToyApp()
-    door = admission.FrontDoor(app)
-    first = call(door, "GET", "/", "10.0.0.1")
-    assert all(call(door, "GET", "/", "10.0.0.1") == first for _ in range(5)) and app.seen == [("GET", "/")]
-    for _ in range(int(admission.PAGE_RATE["burst"]) - 6):
-        call(door, "GET", "/config", "10.0.0.1")
-    status, body = call(door, "GET", "/", "10.0.0.1")
-    assert status == 429 and b"requests: got 'more page loads from your address" in body
-    assert call(door, "GET", "/", "10.0.0.2") == first                       # another visitor
-    for _ in range(int(admission.EVENT_RATE["burst"])):
-        assert call(door, "POST", "/gradio_api/queue/join", "10.0.0.3", b"{}")[0] == 200
-    before = len(app.seen)
-    status, body = call(door, "POST", "/gradio_api/queue/join", "10.0.0.3", b"{}")
-    assert status == 429 and b"more events from your address" in body and len(app.seen) == before
 
 
 def test_a_heavy_model_view_is_admitted_to_the_heavy_lane_and_queued_there(monkeypatch):
@@ -285,7 +262,7 @@ def test_a_heavy_model_view_is_admitted_to_the_heavy_lane_and_queued_there(monke
     forward_q.append(event)
     assert list(heavy_q) == [event] and list(forward_q) == [] and event.concurrency_id == "heavy"
     assert [t.lane for t in gate.tickets] == ["forward"]                     # the heavy ticket spent
-    assert sum(n for _, n in gate.rates["work"].log[admission.visitor_of(big)[0]]) == 1000   # 1e12 FLOPs
+    assert sum(n for _, n in gate.rates["work"].log[visitors.visitor_of(big)[0]]) == 1000   # 1e12 FLOPs
 
 
 def test_a_visitors_work_share_refuses_by_name_and_takes_nothing_when_it_refuses():
@@ -304,17 +281,134 @@ def test_a_visitors_work_share_refuses_by_name_and_takes_nothing_when_it_refuses
     assert "addr:b" not in gate.rates["work"].log
 
 
-def test_a_refusal_for_rate_is_answered_late_so_a_loop_of_them_slows_down(monkeypatch):
-    """A client looping on refusals gets each TARPIT_S late (an await, no thread): about one a second per
-    connection instead of thousands."""
-    import time
-    monkeypatch.setenv(admission.TRUSTED_PROXIES_ENV, "0")
-    monkeypatch.setattr(admission, "TARPIT_S", 0.3)
-    door = admission.FrontDoor(ToyApp())
-    for _ in range(int(admission.PAGE_RATE["burst"])):
-        call(door, "GET", "/", "10.0.0.1")
-    t0 = time.monotonic()
-    assert call(door, "GET", "/", "10.0.0.1")[0] == 429 and time.monotonic() - t0 >= 0.3
-    monkeypatch.setattr(admission, "TARPIT_AT_ONCE", 0)                    # too many waiting: at once
-    t0 = time.monotonic()
-    assert call(door, "GET", "/", "10.0.0.1")[0] == 429 and time.monotonic() - t0 < 0.3
+# --- round four: networks, full lanes, page redraws, classes behind one address ------------------------------
+
+def test_an_ipv6_64_is_one_visitor_and_networks_weigh_fairness_only():
+    """2^64 addresses of one subscriber are one visitor; an IPv4-mapped address is its IPv4 one; the /24 and
+    the /48 are networks, never visitors."""
+    keys = {visitor_key({"x-forwarded-for": f"2001:db8:1:2::{i:x}"}, None, hops=1) for i in range(1, 200, 7)}
+    assert keys == {"addr:2001:db8:1:2::/64"}
+    assert visitor_key({"x-forwarded-for": "2001:db8:1:3::1"}, None, hops=1) != keys.pop()
+    assert visitor_key({"x-forwarded-for": "::ffff:198.51.100.7"}, None, hops=1) == "addr:198.51.100.7"
+    assert visitors.network_of("addr:198.51.100.7") == visitors.network_of("addr:198.51.100.200") == "net:198.51.100.0/24"
+    assert visitors.network_of("addr:2001:db8:1:2::/64") == "net:2001:db8:1::/48"
+    assert visitors.network_of("user:alice") == "user:alice"
+    assert visitor_key({"x-forwarded-for": "198.51.100.7"}, None, hops=1) == "addr:198.51.100.7"   # identity stays
+
+
+def test_a_session_hash_is_one_gradios_clients_could_have_made():
+    for good in ("abc123defgh", "0b9c3f2e-5d1a-4c7e-9f00-1234567890ab", "honest0001"):
+        visitors.check_session_hash(good)
+    for bad in ("x" * 65, "", "a b", "../x", None, 7, "é"):
+        with pytest.raises(ValidationError, match=r"^session_hash: got .*allowed: 1 to 64 letters, digits"):
+            visitors.check_session_hash(bad)
+
+
+def queued(key: str, session: str, redraw: bool = False, stale: bool = False):
+    """A request waiting in a lane's queue, as admission counts it (its event a stand-in)."""
+    return admission.Held(key, session, redraw, stale, type("Event", (), {})())
+
+
+def test_a_full_lane_pushes_out_the_heaviest_networks_latest_not_the_newcomer():
+    """Twelve addresses of one /24 fill the timing lane (one sweep each, within every per-address bound):
+    an honest newcomer of another network is admitted and the botnet's latest waiting sweep pushed out;
+    another address of the botnet's network arriving is refused, and so is anyone when no network holds more
+    than the newcomer's would."""
+    lane = LANES["timing"]
+    botnet = [queued(f"addr:198.51.100.{i}", f"s{i}") for i in range(lane.waiting)]
+    victim = check_admission("timing", botnet, ("addr:203.0.113.5", "honest"))
+    assert victim is botnet[-1]
+    with pytest.raises(ValidationError, match=rf"^queue: got '{lane.waiting} timing sweeps waiting'"):
+        check_admission("timing", botnet, ("addr:198.51.100.99", "more"))
+    spread = [queued(f"addr:10.{i}.0.1", f"s{i}") for i in range(lane.waiting)]     # one per network
+    with pytest.raises(ValidationError, match="timing sweeps waiting"):
+        check_admission("timing", spread, ("addr:203.0.113.5", "honest"))
+    tickets = [admission.Held(f"addr:198.51.100.{i}", f"s{i}") for i in range(lane.waiting)]   # not queued yet
+    with pytest.raises(ValidationError, match="timing sweeps waiting"):
+        check_admission("timing", tickets, ("addr:203.0.113.5", "honest"))
+
+
+def test_a_pushed_out_request_stops_counting_and_the_arrival_takes_its_place():
+    gate = Admission()
+    lane = LANES["timing"]
+    botnet = [queued(f"addr:198.51.100.{i}", f"s{i}") for i in range(lane.waiting)]
+    waiting = list(botnet)
+
+    def now():
+        return [h for h in waiting if not getattr(h.event, "_pushed_out", False)], []
+    _, victim = gate.admit("timing", ("addr:203.0.113.5", "honest"), now)
+    assert victim is botnet[-1] and victim.event._pushed_out and len(now()[0]) == lane.waiting - 1
+
+
+def test_a_page_redraw_supersedes_its_pages_waiting_ones_and_is_never_refused_for_them():
+    """A lecturer switching presets fast: the heavy lane holds one per visitor, counting the running one; a
+    page's newer redraw is admitted while its older one runs or waits, the waiting one marked superseded (it
+    then draws nothing), and only STALE_PER_SESSION of those may wait."""
+    gate = Admission()
+    page = ("addr:192.0.2.1", "lecturer")
+    running = [admission.Held(*page, True)]
+    first, _ = gate.admit("heavy", page, lambda: ([], running), redraw=True)
+    gate.tickets.clear()                                # queued: counted from the queue below
+    state = type("State", (), {"redraw": (page, first)})()
+    assert not gate.superseded(state)
+    second, _ = gate.admit("heavy", page, lambda: ([queued(*page, True)], running),
+                           redraw=True)
+    gate.tickets.clear()
+    assert gate.superseded(state) and not gate.superseded(type("State", (), {"redraw": (page, second)})())
+    with pytest.raises(ValidationError, match=r"1 of your large views waiting or running'; allowed: 1 per visitor"):
+        gate.admit("heavy", page, lambda: ([], running))                 # an API call of that page: as before
+    stale = [queued(*page, True, True)] * admission.STALE_PER_SESSION
+    with pytest.raises(ValidationError, match=r"of your earlier redraws waiting"):
+        check_admission("forward", stale, page, redraw=True)
+
+
+def test_an_address_bound_grows_with_its_established_browsers_and_heavy_work_does_not():
+    """A class of 30 behind one address: the light lanes' per-address bounds grow a visitor's share per
+    browser (capped under the lane), the heavy, timing, export, pack and upload lanes do not, and the work
+    share grows to WORK_WEIGHT_CAP visitors' worth."""
+    forward = LANES["forward"]
+    assert admission.address_bound(forward, 1) == forward.per_address
+    assert admission.address_bound(forward, 30) == forward.waiting * 3 // 4 > forward.per_address
+    for name in ("heavy", "timing", "export", "pack", "upload"):
+        assert admission.address_bound(LANES[name], 30) == LANES[name].per_address
+    students = [(f"addr:192.0.2.1", f"student{i}") for i in range(forward.per_address)]
+    with pytest.raises(ValidationError, match="from your address"):
+        check_admission("forward", students, ("addr:192.0.2.1", "student99"))
+    check_admission("forward", students, ("addr:192.0.2.1", "student99"), weight=30)
+    now = [0.0]
+    gate = Admission(clock=lambda: now[0])
+    gate.weights = lambda key: 30
+    limit = admission.WORK_SHARE["max_bytes"] * admission.WORK_WEIGHT_CAP
+    for _ in range(limit // 1000):
+        gate.admit("heavy", ("addr:192.0.2.1", "s"), lambda: ([], []), flops=1000e9)
+        gate.tickets.clear()
+    with pytest.raises(ValidationError, match=rf"allowed: {limit:,} GFLOP for your address \(4 visitors' worth\)"):
+        gate.admit("heavy", ("addr:192.0.2.1", "s"), lambda: ([], []), flops=1000e9)
+
+
+def test_a_view_drawing_more_than_its_event_was_admitted_for_is_refused_by_name():
+    state = type("State", (), {"admitted_flops": 0.01e9})()
+    admission.check_drawn(state, 0.5e9)                         # small work: no share, no heavy lane
+    admission.check_drawn(type("State", (), {})(), 554e9)       # no event (a direct call): nothing to compare
+    with pytest.raises(ValidationError, match=r"^work: got '554.0 GFLOP drawn'; allowed: the 0.0 GFLOP this request"):
+        admission.check_drawn(state, 554e9)
+    admission.check_drawn(type("State", (), {"admitted_flops": 554e9})(), 554e9)
+
+
+def test_fresh_addresses_of_one_network_share_its_work_and_render_shares():
+    """A botnet asking for the largest views, or lecture packs, from a fresh address of one /24 each time:
+    each address is within its own share, the network's ends them; another network still draws."""
+    gate = Admission(clock=lambda: 0.0)
+    limit = admission.NETWORK_WORK_SHARE["max_bytes"]
+    for i in range(limit // 1000):
+        gate.admit("heavy", (f"addr:198.18.18.{i}", "s"), lambda: ([], []), flops=1000e9)
+        gate.tickets.clear()
+    with pytest.raises(ValidationError, match=r"^work: got .* GFLOP in 10 minutes'; allowed: .* GFLOP per network"):
+        gate.admit("heavy", ("addr:198.18.18.99", "s"), lambda: ([], []), flops=1000e9)
+    gate.admit("heavy", ("addr:203.0.113.1", "s"), lambda: ([], []), flops=1000e9)
+    renders = admission.NETWORK_EXPORT_SHARE["max_bytes"]
+    for i in range(renders // 40):
+        gate.admit("pack", (f"addr:198.18.19.{i}", "s"), lambda: ([], []), units=40)
+        gate.tickets.clear()
+    with pytest.raises(ValidationError, match=r"^export: got .* renders in 10 minutes'; allowed: .* per network"):
+        gate.admit("pack", ("addr:198.18.19.99", "s"), lambda: ([], []), units=40)

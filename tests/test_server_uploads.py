@@ -66,17 +66,20 @@ def test_a_full_store_refuses_by_name_and_keeps_what_it_holds(tmp_path, monkeypa
     assert set(uploads.uploads("alice")) == {newer} != {name}
 
 
-def test_uploads_expire_and_closing_the_page_forgets_them(tmp_path, monkeypatch):
+def test_uploads_expire_from_their_upload_and_closing_the_page_forgets_them(tmp_path, monkeypatch):
+    """An upload goes UPLOAD_TTL_S after it was uploaded: using it renews nothing (any request of its session
+    asks), uploading it again does."""
     path = weight_file(tmp_path)[0]
     uploads.load_upload(parse_query(LECTURE), str(path), "alice")
     uploads.load_upload(parse_query(LECTURE), str(path), "bob")
     clock = [uploads.time.monotonic()]
     monkeypatch.setattr(uploads.time, "monotonic", lambda: clock[0])
     clock[0] += uploads.UPLOAD_TTL_S / 2
-    assert uploads.uploads("alice")                     # a use keeps it
+    assert uploads.uploads("alice")                     # used half way through its time
+    uploads.load_upload(parse_query(LECTURE), str(path), "bob")       # uploaded again: its time starts again
     clock[0] += uploads.UPLOAD_TTL_S * 0.75
-    assert uploads.uploads("alice") and uploads.uploads("bob") == {}
-    uploads.page_gone("alice")
+    assert uploads.uploads("alice") == {} and uploads.uploads("bob")
+    uploads.page_gone("bob")
     clock[0] += uploads.PAGE_GONE_GRACE_S + 1
     uploads._expire_uploads(clock[0])
     assert uploads._UPLOADS == {}
@@ -236,17 +239,45 @@ def test_a_reloaded_page_takes_its_uploads_over_and_nobody_elses(tmp_path):
     assert name in uploads.uploads("after-reload") and "before-reload" not in uploads._UPLOADS
 
 
-def test_a_visitors_closed_pages_make_room_for_its_new_upload(tmp_path, monkeypatch):
-    """Uploads left by the visitor's own closed pages (reloaded without the link) go before its share refuses
-    a new one; another visitor's closed page keeps its uploads for the grace period."""
+def test_a_reloaded_browsers_closed_page_makes_room_and_a_classmates_keeps_its_grace(tmp_path, monkeypatch):
+    """Two students behind one address: one's page lost its connection (closed), the other uploads: the first
+    keeps its weights for the grace period. A page reloaded in the same browser (its signed cookie) without the
+    link makes room by dropping its own closed page's uploads."""
     path = weight_file(tmp_path)[0]
     uploads.load_upload(parse_query(LECTURE), str(path), "probe", "addr:x")
     size = next(iter(uploads._UPLOADS.pop("probe").values())).nbytes
-    monkeypatch.setattr(uploads, "UPLOAD_SHARE_BYTES", size)
-    uploads.load_upload(parse_query(LECTURE), str(path), "old-page", "addr:a")
-    uploads.load_upload(parse_query(LECTURE), str(path), "other-visitor", "addr:b")
-    uploads.page_gone("old-page")
-    uploads.page_gone("other-visitor")
-    uploads.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=2)[0]), "new-page", "addr:a")
-    assert "old-page" not in uploads._UPLOADS and "other-visitor" in uploads._UPLOADS
-    assert uploads.forgotten("old-page", next(iter(uploads.uploads("other-visitor")))) is not None
+    monkeypatch.setattr(uploads, "UPLOAD_SHARE_BYTES", 3 * size)
+    first = uploads.load_upload(parse_query(LECTURE), str(path), "student-1", "addr:a", browser="b1")
+    uploads.page_gone("student-1")                              # a dropped connection
+    uploads.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=2)[0]), "student-2", "addr:a", browser="b2")
+    assert first in uploads.uploads("student-1")                # back within the grace: still there
+    uploads.page_gone("student-1")
+    uploads.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=3)[0]), "student-1-reloaded", "addr:a",
+                        browser="b1")
+    assert "student-1" not in uploads._UPLOADS and "student-2" in uploads._UPLOADS
+    assert uploads.forgotten("student-1", first) == "when your reloaded page uploaded again"
+
+
+def test_a_full_store_makes_room_from_the_heaviest_network_only_for_a_lighter_one(tmp_path, monkeypatch):
+    """Three addresses of one network fill the store: an honest upload from elsewhere is taken (their oldest
+    goes, and their session is told why), and they cannot push each other's or the honest one's out; a network
+    holds at most NETWORK_SHARE_BYTES."""
+    path = weight_file(tmp_path)[0]
+    uploads.load_upload(parse_query(LECTURE), str(path), "probe", "addr:x")
+    size = next(iter(uploads._UPLOADS.pop("probe").values())).nbytes
+    monkeypatch.setattr(uploads, "MAX_UPLOAD_STORE_BYTES", 4 * size)
+    monkeypatch.setattr(uploads, "NETWORK_SHARE_BYTES", 3 * size)
+    monkeypatch.setattr(uploads, "UPLOAD_SHARE_BYTES", 2 * size)
+    names = [uploads.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=10 + i)[0]), f"bot-{i}",
+                                 f"addr:198.51.100.{i}") for i in range(3)]
+    with pytest.raises(ValidationError, match=r"bytes of weights held by uploads from your net.*; allowed: .* "
+                                              r"bytes per network"):
+        uploads.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=20)[0]), "bot-3", "addr:198.51.100.3")
+    uploads.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=21)[0]), "honest-1", "addr:203.0.113.1")
+    assert uploads.store_bytes() == 4 * size
+    uploads.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=22)[0]), "honest-2", "addr:192.0.2.1")
+    assert uploads.uploads("bot-0") == {} and all(uploads.uploads(f"bot-{i}") for i in (1, 2))
+    assert uploads.forgotten("bot-0", names[0]) == "when the store needed room for a lighter network's upload"
+    assert uploads.uploads("honest-1") and uploads.uploads("honest-2") and uploads.store_bytes() == 4 * size
+    with pytest.raises(ValidationError, match="room in the server's upload store"):     # 2 each: no heavier
+        uploads.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=23)[0]), "honest-3", "addr:192.0.2.9")
