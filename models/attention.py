@@ -214,6 +214,29 @@ def flex_refused() -> Optional[str]:
     return None
 
 
+def flex_cpu_refused() -> Optional[str]:
+    """torch.compile's CPU FlexAttention kernel needs AVX2 (torch/_inductor/kernel/flex/flex_cpu.py asks the
+    same two things); without it compiled flex raises, and uncompiled it is no flash kernel."""
+    why = flex_refused()
+    if why:
+        return why
+    if os.environ.get("ATEN_CPU_CAPABILITY") == "default":
+        return "flex on CPU needs AVX2, which ATEN_CPU_CAPABILITY=default turns off"
+    if not torch.cpu._is_avx2_supported():
+        return "flex on CPU needs AVX2, which this CPU does not have"
+    return None
+
+
+def flex_cpu_known_failure(dtype: str, padding: bool) -> Optional[str]:
+    """torch 2.13's compiled CPU flex kernel built for AVX2 (an AMD Zen 2/3, a Xeon without AVX-512, or
+    ATEN_CPU_CAPABILITY=avx2) reads the padding past the last key in bf16 and fails 'index out of bounds'
+    (T 1087; T 1024, fp32 and fp16 run). Measured on this project's CI machine's AVX2 path."""
+    if dtype == "bfloat16" and padding and torch.backends.cpu.get_cpu_capability() == "AVX2":
+        return ("flex on this CPU (AVX2 kernels) fails on bf16 with key padding (torch's compiled CPU kernel "
+                "reads past the last key); pick float32 or float16, or no padding")
+    return None
+
+
 def flex_attention(q, k, v, mask: AttentionMask, *, multiplier: float, cap: float, cap_method: str,
                    need_weights: bool = False) -> AttentionOutput:
     """A query with no allowed key gets zeros here (grok.py: uniform weights); such rows are padding."""
@@ -505,6 +528,8 @@ class Backend:
     gqa: str = "grouped einsum"         # how query heads share KV heads
     empty_rows: str = "uniform"         # a query with no allowed key: "uniform" (grok.py) or "zeros"
     per_device: dict = field(default_factory=dict)   # device -> fields that differ there
+    # known_failure(dtype, padding) -> None, or why this machine's build of the kernel fails on that case
+    known_failure: Callable[[str, bool], Optional[str]] = field(default=lambda dtype, padding: None)
 
     def on(self, device: str) -> "Backend":
         """This backend's capabilities on one device."""
@@ -543,7 +568,7 @@ BACKENDS: dict[str, Backend] = {
                     "FlexAttention: the mask predicate as mask_mod, multiplier + cap as score_mod, compiled",
                     "one fused kernel (Triton on CUDA) that skips empty 128×128 tiles",
                     gqa="native (enable_gqa)", empty_rows="zeros", available=flex_refused,
-                    per_device={"cpu": dict(speed_reason="one fused kernel that skips empty 128×128 tiles; each "
+                    per_device={"cpu": dict(available=flex_cpu_refused, known_failure=flex_cpu_known_failure, speed_reason="one fused kernel that skips empty 128×128 tiles; each "
                                                          "new length compiles first (~20-40 s here, never timed, "
                                                          "then cached)")}),
     "structured": Backend(structured_attention,
@@ -583,10 +608,10 @@ def unavailable_reason(backend: str, *, device: str = "cpu", dtype: str = "float
     base = BACKENDS[backend]
     if dev not in base.devices:
         return f"{backend} needs {' or '.join(d.upper() for d in base.devices)}"
-    why = (_needs_cuda_build() if dev == "cuda" else None) or base.available()
+    b = base.on(dev)
+    why = (_needs_cuda_build() if dev == "cuda" else None) or b.available()
     if why:
         return why
-    b = base.on(dev)
     if dtype not in b.dtypes:
         return f"{backend} on {dev} does not run {dtype}; it takes {', '.join(b.dtypes)}"
     method = cap_method if cap_active(cap, cap_method) else "none"
@@ -598,6 +623,9 @@ def unavailable_reason(backend: str, *, device: str = "cpu", dtype: str = "float
         return f"{backend} on {dev} takes no {mask_kind} mask (only {', '.join(b.mask_kinds)})"
     if padding and not b.padding:
         return f"{backend} on {dev} does not support key padding"
+    why = b.known_failure(dtype, padding)
+    if why:
+        return why
     if head_dim is not None and b.max_head_dim is not None and head_dim > b.max_head_dim:
         return f"{backend} takes head dim up to {b.max_head_dim}, got {head_dim}"
     if head_dim is not None and b.head_dim_multiple and head_dim % b.head_dim_multiple:

@@ -589,3 +589,18 @@ def test_gpu_flash_softcap_tanh_is_approximate_by_a_measured_amount(backend, rec
     for name, value in err.items():
         record_property(name, value)
     assert err["softcap_tanh_rel_err"] <= SOFTCAP_TANH_REL_ERR_MAX, (backend, err)
+
+
+def test_flex_on_cpu_is_refused_where_torch_cannot_compile_it(monkeypatch):
+    """torch's CPU flex kernel needs AVX2 (ATEN_CPU_CAPABILITY=default turns it off) and, built for AVX2, fails
+    on bf16 with key padding: the registry says so by name instead of the kernel raising mid-forward."""
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    assert "ATEN_CPU_CAPABILITY=default" in A.unavailable_reason("flex", device="cpu")
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    why = A.unavailable_reason("flex", device="cpu", dtype="bfloat16", padding=True, cap_method="none")
+    assert why.startswith("flex on this CPU (AVX2 kernels) fails on bf16 with key padding")
+    for dtype, padding in (("bfloat16", False), ("float32", True), ("float16", True)):
+        assert A.unavailable_reason("flex", device="cpu", dtype=dtype, padding=padding) is None
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert A.unavailable_reason("flex", device="cpu", dtype="bfloat16", padding=True) is None

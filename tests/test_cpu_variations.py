@@ -8,6 +8,12 @@ reproduce what another CPU computes (tests/tolerances.py says why the tolerances
   threads differ by 2e-7), which it does not on this Intel machine's AVX-512 path;
 - the thread count of the test process (OMP_NUM_THREADS) and of the server (EXPLORER_THREADS).
 
+A capability below the CPU's also caps oneDNN's (ONEDNN_MAX_CPU_ISA), as on a CPU that lacks the rest: torch asks
+oneDNN whether to pack bf16 for AVX-512/AMX (cpublas::could_pack) but runs the kernel built for the forced
+capability, which then fails 'pack_vnni2 is only supported when avx512 is supported' (seen on CI's AMX CPU) — a
+machine no CPU is. ATEN_CPU_CAPABILITY=default also turns compiled flex off (torch's CPU flex template needs
+AVX2), which the registry reports as flex unavailable there.
+
 Two sets: every non-slow test of a module that compares floats (imports tests/tolerances.py) under four
 kernel paths; and the tests that compare the server's numbers with this process's or the page's (marker
 served_numbers) with the server on *other* kernels and threads than the test process
@@ -21,8 +27,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
-KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "OMP_NUM_THREADS", "EXPLORER_THREADS",
-              "EXPLORER_TEST_SERVER_ENV")
+KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "OMP_NUM_THREADS",
+              "EXPLORER_THREADS", "EXPLORER_TEST_SERVER_ENV")
+ONEDNN_ISA = {"default": "SSE41", "avx2": "AVX2"}        # oneDNN's cap for a CPU with no more than that
 
 
 def numerics_modules() -> list[str]:
@@ -32,8 +39,8 @@ def numerics_modules() -> list[str]:
 
 
 IN_PROCESS = {                      # name: environment; capabilities above the CPU's fall back to its best
-    "default-1thread": {"ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1"},
-    "avx2-2threads": {"ATEN_CPU_CAPABILITY": "avx2", "OMP_NUM_THREADS": "2"},
+    "default-1thread": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "OMP_NUM_THREADS": "1"},
+    "avx2-2threads": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "OMP_NUM_THREADS": "2"},
     "mkl-avx2-amd-path-1thread": {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "OMP_NUM_THREADS": "1"},
     "mkl-sse42-2threads": {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "OMP_NUM_THREADS": "2"},
 }
@@ -41,9 +48,9 @@ IN_PROCESS = {                      # name: environment; capabilities above the 
 SERVED = {                          # name: (the test process's environment, the server's on top of it)
     "tests-amd-path-2threads/server-avx2-1thread": (
         {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "OMP_NUM_THREADS": "2"},
-        "ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX512 EXPLORER_THREADS=1"),
+        "ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX512 EXPLORER_THREADS=1"),
     "tests-default-1thread/server-amd-path-2threads": (
-        {"ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1"},
+        {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "OMP_NUM_THREADS": "1"},
         "ATEN_CPU_CAPABILITY=avx512 MKL_ENABLE_INSTRUCTIONS=AVX2 EXPLORER_THREADS=2"),
 }
 
@@ -53,6 +60,14 @@ def rerun(env_changes: dict, *args) -> subprocess.CompletedProcess:
     env.update(env_changes)
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=1200)
+
+
+def test_every_forced_capability_caps_onednn_to_match():
+    forced = [env for env in IN_PROCESS.values()] + [{**t, **dict(x.split("=") for x in srv.split())}
+                                                      for t, srv in SERVED.values()]
+    for env in forced:
+        cap = env.get("ATEN_CPU_CAPABILITY")
+        assert cap not in ONEDNN_ISA or env.get("ONEDNN_MAX_CPU_ISA") == ONEDNN_ISA[cap], env
 
 
 def test_the_numerics_modules_are_found():

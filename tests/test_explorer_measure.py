@@ -59,7 +59,7 @@ def test_the_reference_in_pieces_is_the_whole_one_and_no_piece_exceeds_its_bytes
     """reference_attention cut to single query rows of one KV head (a budget of one row's scores) computes what
     one piece does, within fp32 rounding, and no piece's [b, G, rows, T] scores pass the budget."""
     from models import attention as A
-    from tolerances import assert_rounding_close
+    from tolerances import assert_rounding_close, rounding_bound
     q, k, v = bench.make_inputs(3, 4, 2, 8, 40, "float32", "cpu", seed=1)
     mask = bench.AttentionMask("recsys", 40, 30, bench.padded_valid(3, 40, 30))
     kw = dict(multiplier=8 ** -0.5, cap=30.0, cap_method="tanh")
@@ -73,7 +73,10 @@ def test_the_reference_in_pieces_is_the_whole_one_and_no_piece_exceeds_its_bytes
                                                for b, rows, G, T in pieces)
     for a, b in ((cut.out, whole.out), (cut.scale, whole.scale)):
         assert_rounding_close(a, b, n=40, depth=3)
-    assert cut.logit_max == whole.logit_max > 0 and cut.dot_max == whole.dot_max
+    # a logit is a K-term fp32 dot product (K = 8) from a GEMM of another shape, which MKL may sum in another
+    # order (its AVX2 path does): each side is off by at most gamma_K * dot_max, and the cap only shrinks that
+    assert whole.logit_max > 0 and cut.dot_max == whole.dot_max
+    assert abs(cut.logit_max - whole.logit_max) <= rounding_bound(torch.float32, 8) * whole.dot_max
 
 
 def test_every_timed_point_is_checked_where_naive_does_not_fit(monkeypatch):
