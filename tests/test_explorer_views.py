@@ -215,6 +215,29 @@ def test_forward_is_cached_across_view_options():
     assert runs.build_model(s1) is runs.build_model(s2)
 
 
+def test_a_cpu_runs_the_production_presets_only_inside_gpu_limits():
+    """explorer.limits.limits_of("cuda") lets a benchmark run phoenix-prod's views on a CPU; outside it the CPU's
+    own limits refuse the model by name, as a CPU Space does."""
+    from explorer import limits
+    from explorer.schema import ValidationError
+    if torch.cuda.is_available():
+        pytest.skip("a GPU's own limits admit phoenix-prod")
+    with pytest.raises(ValidationError, match="emb_size: got 2560.*on CPU"):
+        parse_query("preset=phoenix-prod")
+    with limits.limits_of("cuda"):
+        s = parse_query("preset=phoenix-prod")
+        assert limits.max_params() == limits.GPU_MAX_PARAMS and s.seq_len == 1087
+        with pytest.raises(ValidationError, match="emb_size: got 2560.*on CPU"):
+            with limits.limits_of("cpu"):
+                parse_query("preset=phoenix-prod")
+        assert limits.limits_device() == "cuda"
+    with pytest.raises(ValidationError, match="emb_size"):
+        parse_query("preset=phoenix-prod")
+    with pytest.raises(ValueError, match="limits_of: got 'tpu'"):
+        with limits.limits_of("tpu"):
+            pass
+
+
 def test_heatmap_builder_log_scale_hovers_raw_values():
     z = np.array([[1e-6, 1e-2], [0.5, 1.0]])
     fig = heatmap_figure([Panel(z, ["a", "b"], ["a", "b"])], title="t", color="log")
