@@ -83,15 +83,20 @@ HISTORY_TAIL = 32          # history positions shown before the candidates by zo
 def zoom_region(s: Settings) -> tuple[list[int], list[int]]:
     """(query rows, key columns) of the heatmaps for `s.zoom`: everything, the candidate block
     against itself, the last history positions and the candidates, or one query's row."""
-    T, off = s.seq_len, s.candidate_start_offset
-    if s.zoom == "candidates":
+    return zoom_region_of(s.layout, s.zoom, s.query_position)
+
+
+def zoom_region_of(layout, zoom: str, query: int) -> tuple[list[int], list[int]]:
+    """zoom_region for a layout, a zoom and a query position: consecutive positions, each axis."""
+    T, off = layout.seq_len, layout.candidate_start_offset
+    if zoom == "candidates":
         rows = list(range(off, T))
         return rows, rows
-    if s.zoom == "history tail":
-        rows = list(range(max(s.num_user, off - HISTORY_TAIL), T))
+    if zoom == "history tail":
+        rows = list(range(max(layout.num_user, off - HISTORY_TAIL), T))
         return rows, rows
-    if s.zoom == "query row":
-        return [s.query_position], list(range(T))
+    if zoom == "query row":
+        return [query], list(range(T))
     return list(range(T)), list(range(T))
 
 
@@ -106,16 +111,28 @@ def cells(s: Settings, full: int, panels: int = 1) -> int:
     return max(8, min(want, math.ceil(max(r, c) / f)))
 
 
-def _panel(s: Settings, z: np.ndarray, title: str, meta: dict | None = None, look: dict | None = None) -> Panel:
-    seg, labels = s.layout.segments(), s.layout.token_labels()
-    rows, cols = zoom_region(s)
+def _panel(s: Settings, z: np.ndarray | torch.Tensor, title: str, meta: dict | None = None,
+           look: dict | None = None) -> Panel:
+    """z [T, T] (an array, or a tensor left where the model put it) cut to the zoomed region, with its axes."""
+    rows, cols, row_labels, col_labels, row_segments, col_segments, spans = _zoomed_axes(
+        s.layout, s.zoom, s.query_position)
     # float32: the model's own precision, and half the bytes on the wire
-    z = np.asarray(z, dtype=np.float32)
-    if len(rows) < len(labels) or len(cols) < len(labels):
-        z = z[np.ix_(rows, cols)]
-    return Panel(z, [labels[i] for i in rows], [labels[i] for i in cols], title,
-                 [seg[i] for i in rows], [seg[i] for i in cols], row_spans=[(i, i + 1) for i in rows], meta=meta,
-                 look=look)
+    z = z.float() if isinstance(z, torch.Tensor) else np.asarray(z, dtype=np.float32)
+    if (rows.stop - rows.start, cols.stop - cols.start) != tuple(z.shape):
+        z = z[rows, cols]
+    return Panel(z, list(row_labels), list(col_labels), title, list(row_segments), list(col_segments),
+                 row_spans=list(spans), meta=meta, look=look)
+
+
+@functools.lru_cache(maxsize=64)
+def _zoomed_axes(layout, zoom: str, query: int) -> tuple:
+    """(row slice, column slice, their labels, their segment letters, each row's span) of zoom_region:
+    the same for every panel of a view (a grid of 80 panels at T 1087 made them 80 times)."""
+    rows, cols = zoom_region_of(layout, zoom, query)
+    labels, seg = layout.token_labels(), layout.segments()
+    return (slice(rows[0], rows[-1] + 1), slice(cols[0], cols[-1] + 1), tuple(labels[i] for i in rows),
+            tuple(labels[i] for i in cols), tuple(seg[i] for i in rows), tuple(seg[i] for i in cols),
+            tuple((i, i + 1) for i in rows))
 
 
 def zoom_note(s: Settings, max_cells: int) -> str:
@@ -233,15 +250,18 @@ def first_preset_that_skips(mask_kind: str) -> tuple[str, int, str] | None:
 
 # --- 2. attention heatmaps ---------------------------------------------------------------------
 
-def attention_values(s: Settings, layer: int) -> np.ndarray:
-    """[Hq, T, T] for the chosen value kind, read from the recorded forward."""
+def attention_values(s: Settings, layer: int) -> torch.Tensor:
+    """[Hq, T, T] float32 for the chosen value kind, read from the recorded forward where it lives: on a
+    GPU it stays there, and the heatmap builder copies only the cells it draws (explorer.figures.pool)."""
     trace = runs.forward(s).trunk.layers[layer]
     if s.values == "probabilities":
-        return trace.probs[s.row].float().cpu().numpy()
-    logits = trace.logits[s.row].float().cpu().numpy()
+        return trace.probs[s.row].float()
+    logits = trace.logits[s.row].float()
     if s.values == "capped logits":
         return logits
-    return np.where(mask_dense(s, s.mask_kind)[None], logits, np.nan)   # masked: a gap
+    allowed = layout_mask(s, s.mask_kind).dense()[0, 0].to(logits.device)
+    # masked: a gap, numpy's quiet NaN (a host value copied over, so its bits are the host's on any device)
+    return torch.where(allowed[None], logits, logits.new_tensor(math.nan))
 
 
 def grid_heads(num_q_heads: int, num_kv_heads: int) -> list[int]:
