@@ -2,12 +2,13 @@
 the forward pass cached, on this machine's CPU. What every visitor's display change costs the server.
 
     python -m benchmarks.view_cost [--repeats 5] [--before REF]
-    python -m benchmarks.view_cost --production [--device cuda] [--repeats 5] [--before REF]
+    python -m benchmarks.view_cost --production [--device cuda] [--repeats 5] [--before REF [--before-dir DIR]]
 
 Each repeat runs every case in a fresh process (`--inner` calls each, their median kept); with `--before REF`
 that commit's code (`git archive` into a temporary folder) runs too, the two versions interleaved repeat by
 repeat. min / median / max over the repeats go to benchmarks/results/view-cost-<date>.json with device,
-date, commit and the machine's load average.
+date, commit and the machine's load average. Where there is no git history (a GPU machine's copy of the tree),
+`--before-dir DIR` runs the files of REF unpacked there beforehand (`git archive REF | tar -x -C DIR`).
 
 `--production`: every view function at phoenix-prod and phoenix-2026 (the GPU's limits, explorer.limits.limits_of,
 so a CPU runs them too), one fresh process per preset and repeat, split into phases: the model's build (its
@@ -203,6 +204,7 @@ def main(argv=None):
     ap.add_argument("--inner", type=int, default=None,
                     help="calls per case in each repeat (their median kept); default 20, --production 3")
     ap.add_argument("--before", default=None, help="a commit to measure too, interleaved (e.g. d86b89e)")
+    ap.add_argument("--before-dir", default=None, help="where --before's files are already unpacked (no git here)")
     ap.add_argument("--production", action="store_true",
                     help="every view at phoenix-prod and phoenix-2026, cold and warm, forwards timed apart")
     ap.add_argument("--device", choices=("cpu", "cuda"), default=None,
@@ -217,10 +219,14 @@ def main(argv=None):
     versions = {"this" if not a.before else "after": (ROOT, git_commit())}
     load_before = os.getloadavg()[0]
     runs: dict[str, list[dict]] = {v: [] for v in versions}
-    with (checkout(a.before) if a.before else contextlib.nullcontext()) as before_root:
+    if a.before_dir and not a.before:
+        ap.error("--before-dir: name its commit with --before")
+    unpacked = contextlib.nullcontext(Path(a.before_dir).resolve()) if a.before_dir else None
+    with (unpacked or (checkout(a.before) if a.before else contextlib.nullcontext())) as before_root:
         if a.before:
-            commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", a.before], check=True,
-                                    capture_output=True, text=True).stdout.strip()
+            commit = a.before if a.before_dir else subprocess.run(
+                ["git", "-C", str(ROOT), "rev-parse", "--short", a.before], check=True, capture_output=True,
+                text=True).stdout.strip()
             versions = {"before": (before_root, commit), **versions}
             runs = {"before": [], **runs}
         for i in range(a.repeats):
