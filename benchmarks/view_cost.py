@@ -68,14 +68,15 @@ for name, (link, view) in cases.items():
     s, fn = parse_query(link), getattr(views, view)
     for o in fn(s):                                   # the forward pass and first-call work, not timed
         getattr(o, "to_json", lambda: None)()
-    times = []
+    times, cpu = [], []
     for _ in range(inner):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         for o in fn(s):
             if hasattr(o, "to_json"):
                 o.to_json()
         times.append((time.perf_counter() - t) * 1000)
-    out[name] = statistics.median(times)
+        cpu.append((time.process_time() - c) * 1000)
+    out[name] = [statistics.median(times), statistics.median(cpu)]
 print(json.dumps(out))
 """
 
@@ -237,7 +238,7 @@ def main(argv=None):
                                       for p in PRODUCTION_PRESETS for c, r in runs[name][-1][p]["cases"].items())
                 else:
                     runs[name].append(one_repeat(root, inner))
-                    shown = ", ".join(f"{k} {v:.1f}" for k, v in runs[name][-1].items())
+                    shown = ", ".join(f"{k} {wall:.1f} (cpu {cpu:.1f})" for k, (wall, cpu) in runs[name][-1].items())
                 print(f"repeat {i + 1}/{a.repeats} {name}: {shown}", flush=True)
     date = dt.date.today().isoformat()
     if a.production:
@@ -260,13 +261,14 @@ def main(argv=None):
         records = []
         for name, (_, commit) in versions.items():
             for case, (link, view) in CASES.items():
-                ms = [r[case] for r in runs[name]]
+                ms, cpu = [r[case][0] for r in runs[name]], [r[case][1] for r in runs[name]]
                 records.append(dict(version=name, version_commit=commit, case=case, link=link, view=view,
-                                    n=len(ms), min_ms=min(ms), median_ms=statistics.median(ms), max_ms=max(ms)))
+                                    n=len(ms), min_ms=min(ms), median_ms=statistics.median(ms), max_ms=max(ms),
+                                    cpu_ms=spread(cpu)))
         out = Path(a.out or RESULTS_DIR / f"view-cost-{date}.json")
         what = ("ms per redraw, the forward cached: the view function and to_json() of every figure it returns; per "
                 "repeat the median of `inner` calls in a fresh process, versions interleaved repeat by repeat; min / "
-                "median / max over repeats")
+                "median / max over repeats of the wall time (min_ms ...) and of the process's CPU time (cpu_ms)")
         device_label = device_name("cpu")
     out.write_text(json.dumps(dict(device=device_label, date=date, commit=git_commit(), cores=os.cpu_count(),
                                    repeats=a.repeats, inner=inner, what=what,
@@ -275,7 +277,7 @@ def main(argv=None):
     for r in records:
         if "min_ms" in r:
             print(f"{r['version']:6s} {r['case']:36s} min {r['min_ms']:7.1f}  median {r['median_ms']:7.1f}  "
-                  f"max {r['max_ms']:7.1f} ms")
+                  f"max {r['max_ms']:7.1f} ms  (cpu median {r['cpu_ms']['median']:7.1f})")
         elif "first" in r:
             print(f"{r['version']:6s} {r['case']:36s} first {r['first']['wall_ms']['median']:8.1f} "
                   f"(rest {r['first']['rest_ms']['median']:7.1f}, cpu {r['first']['cpu_ms']['median']:7.1f})  "

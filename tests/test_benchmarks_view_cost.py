@@ -17,6 +17,7 @@ def test_a_view_cost_run_writes_every_case_with_its_spread(tmp_path, monkeypatch
     assert [r["case"] for r in got["records"]] == list(lecture)
     for r in got["records"]:
         assert r["version"] == "this" and r["n"] == 2 and 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"]
+        assert 0 < r["cpu_ms"]["min"] <= r["cpu_ms"]["median"] <= r["cpu_ms"]["max"]
 
 
 @pytest.mark.parametrize("unpacked", [False, True])
