@@ -2,7 +2,8 @@
 the forward pass cached, on this machine's CPU. What every visitor's display change costs the server.
 
     python -m benchmarks.view_cost [--repeats 5] [--before REF]
-    python -m benchmarks.view_cost --production [--device cuda] [--repeats 5] [--before REF [--before-dir DIR]]
+    python -m benchmarks.view_cost --production [--device cuda] [--presets phoenix-prod] [--repeats 5]
+                                    [--before REF [--before-dir DIR]]
 
 Each repeat runs every case in a fresh process (`--inner` calls each, their median kept); with `--before REF`
 that commit's code (`git archive` into a temporary folder) runs too, the two versions interleaved repeat by
@@ -151,8 +152,14 @@ print(json.dumps(out))
 """
 
 
+def version_env(root: Path) -> dict[str, str]:
+    """The environment a version runs in: its own files first on the path, then whatever the path held (a GPU
+    machine's parked packages)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
+
+
 def one_repeat(root: Path, inner: int) -> dict[str, float]:
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    env = version_env(root)
     done = subprocess.run([sys.executable, "-c", ONE_REPEAT, json.dumps(CASES), str(inner)], cwd=root, env=env,
                           check=True, capture_output=True, text=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -163,7 +170,7 @@ def production_cases(preset: str) -> dict[str, tuple[str, str]]:
 
 
 def one_production(root: Path, preset: str, inner: int, device: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    env = version_env(root)
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""              # the models on the CPU even where a GPU is
     done = subprocess.run([sys.executable, "-c", ONE_PRODUCTION, preset, json.dumps(production_cases(preset)),
@@ -177,12 +184,12 @@ def spread(values: list[float]) -> dict:
     return dict(min=min(values), median=statistics.median(values), max=max(values))
 
 
-def production_records(name: str, commit: str, runs: list[dict]) -> list[dict]:
+def production_records(name: str, commit: str, runs: list[dict], presets: tuple[str, ...]) -> list[dict]:
     """One record per phase and case of one version: min / median / max over the repeats of each measure;
     `cold_ms` (medians) is what the case's first call costs in a fresh process: the model's build and the
     recorded forward (for views of the model), then the call."""
     records = []
-    for preset in PRODUCTION_PRESETS:
+    for preset in presets:
         done = [r[preset] for r in runs]
         phases = {k: {m: spread([d[k][m] for d in done]) for m in done[0][k]} for k in ("build", "forward")}
         for phase, measures in phases.items():
@@ -210,6 +217,8 @@ def main(argv=None):
                     help="every view at phoenix-prod and phoenix-2026, cold and warm, forwards timed apart")
     ap.add_argument("--device", choices=("cpu", "cuda"), default=None,
                     help="where --production runs the models (default: cuda where there is one)")
+    ap.add_argument("--presets", default=None,
+                    help=f"--production's presets, comma-separated (default {','.join(PRODUCTION_PRESETS)})")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     import torch
@@ -217,6 +226,7 @@ def main(argv=None):
     if device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device here")
     inner = a.inner or (3 if a.production else 20)
+    presets = tuple(a.presets.split(",")) if a.presets else PRODUCTION_PRESETS
     versions = {"this" if not a.before else "after": (ROOT, git_commit())}
     load_before = os.getloadavg()[0]
     runs: dict[str, list[dict]] = {v: [] for v in versions}
@@ -233,16 +243,17 @@ def main(argv=None):
         for i in range(a.repeats):
             for name, (root, _) in versions.items():
                 if a.production:
-                    runs[name].append({p: one_production(root, p, inner, device) for p in PRODUCTION_PRESETS})
-                    shown = ", ".join(f"{c.split(' ', 1)[1]} {r['first']['wall_ms']:.0f}/{r['warm']['wall_ms']:.0f}"
-                                      for p in PRODUCTION_PRESETS for c, r in runs[name][-1][p]["cases"].items())
+                    runs[name].append({p: one_production(root, p, inner, device) for p in presets})
+                    shown = ", ".join(f"{c} {r['first']['wall_ms']:.0f}/{r['warm']['wall_ms']:.0f}"
+                                      for p in presets for c, r in runs[name][-1][p]["cases"].items())
                 else:
                     runs[name].append(one_repeat(root, inner))
                     shown = ", ".join(f"{k} {wall:.1f} (cpu {cpu:.1f})" for k, (wall, cpu) in runs[name][-1].items())
                 print(f"repeat {i + 1}/{a.repeats} {name}: {shown}", flush=True)
     date = dt.date.today().isoformat()
     if a.production:
-        records = [r for name, (_, commit) in versions.items() for r in production_records(name, commit, runs[name])]
+        records = [r for name, (_, commit) in versions.items()
+                   for r in production_records(name, commit, runs[name], presets)]
         if a.before:
             for r in records:
                 if "sha256" in r:
