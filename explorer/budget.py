@@ -28,20 +28,27 @@ from .limits import LARGE_REQUEST_FLOPS, memory_ceiling
 
 # --- caches and running requests under one ceiling in bytes ----------------------------------
 
-def nbytes(value) -> int:
-    """Bytes held by a cached value: tensors, arrays, modules, and containers / dataclasses of them."""
+def nbytes(value, seen: set | None = None) -> int:
+    """Bytes held by a cached value: tensors, arrays, modules, and containers / dataclasses of them. A
+    tensor's bytes count once however many hold them (models sharing one state's weights: runs.Weights)."""
+    seen = set() if seen is None else seen
     if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
+        size = value.numel() * value.element_size()
+        key = (value.device, value.data_ptr(), size) if size else None
+        if key in seen:
+            return 0
+        seen.add(key)
+        return size
     if isinstance(value, np.ndarray):
         return value.nbytes
     if isinstance(value, nn.Module):
-        return sum(nbytes(t) for t in (*value.parameters(), *value.buffers()))
+        return sum(nbytes(t, seen) for t in (*value.parameters(), *value.buffers()))
     if isinstance(value, dict):
-        return sum(nbytes(v) for v in value.values())
+        return sum(nbytes(v, seen) for v in value.values())
     if isinstance(value, (list, tuple)):
-        return sum(nbytes(v) for v in value)
+        return sum(nbytes(v, seen) for v in value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return sum(nbytes(getattr(value, f.name)) for f in dataclasses.fields(value))
+        return sum(nbytes(getattr(value, f.name), seen) for f in dataclasses.fields(value))
     return 0
 
 

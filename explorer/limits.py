@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
@@ -57,16 +58,41 @@ def device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+# A benchmark or test may hold the model views to another device's limits (limits_of): nothing a request
+# or the environment sends sets it, so what a CPU Space allows stays the CPU's.
+_limits_of: Optional[str] = None
+
+
+@contextmanager
+def limits_of(dev: str):
+    """Within the block, the layout, model and per-request limits are those of `dev` ("cpu" or "cuda"),
+    whatever this machine is: a GPU's on a CPU runs the production presets' views here, to measure their
+    CPU-side work (benchmarks/view_cost.py). The models still run on this machine's device()."""
+    global _limits_of
+    if dev not in ("cpu", "cuda"):
+        raise ValueError(f"limits_of: got {dev!r}; allowed: cpu, cuda")
+    before, _limits_of = _limits_of, dev
+    try:
+        yield
+    finally:
+        _limits_of = before
+
+
+def limits_device() -> str:
+    """The device whose limits apply: this one, unless a benchmark set another (limits_of)."""
+    return _limits_of or device()
+
+
 def max_seq_len() -> int:
-    return GPU_MAX_SEQ_LEN if device() == "cuda" else CPU_MAX_SEQ_LEN
+    return GPU_MAX_SEQ_LEN if limits_device() == "cuda" else CPU_MAX_SEQ_LEN
 
 
 def max_params() -> int:
-    return GPU_MAX_PARAMS if device() == "cuda" else CPU_MAX_PARAMS
+    return GPU_MAX_PARAMS if limits_device() == "cuda" else CPU_MAX_PARAMS
 
 
 def max_trace_bytes() -> int:
-    return GPU_MAX_TRACE_BYTES if device() == "cuda" else CPU_MAX_TRACE_BYTES
+    return GPU_MAX_TRACE_BYTES if limits_device() == "cuda" else CPU_MAX_TRACE_BYTES
 
 
 def timing_max_len() -> int:
@@ -101,7 +127,7 @@ LARGE_REQUEST_FLOPS = 1e9
 
 
 def max_request_flops() -> float:
-    return GPU_MAX_REQUEST_FLOPS if device() == "cuda" else CPU_MAX_REQUEST_FLOPS
+    return GPU_MAX_REQUEST_FLOPS if limits_device() == "cuda" else CPU_MAX_REQUEST_FLOPS
 
 
 def estimate_params(s: Settings) -> int:
@@ -131,17 +157,17 @@ def check_model_fits(s: Settings) -> None:
     n = estimate_params(s)
     if n > max_params():
         raise ValidationError("emb_size", s.emb_size,
-                              f"a model of at most {max_params() / 1e6:.0f}M parameters on {device().upper()} "
+                              f"a model of at most {max_params() / 1e6:.0f}M parameters on {limits_device().upper()} "
                               f"(this one has about {n / 1e6:.0f}M: it needs a GPU, as phoenix-prod, phoenix-2026 and "
                               f"phoenix-2026-seqpack do)")
     if trace_bytes(s) > max_trace_bytes() and trace_bytes(replace(s, batch_size=1)) <= max_trace_bytes():
         raise ValidationError("batch_size", s.batch_size,
                               f"a batch whose recorded attention fits in {max_trace_bytes() / 2**20:.0f} MiB on "
-                              f"{device().upper()} (here {trace_bytes(s) / 2**20:.0f} MiB): fewer rows")
+                              f"{limits_device().upper()} (here {trace_bytes(s) / 2**20:.0f} MiB): fewer rows")
     if trace_bytes(s) > max_trace_bytes():
         raise ValidationError("num_layers", s.num_layers,
                               f"layers x query heads x T^2 within {max_trace_bytes() / 2**20:.0f} MiB of recorded "
-                              f"attention on {device().upper()} (here {s.num_layers} x {s.num_q_heads} x "
+                              f"attention on {limits_device().upper()} (here {s.num_layers} x {s.num_q_heads} x "
                               f"{s.seq_len}^2 needs {trace_bytes(s) / 2**20:.0f} MiB): fewer layers, heads or tokens")
 
 
@@ -217,5 +243,5 @@ def check_budget(s: Settings, view: str, estimate: Callable[[Settings], Cost]) -
     raise ValidationError(field, getattr(s, field),
                           f"a smaller value: the {view} view would run {cost.forwards} trunk passes "
                           f"({cost.flops / 1e9:,.0f} GFLOP) holding {cost.peak_bytes / 2**20:,.0f} MiB, "
-                          f"{over:.1f}x this {device().upper()}'s budget per request of {flops / 1e9:,.0f} GFLOP "
-                          f"and {held / 2**20:,.0f} MiB")
+                          f"{over:.1f}x this {limits_device().upper()}'s budget per request of "
+                          f"{flops / 1e9:,.0f} GFLOP and {held / 2**20:,.0f} MiB")

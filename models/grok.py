@@ -326,7 +326,6 @@ def init_params(module: nn.Module, mode: str = "random", seed: int = 0) -> nn.Mo
             else:
                 fan_in, fan_out = (p.shape[0], p.shape[1]) if p.dim() == 2 else (p.shape[-1], p.shape[-1])
                 std = math.sqrt(1.0 / max(1.0, (fan_in + fan_out) / 2)) / 0.87962566103423978
-                t = torch.empty(p.shape, dtype=torch.float32)
-                torch.nn.init.trunc_normal_(t, 0.0, 1.0, -2.0, 2.0, generator=g)
-                p.copy_(t * std)
+                # drawn in place (no temporary the size of the parameter): the same draws and product
+                torch.nn.init.trunc_normal_(p, 0.0, 1.0, -2.0, 2.0, generator=g).mul_(std)
     return module

@@ -228,6 +228,25 @@ def test_every_view_draws_on_the_device(device, preset, monkeypatch):
     assert views.isolation_reading(s).isolated
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("values", ["probabilities", "masked+logits"])
+def test_cuda_heatmaps_are_pooled_on_the_device_to_the_hosts_bits(values, monkeypatch):
+    """phoenix-nano's every-head grid (T 1087: pooled) is pooled where its forward lives
+    (explorer.figures._pooled_on_device: no panel declined), and its JSON is byte for byte the figure the host's
+    pooling draws from the same recorded forward. tests/test_explorer_figures.py checks the reduction on a CPU."""
+    pytest.importorskip("plotly")
+    from explorer import figures, views
+    from explorer.links import parse_query
+    s = parse_query(f"preset=phoenix-nano&values={values}")
+    pooled, real = [], figures._pooled_exactly
+    monkeypatch.setattr(figures, "_pooled_exactly", lambda *a: pooled.append(real(*a)) or pooled[-1])
+    on_device = views.attention_view(s)[0].to_json()
+    assert pooled and all(p is not None for p in pooled), "a panel was copied to the host to be pooled"
+    monkeypatch.setattr(figures, "_pooled_on_device", lambda *a: None)
+    assert views.attention_view(s)[0].to_json() == on_device
+
+
 # --- no host tensor enters a forward: a CPU -> device copy is legal on meta, so watch every op -----------
 
 class HostTensorWatch(TorchDispatchMode):
