@@ -186,10 +186,6 @@ all|tests|bench)
     python3 -m benchmarks.gpu_preflight --json "$out/preflight.json" || echo "the preflight found the above missing"
     export ATTN_REQUIRE_BACKENDS=fa4      # fa4 not loading, or loading and never run, fails the tests
     python3 -c "from models.attention import fa4_missing; print('fa4:', fa4_missing() or 'available')"
-    # the explorer's memory ceiling as a GPU Space would set it: half the device (the 4 GiB default refuses
-    # phoenix-prod's model views by budget)
-    export EXPLORER_MEMORY_BYTES=${EXPLORER_MEMORY_BYTES:-$(python3 -c \
-        'import torch; print(torch.cuda.get_device_properties(0).total_memory // 2 if torch.cuda.is_available() else 4 << 30)')}
     case "$step" in
     all) gpu_tests $(( $(left) * TESTS_SHARE / 100 )); model_timing; bench ;;
     tests) gpu_tests $(( $(left) - 15 )) ;;

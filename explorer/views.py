@@ -1090,7 +1090,7 @@ class View:
         """What one request costs: the parts' work and memory, every figure on its way out, the model."""
         plots = sum(isinstance(o, Plot) for o in self.outputs)
         cost = self.cost(s).holding(plots * FIGURE_PEAK_BYTES)
-        return cost.holding(model_bytes(s)) if self.needs_model else cost
+        return cost.holding(model_bytes(s), on_device=True) if self.needs_model else cost
 
     def draw(self, s: Settings) -> tuple:
         """Every output, refused by name past this device's budget and run once its memory fits."""
@@ -1115,15 +1115,15 @@ def _recorded(s: Settings) -> Cost:
 def _isolation_cost(s: Settings) -> Cost:
     """The recorded forward, the perturbed batch recorded, and both rows again under a causal mask."""
     B, kept = s.batch_size, recorded_bytes(s, s.batch_size)  # the first stays while the others run
-    return (_recorded(s) + forward_cost(s, B, record=True).holding(kept)
-            + forward_cost(s, 2, record=True).holding(kept)
+    return (_recorded(s) + forward_cost(s, B, record=True).holding(kept, on_device=True)
+            + forward_cost(s, 2, record=True).holding(kept, on_device=True)
             + (forward_cost(s, B) if s.perturbation == "replace" else Cost()))
 
 
 def _invariance_cost(s: Settings) -> Cost:
     """Three RoPE modes x (before, after), unrecorded."""
     one = forward_cost(s, s.batch_size)
-    return Cost(6 * s.batch_size, 6 * one.flops, one.peak_bytes)
+    return Cost(6 * s.batch_size, 6 * one.flops, one.peak_bytes, one.device_bytes)
 
 
 def _bug_zoo_cost(s: Settings) -> Cost:
@@ -1134,13 +1134,14 @@ def _bug_zoo_cost(s: Settings) -> Cost:
     per_model = (forward_cost(s, 2, T)                       # isolation: before and after
                  + forward_cost(s, 2, T)                     # parity: the model and the correct trunk
                  + forward_cost(s, 2 * max(1, min(Tc - 1, 16)), Tc))   # causality: perturbed + unperturbed rows
-    total = Cost(per_model.forwards * models, per_model.flops * models, per_model.peak_bytes)
+    total = Cost(per_model.forwards * models, per_model.flops * models, per_model.peak_bytes,
+                 per_model.device_bytes)
     layer0 = forward_cost(s, 1, record=True)                  # the chosen bug's recorded trace, full length
-    return (total + layer0).holding(2 * model_bytes(s))       # a bugged copy beside the model
+    return (total + layer0).holding(2 * model_bytes(s), on_device=True)     # a bugged copy beside the model
 
 
 def _variants_cost(s: Settings) -> Cost:
-    return _recorded(s) + _bug_zoo_cost(s).holding(recorded_bytes(s, s.batch_size))
+    return _recorded(s) + _bug_zoo_cost(s).holding(recorded_bytes(s, s.batch_size), on_device=True)
 
 
 def _mask_cost(s: Settings) -> Cost:
