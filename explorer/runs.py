@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
@@ -208,6 +209,21 @@ def _forward(s: Settings) -> RecsysOutput:
 def forward(s: Settings) -> RecsysOutput:
     """One recorded forward per model-relevant settings, reused by every view."""
     return _forward(model_settings(s))
+
+
+# What a server builds and runs once at start-up (app.warm_up), so that no visitor's first call pays for it: the
+# default view's model and phoenix-nano's; on a GPU the production presets' too, whose seeded weights take ~28 s of
+# one CPU thread at phoenix-prod on torch 2.13 (its trunc_normal_ redraws a whole tensor while any value is out of
+# range: ~7 normals a weight) and whose first forward starts CUDA — then a first call is the view's own work. Not
+# on a CPU, which refuses those presets, nor on ZeroGPU, where a GPU exists only inside a @spaces.GPU call.
+WARM_UP = ("lecture", "phoenix-nano")
+WARM_UP_ON_GPU = ("phoenix-prod", "phoenix-2026", "phoenix-2026-seqpack")
+
+
+def warm_up_queries() -> tuple[str, ...]:
+    """The links app.warm_up runs (runs.forward) in the background after start-up, in order."""
+    gpu = device() == "cuda" and not os.environ.get("SPACES_ZERO_GPU")
+    return tuple(f"preset={p}" for p in WARM_UP + (WARM_UP_ON_GPU if gpu else ()))
 
 
 def score(s: Settings, batch: Optional[RecsysBatch] = None, embeddings=None, *, mask_kind=None,
