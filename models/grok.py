@@ -326,6 +326,18 @@ def init_params(module: nn.Module, mode: str = "random", seed: int = 0) -> nn.Mo
             else:
                 fan_in, fan_out = (p.shape[0], p.shape[1]) if p.dim() == 2 else (p.shape[-1], p.shape[-1])
                 std = math.sqrt(1.0 / max(1.0, (fan_in + fan_out) / 2)) / 0.87962566103423978
-                # drawn in place (no temporary the size of the parameter): the same draws and product
-                torch.nn.init.trunc_normal_(p, 0.0, 1.0, -2.0, 2.0, generator=g).mul_(std)
+                truncated_normal_(p, g).mul_(std)
     return module
+
+
+def truncated_normal_(t: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """`t` filled in place with standard normal draws in [-2, 2], as torch.nn.init.trunc_normal_(t, 0, 1, -2, 2)
+    draws them since torch 2.12 (normal draws; while any is out of range, a fresh tensor of draws for those): one
+    seed's weights are then the same bits on every torch version, where 2.11's trunc_normal_ (an inverse CDF of
+    uniform draws) gave others — a lecturer's link shows the same model on a GPU image's torch and a Space's."""
+    t.normal_(0.0, 1.0, generator=generator)
+    out = (t < -2.0) | (t > 2.0)
+    while out.any():
+        t[out] = torch.empty_like(t).normal_(0.0, 1.0, generator=generator)[out]
+        out = (t < -2.0) | (t > 2.0)
+    return t
