@@ -212,8 +212,8 @@ def forward(s: Settings) -> RecsysOutput:
 
 
 # What a server builds and runs once at start-up (app.warm_up), so that no visitor's first call pays for it: the
-# default view's model and phoenix-nano's; on a GPU the production presets' too, whose seeded weights take ~28 s of
-# one CPU thread at phoenix-prod (models.grok.truncated_normal_ redraws a whole tensor while any value is out of
+# default view's model and phoenix-nano's; on a GPU the production presets' too, whose seeded weights take ~12 s of
+# one CPU thread at phoenix-prod (models.grok.truncated_normal_ draws a whole tensor again while any value is out of
 # range: ~7 normals a weight) and whose first forward starts CUDA — then a first call is the view's own work. Not
 # on a CPU, which refuses those presets, nor on ZeroGPU, where a GPU exists only inside a @spaces.GPU call.
 WARM_UP = ("lecture", "phoenix-nano")

@@ -1184,7 +1184,7 @@ def test_a_full_lane_refuses_the_heaviest_networks_request_not_the_honest_newcom
 def test_a_gpu_server_builds_the_production_presets_at_start_up(monkeypatch):
     """app.warm_up runs each of explorer.runs.warm_up_queries through runs.forward in the background after start-up:
     on a CPU the default view's model and phoenix-nano's, as before; on a GPU the production presets' too, so that
-    no visitor's first call there pays their seeded init (~28 s of CPU at phoenix-prod); on ZeroGPU, where a GPU
+    no visitor's first call there pays their seeded init (~12 s of CPU at phoenix-prod); on ZeroGPU, where a GPU
     exists only inside a GPU call, not those."""
     import app
     ran = []
