@@ -100,37 +100,6 @@ def test_isolation_probe_keeps_every_tensor_on_the_model_device():
     assert ours[-1].endswith("probes.py"), ours          # raised by the probe's float(), not inside a forward
 
 
-# --- a link's seeded weights: drawn on the CPU's generator, the same bits on every torch version -------------
-
-# sha256 over (name, bytes) of each parameter, sorted by name, of explorer.runs._initialised at these links, as
-# torch 2.13 draws them on an x86-64 CPU with AVX2 or AVX-512 (torch's vectorised normal_ kernel; its scalar one,
-# ATEN_CPU_CAPABILITY=default or a CPU without AVX2, draws other bits)
-SEEDED_WEIGHTS = {"preset=lecture&weights=random":
-                  "e6c0b889cfd071568830c5eef14ad1bdb1331c3ad851bbfb1983adf2b0251c44",
-                  "preset=lecture&family=xrex&weights=random&seed=5":
-                  "e51c3e819f176f0c8a4220b5ca2bc528c30fa7cc316b066cca40b4e86f28aded"}
-
-
-@pytest.mark.gpu                    # the GPU session runs it too, on its image's torch (2.11)
-@pytest.mark.parametrize("link", list(SEEDED_WEIGHTS))
-def test_a_links_seeded_weights_are_the_same_bits_on_every_torch_version(link):
-    """A lecturer's link draws its random weights on the CPU's generator wherever the model then runs
-    (explorer.runs._initialised), with models.grok.truncated_normal_ (torch 2.12's trunc_normal_ algorithm, in
-    the repo): so a GPU machine whose torch is 2.11 — whose own trunc_normal_ drew other weights for a seed —
-    shows the model a torch 2.13 Space shows. tests/test_grok.py checks the algorithm against torch's."""
-    import hashlib
-
-    from explorer import runs
-    from explorer.links import parse_query
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-        pytest.skip("torch's scalar normal_ kernel draws other bits than its vectorised one")
-    digest = hashlib.sha256()
-    for name, value in sorted(runs._initialised(parse_query(link)).state_dict().items()):
-        digest.update(name.encode())
-        digest.update(value.contiguous().numpy().tobytes())
-    assert digest.hexdigest() == SEEDED_WEIGHTS[link], f"torch {torch.__version__} drew other weights"
-
-
 # --- the whole trunk in bf16 on every backend: on CPU (CI) and on a GPU (marked gpu, skipped without CUDA) ---
 
 GPU_PRESETS = ["lecture", "phoenix-nano", "phoenix-prod"]
@@ -232,6 +201,37 @@ def test_cuda_masks_are_built_on_the_device():
     cpu = AttentionMask("recsys", 1088, 1024, padded_valid(2, 1088, 1024))
     assert torch.equal(mask.dense("cuda").cpu(), cpu.dense())
     assert torch.equal(mask.tiles(128, 128, "cuda").classes.cpu(), cpu.tiles(128, 128).classes)
+
+
+# --- a link's seeded weights: drawn on the CPU's generator, the same bits on every torch version -------------
+
+# sha256 over (name, bytes) of each parameter, sorted by name, of explorer.runs._initialised at these links, as
+# torch 2.13 draws them on an x86-64 CPU with AVX2 or AVX-512 (torch's vectorised normal_ kernel; its scalar one,
+# ATEN_CPU_CAPABILITY=default or a CPU without AVX2, draws other bits)
+SEEDED_WEIGHTS = {"preset=lecture&weights=random":
+                  "e6c0b889cfd071568830c5eef14ad1bdb1331c3ad851bbfb1983adf2b0251c44",
+                  "preset=lecture&family=xrex&weights=random&seed=5":
+                  "e51c3e819f176f0c8a4220b5ca2bc528c30fa7cc316b066cca40b4e86f28aded"}
+
+
+@pytest.mark.parametrize("link", list(SEEDED_WEIGHTS))
+@pytest.mark.parametrize("machine", ["here", pytest.param("gpu", marks=ON_CUDA)])    # the GPU image's torch: 2.11
+def test_a_links_seeded_weights_are_the_same_bits_on_every_torch_version(machine, link):
+    """A lecturer's link draws its random weights on the CPU's generator wherever the model then runs
+    (explorer.runs._initialised), with models.grok.truncated_normal_ (torch 2.12's trunc_normal_ algorithm, in
+    the repo): so a GPU machine whose torch is 2.11 — whose own trunc_normal_ drew other weights for a seed —
+    shows the model a torch 2.13 Space shows. tests/test_grok.py checks the algorithm against torch's."""
+    import hashlib
+
+    from explorer import runs
+    from explorer.links import parse_query
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        pytest.skip("torch's scalar normal_ kernel draws other bits than its vectorised one")
+    digest = hashlib.sha256()
+    for name, value in sorted(runs._initialised(parse_query(link)).state_dict().items()):
+        digest.update(name.encode())
+        digest.update(value.contiguous().numpy().tobytes())
+    assert digest.hexdigest() == SEEDED_WEIGHTS[link], f"torch {torch.__version__} drew other weights"
 
 
 VIEW_PRESETS = GPU_PRESETS + ["phoenix-2026-nano", "phoenix-2026"]     # both families, every size
