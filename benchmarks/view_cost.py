@@ -3,7 +3,7 @@ the forward pass cached, on this machine's CPU. What every visitor's display cha
 
     python -m benchmarks.view_cost [--repeats 5] [--before REF]
     python -m benchmarks.view_cost --production [--device cuda] [--presets phoenix-prod] [--repeats 5]
-                                    [--before REF [--before-dir DIR]]
+                                    [--before REF [--before-dir DIR]] [--budget-s 120] [--out-dir DIR]
 
 Each repeat runs every case in a fresh process (`--inner` calls each, their median kept); with `--before REF`
 that commit's code (`git archive` into a temporary folder) runs too, the two versions interleaved repeat by
@@ -18,7 +18,8 @@ each split again into the time spent in model forwards, in model builds, and the
 work (figures, pooling, JSON), which a GPU does not speed up. Wall time and the process's CPU time (one
 torch thread, as the server runs) are both kept: on a shared machine the CPU time is what the work costs.
 Every case's output is hashed (sha256 of its figures' JSON and its text), so a before/after run says
-whether the two versions drew the same bytes. To view-cost-production-<device>-<date>.json.
+whether the two versions drew the same bytes. To view-cost-production-<device>-<date>.json, rewritten after
+each repeat; `--budget-s` starts no repeat the longest so far says would end past it (benchmarks/gpu_session.sh).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -219,19 +221,23 @@ def main(argv=None):
                     help="where --production runs the models (default: cuda where there is one)")
     ap.add_argument("--presets", default=None,
                     help=f"--production's presets, comma-separated (default {','.join(PRODUCTION_PRESETS)})")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no repeat that the longest so far says would end past this many seconds (one runs)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--out-dir", default=None, help="where the results file goes under its own name (default "
+                                                    "benchmarks/results)")
     a = ap.parse_args(argv)
     import torch
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device here")
+    if a.before_dir and not a.before:
+        ap.error("--before-dir: name its commit with --before")
     inner = a.inner or (3 if a.production else 20)
     presets = tuple(a.presets.split(",")) if a.presets else PRODUCTION_PRESETS
     versions = {"this" if not a.before else "after": (ROOT, git_commit())}
-    load_before = os.getloadavg()[0]
+    load_before, start = os.getloadavg()[0], time.monotonic()
     runs: dict[str, list[dict]] = {v: [] for v in versions}
-    if a.before_dir and not a.before:
-        ap.error("--before-dir: name its commit with --before")
     unpacked = contextlib.nullcontext(Path(a.before_dir).resolve()) if a.before_dir else None
     with (unpacked or (checkout(a.before) if a.before else contextlib.nullcontext())) as before_root:
         if a.before:
@@ -240,7 +246,13 @@ def main(argv=None):
                 text=True).stdout.strip()
             versions = {"before": (before_root, commit), **versions}
             runs = {"before": [], **runs}
+        longest = 0.0
         for i in range(a.repeats):
+            elapsed = time.monotonic() - start
+            if i and a.budget_s is not None and elapsed + longest > a.budget_s:
+                print(f"budget: {i} of {a.repeats} repeats in {elapsed:.0f} s; another would pass {a.budget_s:.0f} s",
+                      flush=True)
+                break
             for name, (root, _) in versions.items():
                 if a.production:
                     runs[name].append({p: one_production(root, p, inner, device) for p in presets})
@@ -250,41 +262,8 @@ def main(argv=None):
                     runs[name].append(one_repeat(root, inner))
                     shown = ", ".join(f"{k} {wall:.1f} (cpu {cpu:.1f})" for k, (wall, cpu) in runs[name][-1].items())
                 print(f"repeat {i + 1}/{a.repeats} {name}: {shown}", flush=True)
-    date = dt.date.today().isoformat()
-    if a.production:
-        records = [r for name, (_, commit) in versions.items()
-                   for r in production_records(name, commit, runs[name], presets)]
-        if a.before:
-            for r in records:
-                if "sha256" in r:
-                    twin = next(o for o in records if o["case"] == r["case"] and o["version"] != r["version"])
-                    r["same_output_as_other_version"] = r["sha256"] == twin["sha256"]
-        slug = re.sub(r"[^a-z0-9]+", "-", (device_name("cuda") if device == "cuda" else cpu_model()).lower()).strip("-")
-        out = Path(a.out or RESULTS_DIR / f"view-cost-production-{slug}-{date}.json")
-        what = ("per production preset, one fresh process per repeat and version (versions interleaved): the model's "
-                "build and the recorded forward, then each view function's first call and the median of `inner` "
-                "warm calls, each with its figures' to_json(); wall and process CPU ms (1 torch thread), and inside "
-                "each call the ms in model forwards and model builds (CUDA synchronised at each edge) and the rest; "
-                "min / median / max over repeats; cold_ms = build + forward + first call (medians) for views of the "
-                "model; sha256 of each case's output")
-        device_label = device_name(device) if device == "cuda" else f"CPU {cpu_model()} (1 thread)"
-    else:
-        records = []
-        for name, (_, commit) in versions.items():
-            for case, (link, view) in CASES.items():
-                ms, cpu = [r[case][0] for r in runs[name]], [r[case][1] for r in runs[name]]
-                records.append(dict(version=name, version_commit=commit, case=case, link=link, view=view,
-                                    n=len(ms), min_ms=min(ms), median_ms=statistics.median(ms), max_ms=max(ms),
-                                    cpu_ms=spread(cpu)))
-        out = Path(a.out or RESULTS_DIR / f"view-cost-{date}.json")
-        what = ("ms per redraw, the forward cached: the view function and to_json() of every figure it returns; per "
-                "repeat the median of `inner` calls in a fresh process, versions interleaved repeat by repeat; min / "
-                "median / max over repeats of the wall time (min_ms ...) and of the process's CPU time (cpu_ms)")
-        device_label = device_name("cpu")
-    out.write_text(json.dumps(dict(device=device_label, date=date, commit=git_commit(), cores=os.cpu_count(),
-                                   repeats=a.repeats, inner=inner, what=what,
-                                   load_average_1min=dict(before=load_before, after=os.getloadavg()[0]),
-                                   records=records), indent=1) + "\n")
+            longest = max(longest, time.monotonic() - start - elapsed)
+            out, records = write_results(a, versions, runs, presets, device, inner, load_before)   # as it goes
     for r in records:
         if "min_ms" in r:
             print(f"{r['version']:6s} {r['case']:36s} min {r['min_ms']:7.1f}  median {r['median_ms']:7.1f}  "
@@ -299,6 +278,49 @@ def main(argv=None):
             print(f"{r['version']:6s} {r['case']:36s} wall {r['wall_ms']['median']:8.1f}  "
                   f"cpu {r['cpu_ms']['median']:8.1f} ms")
     print(f"wrote {out}")
+
+
+def write_results(a, versions: dict, runs: dict, presets: tuple, device: str, inner: int,
+                  load_before: float) -> tuple[Path, list[dict]]:
+    """The results file of the repeats run so far (written after each, so a run stopped early keeps them)."""
+    date = dt.date.today().isoformat()
+    if a.production:
+        records = [r for name, (_, commit) in versions.items()
+                   for r in production_records(name, commit, runs[name], presets)]
+        if a.before:
+            for r in records:
+                if "sha256" in r:
+                    twin = next(o for o in records if o["case"] == r["case"] and o["version"] != r["version"])
+                    r["same_output_as_other_version"] = r["sha256"] == twin["sha256"]
+        slug = re.sub(r"[^a-z0-9]+", "-", (device_name("cuda") if device == "cuda" else cpu_model()).lower()).strip("-")
+        name = f"view-cost-production-{slug}-{date}.json"
+        what = ("per production preset, one fresh process per repeat and version (versions interleaved): the model's "
+                "build and the recorded forward, then each view function's first call and the median of `inner` "
+                "warm calls, each with its figures' to_json(); wall and process CPU ms (1 torch thread), and inside "
+                "each call the ms in model forwards and model builds (CUDA synchronised at each edge) and the rest; "
+                "min / median / max over repeats; cold_ms = build + forward + first call (medians) for views of the "
+                "model; sha256 of each case's output")
+        device_label = device_name(device) if device == "cuda" else f"CPU {cpu_model()} (1 thread)"
+    else:
+        records = []
+        for version, (_, commit) in versions.items():
+            for case, (link, view) in CASES.items():
+                ms, cpu = [r[case][0] for r in runs[version]], [r[case][1] for r in runs[version]]
+                records.append(dict(version=version, version_commit=commit, case=case, link=link, view=view,
+                                    n=len(ms), min_ms=min(ms), median_ms=statistics.median(ms), max_ms=max(ms),
+                                    cpu_ms=spread(cpu)))
+        name = f"view-cost-{date}.json"
+        what = ("ms per redraw, the forward cached: the view function and to_json() of every figure it returns; per "
+                "repeat the median of `inner` calls in a fresh process, versions interleaved repeat by repeat; min / "
+                "median / max over repeats of the wall time (min_ms ...) and of the process's CPU time (cpu_ms)")
+        device_label = device_name("cpu")
+    out = Path(a.out or Path(a.out_dir or RESULTS_DIR) / name)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(dict(device=device_label, date=date, commit=git_commit(), cores=os.cpu_count(),
+                                   repeats=len(next(iter(runs.values()))), inner=inner, what=what,
+                                   load_average_1min=dict(before=load_before, after=os.getloadavg()[0]),
+                                   records=records), indent=1) + "\n")
+    return out, records
 
 
 if __name__ == "__main__":

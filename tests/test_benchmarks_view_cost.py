@@ -20,6 +20,31 @@ def test_a_view_cost_run_writes_every_case_with_its_spread(tmp_path, monkeypatch
         assert 0 < r["cpu_ms"]["min"] <= r["cpu_ms"]["median"] <= r["cpu_ms"]["max"]
 
 
+def test_a_budgeted_run_stops_between_repeats_and_keeps_what_it_measured(tmp_path, monkeypatch):
+    """--budget-s (the GPU session's share of its call): no repeat starts that the longest so far says would end past
+    the budget (one always runs), and the results file is written after every repeat under its own name in
+    --out-dir, so a call cut short keeps the repeats it finished."""
+    monkeypatch.setattr(view_cost, "PRODUCTION_PRESETS", ("lecture",))
+    monkeypatch.setattr(view_cost, "PRODUCTION_VIEWS", view_cost.PRODUCTION_VIEWS[2:4])     # anatomy, mask
+    written, real = [], view_cost.write_results
+
+    def write(*args):
+        out, records = real(*args)
+        written.append(out)
+        return out, records
+    monkeypatch.setattr(view_cost, "write_results", write)
+    view_cost.main(["--production", "--device", "cpu", "--repeats", "4", "--inner", "1", "--budget-s", "0.001",
+                    "--out-dir", str(tmp_path / "results")])
+    (out,) = set(written)
+    assert len(written) == 1 and out.parent == tmp_path / "results" and out.name.startswith("view-cost-production-")
+    got = json.loads(out.read_text())
+    assert got["repeats"] == 1 and {r["case"] for r in got["records"]} == {
+        "lecture build", "lecture forward", "lecture anatomy", "lecture mask"}
+    view_cost.main(["--production", "--device", "cpu", "--repeats", "2", "--inner", "1", "--budget-s", "600",
+                    "--out-dir", str(tmp_path / "results")])
+    assert len(written) == 3 and json.loads(out.read_text())["repeats"] == 2
+
+
 @pytest.mark.parametrize("unpacked", [False, True])
 def test_a_production_run_times_each_phase_and_says_whether_the_versions_drew_the_same(unpacked, tmp_path,
                                                                                          monkeypatch):
