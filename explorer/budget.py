@@ -123,9 +123,13 @@ class Memory:
         """Drop least recently used entries until the caches' host bytes are within `allowed` and their
         device bytes within `allowed_device` (None: as they are). An entry held in the GPU's memory alone
         stays while only the host's is over."""
+        def over() -> tuple[bool, bool]:
+            return (self.cached > max(0, allowed),
+                    allowed_device is not None and self.cached_device > max(0, allowed_device))
+        if not any(over()):
+            return
         for (cache, key), (host, dev) in list(self.entries.items()):
-            host_over = self.cached > max(0, allowed)
-            device_over = allowed_device is not None and self.cached_device > max(0, allowed_device)
+            host_over, device_over = over()
             if not (host_over or device_over):
                 return
             if (host_over and (host or not dev)) or (device_over and dev):
