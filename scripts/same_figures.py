@@ -39,6 +39,7 @@ def configurations(quick: bool = False) -> list[tuple[str, tuple[str, ...]]]:
     from models.probes import PERTURBATIONS
     from models.variants import VARIANTS
     from explorer.settings import COLOR_SCALES, INVARIANCE_OPS, VALUE_KINDS, ZOOMS
+    from models.grok import ROPE_MODES
     every = tuple(name for name, v in VIEWS.items() if v.parts)         # the timing tab's recorded runs too
     presets = PRESETS[:1] if quick else PRESETS
     out = []
@@ -60,8 +61,8 @@ def configurations(quick: bool = False) -> list[tuple[str, tuple[str, ...]]]:
                 for bug in bug_names(family) for zoom in ("all", "candidates")]
         out += [(f"{base}&perturbation={how}&candidate=1", ("isolation",)) for how in PERTURBATIONS]
         out += [(f"{base}&operation={op}", ("invariance",)) for op in INVARIANCE_OPS]
-        if not quick:
-            out += [(f"{base}&rope_mode={mode}", ("invariance",)) for mode in ("none", "interleaved")]
+        if family == "grok" and not quick:          # production's trunk has its one RoPE mode
+            out += [(f"{base}&rope_mode={mode}", ("invariance",)) for mode in ROPE_MODES if mode != "sequential"]
     out += [(f"preset=lecture&variant={v}&head=0", ("variants",)) for v in VARIANTS]
     return out
 
