@@ -508,9 +508,9 @@ def launch_options(demo: gr.Blocks | None = None) -> dict:
 
 
 def warm_up() -> None:
-    """Build the default view's model, then phoenix-nano's (~10 M parameters take seconds to
-    initialise), in the background after start-up, so the first visitor to pick it waits less."""
-    for query in ("preset=lecture", "preset=phoenix-nano"):
+    """Build and run the models explorer.runs.warm_up_queries names (the default view's, phoenix-nano's, and on a
+    GPU the production presets'), in the background after start-up, so the first visitor to pick one waits less."""
+    for query in runs.warm_up_queries():
         try:
             runs.forward(settings_of(query))
         except Exception:               # a warm-up is best effort; the real request reports errors

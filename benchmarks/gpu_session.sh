@@ -31,7 +31,10 @@
 #         JUnit file beside it;
 #      f. every explorer view timed at five presets (first call and warm, figure JSON included), then the whole
 #         trunk forward per backend at phoenix-prod (grok, tanh cap and none) and phoenix-2026 (xrex), with
-#         attention's share and the error against the fp32 trunk: VIEWS_S and TRUNK_S seconds at most;
+#         attention's share and the error against the fp32 trunk: VIEWS_S and TRUNK_S seconds at most; then
+#         every view at phoenix-prod and phoenix-2026 split into the model's build, its forward and each view's
+#         first and warm calls (benchmarks/view_cost.py --production, repeats while VIEW_COST_S lasts) to
+#         $OUT/results/view-cost-production-<device>-<date>.json, rewritten after each repeat;
 #      g. the attention presets until the budget is spent (phoenix-prod, phoenix-2026, phoenix-prod-b256, long),
 #         every point checked against the fp32 reference computed in pieces (naive fitting or not); a wrong
 #         kernel fails the run. f and g write each record to $OUT/results/<device>-<date>.json as measured.
@@ -53,6 +56,7 @@ PART_BYTES=56000000              # + the working tree (~5 MB) stays under the 64
 
 TESTS_SHARE=${TESTS_SHARE:-35}     # % of what is left when the tests start
 VIEWS_S=${VIEWS_S:-60}            # every view at VIEW_PRESETS
+VIEW_COST_S=${VIEW_COST_S:-120}   # repeats of benchmarks/view_cost.py --production (one fresh process per preset each)
 TRUNK_S=${TRUNK_S:-100}           # the trunk forward per backend at TRUNK_PRESETS
 VIEW_PRESETS=lecture,phoenix-nano,phoenix-2026-nano,phoenix-prod,phoenix-2026
 TRUNK_PRESETS=(phoenix-prod phoenix-2026)
@@ -159,6 +163,12 @@ model_timing() {   # every view, then the trunk forward per backend (what flash 
     benchmark "$VIEWS_S" --parts= --views "$VIEW_PRESETS"
     echo "== trunk forward at ${TRUNK_PRESETS[*]} ($TRUNK_S s)"
     benchmark "$TRUNK_S" --parts trunk "${TRUNK_PRESETS[@]/#/--preset=}"
+    l=$(( $(left) - 120 ))          # the attention presets keep a start
+    local b=$(( l < VIEW_COST_S ? l : VIEW_COST_S ))
+    [ "$b" -gt 30 ] || { echo "no time left for the view cost ($l s)"; return 0; }
+    echo "== view cost at the production presets ($b s)"    # the step's limit: a repeat past the budget
+    step $(( b * 3 / 2 )) python3 -m benchmarks.view_cost --production --device cuda --repeats 5 --budget-s "$b" \
+        --out-dir "$out/results"
 }
 
 bench() {   # attention presets until the call's budget is spent
@@ -186,10 +196,6 @@ all|tests|bench)
     python3 -m benchmarks.gpu_preflight --json "$out/preflight.json" || echo "the preflight found the above missing"
     export ATTN_REQUIRE_BACKENDS=fa4      # fa4 not loading, or loading and never run, fails the tests
     python3 -c "from models.attention import fa4_missing; print('fa4:', fa4_missing() or 'available')"
-    # the explorer's memory ceiling as a GPU Space would set it: half the device (the 4 GiB default refuses
-    # phoenix-prod's model views by budget)
-    export EXPLORER_MEMORY_BYTES=${EXPLORER_MEMORY_BYTES:-$(python3 -c \
-        'import torch; print(torch.cuda.get_device_properties(0).total_memory // 2 if torch.cuda.is_available() else 4 << 30)')}
     case "$step" in
     all) gpu_tests $(( $(left) * TESTS_SHARE / 100 )); model_timing; bench ;;
     tests) gpu_tests $(( $(left) - 15 )) ;;

@@ -1,6 +1,8 @@
 """One memory budget for the explorer: every cache of models, forwards and probes (a ``ByteCache``) and
 every running view (``within_budget``: its estimated peak from explorer.views.View.estimate, reserved before
-it starts) share one ceiling in bytes, explorer.limits.memory_ceiling() (env EXPLORER_MEMORY_BYTES). Least
+it starts) share one ceiling in bytes, explorer.limits.memory_ceiling() (env EXPLORER_MEMORY_BYTES). On a GPU
+what lives in its memory (weights, recorded attention, probe passes) is a second account under the GPU's own
+ceiling, explorer.limits.device_memory_ceiling() (env EXPLORER_DEVICE_MEMORY_BYTES). Least
 recently used entries go first; a view that does not fit waits until running ones finish; each cache entry
 is computed once under its own lock, so different settings run concurrently and equal ones wait for the
 first. Work above LARGE_REQUEST_FLOPS runs on threads of lower OS priority, so small views keep the cores.
@@ -17,55 +19,73 @@ import threading
 import time
 from collections import OrderedDict
 from contextlib import contextmanager
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 import torch
 from torch import nn
 
-from .limits import LARGE_REQUEST_FLOPS, memory_ceiling
+from .limits import LARGE_REQUEST_FLOPS, device_memory_ceiling, memory_ceiling, request_bytes
 
 
 # --- caches and running requests under one ceiling in bytes ----------------------------------
 
-def nbytes(value) -> int:
-    """Bytes held by a cached value: tensors, arrays, modules, and containers / dataclasses of them."""
+def nbytes(value, seen: set | None = None) -> int:
+    """Bytes held by a cached value: tensors, arrays, modules, and containers / dataclasses of them. A
+    tensor's bytes count once however many hold them (models sharing one state's weights: runs.Weights)."""
+    return sum(footprint(value, seen))
+
+
+def footprint(value, seen: set | None = None) -> tuple[int, int]:
+    """nbytes(value) as (host bytes, bytes in a GPU's own memory): its tensors by where they are."""
+    seen = set() if seen is None else seen
     if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
+        size = value.numel() * value.element_size()
+        key = (value.device, value.data_ptr(), size) if size else None
+        if key in seen:
+            return 0, 0
+        seen.add(key)
+        return (size, 0) if value.device.type == "cpu" else (0, size)
     if isinstance(value, np.ndarray):
-        return value.nbytes
+        return value.nbytes, 0
     if isinstance(value, nn.Module):
-        return sum(nbytes(t) for t in (*value.parameters(), *value.buffers()))
-    if isinstance(value, dict):
-        return sum(nbytes(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(nbytes(v) for v in value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return sum(nbytes(getattr(value, f.name)) for f in dataclasses.fields(value))
-    return 0
+        parts = [footprint(t, seen) for t in (*value.parameters(), *value.buffers())]
+    elif isinstance(value, dict):
+        parts = [footprint(v, seen) for v in value.values()]
+    elif isinstance(value, (list, tuple)):
+        parts = [footprint(v, seen) for v in value]
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        parts = [footprint(getattr(value, f.name), seen) for f in dataclasses.fields(value)]
+    else:
+        return 0, 0
+    return sum(h for h, _ in parts), sum(d for _, d in parts)
 
 
 class Memory:
     """The one account of what the explorer holds: cache entries (least recently used first),
     reservations of running requests, and what is held outside them for a while (`hold`: the export
-    browser while it runs)."""
+    browser while it runs). Bytes in a GPU's own memory are counted apart, under its own ceiling (on a CPU
+    there are none: the models' memory is the host's)."""
 
     def __init__(self):
         self.cond = threading.Condition()
-        self.entries: OrderedDict = OrderedDict()       # (cache, key) -> bytes, oldest first
-        self.cached = 0
+        self.entries: OrderedDict = OrderedDict()       # (cache, key) -> (host bytes, device bytes), oldest first
+        self.cached = 0                                 # host bytes
+        self.cached_device = 0
         self.reserved = 0
+        self.reserved_device = 0
         self.outside: dict[str, int] = {}               # name -> bytes held outside requests and caches
         self.caches: list["ByteCache"] = []
         self._held = threading.local()                  # this thread's reservation, for nested views
         self.last_active = time.monotonic()             # a request started or ended
         self.trimmed = True                             # nothing ran since the last trim
 
-    def add(self, cache, key, size: int) -> None:
+    def add(self, cache, key, size: int, device_size: int = 0) -> None:
         with self.cond:
-            self.entries[(cache, key)] = size
+            self.entries[(cache, key)] = (size, device_size)
             self.cached += size
-            self._evict(self._room())
+            self.cached_device += device_size
+            self._evict(self._room(), self._device_room())
 
     def touch(self, cache, key) -> None:
         with self.cond:
@@ -74,11 +94,19 @@ class Memory:
 
     def drop(self, cache, key) -> None:
         with self.cond:
-            self.cached -= self.entries.pop((cache, key), 0)
+            host, dev = self.entries.pop((cache, key), (0, 0))
+            self.cached -= host
+            self.cached_device -= dev
 
     def _room(self) -> int:
         """(call under self.cond) What the caches may hold beside the running requests and `outside`."""
         return memory_ceiling() - self.reserved - sum(self.outside.values())
+
+    def _device_room(self) -> Optional[int]:
+        """(call under self.cond) _room in the GPU's memory; None while nothing is held there."""
+        if not (self.cached_device or self.reserved_device):
+            return None
+        return device_memory_ceiling() - self.reserved_device
 
     def hold(self, name: str, size: int) -> None:
         """Count `size` bytes held outside any request (until `release(name)`): the caches make room."""
@@ -91,26 +119,42 @@ class Memory:
             self.outside.pop(name, None)
             self.cond.notify_all()
 
-    def _evict(self, allowed: int) -> None:
-        while self.cached > max(0, allowed) and self.entries:
-            (cache, key), size = self.entries.popitem(last=False)
-            self.cached -= size
-            cache.entries.pop(key, None)
+    def _evict(self, allowed: int, allowed_device: Optional[int] = None) -> None:
+        """Drop least recently used entries until the caches' host bytes are within `allowed` and their
+        device bytes within `allowed_device` (None: as they are). An entry held in the GPU's memory alone
+        stays while only the host's is over."""
+        def over() -> tuple[bool, bool]:
+            return (self.cached > max(0, allowed),
+                    allowed_device is not None and self.cached_device > max(0, allowed_device))
+        if not any(over()):
+            return
+        for (cache, key), (host, dev) in list(self.entries.items()):
+            host_over, device_over = over()
+            if not (host_over or device_over):
+                return
+            if (host_over and (host or not dev)) or (device_over and dev):
+                self.drop(cache, key)
+                cache.entries.pop(key, None)
 
     @contextmanager
-    def reserve(self, size: int):
-        """Hold `size` bytes for a request; wait while they do not fit beside the running ones
-        (caches are evicted to make room; one request always runs). A small request (the mask view,
-        tens of MiB) never waits behind large ones: the abuse soak's lecture /mask, 14 ms alone,
-        waited seconds for cap-sized probe passes to finish."""
+    def reserve(self, size: int, device_size: int = 0):
+        """Hold `size` bytes (and `device_size` in a GPU's memory) for a request; wait while they do not fit
+        beside the running ones (caches are evicted to make room; one request always runs). A small request
+        (the mask view, tens of MiB) never waits behind large ones: the abuse soak's lecture /mask, 14 ms
+        alone, waited seconds for cap-sized probe passes to finish."""
         if getattr(self._held, "depth", 0):             # a view inside another view: already admitted
             yield
             return
+
+        def fits() -> bool:
+            host = size <= small_request_bytes() or self._room() >= size
+            return host and (not device_size or device_memory_ceiling() - self.reserved_device >= device_size)
         with self.cond:
-            while self.reserved and size > small_request_bytes() and self._room() < size:
+            while (self.reserved or self.reserved_device) and not fits():
                 self.cond.wait()
             self.reserved += size
-            self._evict(self._room())
+            self.reserved_device += device_size
+            self._evict(self._room(), self._device_room())
             self.last_active, self.trimmed = time.monotonic(), False
         self._held.depth = 1
         try:
@@ -119,14 +163,17 @@ class Memory:
             self._held.depth = 0
             with self.cond:
                 self.reserved -= size
+                self.reserved_device -= device_size
                 self.last_active = time.monotonic()
                 self.cond.notify_all()
 
     def trim_if_idle(self, idle_s: float, keep_bytes: int) -> bool:
-        """Once no request has run for `idle_s`: evict down to `keep_bytes` (least recently used first)
-        and hand the freed pages back to the OS. The ceiling bounds memory under load; this brings a
+        """Once no request has run for `idle_s`: evict down to `keep_bytes` of host memory (least recently
+        used first) and hand the freed pages back to the OS. The ceiling bounds memory under load; this brings a
         Space back near its start after the load (a free Space shares its 16 GB with nothing else,
-        but a freed tensor stays in the process's heap until malloc_trim). True if it trimmed."""
+        but a freed tensor stays in the process's heap until malloc_trim). A GPU's memory is left as it is:
+        no other process shares it, and its weights are what a GPU machine builds at start-up. True if it
+        trimmed."""
         with self.cond:
             if self.trimmed or self.reserved or time.monotonic() - self.last_active < idle_s:
                 return False
@@ -141,7 +188,7 @@ class Memory:
             for cache in self.caches:
                 cache.entries.clear()
             self.entries.clear()
-            self.cached = 0
+            self.cached = self.cached_device = 0
 
 
 def small_request_bytes() -> int:
@@ -192,7 +239,7 @@ class ByteCache:
                     self.key_locks.pop(args, None)
             with MEMORY.cond:
                 self.entries[args] = value
-                MEMORY.add(self, args, nbytes(value))
+                MEMORY.add(self, args, *footprint(value))
             return value
 
     def cache_clear(self) -> None:
@@ -241,7 +288,7 @@ def within_budget(cost, fn: Callable):
     priority when its work is large (`cost`: explorer.views.View.estimate, already within the device's
     budget). A view drawn inside another's reservation does not reserve again."""
     nested = getattr(MEMORY._held, "depth", 0)
-    with MEMORY.reserve(cost.peak_bytes):
+    with MEMORY.reserve(*request_bytes(cost)):
         if cost.flops > LARGE_REQUEST_FLOPS and not nested:
             return on_low_priority(fn)
         return fn()

@@ -5,8 +5,10 @@ model's parameters and a view's work and memory from its Settings alone, before 
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
@@ -42,6 +44,14 @@ GPU_MAX_REQUEST_FLOPS = 200e12
 # it). 4 GiB leaves a free 16 GB Space (and the process's own ~1 GB) plenty of headroom.
 MEMORY_CEILING_ENV = "EXPLORER_MEMORY_BYTES"
 DEFAULT_MEMORY_CEILING = 4 * 2**30
+# On a GPU the models, their weights and recorded attention live in the GPU's own memory: a second account
+# (explorer.budget.MEMORY) of that many bytes, by default this share of the GPU's total memory — the rest for
+# the CUDA context, kernels' workspaces and what the caching allocator keeps apart — and the ceiling above
+# is the host's alone (figures on their way out, masks, uploads). An 80 GB H100: ~63 GiB, every view at the
+# production presets allowed; a 16 GB T4: ~12 GiB.
+DEVICE_MEMORY_ENV = "EXPLORER_DEVICE_MEMORY_BYTES"
+DEVICE_MEMORY_SHARE = 0.8
+STAND_IN_GPU_MEMORY = 80 * 10**9    # limits_of("cuda") on a machine without one: the H100 the targets are set on
 # What a view sends back is bounded before it runs: heatmap cells per figure (a zoomed grid is pooled
 # past it), each ~6 bytes on the wire (float32 as base64 plus the JSON around it), held about three
 # times over while it is serialised (figure, JSON, response) — counted in every view's peak bytes.
@@ -57,16 +67,44 @@ def device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+# A benchmark or test may hold the model views to another device's limits (limits_of): nothing a request
+# or the environment sends sets it, so what a CPU Space allows stays the CPU's.
+_limits_of: Optional[str] = None
+_stand_in_memory: Optional[int] = None
+
+
+@contextmanager
+def limits_of(dev: str, device_memory: Optional[int] = None):
+    """Within the block, the layout, model and per-request limits are those of `dev` ("cpu" or "cuda"),
+    whatever this machine is: a GPU's on a CPU runs the production presets' views here, to measure their
+    CPU-side work (benchmarks/view_cost.py). The models still run on this machine's device(). A GPU's
+    memory is `device_memory` bytes in all (default: this machine's GPU's, else STAND_IN_GPU_MEMORY)."""
+    global _limits_of, _stand_in_memory
+    if dev not in ("cpu", "cuda"):
+        raise ValueError(f"limits_of: got {dev!r}; allowed: cpu, cuda")
+    before = _limits_of, _stand_in_memory
+    _limits_of, _stand_in_memory = dev, device_memory
+    try:
+        yield
+    finally:
+        _limits_of, _stand_in_memory = before
+
+
+def limits_device() -> str:
+    """The device whose limits apply: this one, unless a benchmark set another (limits_of)."""
+    return _limits_of or device()
+
+
 def max_seq_len() -> int:
-    return GPU_MAX_SEQ_LEN if device() == "cuda" else CPU_MAX_SEQ_LEN
+    return GPU_MAX_SEQ_LEN if limits_device() == "cuda" else CPU_MAX_SEQ_LEN
 
 
 def max_params() -> int:
-    return GPU_MAX_PARAMS if device() == "cuda" else CPU_MAX_PARAMS
+    return GPU_MAX_PARAMS if limits_device() == "cuda" else CPU_MAX_PARAMS
 
 
 def max_trace_bytes() -> int:
-    return GPU_MAX_TRACE_BYTES if device() == "cuda" else CPU_MAX_TRACE_BYTES
+    return GPU_MAX_TRACE_BYTES if limits_device() == "cuda" else CPU_MAX_TRACE_BYTES
 
 
 def timing_max_len() -> int:
@@ -78,20 +116,55 @@ def sweep_budget_s() -> float:
 
 
 def memory_ceiling() -> int:
-    """Bytes the explorer's caches and running requests may hold together (env EXPLORER_MEMORY_BYTES)."""
-    raw = os.environ.get(MEMORY_CEILING_ENV, "")
+    """Bytes the explorer's caches and running requests may hold together (env EXPLORER_MEMORY_BYTES); on
+    a GPU, in host memory beside the GPU's own (device_memory_ceiling)."""
+    return _bytes_from_env(MEMORY_CEILING_ENV, DEFAULT_MEMORY_CEILING)
+
+
+def _bytes_from_env(name: str, default: int) -> int:
+    raw = os.environ.get(name, "")
     try:
-        value = int(float(raw)) if raw.strip() else DEFAULT_MEMORY_CEILING
+        value = int(float(raw)) if raw.strip() else default
     except ValueError:
-        raise ValidationError(MEMORY_CEILING_ENV, raw, "a number of bytes, e.g. 4e9") from None
+        raise ValidationError(name, raw, "a number of bytes, e.g. 4e9") from None
     if value < 2**28:
-        raise ValidationError(MEMORY_CEILING_ENV, raw, "at least 268435456 (256 MiB)")
+        raise ValidationError(name, raw, "at least 268435456 (256 MiB)")
     return value
 
 
 def max_request_bytes() -> int:
     """One request may hold at most half the ceiling, so two of the largest can run side by side."""
     return memory_ceiling() // 2
+
+
+def device_memory_apart() -> bool:
+    """Whether the models' memory is a GPU's own, budgeted apart from the host's (on a CPU they are one)."""
+    return limits_device() == "cuda"
+
+
+def device_total_memory() -> int:
+    """The GPU's total memory in bytes (a stand-in's under limits_of; 0 where there is none)."""
+    if _stand_in_memory is not None:
+        return _stand_in_memory
+    if torch.cuda.is_available():       # on ZeroGPU, outside a GPU call, the figure `spaces` reports
+        return _cuda_total_memory()
+    return STAND_IN_GPU_MEMORY if _limits_of == "cuda" else 0
+
+
+@functools.cache
+def _cuda_total_memory() -> int:
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+
+
+def device_memory_ceiling() -> int:
+    """Bytes the explorer's caches and running requests may hold in the GPU's memory together (env
+    EXPLORER_DEVICE_MEMORY_BYTES; default DEVICE_MEMORY_SHARE of its total)."""
+    return _bytes_from_env(DEVICE_MEMORY_ENV, max(2**28, int(DEVICE_MEMORY_SHARE * device_total_memory())))
+
+
+def request_bytes(cost: "Cost") -> tuple[int, int]:
+    """(host, device) bytes a request of `cost` holds: on a CPU all of its peak in the one memory."""
+    return (cost.host_bytes, cost.device_bytes) if device_memory_apart() else (cost.peak_bytes, 0)
 
 
 # A request estimated above this is large: it runs at a lower CPU priority (explorer.budget) in the server's heavy
@@ -101,7 +174,7 @@ LARGE_REQUEST_FLOPS = 1e9
 
 
 def max_request_flops() -> float:
-    return GPU_MAX_REQUEST_FLOPS if device() == "cuda" else CPU_MAX_REQUEST_FLOPS
+    return GPU_MAX_REQUEST_FLOPS if limits_device() == "cuda" else CPU_MAX_REQUEST_FLOPS
 
 
 def estimate_params(s: Settings) -> int:
@@ -131,17 +204,17 @@ def check_model_fits(s: Settings) -> None:
     n = estimate_params(s)
     if n > max_params():
         raise ValidationError("emb_size", s.emb_size,
-                              f"a model of at most {max_params() / 1e6:.0f}M parameters on {device().upper()} "
+                              f"a model of at most {max_params() / 1e6:.0f}M parameters on {limits_device().upper()} "
                               f"(this one has about {n / 1e6:.0f}M: it needs a GPU, as phoenix-prod, phoenix-2026 and "
                               f"phoenix-2026-seqpack do)")
     if trace_bytes(s) > max_trace_bytes() and trace_bytes(replace(s, batch_size=1)) <= max_trace_bytes():
         raise ValidationError("batch_size", s.batch_size,
                               f"a batch whose recorded attention fits in {max_trace_bytes() / 2**20:.0f} MiB on "
-                              f"{device().upper()} (here {trace_bytes(s) / 2**20:.0f} MiB): fewer rows")
+                              f"{limits_device().upper()} (here {trace_bytes(s) / 2**20:.0f} MiB): fewer rows")
     if trace_bytes(s) > max_trace_bytes():
         raise ValidationError("num_layers", s.num_layers,
                               f"layers x query heads x T^2 within {max_trace_bytes() / 2**20:.0f} MiB of recorded "
-                              f"attention on {device().upper()} (here {s.num_layers} x {s.num_q_heads} x "
+                              f"attention on {limits_device().upper()} (here {s.num_layers} x {s.num_q_heads} x "
                               f"{s.seq_len}^2 needs {trace_bytes(s) / 2**20:.0f} MiB): fewer layers, heads or tokens")
 
 
@@ -154,17 +227,28 @@ def trace_bytes(s: Settings, rows: Optional[int] = None) -> int:
 
 @dataclass(frozen=True)
 class Cost:
-    """Work and memory of one view's request, from the settings alone."""
+    """Work and memory of one view's request, from the settings alone. `a + b`: one after the other (the
+    work adds up, each memory's peak is the larger)."""
     forwards: int = 0          # passes through the trunk, each counted once per batch row
     flops: float = 0.0         # their floating-point work: matmuls on every token + attention's T^2
     peak_bytes: int = 0        # what it holds while it runs: recorded traces, probe passes, model copies
+    device_bytes: int = 0      # of which where the model runs (its weights, passes and traces): a GPU's own memory
+    host_bytes: Optional[int] = None     # ... and beside it in host memory (masks, figures); default the rest
+
+    def __post_init__(self):
+        if self.host_bytes is None:
+            object.__setattr__(self, "host_bytes", self.peak_bytes - self.device_bytes)
 
     def __add__(self, other: "Cost") -> "Cost":
         return Cost(self.forwards + other.forwards, self.flops + other.flops,
-                    max(self.peak_bytes, other.peak_bytes))
+                    max(self.peak_bytes, other.peak_bytes), max(self.device_bytes, other.device_bytes),
+                    max(self.host_bytes, other.host_bytes))
 
-    def holding(self, extra_bytes: int) -> "Cost":
-        return replace(self, peak_bytes=self.peak_bytes + extra_bytes)
+    def holding(self, extra_bytes: int, on_device: bool = False) -> "Cost":
+        """The same work holding `extra_bytes` more throughout: where the model runs, or on the host."""
+        return replace(self, peak_bytes=self.peak_bytes + extra_bytes,
+                       device_bytes=self.device_bytes + extra_bytes * on_device,
+                       host_bytes=self.host_bytes + extra_bytes * (not on_device))
 
 
 def forward_cost(s: Settings, rows: int = 1, seq_len: Optional[int] = None, record: bool = False) -> Cost:
@@ -176,7 +260,8 @@ def forward_cost(s: Settings, rows: int = 1, seq_len: Optional[int] = None, reco
     flops = rows * (2 * T * trunk_params(s) + s.num_layers * 4 * s.num_q_heads * T * T * s.key_size)
     ffn = s.xrex_config().ffn_hidden if s.family == "xrex" else s.transformer_config().ffn_hidden
     held = 3 * 4 * rows * s.num_q_heads * T * T + 4 * 4 * rows * T * max(s.emb_size, ffn)
-    return Cost(rows, float(flops), held + (recorded_bytes(s, rows, T) if record else 0))
+    held += recorded_bytes(s, rows, T) if record else 0
+    return Cost(rows, float(flops), held, device_bytes=held)
 
 
 def recorded_bytes(s: Settings, rows: int, seq_len: Optional[int] = None) -> int:
@@ -200,9 +285,13 @@ def check_budget(s: Settings, view: str, estimate: Callable[[Settings], Cost]) -
     halving saves the most. -> the cost, when it fits."""
     cost = estimate(s)
     flops, held = max_request_flops(), max_request_bytes()
-    if cost.flops <= flops and cost.peak_bytes <= held:
+    held_device = device_memory_ceiling() // 2 if device_memory_apart() else 0
+
+    def over(c: Cost) -> float:
+        host, dev = request_bytes(c)
+        return max(c.flops / flops, host / held, dev / held_device if held_device else 0.0)
+    if over(cost) <= 1:
         return cost
-    over = max(cost.flops / flops, cost.peak_bytes / held)
 
     def after_halving(name):
         lo = 1 if name != "num_history" else 0
@@ -211,11 +300,15 @@ def check_budget(s: Settings, view: str, estimate: Callable[[Settings], Cost]) -
             half = max(s.num_kv_heads, half - half % s.num_kv_heads)
         t = replace(s, **{name: half}, **({"candidate_padding": 0} if name == "num_candidates" else {}),
                     **({"history_padding": 0} if name == "num_history" else {}), row=0)
-        c = estimate(t)
-        return max(c.flops / flops, c.peak_bytes / held)
+        return over(estimate(t))
     field = min((f for f in _COST_FIELDS if getattr(s, f) > 1), key=after_halving, default="num_history")
+    if held_device:
+        holding = (f"{cost.device_bytes / 2**20:,.0f} MiB of GPU memory and {cost.host_bytes / 2**20:,.0f} MiB of "
+                   "host memory")
+        budget = f"{held_device / 2**20:,.0f} MiB of GPU memory and {held / 2**20:,.0f} MiB of host memory"
+    else:
+        holding, budget = f"{cost.peak_bytes / 2**20:,.0f} MiB", f"{held / 2**20:,.0f} MiB"
     raise ValidationError(field, getattr(s, field),
                           f"a smaller value: the {view} view would run {cost.forwards} trunk passes "
-                          f"({cost.flops / 1e9:,.0f} GFLOP) holding {cost.peak_bytes / 2**20:,.0f} MiB, "
-                          f"{over:.1f}x this {device().upper()}'s budget per request of {flops / 1e9:,.0f} GFLOP "
-                          f"and {held / 2**20:,.0f} MiB")
+                          f"({cost.flops / 1e9:,.0f} GFLOP) holding {holding}, {over(cost):.1f}x this "
+                          f"{limits_device().upper()}'s budget per request of {flops / 1e9:,.0f} GFLOP and {budget}")

@@ -1,19 +1,24 @@
 """Models and forwards, cached by settings: a control change re-runs only what it changed.
 
 ``build_model(s)`` depends on the model options only (view options are reset first), and the weights
-underneath on the geometry and weight source only; ``forward(s)`` runs the ranking model once with
-``record=True`` and every view reads the same traces. Both are memoised on the frozen Settings, in
-explorer.budget's byte-bounded caches.
+underneath on the geometry and weight source only: they are made once, put on the device once, and every
+model over them (one per mask, RoPE mode, cap ...) reads the same tensors, so another model option costs
+no copy and no memory. ``forward(s)`` runs the ranking model once with ``record=True`` and every view
+reads the same traces. Both are memoised on the frozen Settings, in explorer.budget's byte-bounded caches.
 """
 from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import replace
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from models import demo
 from models.grok import init_params
@@ -42,22 +47,66 @@ upload_state: Callable[[str], dict[str, torch.Tensor]] = _no_uploads
 MAX_UPLOAD_BYTES = 200 * 2**20      # one file; phoenix-nano in fp32 is ~45 MB
 
 
+@dataclass
+class Weights:
+    """One geometry's weights from one source, on the explorer's device, and the models built over them
+    (build_model): they share these tensors, so the cache counts them once (explorer.budget.nbytes) and
+    evicting the weights drops their models too. A model is modules only (~ms to build): the last
+    MODELS_PER_WEIGHTS used are kept."""
+    state: dict[str, torch.Tensor]
+    models: OrderedDict = field(default_factory=OrderedDict)     # model settings -> the model over `state`
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+
+MODELS_PER_WEIGHTS = 16
+
+
 @ByteCache
-def _weights(geometry: tuple) -> dict[str, torch.Tensor]:
-    """State dict for a geometry and a weight source; shared by every attention option."""
+def _weights(geometry: tuple) -> Weights:
+    """The weights for a geometry and a weight source, moved to the device once; shared by every
+    attention option."""
     s = Settings(**dict(geometry))
     if s.weights == "demo":             # explorer.settings refused "demo" already if the file is missing
-        return dict((demo.load_xrex_demo_model() if s.family == "xrex" else demo.load_demo_model()).state_dict())
-    if s.weights in ("random", "zeros"):
-        return dict(_initialised(s).state_dict())
-    return upload_state(s.weights)
+        state = (demo.load_xrex_demo_model() if s.family == "xrex" else demo.load_demo_model()).state_dict()
+    elif s.weights in ("random", "zeros"):
+        state = _initialised(s).state_dict()
+    else:
+        state = upload_state(s.weights)
+    dev = device()
+    return Weights({k: v.to(dev) for k, v in state.items()})
+
+
+class _NoRandomFills(TorchFunctionMode):
+    """Random fills of meta tensors do nothing (there is nothing to fill): nn.Embedding's default init
+    would otherwise reach torch's Python meta kernels, whose first call imports torch._dynamo (~2.5 s)."""
+
+    FILLS = (torch.nn.init.normal_, torch.nn.init.uniform_, torch.Tensor.normal_, torch.Tensor.uniform_)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        filled = (args[0] if args else kwargs.get("tensor")) if func in self.FILLS else None
+        if isinstance(filled, torch.Tensor) and filled.is_meta:
+            return filled
+        return func(*args, **kwargs)
+
+
+def _unfilled(s: Settings) -> RecsysModel | XrexRecsys:
+    """The settings' family's ranker built on the meta device: its modules and parameter shapes, no memory
+    yet (its constructors' zeros and default inits would all be overwritten)."""
+    with torch.device("meta"), _NoRandomFills():
+        if s.family == "xrex":
+            return demo.xrex_demo_model(s.xrex_config()) if s.weights == "demo" else XrexRecsys(s.xrex_config())
+        return RecsysModel(s.recsys_config())
 
 
 def _initialised(s: Settings) -> RecsysModel | XrexRecsys:
-    """The settings' family's ranker with `s.weights` ("random" seeded by `s.seed`, or grok.py's "zeros")."""
+    """The settings' family's ranker with `s.weights` ("random" seeded by `s.seed`, or grok.py's "zeros"),
+    on the CPU (the seeded generator is the CPU's: the same weights on any device). Every parameter is
+    written by the init, so the memory starts unfilled."""
+    model = _unfilled(s).to_empty(device="cpu")
     if s.family == "xrex":
-        return init_params(XrexRecsys(s.xrex_config()), s.weights, s.seed)
-    return init_recsys(RecsysModel(s.recsys_config()), s.weights, s.seed)
+        return init_params(model, s.weights, s.seed)
+    return init_recsys(model, s.weights, s.seed)
 
 
 def check_upload(s: Settings, path: str, room: Callable[[int], None] = lambda nbytes: None
@@ -104,22 +153,22 @@ def action_names(s: Settings) -> tuple[str, ...]:
 
 
 def build_model(s: Settings) -> RecsysModel | XrexRecsys:
-    """The ranking model for these settings, in eval mode, on the explorer's device."""
-    return _build_model(model_settings(s))
+    """The ranking model for these settings, in eval mode, on the explorer's device: built once per model
+    settings over the geometry's shared weights (no copy: a new mask or RoPE mode takes milliseconds)."""
+    m = model_settings(s)
+    weights = _weights(tuple((k, getattr(m, k)) for k in _GEOMETRY))
+    with weights.lock:
+        if m not in weights.models:
+            model = _unfilled(m)
+            model.load_state_dict(weights.state, assign=True)
+            weights.models[m] = model.eval()
+            while len(weights.models) > MODELS_PER_WEIGHTS:
+                weights.models.popitem(last=False)
+        weights.models.move_to_end(m)
+        return weights.models[m]
 
 
 _GEOMETRY = (*WEIGHT_GEOMETRY, "weights", "seed")
-
-
-@ByteCache
-def _build_model(s: Settings) -> RecsysModel:
-    state = _weights(tuple((k, getattr(s, k)) for k in _GEOMETRY))
-    if s.family == "xrex":
-        model = demo.xrex_demo_model(s.xrex_config()) if s.weights == "demo" else XrexRecsys(s.xrex_config())
-    else:
-        model = RecsysModel(s.recsys_config())
-    model.load_state_dict(state)
-    return model.eval().to(device())
 
 
 def model_settings(s: Settings) -> Settings:
@@ -160,6 +209,21 @@ def _forward(s: Settings) -> RecsysOutput:
 def forward(s: Settings) -> RecsysOutput:
     """One recorded forward per model-relevant settings, reused by every view."""
     return _forward(model_settings(s))
+
+
+# What a server builds and runs once at start-up (app.warm_up), so that no visitor's first call pays for it: the
+# default view's model and phoenix-nano's; on a GPU the production presets' too, whose seeded weights take ~12 s of
+# one CPU thread at phoenix-prod (models.grok.truncated_normal_ draws a whole tensor again while any value is out of
+# range: ~7 normals a weight) and whose first forward starts CUDA — then a first call is the view's own work. Not
+# on a CPU, which refuses those presets, nor on ZeroGPU, where a GPU exists only inside a @spaces.GPU call.
+WARM_UP = ("lecture", "phoenix-nano")
+WARM_UP_ON_GPU = ("phoenix-prod", "phoenix-2026", "phoenix-2026-seqpack")
+
+
+def warm_up_queries() -> tuple[str, ...]:
+    """The links app.warm_up runs (runs.forward) in the background after start-up, in order."""
+    gpu = device() == "cuda" and not os.environ.get("SPACES_ZERO_GPU")
+    return tuple(f"preset={p}" for p in WARM_UP + (WARM_UP_ON_GPU if gpu else ()))
 
 
 def score(s: Settings, batch: Optional[RecsysBatch] = None, embeddings=None, *, mask_kind=None,

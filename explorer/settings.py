@@ -23,7 +23,7 @@ from models.presets import PRESETS
 from models.variants import VARIANTS
 
 from .families import FAMILIES, GROK_COUNTERPART, XREX_FIXED, XREX_ROPE, defaults, demo_transformer, preset_family
-from .limits import MAX_BATCH, check_model_fits, device, max_seq_len
+from .limits import MAX_BATCH, check_model_fits, limits_device, max_seq_len
 from .schema import Settings, ValidationError
 
 WEIGHT_SOURCES = ("random", "zeros", "demo", "upload")
@@ -170,7 +170,7 @@ def _parse_layout(v: dict, merged: Mapping[str, Any]) -> None:
     T = v["num_user"] + v["num_history"] + v["num_candidates"]
     if T > T_cap:
         raise ValidationError("num_history", v["num_history"],
-                              f"user + history + candidates <= {T_cap} on {device().upper()} "
+                              f"user + history + candidates <= {T_cap} on {limits_device().upper()} "
                               f"(here {T}; production's padded sequence is 1152)", also=("num_user", "num_candidates"))
 
 

@@ -84,15 +84,20 @@ HISTORY_TAIL = 32          # history positions shown before the candidates by zo
 def zoom_region(s: Settings) -> tuple[list[int], list[int]]:
     """(query rows, key columns) of the heatmaps for `s.zoom`: everything, the candidate block
     against itself, the last history positions and the candidates, or one query's row."""
-    T, off = s.seq_len, s.candidate_start_offset
-    if s.zoom == "candidates":
+    return zoom_region_of(s.layout, s.zoom, s.query_position)
+
+
+def zoom_region_of(layout, zoom: str, query: int) -> tuple[list[int], list[int]]:
+    """zoom_region for a layout, a zoom and a query position: consecutive positions, each axis."""
+    T, off = layout.seq_len, layout.candidate_start_offset
+    if zoom == "candidates":
         rows = list(range(off, T))
         return rows, rows
-    if s.zoom == "history tail":
-        rows = list(range(max(s.num_user, off - HISTORY_TAIL), T))
+    if zoom == "history tail":
+        rows = list(range(max(layout.num_user, off - HISTORY_TAIL), T))
         return rows, rows
-    if s.zoom == "query row":
-        return [s.query_position], list(range(T))
+    if zoom == "query row":
+        return [query], list(range(T))
     return list(range(T)), list(range(T))
 
 
@@ -107,19 +112,34 @@ def cells(s: Settings, full: int, panels: int = 1) -> int:
     return max(8, min(want, math.ceil(max(r, c) / f)))
 
 
-def _panel(s: Settings, z: np.ndarray, title: str, meta: dict | None = None, look: dict | None = None,
-           masked: np.ndarray | None = None, tiles: TileGrid | None = None) -> Panel:
-    """A [T, T] panel of the layout, cut to the zoom; `masked` ([T, T] bool): the pairs the mask hides."""
-    seg, labels = s.layout.segments(), s.layout.token_labels()
-    rows, cols = zoom_region(s)
+def _panel(s: Settings, z: np.ndarray | torch.Tensor, title: str, meta: dict | None = None,
+           look: dict | None = None, masked: np.ndarray | None = None, tiles: TileGrid | None = None) -> Panel:
+    """A [T, T] panel of the layout (an array, or a tensor left where the model put it), cut to the zoom;
+    `masked` ([T, T] bool): the pairs the mask hides, cut alike (a view: the heads' panels share its memory,
+    so heatmap_figure pools it once)."""
+    rows, cols, row_labels, col_labels, row_segments, col_segments, row_spans, col_spans = _zoomed_axes(
+        s.layout, s.zoom, s.query_position)
     # float32: the model's own precision, and half the bytes on the wire
-    z = np.asarray(z, dtype=np.float32)
-    if len(rows) < len(labels) or len(cols) < len(labels):
-        z = z[np.ix_(rows, cols)]
-        masked = None if masked is None else masked[np.ix_(rows, cols)]
-    return Panel(z, [labels[i] for i in rows], [labels[i] for i in cols], title,
-                 [seg[i] for i in rows], [seg[i] for i in cols], row_spans=[(i, i + 1) for i in rows], meta=meta,
-                 look=look, col_spans=[(i, i + 1) for i in cols], masked=masked, tiles=tiles)
+    z = z.float() if isinstance(z, torch.Tensor) else np.asarray(z, dtype=np.float32)
+    zoomed = (rows.stop - rows.start, cols.stop - cols.start)
+    if zoomed != tuple(z.shape):
+        z = z[rows, cols]
+    if masked is not None and zoomed != masked.shape:
+        masked = masked[rows, cols]
+    return Panel(z, list(row_labels), list(col_labels), title, list(row_segments), list(col_segments),
+                 row_spans=list(row_spans), meta=meta, look=look, col_spans=list(col_spans), masked=masked,
+                 tiles=tiles)
+
+
+@functools.lru_cache(maxsize=64)
+def _zoomed_axes(layout, zoom: str, query: int) -> tuple:
+    """(row slice, column slice, their labels, their segment letters, each row's and column's span) of
+    zoom_region: the same for every panel of a view (a grid of 80 panels at T 1087 made them 80 times)."""
+    rows, cols = zoom_region_of(layout, zoom, query)
+    labels, seg = layout.token_labels(), layout.segments()
+    return (slice(rows[0], rows[-1] + 1), slice(cols[0], cols[-1] + 1), tuple(labels[i] for i in rows),
+            tuple(labels[i] for i in cols), tuple(seg[i] for i in rows), tuple(seg[i] for i in cols),
+            tuple((i, i + 1) for i in rows), tuple((i, i + 1) for i in cols))
 
 
 def masked_over(values: str, hidden: np.ndarray) -> np.ndarray | None:
@@ -260,15 +280,18 @@ def first_preset_that_skips(mask_kind: str) -> tuple[str, int, str] | None:
 
 # --- 2. attention heatmaps ---------------------------------------------------------------------
 
-def attention_values(s: Settings, layer: int) -> np.ndarray:
-    """[Hq, T, T] for the chosen value kind, read from the recorded forward."""
+def attention_values(s: Settings, layer: int) -> torch.Tensor:
+    """[Hq, T, T] float32 for the chosen value kind, read from the recorded forward where it lives: on a
+    GPU it stays there, and the heatmap builder copies only the cells it draws (explorer.figures.pool)."""
     trace = runs.forward(s).trunk.layers[layer]
     if s.values == "probabilities":
-        return trace.probs[s.row].float().cpu().numpy()
-    logits = trace.logits[s.row].float().cpu().numpy()
+        return trace.probs[s.row].float()
+    logits = trace.logits[s.row].float()
     if s.values == "capped logits":
         return logits
-    return np.where(mask_dense(s, s.mask_kind)[None], logits, np.nan)   # masked: a gap
+    allowed = layout_mask(s, s.mask_kind).dense()[0, 0].to(logits.device)
+    # masked: a gap, numpy's quiet NaN (a host value copied over, so its bits are the host's on any device)
+    return torch.where(allowed[None], logits, logits.new_tensor(math.nan))
 
 
 def grid_heads(num_q_heads: int, num_kv_heads: int) -> list[int]:
@@ -1067,7 +1090,7 @@ class View:
         """What one request costs: the parts' work and memory, every figure on its way out, the model."""
         plots = sum(isinstance(o, Plot) for o in self.outputs)
         cost = self.cost(s).holding(plots * FIGURE_PEAK_BYTES)
-        return cost.holding(model_bytes(s)) if self.needs_model else cost
+        return cost.holding(model_bytes(s), on_device=True) if self.needs_model else cost
 
     def draw(self, s: Settings) -> tuple:
         """Every output, refused by name past this device's budget and run once its memory fits."""
@@ -1092,15 +1115,15 @@ def _recorded(s: Settings) -> Cost:
 def _isolation_cost(s: Settings) -> Cost:
     """The recorded forward, the perturbed batch recorded, and both rows again under a causal mask."""
     B, kept = s.batch_size, recorded_bytes(s, s.batch_size)  # the first stays while the others run
-    return (_recorded(s) + forward_cost(s, B, record=True).holding(kept)
-            + forward_cost(s, 2, record=True).holding(kept)
+    return (_recorded(s) + forward_cost(s, B, record=True).holding(kept, on_device=True)
+            + forward_cost(s, 2, record=True).holding(kept, on_device=True)
             + (forward_cost(s, B) if s.perturbation == "replace" else Cost()))
 
 
 def _invariance_cost(s: Settings) -> Cost:
     """Three RoPE modes x (before, after), unrecorded."""
     one = forward_cost(s, s.batch_size)
-    return Cost(6 * s.batch_size, 6 * one.flops, one.peak_bytes)
+    return Cost(6 * s.batch_size, 6 * one.flops, one.peak_bytes, one.device_bytes)
 
 
 def _bug_zoo_cost(s: Settings) -> Cost:
@@ -1111,13 +1134,14 @@ def _bug_zoo_cost(s: Settings) -> Cost:
     per_model = (forward_cost(s, 2, T)                       # isolation: before and after
                  + forward_cost(s, 2, T)                     # parity: the model and the correct trunk
                  + forward_cost(s, 2 * max(1, min(Tc - 1, 16)), Tc))   # causality: perturbed + unperturbed rows
-    total = Cost(per_model.forwards * models, per_model.flops * models, per_model.peak_bytes)
+    total = Cost(per_model.forwards * models, per_model.flops * models, per_model.peak_bytes,
+                 per_model.device_bytes)
     layer0 = forward_cost(s, 1, record=True)                  # the chosen bug's recorded trace, full length
-    return (total + layer0).holding(2 * model_bytes(s))       # a bugged copy beside the model
+    return (total + layer0).holding(2 * model_bytes(s), on_device=True)     # a bugged copy beside the model
 
 
 def _variants_cost(s: Settings) -> Cost:
-    return _recorded(s) + _bug_zoo_cost(s).holding(recorded_bytes(s, s.batch_size))
+    return _recorded(s) + _bug_zoo_cost(s).holding(recorded_bytes(s, s.batch_size), on_device=True)
 
 
 def _mask_cost(s: Settings) -> Cost:

@@ -1,7 +1,7 @@
 """The course notebooks' real mistakes, as switches on the real trunk.
 
-``with_bug(model, name)`` returns a deep copy of a ``Transformer`` or ``RecsysModel`` (or, for
-production's serving-kernel quirks, a ``models.xrex`` ranker or trunk) — same weights, same parameter
+``with_bug(model, name)`` returns a copy of a ``Transformer`` or ``RecsysModel`` (or, for
+production's serving-kernel quirks, a ``models.xrex`` ranker or trunk) — the same weights (shared), same parameter
 names, same ``record=True`` traces — with one bug planted through the model's own extension points: an
 attention function (``attention_fn``), a flag (RoPE's ``interleaved``, ``residual_from_input``,
 ``gelu_approximate``, ``attention_padding``). No forward is copied, so a change to the model reaches
@@ -187,15 +187,16 @@ def bug_names(family: str = "grok") -> list[str]:
 
 
 def with_bug(model: nn.Module, bug: Optional[str]) -> nn.Module:
-    """A deep copy of `model` (Transformer or RecsysModel) with the named bug; None or "none"
-    returns the model itself, unchanged."""
+    """A copy of `model` (Transformer or RecsysModel) with the named bug, its modules copied and its
+    parameters shared (a bug rewires, never changes a weight: no copy of a production trunk's 1.3 GB);
+    None or "none" returns the model itself, unchanged."""
     if bug in (None, "none"):
         return model
     family = model_family(model)
     if bug not in bug_names(family):
         raise ValueError(f"bug: got {bug!r}; allowed: none, {', '.join(bug_names(family))} (the bugs a {family} "
                          f"model can carry)")
-    buggy = copy.deepcopy(model)
+    buggy = copy.deepcopy(model, memo={id(t): t for t in (*model.parameters(), *model.buffers())})
     BUGS[bug].patch(buggy)
     return buggy
 

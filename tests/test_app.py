@@ -1179,3 +1179,26 @@ def test_a_full_lane_refuses_the_heaviest_networks_request_not_the_honest_newcom
     finally:
         timing_runs.TIMING_RUNS.cancel("botrun")
         demo.close()
+
+
+def test_a_gpu_server_builds_the_production_presets_at_start_up(monkeypatch):
+    """app.warm_up runs each of explorer.runs.warm_up_queries through runs.forward in the background after start-up:
+    on a CPU the default view's model and phoenix-nano's, as before; on a GPU the production presets' too, so that
+    no visitor's first call there pays their seeded init (~12 s of CPU at phoenix-prod); on ZeroGPU, where a GPU
+    exists only inside a GPU call, not those."""
+    import app
+    ran = []
+    monkeypatch.setattr(app.runs, "forward", lambda s: ran.append(s.preset))
+    monkeypatch.setenv("EXPLORER_PREWARM_FLEX", "0")
+    monkeypatch.delenv("SPACES_ZERO_GPU", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    app.warm_up()
+    assert ran == ["lecture", "phoenix-nano"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)      # a GPU's limits admit the production presets
+    ran.clear()
+    app.warm_up()
+    assert ran == ["lecture", "phoenix-nano", "phoenix-prod", "phoenix-2026", "phoenix-2026-seqpack"]
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    ran.clear()
+    app.warm_up()
+    assert ran == ["lecture", "phoenix-nano"]

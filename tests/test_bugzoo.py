@@ -226,6 +226,23 @@ def family_model(family):
 
 
 @pytest.mark.parametrize("bug", list(BUGS))
+def test_a_planted_bug_shares_the_models_weights_and_leaves_the_model_as_it_was(bug):
+    """with_bug copies the modules, not the weights (a production trunk's are 1.3 GB): every parameter of the
+    buggy model is the model's own tensor; the buggy model computes what a deep copy with the bug computes, bit
+    for bit, and the model computes what it did before."""
+    import copy
+    model, x, mask, off = family_model(BUGS[bug].family)
+    with torch.no_grad():
+        before = model(x, mask, off).embeddings
+        buggy = with_bug(model, bug)
+        assert [p.data_ptr() for p in buggy.parameters()] == [p.data_ptr() for p in model.parameters()]
+        deep = copy.deepcopy(model)
+        BUGS[bug].patch(deep)
+        assert_bit_exact(buggy(x, mask, off).embeddings, deep(x, mask, off).embeddings, "same computation")
+        assert_bit_exact(model(x, mask, off).embeddings, before, "same computation")
+
+
+@pytest.mark.parametrize("bug", list(BUGS))
 def test_bugs_are_planted_through_the_models_own_extension_points(bug, monkeypatch):
     """No forward is copied and no method patched: every module of the buggy copy is the model's own
     class with no instance attribute shadowing a method, and a change to the classes' forwards (here a

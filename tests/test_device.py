@@ -204,6 +204,37 @@ def test_cuda_masks_are_built_on_the_device():
     assert torch.equal(mask.tiles(128, 128, "cuda").classes.cpu(), cpu.tiles(128, 128).classes)
 
 
+# --- a link's seeded weights: drawn on the CPU's generator, the same bits on every torch version -------------
+
+# sha256 over (name, bytes) of each parameter, sorted by name, of explorer.runs._initialised at these links, as
+# torch 2.13 draws them on an x86-64 CPU with AVX2 or AVX-512 (torch's vectorised normal_ kernel; its scalar one,
+# ATEN_CPU_CAPABILITY=default or a CPU without AVX2, draws other bits)
+SEEDED_WEIGHTS = {"preset=lecture&weights=random":
+                  "e6c0b889cfd071568830c5eef14ad1bdb1331c3ad851bbfb1983adf2b0251c44",
+                  "preset=lecture&family=xrex&weights=random&seed=5":
+                  "e51c3e819f176f0c8a4220b5ca2bc528c30fa7cc316b066cca40b4e86f28aded"}
+
+
+@pytest.mark.parametrize("link", list(SEEDED_WEIGHTS))
+@pytest.mark.parametrize("machine", ["here", pytest.param("gpu", marks=ON_CUDA)])    # the GPU image's torch: 2.11
+def test_a_links_seeded_weights_are_the_same_bits_on_every_torch_version(machine, link):
+    """A lecturer's link draws its random weights on the CPU's generator wherever the model then runs
+    (explorer.runs._initialised), with models.grok.truncated_normal_ (torch 2.12's trunc_normal_ algorithm, in
+    the repo): so a GPU machine whose torch is 2.11 — whose own trunc_normal_ drew other weights for a seed —
+    shows the model a torch 2.13 Space shows. tests/test_grok.py checks the algorithm against torch's."""
+    import hashlib
+
+    from explorer import runs
+    from explorer.links import parse_query
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        pytest.skip("torch's scalar normal_ kernel draws other bits than its vectorised one")
+    digest = hashlib.sha256()
+    for name, value in sorted(runs._initialised(parse_query(link)).state_dict().items()):
+        digest.update(name.encode())
+        digest.update(value.contiguous().numpy().tobytes())
+    assert digest.hexdigest() == SEEDED_WEIGHTS[link], f"torch {torch.__version__} drew other weights"
+
+
 VIEW_PRESETS = GPU_PRESETS + ["phoenix-2026-nano", "phoenix-2026"]     # both families, every size
 
 
@@ -211,15 +242,14 @@ VIEW_PRESETS = GPU_PRESETS + ["phoenix-2026-nano", "phoenix-2026"]     # both fa
                          + [pytest.param("cuda", p, marks=ON_CUDA) for p in VIEW_PRESETS])
 def test_every_view_draws_on_the_device(device, preset, monkeypatch):
     """Every drawn view (explorer.views.VIEWS), as a request draws it, with the JSON of every figure: on a GPU at
-    every GPU preset (the views keep each tensor on the explorer's device), on CPU at lecture. On a GPU the
-    explorer's memory ceiling is half the device's (as a GPU Space would set it: the default 4 GiB refuses
-    phoenix-prod's model views by budget, a policy, not a device fault)."""
+    every GPU preset (the views keep each tensor on the explorer's device), on CPU at lecture. The memory
+    ceilings are the defaults a Space runs with: on a GPU its own memory is budgeted apart from the host's 4 GiB
+    (explorer.limits.device_memory_ceiling), so no production view is refused by budget on an 80 GB one."""
     pytest.importorskip("plotly")
     from explorer import views
-    from explorer.limits import MEMORY_CEILING_ENV
     from explorer.links import parse_query
-    if device == "cuda":
-        monkeypatch.setenv(MEMORY_CEILING_ENV, str(torch.cuda.get_device_properties(0).total_memory // 2))
+    for name in ("EXPLORER_MEMORY_BYTES", "EXPLORER_DEVICE_MEMORY_BYTES"):
+        monkeypatch.delenv(name, raising=False)
     s = parse_query(f"preset={preset}")
     for view in views.drawn_views():
         out = view.draw(s)
@@ -227,6 +257,25 @@ def test_every_view_draws_on_the_device(device, preset, monkeypatch):
         for figure in out:
             getattr(figure, "to_json", lambda: None)()
     assert views.isolation_reading(s).isolated
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("values", ["probabilities", "masked+logits"])
+def test_cuda_heatmaps_are_pooled_on_the_device_to_the_hosts_bits(values, monkeypatch):
+    """phoenix-nano's every-head grid (T 1087: pooled) is pooled where its forward lives
+    (explorer.figures._pooled_on_device: no panel declined), and its JSON is byte for byte the figure the host's
+    pooling draws from the same recorded forward. tests/test_explorer_figures.py checks the reduction on a CPU."""
+    pytest.importorskip("plotly")
+    from explorer import figures, views
+    from explorer.links import parse_query
+    s = parse_query(f"preset=phoenix-nano&values={values}")
+    pooled, real = [], figures._pooled_exactly
+    monkeypatch.setattr(figures, "_pooled_exactly", lambda *a: pooled.append(real(*a)) or pooled[-1])
+    on_device = views.attention_view(s)[0].to_json()
+    assert pooled and all(p is not None for p in pooled), "a panel was copied to the host to be pooled"
+    monkeypatch.setattr(figures, "_pooled_on_device", lambda *a: None)
+    assert views.attention_view(s)[0].to_json() == on_device
 
 
 # --- no host tensor enters a forward: a CPU -> device copy is legal on meta, so watch every op -----------

@@ -92,6 +92,47 @@ def test_the_bug_zoo_budget_holds_at_phoenix_nano():
     assert device_budget(parse_query("preset=phoenix-nano"), "variants").flops < limits.CPU_MAX_REQUEST_FLOPS
 
 
+@pytest.mark.parametrize("preset", ["phoenix-prod", "phoenix-2026"])
+def test_a_gpu_allows_every_view_at_the_production_presets(preset, monkeypatch):
+    """On a GPU the models' weights, passes and recorded attention live in its own memory, budgeted apart
+    from the host's (the default 4 GiB, EXPLORER_MEMORY_BYTES, stays the host's): on an 80 GB one every view
+    at the production presets is allowed (phoenix-prod's attention view holds ~3.6 GiB, past the 2 GiB a
+    request may hold of a 4 GiB ceiling); on a 16 GB one the largest are refused by name, saying which
+    memory; EXPLORER_DEVICE_MEMORY_BYTES sets the GPU's ceiling."""
+    for name in ("EXPLORER_MEMORY_BYTES", "EXPLORER_DEVICE_MEMORY_BYTES"):      # the defaults
+        monkeypatch.delenv(name, raising=False)
+    with limits.limits_of("cuda"):                           # a stand-in of an H100's 80 GB
+        s = parse_query(f"preset={preset}")
+        allowed = {view.name: device_budget(s, view.name) for view in drawn_views()}
+        for view in drawn_views():
+            cost = allowed[view.name]
+            host, dev = limits.request_bytes(cost)
+            assert dev == cost.device_bytes >= (limits.model_bytes(s) if view.needs_model else 0)
+            assert host == cost.host_bytes
+            assert host + dev >= cost.peak_bytes and host < 2**30, view.name     # figures and masks
+        assert view_cost(s, "attention").peak_bytes > limits.max_request_bytes()        # refused before
+    with limits.limits_of("cuda", device_memory=16 * 10**9):
+        device_budget(s, "attention")
+        with pytest.raises(ValidationError, match=r"MiB of GPU memory and \d+ MiB of host memory, \d\.\dx this CUDA"):
+            device_budget(s, "variants")
+        monkeypatch.setenv("EXPLORER_DEVICE_MEMORY_BYTES", "4e9")
+        assert limits.device_memory_ceiling() == 4 * 10**9
+        with pytest.raises(ValidationError, match="this CUDA's budget"):
+            device_budget(s, "attention")
+
+
+def test_a_cpu_keeps_one_memory_for_its_requests(monkeypatch):
+    """On a CPU a request's whole peak is counted in the one ceiling, the models' part included, as before
+    there was a GPU account: a request that fits beside the weights on a GPU is refused here."""
+    s = parse_query("preset=phoenix-nano&num_q_heads=56&num_kv_heads=8&num_layers=1")
+    cost = view_cost(s, "isolation")
+    assert not limits.device_memory_apart() and limits.request_bytes(cost) == (cost.peak_bytes, 0)
+    assert cost.host_bytes < limits.max_request_bytes() < cost.peak_bytes
+    with pytest.raises(ValidationError, match=r"holding [\d,]+ MiB, \d\.\dx this CPU's budget per request of "
+                                              r"[\d,]+ GFLOP and 2,048 MiB$"):
+        device_budget(s, "isolation")
+
+
 # --- the causality probe: batched, exact, and capped ---------------------------------------------
 
 def one_at_a_time(model, x, mask, off):
@@ -215,6 +256,45 @@ def test_running_requests_share_the_ceiling_with_the_caches(monkeypatch):
     request("b", 7000, 0)                                                      # waits for a to finish
     a.join()
     assert order == ["a start", "a end", "b start", "b end"]
+
+
+def test_a_gpus_memory_is_its_own_account(monkeypatch):
+    """Cache entries and requests in a GPU's memory (here the meta device stands in: not the host's) are
+    counted under the GPU's ceiling: host pressure evicts host entries only and leaves the GPU's weights;
+    the GPU's ceiling evicts its own least recently used; an idle trim frees host memory alone."""
+    memory = budget.Memory()
+    monkeypatch.setattr(budget, "MEMORY", memory)
+    monkeypatch.setattr(budget, "memory_ceiling", lambda: 10_000)
+    monkeypatch.setattr(budget, "device_memory_ceiling", lambda: 100_000)
+    cache = budget.ByteCache(lambda where, n: torch.empty(n, dtype=torch.uint8, device=where))
+    cache("meta", 40_000)
+    cache("cpu", 6_000)
+    cache("meta", 40_001)
+    assert (memory.cached, memory.cached_device) == (6_000, 80_001)
+    cache("cpu", 6_001)                                      # the host's ceiling: its oldest entry goes
+    assert sorted(cache.entries) == [("cpu", 6_001), ("meta", 40_000), ("meta", 40_001)]
+    cache("meta", 40_002)                                    # the GPU's ceiling: its oldest goes
+    assert sorted(cache.entries) == [("cpu", 6_001), ("meta", 40_001), ("meta", 40_002)]
+    with memory.reserve(100, device_size=50_000):            # a request's passes evict the GPU's caches
+        assert (memory.reserved, memory.reserved_device) == (100, 50_000)
+        assert sorted(cache.entries) == [("cpu", 6_001), ("meta", 40_002)]
+    assert memory.trim_if_idle(0.0, 0)
+    assert sorted(cache.entries) == [("meta", 40_002)] and (memory.cached, memory.cached_device) == (0, 40_002)
+
+
+def test_a_request_on_a_gpu_reserves_each_memory_apart(monkeypatch):
+    """within_budget reserves a request's host bytes and its GPU bytes (limits.request_bytes); on a CPU its
+    whole peak in the one memory."""
+    seen = []
+    real = budget.MEMORY.reserve
+    monkeypatch.setattr(budget.MEMORY, "reserve", lambda *sizes: seen.append(sizes) or real(*sizes))
+    cost = limits.Cost(1, 1.0, peak_bytes=3_000, device_bytes=2_000)
+    budget.within_budget(cost, lambda: None)
+    with limits.limits_of("cuda"):
+        budget.within_budget(cost, lambda: None)
+    assert seen == [(3_000, 0), (1_000, 2_000)]
+    assert (cost + limits.Cost(peak_bytes=2_500)).host_bytes == 2_500
+    assert cost.holding(10, on_device=True).device_bytes == 2_010 and cost.holding(10).host_bytes == 1_010
 
 
 def test_a_small_request_never_waits_behind_large_ones(monkeypatch):

@@ -174,6 +174,63 @@ def test_pooling_is_the_max_of_each_block_ignoring_masked_cells(seed):
             assert_bit_exact(p.z[i, j], want, "no rounding")             # a max picks, it does not round
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_pooling_where_a_gpu_tensor_lives_gives_the_hosts_bits(seed):
+    """A GPU's panel is pooled on the GPU (explorer.figures._pooled_exactly, the same reduction run here on the
+    CPU): every cell the host's pooling gives, bit for bit, NaN-only blocks, zeros and infinities included; and
+    where a max could come out otherwise, a -0.0 (the host's max of +0 and -0 depends on the order it meets
+    them) or a NaN other than numpy's (the host keeps the one it met), it declines and the host pools."""
+    import torch
+
+    from explorer import figures
+    rng = np.random.default_rng(seed)
+    rows, cols, f = rng.integers(20, 90), rng.integers(20, 90), int(rng.integers(2, 9))
+    z = rng.standard_normal((rows, cols)).astype(np.float32)
+    z[rng.random((rows, cols)) < 0.3] = np.nan
+    z[:, : int(rng.integers(0, 6))] = np.nan                        # whole blocks masked
+    z[rng.random((rows, cols)) < 0.05] = 0.0                         # probabilities of masked keys
+    z[rng.random((rows, cols)) < 0.02] = -np.inf
+    z[-f:, -f:] = 0.0                                                # a block whose max is zero
+    row_seg, col_seg = (sorted(rng.choice(list("UHCP"), n)) for n in (rows, cols))
+    labels = [str(i) for i in range(rows)], [str(i) for i in range(cols)]
+    host = pool(Panel(z, *labels, row_segments=row_seg, col_segments=col_seg), max_cells=10_000, factor=f).z
+    bins = tuple(segment_bins(row_seg, rows, f)), tuple(segment_bins(col_seg, cols, f))
+    got = figures._pooled_exactly(torch.from_numpy(z.copy()), *bins)
+    assert got.dtype == host.dtype and got.tobytes() == host.tobytes()
+    from_tensor = pool(Panel(torch.from_numpy(z.copy()), *labels, row_segments=row_seg, col_segments=col_seg),
+                       max_cells=10_000, factor=f)
+    assert isinstance(from_tensor.z, np.ndarray) and from_tensor.z.tobytes() == host.tobytes()
+    negative_zero, other_nan = z.copy(), z.copy()
+    negative_zero[0, 0] = -0.0
+    other_nan.view(np.int32)[0, 0] = 0x7FC00001
+    assert figures._pooled_exactly(torch.from_numpy(negative_zero), *bins) is None
+    assert figures._pooled_exactly(torch.from_numpy(other_nan), *bins) is None
+
+
+@pytest.mark.parametrize("query", ["preset=phoenix-nano", "preset=phoenix-nano&values=masked+logits&head=3",
+                                   "preset=phoenix-2026-nano&head=2&values=capped+logits&color=log",
+                                   "preset=phoenix-2026-nano&color=quantile&batch_size=2&row=1"])
+def test_a_figure_pooled_where_a_gpu_tensor_lives_is_the_hosts_masked_pairs_and_all(query, monkeypatch):
+    """The views' heatmaps pooled by the device's reduction (explorer.figures._pooled_exactly, here on CPU
+    tensors as it runs on a GPU's) and by the host's: the same JSON, byte for byte, the masked pairs' overlay
+    (pooled on the host, "masked where every pair in the block is") included."""
+    import torch
+
+    from explorer import figures
+    host = [f.to_json() for f in views.attention_view(parse_query(query))[:1]]
+    pooled = []
+
+    def on_device(z, row_bins, col_bins):
+        if isinstance(z, torch.Tensor) and z.dtype == torch.float32:
+            pooled.append(figures._pooled_exactly(z, row_bins, col_bins))
+            return pooled[-1]
+    monkeypatch.setattr(figures, "_pooled_on_device", on_device)
+    drawn = views.attention_view(parse_query(query))[0]
+    assert pooled and all(p is not None for p in pooled), "every panel pooled by the device's reduction"
+    assert any(t.meta and t.meta.get("overlay") == "masked" for t in drawn.data) == ("capped" not in query)
+    assert [drawn.to_json()] == host
+
+
 def test_pooling_for_the_byte_budget_keeps_the_block_maximum():
     rng = np.random.default_rng(0)
     z = rng.random((300, 300)).astype(np.float32)

@@ -238,6 +238,69 @@ def test_forward_is_cached_across_view_options():
     assert runs.build_model(s1) is runs.build_model(s2)
 
 
+@pytest.mark.parametrize("family", ["grok", "xrex"])
+def test_models_of_one_geometry_share_its_weights_and_compute_as_a_copy_would(family):
+    """Another RoPE mode or cap is another model over the same tensors (no copy, and counted once in the memory
+    budget: explorer.budget.nbytes), and it computes the bits a model holding its own copy of the weights does."""
+    from explorer.budget import nbytes
+    from models.recsys import RecsysModel
+    from models.xrex import XrexRecsys
+    base = LECTURE + ("&family=xrex" if family == "xrex" else "")
+    other = base + ("&logit_cap=10&cap_method=tanh" if family == "xrex" else "&rope_mode=none")
+    s1, s2 = parse_query(base), parse_query(other)
+    m1, m2 = runs.build_model(s1), runs.build_model(s2)
+    assert m1 is not m2 and (m1.xrex != m2.xrex if family == "xrex" else m1.config != m2.config)
+    assert [p.data_ptr() for p in m1.parameters()] == [p.data_ptr() for p in m2.parameters()]
+    assert nbytes([m1, m2]) == nbytes(m1) == sum(p.numel() * 4 for p in m1.parameters())
+    own = XrexRecsys(s2.xrex_config()) if family == "xrex" else RecsysModel(s2.recsys_config())
+    own.load_state_dict(m2.state_dict())                     # copied in
+    assert all(a.data_ptr() != b.data_ptr() for a, b in zip(own.parameters(), m2.parameters()))
+    batch = runs.batch_for(s2)
+    with torch.no_grad():
+        assert_bit_exact(m2(batch).logits, own.eval()(batch).logits, "same computation")
+
+
+@pytest.mark.parametrize("query", [LECTURE, LECTURE + "&family=xrex", "preset=lecture&weights=zeros&seed=3"])
+def test_seeded_weights_are_those_of_a_model_built_and_then_initialised(query):
+    """The explorer's seeded weights (drawn into unfilled memory, each parameter in place) are, bit for bit, those
+    models.grok.init_params / models.recsys.init_recsys give a model constructed as usual."""
+    from models.grok import init_params
+    from models.recsys import RecsysModel, init_recsys
+    from models.xrex import XrexRecsys
+    s = parse_query(query)
+    got = runs._initialised(s).state_dict()
+    if s.family == "xrex":
+        want = init_params(XrexRecsys(s.xrex_config()), s.weights, s.seed).state_dict()
+    else:
+        want = init_recsys(RecsysModel(s.recsys_config()), s.weights, s.seed).state_dict()
+    assert list(got) == list(want)
+    for name in want:
+        assert_bit_exact(got[name], want[name], "same computation", name)
+
+
+def test_a_cpu_runs_the_production_presets_only_inside_gpu_limits():
+    """explorer.limits.limits_of("cuda") lets a benchmark run phoenix-prod's views on a CPU; outside it the CPU's
+    own limits refuse the model by name, as a CPU Space does."""
+    from explorer import limits
+    from explorer.schema import ValidationError
+    if torch.cuda.is_available():
+        pytest.skip("a GPU's own limits admit phoenix-prod")
+    with pytest.raises(ValidationError, match="emb_size: got 2560.*on CPU"):
+        parse_query("preset=phoenix-prod")
+    with limits.limits_of("cuda"):
+        s = parse_query("preset=phoenix-prod")
+        assert limits.max_params() == limits.GPU_MAX_PARAMS and s.seq_len == 1087
+        with pytest.raises(ValidationError, match="emb_size: got 2560.*on CPU"):
+            with limits.limits_of("cpu"):
+                parse_query("preset=phoenix-prod")
+        assert limits.limits_device() == "cuda"
+    with pytest.raises(ValidationError, match="emb_size"):
+        parse_query("preset=phoenix-prod")
+    with pytest.raises(ValueError, match="limits_of: got 'tpu'"):
+        with limits.limits_of("tpu"):
+            pass
+
+
 def test_heatmap_builder_log_scale_hovers_raw_values():
     z = np.array([[1e-6, 1e-2], [0.5, 1.0]])
     fig = heatmap_figure([Panel(z, ["a", "b"], ["a", "b"])], title="t", color="log")

@@ -315,15 +315,46 @@ def session_plan(tmp_path, step="all") -> list[tuple[int, list[str]]]:
     return [(int(m[1]), shlex.split(m[2])) for m in plan if m]
 
 
+def view_cost_args(args: list[str], monkeypatch) -> dict:
+    """benchmarks.view_cost run with `args` here, its processes and its file stubbed: what it would measure and
+    where it would write."""
+    import torch
+
+    from benchmarks import view_cost
+    seen = dict(presets=[], device=None, out=None, budget_s=None)
+
+    def one(root, preset, inner, device):
+        seen["presets"].append(preset)
+        seen["device"] = device
+        return {"cases": {}}
+
+    def write(a, *rest):
+        seen.update(out=view_cost.Path(a.out_dir) / "x.json", budget_s=a.budget_s)
+        return seen["out"], []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(view_cost, "one_production", one)
+    monkeypatch.setattr(view_cost, "write_results", write)
+    monkeypatch.setattr(view_cost, "git_commit", lambda: "stub")
+    view_cost.main(args + ["--repeats", "1"])
+    return seen
+
+
 def test_the_session_plans_tests_views_trunk_then_attention_within_its_budget(tmp_path, monkeypatch):
     """`all`, dry: the GPU tests (35 % of what is left), every view at five presets, the trunk at phoenix-prod and
-    phoenix-2026, then the attention presets, each within the call's 540 s; every benchmark command's
+    phoenix-2026, every view at those two split into build, forward, first and warm calls (view_cost
+    --production, into $OUT), then the attention presets, each within the call's 540 s; every benchmark command's
     arguments are ones the CLI takes (run through its own parser with the measurements stubbed)."""
     from benchmarks import attention as cli
     plan = session_plan(tmp_path)
-    assert [cmd[2] for _, cmd in plan] == ["pytest"] + ["benchmarks.attention"] * 6
+    assert [cmd[2] for _, cmd in plan] == (["pytest"] + ["benchmarks.attention"] * 2 + ["benchmarks.view_cost"]
+                                           + ["benchmarks.attention"] * 4)
     assert "-m" in plan[0][1] and "gpu" in plan[0][1] and plan[0][0] <= 0.35 * 540
     assert all(s <= 540 for s, _ in plan)
+    (seconds, view_cost_cmd), = [(s, cmd) for s, cmd in plan if cmd[2] == "benchmarks.view_cost"]
+    measured = view_cost_args(view_cost_cmd[3:], monkeypatch)
+    assert measured["presets"] == ["phoenix-prod", "phoenix-2026"] and measured["device"] == "cuda"
+    assert measured["out"].parent == tmp_path / "out" / "results" and measured["budget_s"] < seconds
+    plan = [(s, cmd) for s, cmd in plan if cmd[2] != "benchmarks.view_cost"]
     asked = []
     monkeypatch.setattr(cli.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(cli, "matmul_tflops", lambda device: 1.0)

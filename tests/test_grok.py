@@ -13,7 +13,8 @@ from torch.overrides import TorchFunctionMode
 
 import reference_numpy as ref
 from models.attention import naive_attention
-from models.grok import RMSNorm, RotaryEmbedding, Transformer, TransformerConfig, ffn_size, init_params
+from models.grok import (RMSNorm, RotaryEmbedding, Transformer, TransformerConfig, ffn_size, init_params,
+                         truncated_normal_)
 from models.masks import AttentionMask
 from models.presets import get_preset
 from models.recsys import PhoenixRetrievalModel, RecsysModel, init_recsys, synthetic_batch
@@ -107,6 +108,23 @@ def test_variants_match_numpy_reference(name):
     if callable(ref_kw.get("positions")):
         ref_kw = {"positions": ref_kw["positions"](offset, x.shape[1])}
     assert compare(cfg, params, model, x, valid, offset, **ref_kw) <= 1
+
+
+@pytest.mark.skipif(tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 12),
+                    reason="torch's own trunc_normal_ drew by an inverse CDF before 2.12")
+@pytest.mark.parametrize("seed", range(4))
+def test_truncated_normal_draws_what_torchs_trunc_normal_draws(seed):
+    """models.grok.truncated_normal_ is torch.nn.init.trunc_normal_(t, 0, 1, -2, 2) of torch >= 2.12 in the repo
+    (so that torch 2.11 draws the same weights): the same bits for tensors under and over the 16 values torch's
+    vectorised normal_ fills at once, and the generator left where torch leaves it (the next parameter's draws)."""
+    ours, theirs = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+    for shape in [(1,), (5,), (16,), (33, 65), (257, 1031)]:
+        a, b = torch.empty(shape), torch.empty(shape)
+        truncated_normal_(a, ours)
+        torch.nn.init.trunc_normal_(b, 0.0, 1.0, -2.0, 2.0, generator=theirs)
+        assert_bit_exact(a, b, "same computation", shape)
+        assert a.abs().max() <= 2.0
+    assert_bit_exact(torch.randn(64, generator=ours), torch.randn(64, generator=theirs), "same computation")
 
 
 def test_reference_comparison_can_fail():
