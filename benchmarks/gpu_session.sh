@@ -13,7 +13,9 @@
 #   1. For each part but the last, straight after one another (a machine stays warm only ~30 s):
 #        run(command="bash benchmarks/gpu_session.sh park", carry=[".whl/partI"], timeout_s=120)
 #      parks the part in /tmp on the machine.
-#   2. run(command="bash benchmarks/gpu_session.sh all", carry=[".whl/partN"], timeout_s=600), which in order:
+#   2. run(command="EXPLORER_COMMIT=<git rev-parse --short HEAD here> bash benchmarks/gpu_session.sh all",
+#          carry=[".whl/partN"], timeout_s=600) — the machine's copy of the tree sits over a git folder of another
+#      commit, so the results name the commit they ran as told (models/runinfo.git_commit) — which in order:
 #      a. prints the GPU (nvidia-smi) and parks the part it carried;
 #      b. joins the parts, checks them against the fetched tar, checks python3 matches the wheels' cp tags, and
 #         installs them with pip --target into $park/site, put ahead of python3's own site-packages by one .pth

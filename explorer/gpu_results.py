@@ -42,6 +42,8 @@ class GpuRun:
     data: dict
     trunk: Optional[TrunkTimings]
     capprobe: Optional[dict]
+    long: Optional[dict] = None     # the newest file with the long grid, where this one has none (a later run
+                                    # that had no time for it): its records and its own matmul peak
 
     @property
     def device(self) -> str:
@@ -62,14 +64,26 @@ class GpuRun:
         return f"{self.device}, {self.data.get('date')}, commit {self.data.get('commit')}"
 
 
+def run_order(name: str, data: dict) -> tuple:
+    """Newest last: by date, then by the run's number that day (<device>-<date>.json is the first run,
+    <device>-<date>-2.json the second)."""
+    m = re.search(r"^-(\d+)\.json$", name.rsplit(str(data.get("date")), 1)[-1])
+    return str(data.get("date")), int(m.group(1)) if m else 1
+
+
 def gpu_run(results_dir: Path = RESULTS_DIR) -> Optional[GpuRun]:
-    """The newest committed GPU results file (by date), or None when none is committed."""
-    files = [(n, d) for n, d in load_results(results_dir) if on_gpu(d) and d.get("matmul_tflops")]
+    """The newest committed GPU results file (run_order), or None when none is committed; its long-sequence
+    grid from the newest file that has one."""
+    files = sorted(((n, d) for n, d in load_results(results_dir) if on_gpu(d) and d.get("matmul_tflops")),
+                   key=lambda f: run_order(*f))
     if not files:
         return None
-    name, data = max(files, key=lambda f: (str(f[1].get("date")), f[0]))
+    name, data = files[-1]
+    long = next((dict(name=n, records=d["records"], peak=d["matmul_tflops"]) for n, d in reversed(files)
+                 if any(r["preset"] == LONG for r in d["records"])), None)
     probe = Path(results_dir) / f"gpu-run-{data.get('date')}" / "capprobe.json"
-    return GpuRun(name, data, trunk_timings(name, data, results_dir), _capprobe(str(probe), data["device_name"]))
+    return GpuRun(name, data, trunk_timings(name, data, results_dir), _capprobe(str(probe), data["device_name"]),
+                  long)
 
 
 @functools.lru_cache(maxsize=4)
@@ -121,12 +135,14 @@ def tiles(run: GpuRun) -> Optional[dict]:
 def longest(run: GpuRun) -> list[dict]:
     """At the longest T any backend reached on the long grid: every record that ran there (both caps), with
     its share of the peak; and for each backend that stopped earlier, its first failure."""
-    rs = [r for r in run.data["records"] if r["preset"] == LONG]
+    if run.long is None:
+        return []
+    rs = [r for r in run.long["records"] if r["preset"] == LONG]
     ok = [r for r in rs if r["status"] == Status.OK and r.get("median_ms")]
     if not ok:
         return []
     T = max(r["T"] for r in ok)
-    top = [dict(r, share=(r["tflops"] or 0) / run.peak) for r in ok if r["T"] == T]
+    top = [dict(r, share=(r["tflops"] or 0) / run.long["peak"]) for r in ok if r["T"] == T]
     ran = {r["backend"] for r in top}
     failed = {}
     for r in sorted(rs, key=lambda r: r["T"]):
@@ -363,7 +379,8 @@ def longest_line(run: GpuRun) -> str:
              f"({r['share']:.0%})" for r in sorted(ran, key=lambda r: r["median_ms"])]
     failed = [f"{r['backend']} ran out of memory from T = {r['T']}" for r in rows if r["status"] != Status.OK]
     unchecked = any(r.get("max_abs_err") is None for r in ran)
-    return (f"The longest sequence (the `{LONG}` grid: B {r0['B']}, T {r0['T']}, {r0['mask']}, {r0['dtype']}): "
+    where = f", `{run.long['name']}`" if run.long["name"] != run.name else ""
+    return (f"The longest sequence (the `{LONG}` grid{where}: B {r0['B']}, T {r0['T']}, {r0['mask']}, {r0['dtype']}): "
             + "; ".join(parts) + (". " + "; ".join(failed) if failed else "")
             + (". These points were not checked against a reference (none fit in memory beside them)"
                if unchecked else "") + ".")

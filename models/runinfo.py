@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import platform
 import subprocess
 import tempfile
@@ -53,7 +54,11 @@ def device_name(device: str = "cpu") -> str:
 
 def git_commit() -> str:
     """Short commit of the checkout, '+dirty' when tracked code under CODE_PATHS differs from it;
-    'unknown' outside a git checkout."""
+    'unknown' outside a git checkout. EXPLORER_COMMIT, where set, is the answer: a GPU machine gets a copy of the
+    working tree over a git folder of another commit (the second H100 run recorded '801f962+dirty' for 8151754)."""
+    if os.environ.get("EXPLORER_COMMIT"):
+        return os.environ["EXPLORER_COMMIT"]
+
     def git(*args) -> str:
         return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT, timeout=10,
                               check=True).stdout.strip()

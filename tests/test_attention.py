@@ -535,6 +535,14 @@ def test_gpu_backend_check_fails_on_a_loaded_backend_that_did_not_run(monkeypatc
     cuda_backends = [b for b, x in A.BACKENDS.items() if "cuda" in x.devices and x.available() is None]
     assert gpu_backends.unexercised(cuda_backends) == []
     assert gpu_backends.unexercised(set(cuda_backends) - {"fa4"}) == ["fa4 loads here but no test on cuda ran it"]
+    # a backend the cases cannot run (the H100's second run: sdpa-flash takes no padded recsys mask) is not
+    # unexercised; one the session requires is, whatever the cases refuse
+    no_flash = lambda name: "no recsys mask" if name in ("sdpa-flash", "fa4") else None  # noqa: E731
+    assert gpu_backends.unexercised(set(cuda_backends) - {"sdpa-flash"}, refused=no_flash) == []
+    monkeypatch.setenv(gpu_backends.REQUIRE_ENV, "fa4")
+    assert gpu_backends.unexercised(set(cuda_backends) - {"fa4"}, refused=no_flash) == [
+        "fa4 loads here but no test on cuda ran it"]
+    monkeypatch.delenv(gpu_backends.REQUIRE_ENV)
     monkeypatch.setitem(A.BACKENDS, "fa4", A.replace(A.BACKENDS["fa4"], available=lambda: "flash-attn-4 not installed"))
     monkeypatch.setenv(gpu_backends.REQUIRE_ENV, "fa4")
     assert gpu_backends.unexercised(cuda_backends) == [

@@ -129,7 +129,8 @@ def test_the_first_gpu_runs_probe_reads_as_the_same_schema(tmp_path):
     from models.runinfo import RESULTS_DIR
     from explorer.views import VIEWS
     tab_of = {part.draw.__name__: v.name for v in VIEWS.values() for part in v.parts}
-    (name, data), = [x for x in bench.load_model_timings(RESULTS_DIR, tab_of) if x[0].startswith("nvidia-h100")]
+    (name, data), = [x for x in bench.load_model_timings(RESULTS_DIR, tab_of)
+                     if x[0] == "nvidia-h100-80gb-hbm3-2026-11-26.json"]
     assert (data["device_name"], data["date"], data["commit"]) == ("NVIDIA H100 80GB HBM3", "2026-11-26", "801f962")
     trunk = {(r["preset"], r["cap_method"], r["backend"]): r for r in data["trunk"]}
     assert all(tuple(r) == bench.TRUNK_KEYS for r in data["trunk"])

@@ -123,6 +123,12 @@ def trunk_inputs(preset: str, device: str = "cuda", B: int = 2, **changes):
     return model, emb.to(device, torch.bfloat16), valid.to(device), off
 
 
+def trunk_refusal(device: str):
+    """Why the trunk cases (bf16, recsys masks with key padding; the cap on or off) cannot run a backend here."""
+    return lambda name: A.unavailable_reason(name, device=device, dtype="bfloat16", cap_method="none",
+                                             mask_kind="recsys", padding=True)
+
+
 def trunk_backends_match_naive(model, emb, valid, off, compiled: bool) -> list[str]:
     """Every backend that runs this trunk here, through the whole model against naive in the same dtype, within
     storage_forward_bound -> the backends that ran, naive (the reference) first. `compiled`: flex and fa4 too."""
@@ -161,7 +167,7 @@ def test_trunk_every_loaded_backend_ran(device):
     """After the trunk cases above (file order): every backend that loads here, or that the GPU session
     requires, ran through the whole model at least once — naive, the reference of every case, included."""
     assert RAN[device], "run the whole file: no trunk case above ran in this session"
-    assert gpu_backends.unexercised(RAN[device], device) == []
+    assert gpu_backends.unexercised(RAN[device], device, refused=trunk_refusal(device)) == []
 
 
 def test_a_trunk_case_counts_its_reference_as_run():
@@ -169,8 +175,9 @@ def test_a_trunk_case_counts_its_reference_as_run():
     run): one uncompiled CPU case reports naive and the plain-torch backends, and the check sees the rest missing."""
     ran = trunk_backends_match_naive(*trunk_inputs("lecture", "cpu", cap_method="none"), compiled=False)
     assert ran[0] == "naive" and {"structured", "sdpa"} <= set(ran)
-    flex_loads = A.unavailable_reason("flex", device="cpu", dtype="bfloat16", padding=True) is None
-    assert gpu_backends.unexercised(ran, "cpu") == ["flex loads here but no test on cpu ran it"] * flex_loads
+    flex_runs = trunk_refusal("cpu")("flex") is None
+    assert gpu_backends.unexercised(ran, "cpu", refused=trunk_refusal("cpu")) == [
+        "flex loads here but no test on cpu ran it"] * flex_runs
 
 
 @pytest.mark.gpu

@@ -12,21 +12,39 @@ from explorer import gpu_results, timing
 from models.presets import PRESETS
 from models.runinfo import RESULTS_DIR
 
-H100 = "nvidia-h100-80gb-hbm3-2026-11-26.json"
+FIRST = "nvidia-h100-80gb-hbm3-2026-11-26.json"          # the first H100 run: the whole grid, trunk in probe.json
+H100 = "nvidia-h100-80gb-hbm3-2026-11-26-2.json"         # the second: phoenix-prod, trunk and views in the file
 RAW = json.loads((RESULTS_DIR / H100).read_text())
+RAW_FIRST = json.loads((RESULTS_DIR / FIRST).read_text())
 PROBE = json.loads((RESULTS_DIR / "gpu-run-2026-11-26" / "probe.json").read_text())
 
 
-def raw(preset="phoenix-prod", mask="recsys", padded=False, **match) -> dict:
+def raw(preset="phoenix-prod", mask="recsys", padded=False, data=RAW, **match) -> dict:
     """backend -> the committed record at the evidence shape, as written in the file."""
-    return {r["backend"]: r for r in RAW["records"] if (r["preset"], r["mask"], bool(r["padded"])) == (preset, mask, padded)
+    return {r["backend"]: r for r in data["records"] if (r["preset"], r["mask"], bool(r["padded"])) == (preset, mask, padded)
             and r["status"] == "ok" and all(r[k] == v for k, v in match.items())}
 
 
+@pytest.fixture(scope="module")
+def first_run_dir(tmp_path_factory):
+    """The results folder as it was after the first H100 run: its file and its session's folder."""
+    d = tmp_path_factory.mktemp("first-run")
+    (d / FIRST).write_text((RESULTS_DIR / FIRST).read_text())
+    (d / "gpu-run-2026-11-26").mkdir()
+    for name in ("probe.json", "capprobe.json"):
+        (d / "gpu-run-2026-11-26" / name).write_text((RESULTS_DIR / "gpu-run-2026-11-26" / name).read_text())
+    return d
+
+
 def test_the_newest_gpu_file_is_the_evidence():
+    """The second run of a day (<device>-<date>-2.json) is newer than the first; the long grid, which it had no
+    time for, is read from the newest file that has it, with its own matmul peak."""
     run = gpu_results.gpu_run()
     assert run.name == H100 and run.device == RAW["device_name"] == "NVIDIA H100 80GB HBM3" and run.gpu == "H100"
-    assert run.peak == RAW["matmul_tflops"] and run.data["commit"] == "801f962"
+    assert run.peak == RAW["matmul_tflops"] and run.data["commit"] == "8151754"
+    assert run.long["name"] == FIRST and run.long["peak"] == RAW_FIRST["matmul_tflops"]
+    assert [gpu_results.run_order(n, {"date": "2026-11-26"}) for n in (FIRST, H100)] == [("2026-11-26", 1),
+                                                                                          ("2026-11-26", 2)]
 
 
 def test_every_kernel_number_shown_equals_the_committed_file():
@@ -44,7 +62,7 @@ def test_every_kernel_number_shown_equals_the_committed_file():
             share = r["tflops"] / RAW["matmul_tflops"]
             assert x == naive / r["median_ms"]
             assert text == f"{naive / r['median_ms']:.3g}× · {r['median_ms']:.3g} ms · {share:.0%}"
-    assert "30.6× · 0.625 ms · 39%" in [t for _, t in bars.values()]         # the issue's headline, from the file
+    assert "31.8× · 0.599 ms · 41%" in [t for _, t in bars.values()]         # fa4's headline, from the file
     none, tanh = raw(cap_method="none"), raw(cap_method="tanh")
     heading = fig.layout.annotations[0].text
     for b in ("flex", "fa4"):
@@ -56,21 +74,38 @@ def test_every_kernel_number_shown_equals_the_committed_file():
     assert f"{tanh['fa4']['median_ms'] / fa4['median_ms']:.2f}×" in table
     t = fa4["tiles"]
     assert f"{t['full']} run in full, {t['partial']} run with the mask, {t['empty']} skipped" in table
-    longest = max(r["T"] for r in RAW["records"] if r["preset"] == "long" and r["status"] == "ok")
-    fa4_long = next(r for r in RAW["records"] if (r["preset"], r["backend"], r["cap_method"], r["T"], r["status"])
+    longest = max(r["T"] for r in RAW_FIRST["records"] if r["preset"] == "long" and r["status"] == "ok")
+    fa4_long = next(r for r in RAW_FIRST["records"] if (r["preset"], r["backend"], r["cap_method"], r["T"], r["status"])
                     == ("long", "fa4", "none", longest, "ok"))
-    assert (f"T {longest}" in table and f"fa4 no cap {fa4_long['median_ms']:.3g} ms = {fa4_long['tflops']:.0f} TFLOP/s "
-            f"({fa4_long['tflops'] / RAW['matmul_tflops']:.0%})" in table)
+    assert (f"T {longest}" in table and f"`{FIRST}`" in table and f"fa4 no cap {fa4_long['median_ms']:.3g} ms = "
+            f"{fa4_long['tflops']:.0f} TFLOP/s ({fa4_long['tflops'] / RAW_FIRST['matmul_tflops']:.0%})" in table)
 
 
-def test_every_forward_number_shown_equals_the_committed_files():
+def test_every_forward_number_shown_equals_the_committed_file():
+    """The newest file times attention inside the forward: the figure draws its attention_ms and the rest."""
+    run = gpu_results.gpu_run()
+    fig = gpu_results.trunk_figure(run)
+    for i, cap in ((0, "tanh"), (2, "none")):
+        rec = {r["backend"]: r for r in RAW["trunk"] if (r["preset"], r["cap_method"], r["B"], r["status"])
+               == ("phoenix-prod", cap, 32, "ok")}
+        attention, rest = fig.data[i], fig.data[i + 1]
+        assert set(attention.y) == set(rec)
+        for b, att, other, text in zip(attention.y, attention.x, rest.x, rest.text):
+            ms = rec[b]["median_ms"]
+            assert att == rec[b]["attention_ms"] and other == ms - att
+            assert text == f"{ms:.0f} ms · attention {att:.0f} · {rec['naive']['median_ms'] / ms:.2g}×"
+    assert "derived" not in fig.layout.title.subtitle.text
+
+
+def test_a_first_run_forward_is_read_from_its_probe_and_derived(first_run_dir):
     """The whole forward from the session's probe.json; attention derived from the same run's kernel records at
     the same shape × the layers, and the figure says so."""
-    run = gpu_results.gpu_run()
+    run = gpu_results.gpu_run(first_run_dir)
+    assert run.name == FIRST
     fig = gpu_results.trunk_figure(run)
     layers = PRESETS["phoenix-prod"].geometry.num_layers
     for cap in ("tanh", "none"):
-        kernels = raw(cap_method=cap, B=32)
+        kernels = raw(cap_method=cap, B=32, data=RAW_FIRST)
         probe = {k.rsplit(" ", 1)[1]: v["ms"] for k, v in PROBE["trunk"].items()
                  if k.startswith(f"phoenix-prod B32 cap {cap} ") and "ms" in v}
         i = 0 if cap == "tanh" else 2                                 # (attention, rest) traces per cap
@@ -80,7 +115,7 @@ def test_every_forward_number_shown_equals_the_committed_files():
             assert att == kernels[b]["median_ms"] * layers and other == probe[b] - att
             assert text == f"{probe[b]:.0f} ms · attention {att:.0f} · {probe['naive'] / probe[b]:.2g}×"
     words = fig.layout.title.text + fig.layout.title.subtitle.text
-    assert "derived: the kernel's time × 8 layers" in words and RAW["device_name"] in words
+    assert "derived: the kernel's time × 8 layers" in words and RAW_FIRST["device_name"] in words
     table = gpu_results.evidence_markdown(run)
     assert "median of 7 calls after 2 warm-ups" in table and "not interleaved" in table and "derived" in table
 
@@ -154,15 +189,16 @@ def test_the_gpu_evidence_shows_at_every_cpu_preset_before_anything_runs(preset)
             assert not any(m for m in metas if "measured now" in m)                 # nothing ran
 
 
-def test_captions_are_generated_from_the_files():
+def test_captions_are_generated_from_the_files(first_run_dir):
     run = gpu_results.gpu_run()
     for caption in (gpu_results.kernel_caption(run), gpu_results.trunk_caption(run)):
         assert RAW["device_name"] in caption and RAW["date"] in caption and f"commit {RAW['commit']}" in caption
         assert "nothing was measured for this export" in caption
-    assert "gpu-run-2026-11-26/probe.json" in gpu_results.trunk_caption(run)
+    assert f"benchmarks/results/{H100};" in gpu_results.trunk_caption(run)
+    assert "gpu-run-2026-11-26/probe.json" in gpu_results.trunk_caption(gpu_results.gpu_run(first_run_dir))
 
 
-def test_the_forwards_useful_work_is_its_matmuls_and_its_masked_attention():
+def test_the_forwards_useful_work_is_its_matmuls_and_its_masked_attention(first_run_dir):
     """2 x parameters per token plus q.k and p.v over the allowed pairs, per layer: about 25 TFLOP at
     phoenix-prod, B 32 (the issue's figure), so the fastest forward runs under 30 % of the matmul peak."""
     from explorer.limits import trunk_params
@@ -174,8 +210,13 @@ def test_the_forwards_useful_work_is_its_matmuls_and_its_masked_attention():
     assert gpu_results.forward_tflop("phoenix-prod", 32) == pytest.approx(expect, rel=1e-12)
     assert 24 < expect < 26
     fastest = min(v["ms"] for k, v in PROBE["trunk"].items() if k.startswith("phoenix-prod B32") and "ms" in v)
-    assert expect / fastest * 1e3 / RAW["matmul_tflops"] < 0.30
-    assert re.search(r"\| fa4 \| 107 \| 2\.4× \| .* \| 232 \(29%\) \|", gpu_results.trunk_table(gpu_results.gpu_run()))
+    assert expect / fastest * 1e3 / RAW_FIRST["matmul_tflops"] < 0.30
+    assert re.search(r"\| fa4 \| 107 \| 2\.4× \| .* \| 232 \(29%\) \|",
+                     gpu_results.trunk_table(gpu_results.gpu_run(first_run_dir)))
+    fa4 = next(r for r in RAW["trunk"] if (r["preset"], r["cap_method"], r["backend"]) == ("phoenix-prod", "none", "fa4"))
+    rate = gpu_results.forward_tflop("phoenix-prod", 32) / fa4["median_ms"] * 1e3
+    assert rate / RAW["matmul_tflops"] < 0.35
+    assert f"| {rate:.0f} ({rate / RAW['matmul_tflops']:.0%}) |" in gpu_results.trunk_table(gpu_results.gpu_run())
 
 
 def test_why_the_cap_costs_is_read_from_the_sessions_cap_probe():
