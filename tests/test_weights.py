@@ -28,7 +28,7 @@ def random_params(cfg=CFG, seed=0):
 
 
 def expected_paths(num_layers):
-    """FACTS.md §1, written out by hand."""
+    """docs/originals.md §1, written out by hand."""
     paths = set()
     for i in range(num_layers):
         p = f"transformer/decoder_layer_{i}"
@@ -228,7 +228,7 @@ def original_params(model, seed=0, cfg=LECTURE):
                                    num_layers=cfg.num_layers, ffn_hidden=cfg.ffn_hidden)
 
 
-# written out by hand from the issue / FACTS.md §3: what the original's init returns besides the trunk.
+# written out by hand from the issue / docs/originals.md §2: what the original's init returns besides the trunk.
 # Haiku names a submodule made in a method other than __call__ "parent/~method/child" (haiku module.py
 # unique_and_canonical_name); the original makes its CandidateTower in build_candidate_representation.
 TOWER = "phoenix_retrieval_model/~build_candidate_representation/candidate_tower"
