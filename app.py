@@ -29,7 +29,7 @@ from explorer.links import to_query
 from explorer.schema import Settings
 from explorer.settings import COLOR_SCALES, INVARIANCE_OPS, VALUE_KINDS, ZOOMS, parse_settings
 from explorer.views import VIEWS, drawn_views
-from server import admission, disk, front_door, gradio_patches, memory
+from server import admission, disk, front_door, gradio_patches, memory, uploads
 from server.admission import ADMISSION, QUEUE_MAX
 from server.endpoints import (VIEW_ENDPOINTS, control_change, control_change_on_page, export_endpoint,
                               export_preview_endpoint, family_on_page, lecture_pack_endpoint, link_on_page, page_gone,
@@ -456,6 +456,7 @@ def wire_export(page: SimpleNamespace, e: SimpleNamespace) -> None:
 
 
 def build_app() -> gr.Blocks:
+    runs.serve_uploads(uploads.state_of)        # "upload:<name>" weights: this server's store of each visitor's
     d, c = parse_settings({}), {}
     with gr.Blocks(title="Attention explorer for recommendation transformers", delete_cache=DELETE_CACHE) as demo:
         page = page_header(d)

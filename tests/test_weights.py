@@ -333,6 +333,7 @@ def test_app_opens_a_jax_export(tmp_path):
     s = Settings(preset="lecture")
     assert s.transformer_config().ffn_hidden == LECTURE.ffn_hidden
     name = uploads.load_upload(s, str(path), session="a visitor")
+    runs.serve_uploads(uploads.state_of)                    # as app.build_app does at start-up
     served = runs.build_model(dataclasses.replace(s, weights=f"upload:{name}"))
     got = haiku_params(served, hash_tables=False)
     assert_same_params(got, params)
