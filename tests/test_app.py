@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from explorer.views import variant_training_report
+from explorer.views import VIEWS, drawn_views, variant_training_report
 from server.localhost import running_app
 from served import array, plot_data
 from tolerances import randn_attention_abs_bound, relative_error, rounding_bound
@@ -26,8 +26,10 @@ pytestmark = pytest.mark.slow
 LECTURE = "preset=lecture&weights=random"
 
 
-DOCUMENTED = {"/settings", "/control_change", "/preset", "/mask", "/attention", "/anatomy", "/isolation", "/invariance",
-              "/variants", "/timing", "/stop_timing", "/export_figure", "/lecture_pack", "/upload_weights", "/family"}
+VIEW_APIS = tuple(v.name for v in drawn_views())          # one endpoint per drawn view of explorer.views.VIEWS
+DOCUMENTED = {f"/{name}" for name in VIEW_APIS} | {
+    "/settings", "/control_change", "/preset", "/family", "/timing", "/stop_timing", "/export_figure", "/lecture_pack",
+    "/upload_weights"}
 
 
 def test_the_api_page_lists_only_the_documented_endpoints(client):
@@ -334,7 +336,7 @@ FUZZ = ["", "x" * 10_000, "preset=lecture&num_history=-5", "preset=lecture&delta
         "preset=lecture&query=1e9", "&&&===", "preset=lecture&weights=upload:nothere"]
 
 
-@pytest.mark.parametrize("api", ["/mask", "/attention", "/isolation", "/invariance", "/variants"])
+@pytest.mark.parametrize("api", [f"/{name}" for name in VIEW_APIS])
 def test_fuzzed_queries_get_messages_and_the_server_stays_up(client, api):
     for bad in FUZZ:
         try:
@@ -573,9 +575,6 @@ def test_the_queue_refuses_by_name_past_a_lanes_bounds_and_the_mask_keeps_answer
         demo.close()
 
 
-VIEW_APIS = ("mask", "attention", "anatomy", "isolation", "invariance", "variants")
-
-
 def join(url: str, fn_index: int, data: list, session: str, address: str) -> tuple[int, str]:
     """POST /gradio_api/queue/join as any HTTP client can, from `address` (as the proxy forwards it)."""
     body = json.dumps({"data": data, "fn_index": fn_index, "session_hash": session, "event_data": None,
@@ -724,49 +723,74 @@ def layer0_bound(query: str) -> float:
     return rounding_bound(torch.float32, max(s.emb_size, s.seq_len), depth=8)
 
 
+def mask_answers(client, query, family, kind):
+    fig, text, _, kernel_text = client.predict(query, api_name="/mask")
+    z = array([t for t in plot_data(fig) if t["type"] == "heatmap"][0]["z"])
+    assert bool(z[0, 2] > 0) == (family == "xrex")              # the user token sees later history: production
+    assert f"| {kind} |" in text and "| fa4 |" in kernel_text
+
+
+def attention_answers(client, query, family, kind):
+    fig, _, _ = client.predict(query + "&head=0", api_name="/attention")
+    assert relative_error(array(plot_data(fig)[0]["z"]), own_probs(query)) <= layer0_bound(query)
+
+
+def anatomy_answers(client, query, family, kind):
+    _, steps, _, text = client.predict(query + "&head=0&query=8", api_name="/anatomy")
+    # the softmax step's bars: the last trace with values (the segment legend's entries hold none)
+    weights = next(y for y in (array(t["y"]).astype(float) for t in reversed(plot_data(steps)))
+                   if not np.isnan(y).all())
+    assert relative_error(weights, own_probs(query)[8]) <= layer0_bound(query)
+    assert "differ from the ones it used" in text
+    assert ("× scale" in text) == (family == "xrex")
+
+
+def isolation_answers(client, query, family, kind):
+    _, _, text = client.predict(query, api_name="/isolation")
+    assert f"**{kind}: isolated — largest change on any other candidate: residual stream 0, logits 0**" in text
+
+
+def invariance_answers(client, query, family, kind):
+    _, text, *_ = client.predict(query, api_name="/invariance")
+    mode = "right-anchored" if family == "xrex" else "shared"
+    assert re.search(rf"{mode}: [^ ]+ \(within fp32 rounding: invariant\)", text), text
+
+
+def variants_answers(client, query, family, kind):
+    from models.bugzoo import bug_names
+    bug = bug_names(family)[0]
+    *_, bug_text = client.predict(query + f"&bug={bug}", api_name="/variants")
+    assert f"| **{bug}** |" in bug_text
+
+
+def timing_answers(client, query, family, kind):
+    *_, note = client.predict(query, "16, 32", ["naive", "structured"], api_name="/timing")
+    assert f"mask '{kind}'" in note
+
+
+def export_answers(client, query, family, kind):
+    path = client.predict(query, "anatomy_steps", "png", api_name="/export_figure")
+    assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+# what each tab of explorer.views.VIEWS answers for each family (a new view fails test_every_view_has_a_check)
+ANSWERS = {"mask": mask_answers, "attention": attention_answers, "anatomy": anatomy_answers,
+           "isolation": isolation_answers, "invariance": invariance_answers, "variants": variants_answers,
+           "timing": timing_answers, "export": export_answers}
+
+
+def test_every_view_has_a_check_for_both_families():
+    assert list(ANSWERS) == list(VIEWS)
+
+
 @pytest.mark.served_numbers
 @pytest.mark.parametrize("family", ["grok", "xrex"])
-@pytest.mark.parametrize("view", ["mask", "attention", "anatomy", "isolation", "invariance", "variants", "timing",
-                                  "export"])
+@pytest.mark.parametrize("view", list(VIEWS))
 def test_every_view_answers_for_both_families(client, family, view):
     """At a small production preset (seqpack: primer_norm, soft_sign 80, no qk_norm) and at lecture,
     each view answers from its family's own model, not an error."""
-    from models.bugzoo import bug_names
-    query = FAMILY_QUERIES[family]
     kind = "recsys-bidirectional" if family == "xrex" else "recsys"
-    if view == "mask":
-        fig, text, _, kernel_text = client.predict(query, api_name="/mask")
-        z = array([t for t in plot_data(fig) if t["type"] == "heatmap"][0]["z"])
-        assert bool(z[0, 2] > 0) == (family == "xrex")              # the user token sees later history: production
-        assert f"| {kind} |" in text and "| fa4 |" in kernel_text
-    elif view == "attention":
-        fig, _, _ = client.predict(query + "&head=0", api_name="/attention")
-        assert relative_error(array(plot_data(fig)[0]["z"]), own_probs(query)) <= layer0_bound(query)
-    elif view == "anatomy":
-        _, steps, _, text = client.predict(query + "&head=0&query=8", api_name="/anatomy")
-        # the softmax step's bars: the last trace with values (the segment legend's entries hold none)
-        weights = next(y for y in (array(t["y"]).astype(float) for t in reversed(plot_data(steps)))
-                       if not np.isnan(y).all())
-        assert relative_error(weights, own_probs(query)[8]) <= layer0_bound(query)
-        assert "differ from the ones it used" in text
-        assert ("× scale" in text) == (family == "xrex")
-    elif view == "isolation":
-        _, _, text = client.predict(query, api_name="/isolation")
-        assert f"**{kind}: isolated — largest change on any other candidate: residual stream 0, logits 0**" in text
-    elif view == "invariance":
-        _, text, *_ = client.predict(query, api_name="/invariance")
-        mode = "right-anchored" if family == "xrex" else "shared"
-        assert re.search(rf"{mode}: [^ ]+ \(within fp32 rounding: invariant\)", text), text
-    elif view == "variants":
-        bug = bug_names(family)[0]
-        *_, bug_text = client.predict(query + f"&bug={bug}", api_name="/variants")
-        assert f"| **{bug}** |" in bug_text
-    elif view == "timing":
-        *_, note = client.predict(query, "16, 32", ["naive", "structured"], api_name="/timing")
-        assert f"mask '{kind}'" in note
-    else:
-        path = client.predict(query, "anatomy_steps", "png", api_name="/export_figure")
-        assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    ANSWERS[view](client, FAMILY_QUERIES[family], family, kind)
 
 
 @pytest.mark.served_numbers
