@@ -1203,7 +1203,7 @@ def summarise_suite(baseline: dict, alone: dict, runs: list) -> dict:
 def main_suite(a) -> dict:
     """The soak of record (issue 34): honest visitors alone once, each mode alone once, then --runs runs with
     every mode; the file keeps every run and quotes the worst."""
-    from server.admission import memory_budget
+    from server.memory import memory_budget
     when = dt.datetime.now(dt.timezone.utc)
     after = SOAK_TARGETS["after_s"]
     plan = [("baseline", [], a.mode_duration, after)] + [(m.label, [m], a.mode_duration, ALONE_AFTER_S)
@@ -1261,7 +1261,7 @@ ALONE_AFTER_S = 5.0         # a mode alone shows its cost during the load; the 3
 
 def main_soak(a) -> dict:
     """One soak run with the chosen modes (a quick look; the record is --suite)."""
-    from server.admission import memory_budget
+    from server.memory import memory_budget
     when = dt.datetime.now(dt.timezone.utc)
     report = dict(kind="soak", date=when.isoformat(timespec="seconds"), git_commit=git_commit(), device=machine(),
                   parameters=dict(duration_s=a.duration, honest_visitors=a.sessions,

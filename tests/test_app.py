@@ -859,13 +859,13 @@ HEAVY_MASK = "preset=lecture&num_history=1535&num_candidates=512&zoom=candidates
 def test_no_session_keeps_a_copy_of_its_outputs(front_door_server):
     """No output is kept in session state (a heavy /mask is 17 MB, and a client can mint a session per
     call), and the number of sessions kept is bounded."""
-    from server import admission
+    from server import memory
     demo, url = front_door_server
     for i in range(3):
         Client(url, verbose=False, headers={"X-Forwarded-For": f"192.0.2.{i}"}).predict(HEAVY_MASK, api_name="/mask")
-    assert demo.state_session_capacity == admission.SESSION_CAPACITY <= 5000
+    assert demo.state_session_capacity == memory.SESSION_CAPACITY <= 5000
     kept = {sid: len(json.dumps(state.config_values, default=str)) for sid, state in demo.state_holder.session_data.items()}
-    assert kept and max(kept.values()) < admission.SESSION_STATE_BYTES, kept
+    assert kept and max(kept.values()) < memory.SESSION_STATE_BYTES, kept
 
 
 def test_a_new_session_builds_no_copy_of_the_page_config(front_door_server, monkeypatch):
