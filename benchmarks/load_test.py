@@ -51,8 +51,9 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from server.localhost import running_app  # noqa: E402
-from models.runinfo import RESULTS_DIR, cpu_model, git_commit, percentile  # noqa: E402
+from harness.localhost import running_app  # noqa: E402
+from harness.reports import percentile  # noqa: E402
+from models.runinfo import RESULTS_DIR, cpu_model, git_commit  # noqa: E402
 
 # view -> (api name, weight in the mix); the timing sweep is tiny: two short lengths, naive only
 MIX = {

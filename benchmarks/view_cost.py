@@ -23,7 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from models.runinfo import RESULTS_DIR, checkout, device_name, git_commit  # noqa: E402
+from harness.reports import checkout  # noqa: E402
+from models.runinfo import RESULTS_DIR, device_name, git_commit  # noqa: E402
 
 # case -> (link, view function in explorer.views)
 CASES = {"lecture attention, one head": ("preset=lecture&head=0", "attention_view"),

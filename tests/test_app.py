@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from explorer.views import VIEWS, drawn_views, variant_training_report
-from server.localhost import running_app
+from harness.localhost import running_app
 from served import array, plot_data
 from tolerances import randn_attention_abs_bound, relative_error, rounding_bound
 

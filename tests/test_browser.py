@@ -6,7 +6,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from server.localhost import wait_for_plot
+from harness.localhost import wait_for_plot
 from explorer.timing import BACKEND_COLORS
 from served import figure
 from tolerances import assert_bit_exact
