@@ -25,7 +25,7 @@ from explorer import export, gpu_results, lesson, runs, timing, views
 from explorer.controls import CONTROL_FIELDS, LABELS, NUMBER_FIELDS
 from explorer.controls import INFO as CONTROL_INFO
 from explorer.families import FAMILIES, XREX_ROPE
-from explorer.links import to_query
+from explorer.query_string import to_query
 from explorer.schema import Settings
 from explorer.settings import COLOR_SCALES, INVARIANCE_OPS, VALUE_KINDS, ZOOMS, parse_settings
 from explorer.views import VIEWS, drawn_views

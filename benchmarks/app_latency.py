@@ -60,7 +60,7 @@ def main(argv=None):
     ap.add_argument("--settle-s", type=float, default=15.0, help="wait after cold start (background warm-up)")
     args = ap.parse_args(argv)
     from gradio_client import Client
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     from explorer.schema import Settings
 
     t0 = time.perf_counter()

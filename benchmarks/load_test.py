@@ -278,7 +278,7 @@ class RssSampler:
 
 def _weights_file(tmp: Path, seed: int) -> Path:
     """A valid upload for the lecture geometry (random weights of another seed)."""
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     from models.recsys import RecsysModel, init_recsys
     from models.weights import save_weights
     s = parse_query("preset=lecture&weights=random")
@@ -622,7 +622,7 @@ def change_data(fn: dict, query: str, tab: str, last: str, pick: Optional[str] =
     """The inputs of the page's control change (render_on_change; with `pick`, render_after_pick): every
     control as `query` sets it (raw values overriding, an invalid one say), the visible tab, the last link."""
     from explorer.controls import CONTROL_FIELDS
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     s = parse_query(query, need_model=False)
     values = [raw.get(f, getattr(s, f)) for f in CONTROL_FIELDS] + [tab, last]
     return [pick, *values] if pick is not None else values
@@ -630,7 +630,7 @@ def change_data(fn: dict, query: str, tab: str, last: str, pick: Optional[str] =
 
 def _weights_of(tmp: Path, query: str, seed: int) -> Path:
     """A valid upload for `query`'s geometry (random weights of `seed`), made once per process."""
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     from models.recsys import RecsysModel, init_recsys
     from models.weights import save_weights
     path = tmp / f"w-{abs(hash(query)) % 10**8}-{seed}-{os.getpid()}.safetensors"

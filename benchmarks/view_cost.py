@@ -40,8 +40,8 @@ ONE_REPEAT = """
 import json, statistics, sys, time
 from explorer import views
 try:
-    from explorer.links import parse_query
-except ImportError:                                   # a --before version older than explorer.links
+    from explorer.query_string import parse_query
+except ImportError:                                   # a --before version older than explorer.query_string
     from explorer.settings import parse_query
 cases, inner = json.loads(sys.argv[1]), int(sys.argv[2])
 out = {}

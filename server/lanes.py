@@ -21,7 +21,7 @@ import gradio as gr
 from explorer import export
 from explorer.controls import CONTROL_FIELDS
 from explorer.limits import LARGE_REQUEST_FLOPS
-from explorer.links import to_query
+from explorer.query_string import to_query
 from explorer.schema import Settings, ValidationError
 from explorer.settings import parse_settings
 from explorer.views import VIEWS

@@ -48,7 +48,7 @@ def test_a_preset_too_large_for_the_device_draws_its_mask_and_names_the_limit(cl
     with pytest.raises(AppError, match=r"emb_size: got 2560; allowed: .*needs a GPU"):
         client.predict("preset=phoenix-prod", api_name="/attention")
     from dataclasses import fields
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     from explorer.schema import Settings
     s = parse_query("preset=phoenix-prod", need_model=False)
     out = client.predict(*[getattr(s, f.name) for f in fields(Settings)], "attention", "preset=lecture",
@@ -63,7 +63,7 @@ def test_an_invalid_control_is_marked_and_the_others_keep_working(client):
     """lecture -> query heads 8 (locked by the demo weights) -> RoPE offset 100: the offset still redraws,
     the heads box carries the message, and the link keeps the last valid heads."""
     from dataclasses import fields
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     from explorer.schema import Settings
     names = [f.name for f in fields(Settings)]
     s = parse_query("preset=lecture&head=0")
@@ -136,7 +136,7 @@ def test_variants_endpoint(client):
 def test_settings_and_preset_endpoints_write_the_query(client):
     assert client.predict("phoenix-nano", api_name="/preset") == "preset=phoenix-nano"
     from dataclasses import fields
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     from explorer.schema import Settings
     s = parse_query(LECTURE + "&num_candidates=5&head=2")
     values = [getattr(s, f.name) for f in fields(Settings)]
@@ -164,7 +164,7 @@ def test_timing_refuses_a_backend_this_device_does_not_run_before_running(client
 def test_production_presets_time_and_export_on_a_cpu(client):
     """The defect: at phoenix-2026 on a CPU, Run left bare 'Error' badges and even the mask figure
     could not be exported. Attention shapes and masks need no model; the model's figures say why not."""
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     if torch.cuda.is_available():
         pytest.skip("on a GPU phoenix-2026's model fits")
     query = "preset=phoenix-2026"
@@ -318,7 +318,7 @@ def test_bad_input_is_a_clear_error_and_the_server_keeps_serving(client, api, ar
 
 def test_control_change_validates_and_redraws_only_the_visible_tab(client):
     from dataclasses import fields
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     from explorer.schema import Settings
     s = parse_query(LECTURE + "&head=2&values=capped+logits")
     out = client.predict(*[getattr(s, f.name) for f in fields(Settings)], "attention", api_name="/control_change")
@@ -707,7 +707,7 @@ def own_probs(query: str, embeddings=None, ranker=None) -> np.ndarray:
     (the server builds the same seeded model): [T, T]. Another process, maybe on other CPU kernels and another
     thread count: the same real numbers, compared within layer0_bound."""
     from explorer import runs
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     out = runs.forward(parse_query(query))
     if ranker is not None:
         with torch.no_grad():
@@ -718,7 +718,7 @@ def own_probs(query: str, embeddings=None, ranker=None) -> np.ndarray:
 def layer0_bound(query: str) -> float:
     """Rounding bound of layer 0's attention weights: the embedding stage, the norm, the projections, RoPE,
     q.k and the softmax (depth 8), n the widest of these reductions."""
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     s = parse_query(query)
     return rounding_bound(torch.float32, max(s.emb_size, s.seq_len), depth=8)
 
@@ -798,7 +798,7 @@ def test_production_weights_upload_and_the_attention_view_is_their_forward(clien
     """A file saved from a random XrexRanker (production's stacked names) loads through the upload
     endpoint; the attention view's numbers are that ranker's own forward. A grok.py file is refused by
     name while the family is production's."""
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     from models.weights import save_weights
     from models.xrex import XrexRanker, init_xrex
     ranker = init_xrex(XrexRanker(parse_query(SMALL_XREX).xrex_config()), 42).eval()
@@ -987,7 +987,7 @@ def page_change_data(query: str, tab: str, last_query: str, **raw) -> list:
     """The inputs of the page's control change (render_on_change; render_after_pick takes the pick first):
     every control set from `query` (raw values overriding: an invalid one), the tab, the last link."""
     from explorer.controls import CONTROL_FIELDS
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     s = parse_query(query, need_model=False)
     values = [raw.get(f, getattr(s, f)) for f in CONTROL_FIELDS]
     return values + [tab, last_query]

@@ -216,7 +216,7 @@ def test_every_view_draws_on_the_device(device, preset, monkeypatch):
     pytest.importorskip("plotly")
     from explorer import views
     from explorer.limits import MEMORY_CEILING_ENV
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     if device == "cuda":
         monkeypatch.setenv(MEMORY_CEILING_ENV, str(torch.cuda.get_device_properties(0).total_memory // 2))
     s = parse_query(f"preset={preset}")

@@ -8,7 +8,7 @@ from hypothesis import given, settings as hsettings, strategies as st
 
 from explorer.families import preset_defaults
 from explorer.limits import CPU_MAX_SEQ_LEN
-from explorer.links import parse_query, retired_note, to_query
+from explorer.query_string import parse_query, retired_note, to_query
 from explorer.schema import Settings, ValidationError
 from explorer.settings import parse_settings
 

@@ -6,7 +6,7 @@ from dataclasses import asdict
 import pytest
 
 from explorer.measure import GRIDS, grid_for
-from explorer.links import parse_query, to_query
+from explorer.query_string import parse_query, to_query
 from models.presets import PRESETS
 
 

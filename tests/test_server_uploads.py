@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from explorer import budget, runs
-from explorer.links import parse_query
+from explorer.query_string import parse_query
 from explorer.schema import ValidationError
 from models.recsys import RecsysModel, init_recsys
 from models.weights import save_weights

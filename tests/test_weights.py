@@ -485,7 +485,7 @@ def test_safetensors_header_limits_are_checked_before_reading(tmp_path):
 def test_the_magnitude_bound_keeps_the_worst_case_forward_finite(query):
     """Every parameter at +MAX_ABS_WEIGHT (all products aligned), no logit cap, the largest multiplier:
     the scores are finite, so weights that pass the check cannot overflow the forward."""
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     from models.haiku_tree import MAX_ABS_WEIGHT
     s = parse_query(query)
     model = RecsysModel(s.recsys_config())
