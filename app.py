@@ -25,11 +25,11 @@ from explorer import export, gpu_results, lesson, runs, timing, views
 from explorer.controls import CONTROL_FIELDS, LABELS, NUMBER_FIELDS
 from explorer.controls import INFO as CONTROL_INFO
 from explorer.families import FAMILIES, XREX_ROPE
-from explorer.links import to_query
+from explorer.query_string import to_query
 from explorer.schema import Settings
 from explorer.settings import COLOR_SCALES, INVARIANCE_OPS, VALUE_KINDS, ZOOMS, parse_settings
 from explorer.views import VIEWS, drawn_views
-from server import admission, disk, front_door, gradio_patches, memory
+from server import disk, front_door, gradio_patches, memory, uploads
 from server.admission import ADMISSION, QUEUE_MAX
 from server.endpoints import (VIEW_ENDPOINTS, control_change, control_change_on_page, export_endpoint,
                               export_preview_endpoint, family_on_page, lecture_pack_endpoint, link_on_page, page_gone,
@@ -456,6 +456,7 @@ def wire_export(page: SimpleNamespace, e: SimpleNamespace) -> None:
 
 
 def build_app() -> gr.Blocks:
+    runs.serve_uploads(uploads.state_of)        # "upload:<name>" weights: this server's store of each visitor's
     d, c = parse_settings({}), {}
     with gr.Blocks(title="Attention explorer for recommendation transformers", delete_cache=DELETE_CACHE) as demo:
         page = page_header(d)
@@ -503,7 +504,7 @@ def launch_options(demo: gr.Blocks | None = None) -> dict:
     from starlette.middleware import Middleware
     health = gradio_patches.queue_health(demo) if demo is not None else None
     return dict(show_error=True, max_file_size=f"{runs.MAX_UPLOAD_BYTES}b", head=HEAD, css_paths=CSS_PATHS,
-                state_session_capacity=admission.SESSION_CAPACITY, run_history=False,
+                state_session_capacity=memory.SESSION_CAPACITY, run_history=False,
                 app_kwargs={"middleware": [Middleware(front_door.FrontDoor, health=health)]})
 
 

@@ -24,8 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from server.localhost import running_app  # noqa: E402
-from models.runinfo import RESULTS_DIR, device_name, git_commit, percentile  # noqa: E402
+from harness.localhost import running_app  # noqa: E402
+from harness.reports import percentile  # noqa: E402
+from models.runinfo import RESULTS_DIR, device_name, git_commit  # noqa: E402
 
 TARGETS = dict(cold_start_s=10.0, control_change_p95_ms=150.0, nano_s=3.0)
 
@@ -59,7 +60,7 @@ def main(argv=None):
     ap.add_argument("--settle-s", type=float, default=15.0, help="wait after cold start (background warm-up)")
     args = ap.parse_args(argv)
     from gradio_client import Client
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     from explorer.schema import Settings
 
     t0 = time.perf_counter()

@@ -64,7 +64,7 @@ def time_views(presets: list[str], device: str, repeats: int = 3, run: Optional[
     JSON of every figure it returns: its first call in this process, then the median of `repeats` more.
     Yields records {preset, view, cold_ms, warm_ms, repeats}; a view that fails has no times (and says why
     on stdout); once `run` stops, the rest are not tried."""
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     from explorer.views import drawn_views
     run = run or Run()
     for preset in presets:

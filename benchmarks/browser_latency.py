@@ -37,8 +37,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from server.localhost import launch_browser, running_app, wait_for_plot  # noqa: E402
-from models.runinfo import checkout, device_name, git_commit, percentile  # noqa: E402
+from harness.localhost import launch_browser, running_app, wait_for_plot  # noqa: E402
+from harness.reports import checkout, percentile  # noqa: E402
+from models.runinfo import device_name, git_commit  # noqa: E402
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 TARGETS_MS = {("display", "lecture"): 100.0, ("model", "lecture"): 250.0, ("display", "phoenix-nano"): 700.0,

@@ -51,8 +51,9 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from server.localhost import running_app  # noqa: E402
-from models.runinfo import RESULTS_DIR, cpu_model, git_commit, percentile  # noqa: E402
+from harness.localhost import running_app  # noqa: E402
+from harness.reports import percentile  # noqa: E402
+from models.runinfo import RESULTS_DIR, cpu_model, git_commit  # noqa: E402
 
 # view -> (api name, weight in the mix); the timing sweep is tiny: two short lengths, naive only
 MIX = {
@@ -277,7 +278,7 @@ class RssSampler:
 
 def _weights_file(tmp: Path, seed: int) -> Path:
     """A valid upload for the lecture geometry (random weights of another seed)."""
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     from models.recsys import RecsysModel, init_recsys
     from models.weights import save_weights
     s = parse_query("preset=lecture&weights=random")
@@ -621,7 +622,7 @@ def change_data(fn: dict, query: str, tab: str, last: str, pick: Optional[str] =
     """The inputs of the page's control change (render_on_change; with `pick`, render_after_pick): every
     control as `query` sets it (raw values overriding, an invalid one say), the visible tab, the last link."""
     from explorer.controls import CONTROL_FIELDS
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     s = parse_query(query, need_model=False)
     values = [raw.get(f, getattr(s, f)) for f in CONTROL_FIELDS] + [tab, last]
     return [pick, *values] if pick is not None else values
@@ -629,7 +630,7 @@ def change_data(fn: dict, query: str, tab: str, last: str, pick: Optional[str] =
 
 def _weights_of(tmp: Path, query: str, seed: int) -> Path:
     """A valid upload for `query`'s geometry (random weights of `seed`), made once per process."""
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     from models.recsys import RecsysModel, init_recsys
     from models.weights import save_weights
     path = tmp / f"w-{abs(hash(query)) % 10**8}-{seed}-{os.getpid()}.safetensors"
@@ -1203,7 +1204,7 @@ def summarise_suite(baseline: dict, alone: dict, runs: list) -> dict:
 def main_suite(a) -> dict:
     """The soak of record (issue 34): honest visitors alone once, each mode alone once, then --runs runs with
     every mode; the file keeps every run and quotes the worst."""
-    from server.admission import memory_budget
+    from server.memory import memory_budget
     when = dt.datetime.now(dt.timezone.utc)
     after = SOAK_TARGETS["after_s"]
     plan = [("baseline", [], a.mode_duration, after)] + [(m.label, [m], a.mode_duration, ALONE_AFTER_S)
@@ -1261,7 +1262,7 @@ ALONE_AFTER_S = 5.0         # a mode alone shows its cost during the load; the 3
 
 def main_soak(a) -> dict:
     """One soak run with the chosen modes (a quick look; the record is --suite)."""
-    from server.admission import memory_budget
+    from server.memory import memory_budget
     when = dt.datetime.now(dt.timezone.utc)
     report = dict(kind="soak", date=when.isoformat(timespec="seconds"), git_commit=git_commit(), device=machine(),
                   parameters=dict(duration_s=a.duration, honest_visitors=a.sessions,

@@ -38,7 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from models.runinfo import RESULTS_DIR, checkout, cpu_model, device_name, git_commit  # noqa: E402
+from harness.reports import checkout  # noqa: E402
+from models.runinfo import RESULTS_DIR, cpu_model, device_name, git_commit  # noqa: E402
 
 # case -> (link, view function in explorer.views)
 CASES = {"lecture attention, one head": ("preset=lecture&head=0", "attention_view"),
@@ -62,8 +63,8 @@ ONE_REPEAT = """
 import json, statistics, sys, time
 from explorer import views
 try:
-    from explorer.links import parse_query
-except ImportError:                                   # a --before version older than explorer.links
+    from explorer.query_string import parse_query
+except ImportError:                                   # a --before version older than explorer.query_string
     from explorer.settings import parse_query
 cases, inner = json.loads(sys.argv[1]), int(sys.argv[2])
 out = {}
@@ -91,7 +92,10 @@ t_start = time.perf_counter()
 import torch
 torch.set_num_threads(1)                              # as the server (server.memory.configure_threads)
 from explorer import limits, runs, views
-from explorer.links import parse_query
+try:
+    from explorer.query_string import parse_query
+except ImportError:                                   # a --before version older than explorer.query_string
+    from explorer.links import parse_query
 imported_ms = (time.perf_counter() - t_start) * 1000
 preset, cases, inner = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
 cuda = torch.cuda.is_available()

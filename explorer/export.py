@@ -37,7 +37,7 @@ from . import budget, views
 from .figures import lecture_theme
 from .lesson import LESSON, STORIES, Step
 from .limits import check_model_fits, device
-from .links import to_query
+from .query_string import to_query
 from .schema import Settings, ValidationError
 
 log = logging.getLogger("explorer")

@@ -49,7 +49,7 @@ def preset_defaults(name: str) -> dict:
 
 
 def _xrex_settings(c: XrexConfig) -> dict:
-    """What a production preset sets beyond its shape (PRODUCTION.md §1): its scale and cap, the bidirectional
+    """What a production preset sets beyond its shape (docs/originals.md §3): its scale and cap, the bidirectional
     prefix, right-anchored positions, random weights."""
     capped = c.attn_logit_cap > 0 and c.attn_logit_cap_method != "none"
     return dict(multiplier=c.attn_scale, cap_method=c.attn_logit_cap_method if capped else "none",

@@ -22,7 +22,7 @@ from models.presets import PRESETS
 from models.runinfo import RESULTS_DIR
 
 from .figures import FONT, TEMPLATE, Figure
-from .links import parse_query
+from .query_string import parse_query
 from .limits import trunk_params
 from .measure import Status, TrunkTimings, load_results, on_gpu, trunk_timings, useful_flops
 from .schema import ValidationError

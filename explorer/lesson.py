@@ -16,7 +16,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from explorer import gpu_results, runs, views
-from explorer.links import parse_query
+from explorer.query_string import parse_query
 from explorer.schema import Settings
 from models.masks import KERNEL_TILINGS, kernel_work
 
@@ -29,7 +29,7 @@ MAIN_FIGURE = {v.name: v.main for v in views.VIEWS.values() if v.main}
 class Step:
     story: str                  # a key of STORIES
     title: str
-    query: str                  # the app's query string (explorer.links.to_query's form: URL-encoded)
+    query: str                  # the app's query string (explorer.query_string.to_query's form: URL-encoded)
     tab: str
     claim: str                  # one line, shown under the figure
     figure: str                 # elem_id of the figure that shows the claim (a Plot of the tab's view)

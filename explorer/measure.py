@@ -72,8 +72,8 @@ def preset_grid(name: str, B: int, dtype: str = "bfloat16", seq_lens: tuple = ()
                 **options)
 
 
-# The benchmark's grids by name (a results record's "preset"): batch 32, or production's 256 per H100 (FACTS.md
-# §3); the lecture's history and phoenix-prod's grown to longer sequences.
+# The benchmark's grids by name (a results record's "preset"): batch 32, or production's 256 per H100
+# (docs/originals.md §3); the lecture's history and phoenix-prod's grown to longer sequences.
 GRIDS: dict[str, Grid] = {
     "lecture": preset_grid("lecture", B=8, dtype="float32",
                            seq_lens=(PRESETS["lecture"].layout.seq_len, 64, 256, 1024),
@@ -81,7 +81,7 @@ GRIDS: dict[str, Grid] = {
     "phoenix-prod": preset_grid("phoenix-prod", B=32, masks=("recsys", "recsys-bidirectional"),
                                 paddings=(False, True)),
     "phoenix-prod-b256": preset_grid("phoenix-prod", B=256, masks=("recsys", "recsys-bidirectional")),
-    # qk_norm and no cap; 64 candidates in 128 slots (PRODUCTION.md §1, §6)
+    # qk_norm and no cap; 64 candidates in 128 slots (docs/originals.md §3, §7)
     "phoenix-2026": preset_grid("phoenix-2026", B=32, masks=("recsys-bidirectional",), cap_methods=("none",),
                                 paddings=(False, True)),
     "long": preset_grid("phoenix-prod", B=1, seq_lens=(512, 1024, 2048, 4096, 8192, 16384, 32768)),

@@ -39,9 +39,15 @@ def _no_uploads(weights: str) -> dict[str, torch.Tensor]:
     raise ValidationError("weights", weights, "an uploaded file the server still holds; upload it again")
 
 
-# Where the tensors behind "upload:<name>" weights come from: the server's store of each visitor's
-# uploads (server.uploads sets it when imported); none without a server.
+# Where the tensors behind "upload:<name>" weights come from (serve_uploads); none without a server.
 upload_state: Callable[[str], dict[str, torch.Tensor]] = _no_uploads
+
+
+def serve_uploads(source: Callable[[str], dict[str, torch.Tensor]]) -> None:
+    """Take "upload:<name>" weights from `source` (weights -> state dict): the server's store of each
+    visitor's uploads, set once at start-up (app.build_app)."""
+    global upload_state
+    upload_state = source
 
 
 MAX_UPLOAD_BYTES = 200 * 2**20      # one file; phoenix-nano in fp32 is ~45 MB

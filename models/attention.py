@@ -1,6 +1,6 @@
 """grok.py's attention, with interchangeable backends.
 
-Every backend computes the same function (FACTS.md §1):
+Every backend computes the same function (docs/originals.md §1):
     logits = (q . k) * attn_output_multiplier        fp32 (float64 stays float64), GQA by grouping
     logits = cap(logits)                             tanh / soft_sign / off
     logits = where(mask, logits, -1e30); softmax over keys (fp32 likewise); out = probs @ v

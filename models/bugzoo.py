@@ -165,7 +165,7 @@ BUGS: dict[str, Bug] = {
                         "each token reads only itself (isolation and causality pass!)"),
     "exact-gelu": Bug(exact_gelu, "003", "parity",
                       "exact GELU where grok.py uses tanh: a small but measurable parity error"),
-    # production's own, in its serving kernel (PRODUCTION.md §6); "notebook" names where it lives
+    # production's own, in its serving kernel (docs/originals.md §7); "notebook" names where it lives
     "serving-padding": Bug(serving_padding, "xrex serving kernel", "parity",
                            "the serving kernel masks no padded history slot: whatever sits in padding is "
                            "attended, so outputs move with it (exact when the history has no padding; "

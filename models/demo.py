@@ -29,7 +29,7 @@ def demo_config() -> RecsysConfig:
 # --- the production-shaped demo ranker (models.xrex.XrexRecsys) on the same world ------------------
 
 XREX_DEMO_WEIGHTS = Path(__file__).parent / "demo" / "xrex-lecture.safetensors"
-# the world's actions that production's heads name (PRODUCTION.md §3: head i = recsys.proto ActionName i);
+# the world's actions that production's heads name (docs/originals.md §5: head i = recsys.proto ActionName i);
 # the demo ranker is trained on these heads only
 XREX_HEADS = {"favorite_score": 1, "reply_score": 4, "repost_score": 6, "click_score": 29, "share_score": 37}
 

@@ -340,7 +340,7 @@ def ranker_bounds(mask: AttentionMask) -> tuple[int, int, int, int]:
 
 @dataclass(frozen=True)
 class KernelTiling:
-    """How one production attention kernel cuts the T x T grid (PRODUCTION.md §6), and which tiles it
+    """How one production attention kernel cuts the T x T grid (docs/originals.md §7), and which tiles it
     runs: full (no mask), partial (an element mask, or the diagonal) or skipped.
 
     The tiles come from ``tile_map`` over the mask's own predicate — the same classification the

@@ -2,7 +2,7 @@
 
 The models build their configs from an entry (``transformer`` for grok.py's trunk, ``xrex_config`` for
 production's), the app offers every entry by name (``?preset=...``), and the attention benchmark times an
-entry's heads, head dim and sequence (explorer.measure). Numbers: /work/shared/FACTS.md §3, PRODUCTION.md §1.
+entry's heads, head dim and sequence (explorer.measure). Numbers: docs/originals.md §3.
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ class Preset:
                           **self.xrex_options)
 
 
-# FACTS.md §3: both ranking geometries read 1022 history events and score 64 candidates
+# docs/originals.md §3: both ranking geometries read 1022 history events and score 64 candidates
 RANKING_PROD = Geometry(emb_size=2560, num_layers=8, num_q_heads=20, num_kv_heads=4, key_size=128, widening_factor=2.0)
 RANKING_NANO = Geometry(emb_size=512, num_layers=4, num_q_heads=4, num_kv_heads=2, key_size=128, widening_factor=2.0)
 RANKING_HISTORY = 1022
@@ -77,10 +77,10 @@ PRESETS: dict[str, Preset] = {
                       Geometry(64, 2, 4, 2, 16, 4.0), SequenceLayout(1, 5, 3)),
     "lecture-003": Preset("course notebook 003's translation of grok.py", "grok",
                           Geometry(128, 2, 2, 2, 64, 4.0), SequenceLayout(1, 8, 4)),
-    # grok.py reduces the user to one token (FACTS.md §2: candidates start at 1 + S)
-    "phoenix-nano": Preset("phoenix ranking nano geometry (FACTS.md §3)", "grok",
+    # grok.py reduces the user to one token (docs/originals.md §2: candidates start at 1 + S)
+    "phoenix-nano": Preset("phoenix ranking nano geometry (docs/originals.md §3)", "grok",
                            RANKING_NANO, SequenceLayout(1, RANKING_HISTORY, RANKING_CANDIDATES)),
-    "phoenix-prod": Preset("phoenix ranking production geometry (FACTS.md §3)", "grok",
+    "phoenix-prod": Preset("phoenix ranking production geometry (docs/originals.md §3)", "grok",
                            RANKING_PROD, SequenceLayout(1, RANKING_HISTORY, RANKING_CANDIDATES)),
     # production's configs/xrecsys.py: a user token and a user-features token before the history
     "phoenix-2026": Preset("production ranking, home_direct_packed: qk_norm, no cap", "xrex",

@@ -1,36 +1,22 @@
 """Where and when a result was measured: what every results file records.
 
 ``RESULTS_DIR`` (benchmarks/results/, where every committed measurement lives), ``device_name``,
-``cpu_model``, ``git_commit`` (one "dirty" rule for every report), ``checkout`` (an earlier commit's files, for
-a before/after run) and ``percentile``. On the lowest floor
-that writes results (the training scripts), so every floor above can read it.
+``cpu_model`` and ``git_commit`` (one "dirty" rule for every report). On the lowest floor that writes results
+(the training scripts), so every floor above can read it; what only the benchmarks use is harness.reports.
 """
 from __future__ import annotations
 
-import contextlib
-import math
 import os
 import platform
 import subprocess
-import tempfile
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 # a result is "+dirty" when the code that produced it differs from its commit here
-CODE_PATHS = ("app.py", "server", "benchmarks", "explorer", "models", "scripts")
-
-
-@contextlib.contextmanager
-def checkout(ref: str):
-    """The files of commit `ref` in a temporary folder (git archive: no worktree registered)."""
-    with tempfile.TemporaryDirectory(prefix="explorer-before-") as tmp:
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref], check=True, capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
-        yield Path(tmp)
+CODE_PATHS = ("app.py", "server", "benchmarks", "explorer", "models", "scripts", "harness", "static")
 
 
 def cpu_model() -> str:
@@ -68,12 +54,3 @@ def git_commit() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return (commit or "unknown") + ("+dirty" if dirty else "")
-
-
-def percentile(values: Sequence[float], p: float) -> float:
-    """Nearest-rank percentile (p in [0, 100]) of the values, in any order; nan when there are none."""
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    rank = max(1, math.ceil(p / 100 * len(ordered)))
-    return ordered[min(rank, len(ordered)) - 1]

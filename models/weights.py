@@ -5,7 +5,7 @@ mapping; ``haiku_params`` writes exactly that for our ``Transformer`` and ``load
 reads it back, checking every key and shape first and loading nothing when anything is wrong.
 Linear weights are ``[in, out]`` on both sides, so loading is a copy.
 
-Paths (FACTS.md §1), trunk::
+Paths (docs/originals.md §1), trunk::
 
     transformer/decoder_layer_{i}/rms_norm{,_1,_2,_3}/scale                   [D]
     transformer/decoder_layer_{i}/multi_head_attention/{query,key,value}/w   [D, heads*K]

@@ -2,7 +2,7 @@
 
 ``models/grok.py`` ports the 2025 open-source ``grok.py``; this file ports what X's ranking configs
 (``home_direct_packed`` and its ``_nano`` / ``xrecsys_seqpack`` siblings) run in 2026. The two differ
-in nearly every piece that touches attention (/work/shared/PRODUCTION.md §8):
+in nearly every piece that touches attention (docs/originals.md §8):
 
     grok.py (models/grok.py)                 xrex (this file)
     causal user + history                    bidirectional prefix; each candidate sees prefix + self
@@ -28,7 +28,7 @@ gallery, sigmoid * 30) are not modelled.
 Numerics. ``forward(..., numerics="fp32")`` (the default) computes at full precision: everything in
 float32, or in float64 when the embeddings are float64 (``model.double()``: what the NumPy reference
 checks, nothing rounded to float32 on the way). ``numerics="bf16"`` reproduces production's
-(PRODUCTION.md §2): parameters read as bfloat16 (norm scales included), a bfloat16 residual stream,
+(docs/originals.md §4): parameters read as bfloat16 (norm scales included), a bfloat16 residual stream,
 RMSNorm, RoPE and softmax in float32 and cast back, attention probabilities cast to bfloat16 before
 ``probs @ v``, bfloat16 logits times the output scale. Logits come back as float32 (float64 for a
 float64 forward).
@@ -380,7 +380,7 @@ class XrexTrunk(nn.Module):
 
 # --- a production-shaped ranker around the trunk: hashes in, 64 action logits out ---------------------
 
-# production's heads are recsys.proto ActionName i (PRODUCTION.md §3); the ones it names, the rest by index
+# production's heads are recsys.proto ActionName i (docs/originals.md §5); the ones it names, the rest by index
 ACTION_NAMES = tuple({1: "FAV", 4: "REPLY", 5: "QUOTE", 6: "RETWEET", 16: "REPORT", 21: "FOLLOW", 29: "CLICK",
                       36: "BOOKMARK", 37: "SHARE", 39: "OPEN_LINK", 59: "POST_UNEXPLORED"}.get(i, f"action_{i}")
                      for i in range(64))

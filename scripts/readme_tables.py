@@ -476,7 +476,7 @@ def load_soak_block(results_dir: Path = RESULTS_DIR) -> str:
 
 
 def _budget_lines(budget: dict) -> list[str]:
-    lines = ["The server's memory budget at that commit (`server.admission.memory_budget`, recorded by the soak), "
+    lines = ["The server's memory budget at that commit (`server.memory.memory_budget`, recorded by the soak), "
              "part by part:", "", "| part | bytes |", "|---|---|"]
     lines += [f"| {part} | {n / 1e9:.2f} GB |" for part, n in budget.items() if part != "total"]
     return lines + [f"| **total** | **{budget['total'] / 1e9:.2f} GB** |"]
@@ -575,7 +575,7 @@ def soak_run_block(name: str, d: dict) -> str:
              f"CPU cores ({dev['cpu']}), clients and server on the same machine, {d['date'][:10]}, commit "
              f"`{d['git_commit'][:7]}` (`benchmarks/results/{name}`); load average {dev['load_average_before']:.1f} "
              f"before, {dev['load_average_after']:.1f} after" + (f"; {p['conditions']}" if p.get("conditions") else "")
-             + ".", "", "The server's memory budget at that commit (`server.admission.memory_budget`, recorded by the soak), part by part:", "",
+             + ".", "", "The server's memory budget at that commit (`server.memory.memory_budget`, recorded by the soak), part by part:", "",
              "| part | bytes |", "|---|---|"]
     lines += [f"| {part} | {n / 1e9:.2f} GB |" for part, n in budget.items() if part != "total"]
     lines += [f"| **total** | **{budget['total'] / 1e9:.2f} GB** |", "",

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from models.runinfo import checkout  # noqa: E402
+from harness.reports import checkout  # noqa: E402
 
 PRESETS = ("lecture", "phoenix-nano", "phoenix-2026-nano")
 HEATMAP_VIEWS = ("attention", "anatomy", "mask", "variants")     # the views of _panel and pool
@@ -73,7 +73,7 @@ import hashlib, json, sys
 import torch
 torch.set_num_threads(1)                              # as the server (server.memory.configure_threads)
 from explorer import views
-from explorer.links import parse_query
+from explorer.query_string import parse_query
 cases, keep = json.loads(sys.argv[1]), sys.argv[2]
 out = {}
 for link, names in cases:

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from explorer.views import VIEWS as TABS  # noqa: E402
-from server.localhost import launch_browser, running_app, wait_for_plot  # noqa: E402
+from harness.localhost import launch_browser, running_app, wait_for_plot  # noqa: E402
 
 VIEWS = [(v.name, v.title) for v in TABS.values()]      # every tab: its id and the title to click
 # presentation mode (static/present.js): name -> (link, text the drawn figure's title holds); the lesson's

@@ -3,5 +3,5 @@ and app.py (the page's layout and wiring). Who is asking (visitors.py, browsers.
 the disk it guards (front_door.py, disk.py), the lanes and their admission (admission.py, lanes.py), the
 event handlers by job (guard.py, links.py, endpoints.py, timing_events.py with timing_runs.py), where
 the app meets Gradio's internals (gradio_patches.py), each visitor's uploaded weights (uploads.py),
-the process's memory and thread policy (memory.py), and the localhost launcher the tests and
-benchmarks drive the app with (localhost.py)."""
+and the process's memory budget and thread policy (memory.py). The localhost launcher the tests and
+benchmarks drive the app with is harness.localhost, off this floor."""

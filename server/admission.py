@@ -1,13 +1,13 @@
-"""How much of the server one visitor may hold: the lanes requests queue in, their admission (checked
-when a request is pushed, before it waits), the fair queue's usage, and per-visitor rate shares. Plain
-Python: server/lanes.py hands in the request objects and Gradio's queue. Who a visitor is, is
+"""How much of the server one visitor may hold: the lanes requests queue in and their bounds, and the
+admission every request passes when it is pushed, before it waits (atomic: tickets until it is queued; the
+visitor's shares taken, server.shares; a page's older redraws superseded). Plain Python: server/lanes.py hands
+in the request objects and Gradio's queue, server.fair_queue orders each lane. Who a visitor is, is
 server.visitors' to say; an address's light shares scale with the browsers established behind it
 (server.browsers: a class behind one NAT), its heavy work does not.
 """
 from __future__ import annotations
 
 import collections
-import math
 import os
 import threading
 import time
@@ -20,6 +20,9 @@ from explorer.limits import LARGE_REQUEST_FLOPS
 from explorer.schema import ValidationError
 
 from .browsers import BROWSERS
+from .fair_queue import Usage, WatchedQueue
+from .shares import (EXPORT_SHARE, NETWORK_EXPORT_SHARE, NETWORK_WORK_SHARE, WORK_SHARE, WORK_WEIGHT_CAP,
+                     RateShare)
 from .visitors import network_of, visitor_of
 
 # --- lanes: how many requests may wait, and how many of them one visitor's ---------------------
@@ -165,42 +168,6 @@ class Ticket:
     redraw: bool = False
 
 
-# A network's usage counts in its visitors' ranks shared by this many (a /24 of a botnet ranks behind lone
-# visitors; a home or an office of a few shares little); weighting only, never identity.
-NETWORK_SHARE = 4
-
-
-class Usage:
-    """Seconds of service each visitor key (and each network, network_of) had lately: every request's
-    running time, decayed with a half-life of `half_life_s`. The lanes serve first the waiting request
-    whose visitor had least (least attained service, `rank`): a visitor keeping the server busy with heavy
-    requests waits behind everyone else's, and still has the server when nobody else wants it."""
-
-    def __init__(self, half_life_s: float = 60.0, clock: Callable[[], float] = time.monotonic):
-        self.half_life_s, self.clock = half_life_s, clock
-        self.seconds: dict[str, tuple[float, float]] = {}        # key -> (seconds, when)
-
-    def of(self, key: str) -> float:
-        seconds, when = self.seconds.get(key, (0.0, 0.0))
-        return seconds * 0.5 ** ((self.clock() - when) / self.half_life_s)
-
-    def rank(self, key: str, weight: int = 1) -> float:
-        """The key's usage, at least its network's shared by NETWORK_SHARE, per established browser."""
-        return max(self.of(key), self.of(network_of(key)) / NETWORK_SHARE) / max(1, weight)
-
-    def charge(self, key: str, seconds: float) -> None:
-        now = self.clock()
-        self.seconds = {k: (v, t) for k, (v, t) in self.seconds.items()       # forget what has decayed away
-                        if v * 0.5 ** ((now - t) / self.half_life_s) > 1e-3}
-        for k in {key, network_of(key)}:
-            self.seconds[k] = (self.of(k) + seconds, now)
-
-
-# The work share grows with the browsers established behind an address up to this many visitors' worth: a class
-# on phoenix-nano gets a core, not thirty (heavy work stays bounded per address).
-WORK_WEIGHT_CAP = 4
-
-
 class Admission:
     """Atomic admission: a request admitted to a lane holds a ticket from its check until it is in
     the lane's queue (`queued`), so checks that run at once count each other and none races past a
@@ -301,143 +268,6 @@ def check_drawn(state: Any, flops: float) -> None:
         return
     raise ValidationError("work", f"{flops / 1e9:,.1f} GFLOP drawn",
                           f"the {admitted / 1e9:,.1f} GFLOP this request was admitted for")
-
-
-class WatchedQueue(list):
-    """A lane's queue list (Gradio appends to it and serves its first entry) that tells `admission`
-    when a request enters it and keeps its requests in serving order (`order`)."""
-
-    def __init__(self, lane: str, admission: Admission, items=()):
-        super().__init__(items)
-        self.lane, self.admission, self.arrivals = lane, admission, 0
-        admission.queues[lane] = self
-
-    def order(self, events: Optional[list] = None) -> list:
-        """(call under the admission lock) The requests (`events`, by default the queue's) in serving order: a superseded page redraw first (it
-        runs as a no-op); then by round — how many requests of its network wait ahead of it, per browser
-        established behind its visitor (networks take turns, so the heaviest's later requests wait behind
-        everyone's first); then the visitor's usage rank less the seconds it has waited, in whole seconds
-        (so a busy visitor waits at most about its usage behind new arrivals, never for ever); then arrival."""
-        now, ahead, keys = self.admission.clock(), collections.Counter(), []
-        for event in sorted(self if events is None else events, key=lambda e: getattr(e, "_arrival", -1)):
-            key = getattr(event, "_visitor_key", "")
-            weight = self.admission.weights(key)
-            if self.admission.superseded(getattr(getattr(event, "request", None), "state", None)):
-                keys.append(((-1, 0, getattr(event, "_arrival", -1)), event))
-                continue
-            network = network_of(key)
-            usage = self.admission.usage.rank(key, weight) - (now - getattr(event, "_queued_at", now))
-            keys.append(((ahead[network] // max(1, weight), math.floor(usage), getattr(event, "_arrival", -1)), event))
-            ahead[network] += 1
-        return [event for _, event in sorted(keys, key=lambda k: k[0])]
-
-    def append(self, event) -> None:
-        """Queue `event` here, or in the lane its admission chose (`request.state.lane`: a model view
-        estimated heavy waits in the heavy lane, whatever event asked for it)."""
-        chosen = getattr(getattr(getattr(event, "request", None), "state", None), "lane", self.lane)
-        if chosen != self.lane and chosen in self.admission.queues:
-            event.concurrency_id = chosen
-            return self.admission.queues[chosen].append(event)
-        with self.admission.lock:       # the entry and its ticket's end are one step for every check
-            event._visitor_key, event._arrival = visitor_of(event)[0], self.arrivals
-            event._queued_at = self.admission.clock()
-            self.arrivals += 1
-            self[:] = self.order([*self, event])      # one step for Gradio's reader on the event loop
-            self.admission.entered(self.lane, getattr(event, "session_hash", None), getattr(event, "request", None))
-
-    def reorder(self) -> None:
-        """Back in order after usage changed (call under the admission lock); a single slice
-        assignment, so Gradio's reader never sees the list part-sorted or empty."""
-        self[:] = self.order()
-
-
-# --- the process's memory budget ----------------------------------------------------------------
-
-# Gradio's per-session state (a copy of the page's config; app.py keeps no outputs in it): sessions kept
-SESSION_CAPACITY = 2000
-SESSION_STATE_BYTES = 32 * 2**10        # one SessionState of this page: 7 KiB with tracemalloc (no deep-link
-                                        # config, app.keep_outputs_out_of_session_state), its gr.State values on top
-PROCESS_BASE_BYTES = 1_100_000_000      # interpreter, torch, gradio, plotly, the demo models: RSS at start
-
-
-def memory_budget() -> dict[str, int]:
-    """What the server process may hold, part by part (bytes): the ceiling of caches and running
-    requests (figures on their way out included, explorer.views.View.estimate), small requests let
-    past it, every visitor's uploads, Gradio's session states, and the process itself."""
-    from explorer import budget
-    from explorer.limits import memory_ceiling
-
-    from . import uploads
-    parts = {"caches and running requests (EXPLORER_MEMORY_BYTES)": memory_ceiling(),
-             "small requests past the ceiling (mask lane)": LANES["light"].running * budget.small_request_bytes(),
-             "uploaded weights (every visitor)": uploads.MAX_UPLOAD_STORE_BYTES,
-             "Gradio session states": SESSION_CAPACITY * SESSION_STATE_BYTES,
-             "the process at start": PROCESS_BASE_BYTES}
-    return {**parts, "total": sum(parts.values())}
-
-
-# --- byte and rate shares per visitor ----------------------------------------------------------
-
-class RateShare:
-    """Per visitor: at most `max_bytes` units (bytes, unless `unit` says otherwise) within any
-    `window_s` and `max_calls` calls in it. `take` raises ValidationError naming `field` when one more
-    would pass a share; `scale` (a visitor worth several: established browsers) multiplies both bounds."""
-
-    def __init__(self, field: str, max_bytes: int, max_calls: int, window_s: float,
-                 clock: Callable[[], float] = time.monotonic, unit: str = "bytes", what: str = "uploads"):
-        self.field, self.max_bytes, self.max_calls, self.window_s, self.clock = field, max_bytes, max_calls, window_s, clock
-        self.unit, self.what = unit, what
-        self.lock = threading.Lock()
-        self.log: dict[str, collections.deque] = {}
-
-    def check(self, visitor: str, nbytes: int, scale: int = 1) -> None:
-        """Raise as `take` would, taking nothing."""
-        with self.lock:
-            self._refuse_past(visitor, nbytes, self._window(visitor), scale)
-
-    def take(self, visitor: str, nbytes: int, scale: int = 1) -> None:
-        with self.lock:
-            q = self._window(visitor)
-            self._refuse_past(visitor, nbytes, q, scale)
-            q.append((self.clock(), nbytes))
-
-    def _window(self, visitor: str) -> collections.deque:
-        """(call under self.lock) The visitor's calls within the window, older ones forgotten for everyone."""
-        now = self.clock()
-        for v in list(self.log):
-            q = self.log[v]
-            while q and now - q[0][0] >= self.window_s:
-                q.popleft()
-            if not q:
-                del self.log[v]
-        return self.log.setdefault(visitor, collections.deque())
-
-    def _refuse_past(self, visitor: str, nbytes: int, q: collections.deque, scale: int = 1) -> None:
-        used = sum(n for _, n in q)
-        minutes = f"{self.window_s / 60:.0f} minutes"
-        whose = ("per network" if "network" in self.what else "per visitor") if scale == 1 else \
-            f"for your address ({scale} visitors' worth)"
-        if len(q) >= self.max_calls * scale:
-            raise ValidationError(self.field, f"{len(q)} {self.what} in {minutes}",
-                                  f"{self.max_calls * scale} {whose} per {minutes}")
-        if used + nbytes > self.max_bytes * scale:
-            raise ValidationError(self.field, f"{used + nbytes:,} {self.unit} in {minutes}",
-                                  f"{self.max_bytes * scale:,} {self.unit} {whose} per {minutes}")
-
-
-# Exports render in one headless Chromium (a second process, about a core while it draws): per visitor
-# key, renders per window (a lecture pack renders every figure of export.FIGURES in each format). A lecturer
-# making slides renders a few dozen; a loop of them would keep the browser busy for everyone.
-EXPORT_SHARE = dict(max_bytes=80, max_calls=80, window_s=600.0, unit="renders", what="exports")
-NETWORK_EXPORT_SHARE = dict(EXPORT_SHARE, max_bytes=160, max_calls=160, what="exports from your network")
-# Model work per visitor key, estimated before a request runs (explorer.limits.view_cost): on average a
-# quarter of a free Space's core for one address. A student on phoenix-nano draws ~30 views in 10 minutes
-# (26-150 GFLOP each); a loop of the largest the budget admits (~550 GFLOP) gets 5, then waits for the
-# window; lecture views (< 1 GFLOP) never count. A class behind one NAT address has up to WORK_WEIGHT_CAP of it.
-WORK_SHARE = dict(max_bytes=3000, max_calls=10**6, window_s=600.0, unit="GFLOP", what="model views")
-# ... and per network (a /24, an IPv6 /48): two visitors' worth, so fresh addresses of one block each asking for the
-# largest views cannot keep the heavy lane busy (a botnet's heavy views, finding 7 of issue 34)
-NETWORK_WORK_SHARE = dict(WORK_SHARE, max_bytes=2 * WORK_SHARE["max_bytes"], what="model views from your network")
 
 
 # the one admission of this process: every lane, share and visitor count (server.lanes, server.guard)

@@ -13,7 +13,7 @@ import gradio as gr
 
 from explorer import controls, export
 from explorer.controls import CONTROL_FIELDS
-from explorer.links import to_query
+from explorer.query_string import to_query
 from explorer.schema import Settings, ValidationError
 from explorer.settings import parse_settings
 from explorer.views import VIEWS, Text, View, check_view, drawn_views

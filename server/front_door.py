@@ -19,7 +19,7 @@ from urllib.parse import parse_qs
 
 from explorer.schema import ValidationError
 
-from .admission import RateShare
+from .shares import RateShare
 from .visitors import check_session_hash, network_of, visitor_key
 from .browsers import BROWSERS, SIGNER, cookie_value, set_cookie_header
 from .disk import RAW_UPLOADS, RawUploads

@@ -79,7 +79,7 @@ def weights_file(**kw) -> gr.File:
 # for a heavy mask, 346 MB for a zoomed grid), for 10,000 sessions and an hour after a page closes —
 # outside every ceiling of ours, and a client mints a session per call. Both serve only deep links
 # (/gradio_api/deep_link), which this app does not offer (the address bar carries the settings), so
-# neither is kept, and at most server.admission.SESSION_CAPACITY sessions are (oldest dropped first: its page
+# neither is kept, and at most server.memory.SESSION_CAPACITY sessions are (oldest dropped first: its page
 # keeps working, the next event of it starts a fresh state).
 
 
@@ -194,9 +194,9 @@ def bound_sessions(demo: gr.Blocks, capacity: Optional[int] = None) -> None:
     (server.visitors.check_session_hash), a new one within its visitor's NEW_SESSION_RATE, the page's load
     event noted for the browser cookie it carries (server.browsers); per-session messages in SessionMessages;
     a message for a session already dropped is dropped with it instead of raising in the queue's loop."""
-    from . import admission
     from .front_door import RateLimited, TokenBucket
-    capacity = capacity or admission.SESSION_CAPACITY
+    from .memory import SESSION_CAPACITY
+    capacity = capacity or SESSION_CAPACITY
     queue = demo._queue
     sessions = queue.pending_messages_per_session = SessionMessages(queue, capacity)
     new_sessions = TokenBucket(**NEW_SESSION_RATE)

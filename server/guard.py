@@ -11,7 +11,7 @@ import gradio as gr
 import torch
 
 from explorer import runs
-from explorer.links import parse_query
+from explorer.query_string import parse_query
 from explorer.limits import check_model_fits, device
 from explorer.schema import Settings, ValidationError
 

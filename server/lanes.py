@@ -21,13 +21,14 @@ import gradio as gr
 from explorer import export
 from explorer.controls import CONTROL_FIELDS
 from explorer.limits import LARGE_REQUEST_FLOPS
-from explorer.links import to_query
+from explorer.query_string import to_query
 from explorer.schema import Settings, ValidationError
 from explorer.settings import parse_settings
 from explorer.views import VIEWS
 
 from . import admission, uploads
 from .admission import ADMISSION, LANES
+from .fair_queue import WatchedQueue
 from .visitors import visitor_of
 from .endpoints import linked, page_change, picked_values, stepped
 from .guard import as_text, model_limit, session_of, settings_of
@@ -50,13 +51,13 @@ def watch_lanes(demo: gr.Blocks) -> None:
     """Gradio 6 has no public hook on its queue: this module reads and changes it here, in lane_now and in
     push_out (Queue.event_queue_per_concurrency_id, EventQueue.queue, active_jobs, delete_lock); the rest of
     its internals are server.gradio_patches'. Each lane's queue is made up front as an
-    admission.WatchedQueue, so a request's ticket ends the moment it is queued (atomic bounds);
+    fair_queue.WatchedQueue, so a request's ticket ends the moment it is queued (atomic bounds);
     tests/test_app.py fails if they move."""
     from gradio.queueing import EventQueue
     queues = demo._queue.event_queue_per_concurrency_id
     for name, bound in LANES.items():
         queues[name] = EventQueue(name, bound.running)
-        queues[name].queue = admission.WatchedQueue(name, ADMISSION)
+        queues[name].queue = WatchedQueue(name, ADMISSION)
 
 
 def admit_every_event(demo: gr.Blocks) -> None:
@@ -138,7 +139,7 @@ def admit_to(lane_name: str, units=1, work=None, redraw: bool = False):
         if http is not None:
             http.state.admitted_flops = flops
             if chosen != lane_name:
-                http.state.lane = chosen            # admission.WatchedQueue queues it in that lane
+                http.state.lane = chosen            # fair_queue.WatchedQueue queues it in that lane
             if number is not None:
                 http.state.redraw = (visitor, number)
         if victim is not None:

@@ -8,7 +8,7 @@ from explorer import controls
 from explorer.controls import CONTROL_FIELDS
 from explorer.families import FAMILIES
 from explorer.limits import device
-from explorer.links import retired_note, to_query
+from explorer.query_string import retired_note, to_query
 from explorer.schema import Settings
 from explorer.settings import parse_settings, with_family
 from explorer.views import VIEWS

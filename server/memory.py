@@ -1,5 +1,7 @@
-"""The process's own policy, set once at start-up (app.py): torch's threads, the start-up objects out of
-the collector's reach, and the idle janitor that shrinks explorer.budget's caches when no request runs."""
+"""The process's memory and threads: what it may hold, part by part (memory_budget: the caches' ceiling, Gradio's
+session states, the uploads, the process), and its policy set once at start-up (app.py): torch's threads, the
+start-up objects out of the collector's reach, and the idle janitor that shrinks explorer.budget's caches when
+no request runs."""
 from __future__ import annotations
 
 import gc
@@ -10,8 +12,13 @@ import time
 
 import torch
 
+from explorer import budget
 from explorer.budget import MEMORY
+from explorer.limits import memory_ceiling
 from explorer.schema import ValidationError
+
+from . import uploads
+from .admission import LANES
 
 log = logging.getLogger("explorer")
 
@@ -60,3 +67,22 @@ def start_idle_trim(period_s: float = 2.0) -> threading.Thread:
     thread = threading.Thread(target=loop, name="idle-trim", daemon=True)
     thread.start()
     return thread
+
+
+# Gradio's per-session state (a copy of the page's config; app.py keeps no outputs in it): sessions kept
+SESSION_CAPACITY = 2000
+SESSION_STATE_BYTES = 32 * 2**10        # one SessionState of this page: 7 KiB with tracemalloc (no deep-link
+                                        # config, app.keep_outputs_out_of_session_state), its gr.State values on top
+PROCESS_BASE_BYTES = 1_100_000_000      # interpreter, torch, gradio, plotly, the demo models: RSS at start
+
+
+def memory_budget() -> dict[str, int]:
+    """What the server process may hold, part by part (bytes): the ceiling of caches and running
+    requests (figures on their way out included, explorer.views.View.estimate), small requests let
+    past it, every visitor's uploads, Gradio's session states, and the process itself."""
+    parts = {"caches and running requests (EXPLORER_MEMORY_BYTES)": memory_ceiling(),
+             "small requests past the ceiling (mask lane)": LANES["light"].running * budget.small_request_bytes(),
+             "uploaded weights (every visitor)": uploads.MAX_UPLOAD_STORE_BYTES,
+             "Gradio session states": SESSION_CAPACITY * SESSION_STATE_BYTES,
+             "the process at start": PROCESS_BASE_BYTES}
+    return {**parts, "total": sum(parts.values())}

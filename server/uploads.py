@@ -1,6 +1,6 @@
 """Each visitor's uploaded weights: held per session, never listed to anyone else, forgotten after a
 while, bounded per visitor, per network and in all. The model cache reads them by name
-(explorer.runs.upload_state)."""
+(state_of, handed to explorer.runs.serve_uploads at start-up)."""
 from __future__ import annotations
 
 import threading
@@ -223,5 +223,3 @@ def load_upload(s: Settings, path: str, session: str, visitor: str = "local", br
         _FORGOTTEN.pop(session, None)
     return name
 
-
-runs.upload_state = state_of       # the model cache's source of "upload:<name>" weights

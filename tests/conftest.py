@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from server.localhost import launch_browser, running_app
+from harness.localhost import launch_browser, running_app
 
 TESTS = str(Path(__file__).resolve().parent)
 TOLERANCES = str(Path(__file__).resolve().parent / "tolerances.py")

@@ -1,5 +1,5 @@
 """An independent NumPy forward of phoenix grok.py, recsys_model.py and recsys_retrieval_model.py,
-written from FACTS.md.
+written from docs/originals.md.
 
 Imports nothing from models/: it reads the same haiku ``{module_path: {param_name: array}}``
 mapping the port loads through ``load_haiku_params`` and computes in float64, so agreement with
@@ -45,7 +45,7 @@ def phoenix_init_params(rng, model, *, emb_size, key_size, num_q_heads, num_kv_h
                         num_actions=19, product_surface_vocab_size=16, num_user_hashes=2, num_item_hashes=2,
                         num_author_hashes=2):
     """What the original's ``hk.transform(forward).init`` returns, names and shapes written out from
-    FACTS.md §2-3 (random values): model "phoenix_model" (recsys_model.py's ranker) or
+    docs/originals.md §2 (random values): model "phoenix_model" (recsys_model.py's ranker) or
     "phoenix_retrieval_model" (recsys_retrieval_model.py). No hash tables: the original keeps none."""
     D = emb_size
     params = random_haiku_params(rng, D, key_size, num_q_heads, num_kv_heads, num_layers, ffn_hidden)
@@ -166,7 +166,7 @@ def transformer_forward(params, embeddings, valid, candidate_start_offset=None, 
     return h
 
 
-# --- the ranking model (recsys_model.py, FACTS.md §2) -----------------------------------------
+# --- the ranking model (recsys_model.py, docs/originals.md §2) -----------------------------------------
 # The original takes the hash embeddings already looked up: `emb` is a dict with its five
 # RecsysEmbeddings fields. Its own parameters sit directly under its module (`root`).
 
@@ -228,7 +228,7 @@ def recsys_logits(params, trunk_out, candidate_start_offset, eps=1e-5):
     return rms_norm(trunk_out, scale, eps)[:, candidate_start_offset:] @ unembeddings
 
 
-# --- the retrieval model (recsys_retrieval_model.py, FACTS.md §3) -------------------------------
+# --- the retrieval model (recsys_retrieval_model.py, docs/originals.md §2) -------------------------------
 
 def l2_normalise(x, eps=1e-12):
     """-> (x / norm, norm) with norm = sqrt(max(sum(x^2), eps))."""

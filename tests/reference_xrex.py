@@ -1,9 +1,9 @@
-"""An independent NumPy forward of the 2026 production Phoenix ranker (xrex), written from PRODUCTION.md.
+"""An independent NumPy forward of the 2026 production Phoenix ranker (xrex), written from docs/originals.md.
 
 Imports nothing from models/: it reads the original's init tree (layers stacked on axis 0 under
 ``transformer/layer_stack/decoder_layer_0``) and computes in float64, so agreement with the PyTorch
 port run in float64 (to float64 rounding, ~1e-12) means the port computes production's function, not
-merely its own. Each rule is written the way PRODUCTION.md states it (§2 layer math, §3 output head,
+merely its own. Each rule is written the way docs/originals.md states it (§4 layer math, §5 output head,
 §5 names), loops where that is clearer.
 """
 from __future__ import annotations
@@ -52,7 +52,7 @@ def random_xrex_params(rng, *, emb_size, num_layers, num_q_heads, num_kv_heads, 
     return params
 
 
-# --- pieces, one per rule of PRODUCTION.md §2 ----------------------------------------------------
+# --- pieces, one per rule of docs/originals.md §4 ----------------------------------------------------
 
 def rms_norm(x, scale, eps=1e-5):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * scale

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from explorer.views import variant_training_report
-from server.localhost import running_app
+from explorer.views import VIEWS, drawn_views, variant_training_report
+from harness.localhost import running_app
 from served import array, plot_data
 from tolerances import randn_attention_abs_bound, relative_error, rounding_bound
 
@@ -26,8 +26,10 @@ pytestmark = pytest.mark.slow
 LECTURE = "preset=lecture&weights=random"
 
 
-DOCUMENTED = {"/settings", "/control_change", "/preset", "/mask", "/attention", "/anatomy", "/isolation", "/invariance",
-              "/variants", "/timing", "/stop_timing", "/export_figure", "/lecture_pack", "/upload_weights", "/family"}
+VIEW_APIS = tuple(v.name for v in drawn_views())          # one endpoint per drawn view of explorer.views.VIEWS
+DOCUMENTED = {f"/{name}" for name in VIEW_APIS} | {
+    "/settings", "/control_change", "/preset", "/family", "/timing", "/stop_timing", "/export_figure", "/lecture_pack",
+    "/upload_weights"}
 
 
 def test_the_api_page_lists_only_the_documented_endpoints(client):
@@ -46,7 +48,7 @@ def test_a_preset_too_large_for_the_device_draws_its_mask_and_names_the_limit(cl
     with pytest.raises(AppError, match=r"emb_size: got 2560; allowed: .*needs a GPU"):
         client.predict("preset=phoenix-prod", api_name="/attention")
     from dataclasses import fields
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     from explorer.schema import Settings
     s = parse_query("preset=phoenix-prod", need_model=False)
     out = client.predict(*[getattr(s, f.name) for f in fields(Settings)], "attention", "preset=lecture",
@@ -61,7 +63,7 @@ def test_an_invalid_control_is_marked_and_the_others_keep_working(client):
     """lecture -> query heads 8 (locked by the demo weights) -> RoPE offset 100: the offset still redraws,
     the heads box carries the message, and the link keeps the last valid heads."""
     from dataclasses import fields
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     from explorer.schema import Settings
     names = [f.name for f in fields(Settings)]
     s = parse_query("preset=lecture&head=0")
@@ -134,7 +136,7 @@ def test_variants_endpoint(client):
 def test_settings_and_preset_endpoints_write_the_query(client):
     assert client.predict("phoenix-nano", api_name="/preset") == "preset=phoenix-nano"
     from dataclasses import fields
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     from explorer.schema import Settings
     s = parse_query(LECTURE + "&num_candidates=5&head=2")
     values = [getattr(s, f.name) for f in fields(Settings)]
@@ -162,7 +164,7 @@ def test_timing_refuses_a_backend_this_device_does_not_run_before_running(client
 def test_production_presets_time_and_export_on_a_cpu(client):
     """The defect: at phoenix-2026 on a CPU, Run left bare 'Error' badges and even the mask figure
     could not be exported. Attention shapes and masks need no model; the model's figures say why not."""
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     if torch.cuda.is_available():
         pytest.skip("on a GPU phoenix-2026's model fits")
     query = "preset=phoenix-2026"
@@ -316,7 +318,7 @@ def test_bad_input_is_a_clear_error_and_the_server_keeps_serving(client, api, ar
 
 def test_control_change_validates_and_redraws_only_the_visible_tab(client):
     from dataclasses import fields
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     from explorer.schema import Settings
     s = parse_query(LECTURE + "&head=2&values=capped+logits")
     out = client.predict(*[getattr(s, f.name) for f in fields(Settings)], "attention", api_name="/control_change")
@@ -334,7 +336,7 @@ FUZZ = ["", "x" * 10_000, "preset=lecture&num_history=-5", "preset=lecture&delta
         "preset=lecture&query=1e9", "&&&===", "preset=lecture&weights=upload:nothere"]
 
 
-@pytest.mark.parametrize("api", ["/mask", "/attention", "/isolation", "/invariance", "/variants"])
+@pytest.mark.parametrize("api", [f"/{name}" for name in VIEW_APIS])
 def test_fuzzed_queries_get_messages_and_the_server_stays_up(client, api):
     for bad in FUZZ:
         try:
@@ -573,9 +575,6 @@ def test_the_queue_refuses_by_name_past_a_lanes_bounds_and_the_mask_keeps_answer
         demo.close()
 
 
-VIEW_APIS = ("mask", "attention", "anatomy", "isolation", "invariance", "variants")
-
-
 def join(url: str, fn_index: int, data: list, session: str, address: str) -> tuple[int, str]:
     """POST /gradio_api/queue/join as any HTTP client can, from `address` (as the proxy forwards it)."""
     body = json.dumps({"data": data, "fn_index": fn_index, "session_hash": session, "event_data": None,
@@ -708,7 +707,7 @@ def own_probs(query: str, embeddings=None, ranker=None) -> np.ndarray:
     (the server builds the same seeded model): [T, T]. Another process, maybe on other CPU kernels and another
     thread count: the same real numbers, compared within layer0_bound."""
     from explorer import runs
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     out = runs.forward(parse_query(query))
     if ranker is not None:
         with torch.no_grad():
@@ -719,54 +718,79 @@ def own_probs(query: str, embeddings=None, ranker=None) -> np.ndarray:
 def layer0_bound(query: str) -> float:
     """Rounding bound of layer 0's attention weights: the embedding stage, the norm, the projections, RoPE,
     q.k and the softmax (depth 8), n the widest of these reductions."""
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     s = parse_query(query)
     return rounding_bound(torch.float32, max(s.emb_size, s.seq_len), depth=8)
 
 
+def mask_answers(client, query, family, kind):
+    fig, text, _, kernel_text = client.predict(query, api_name="/mask")
+    z = array([t for t in plot_data(fig) if t["type"] == "heatmap"][0]["z"])
+    assert bool(z[0, 2] > 0) == (family == "xrex")              # the user token sees later history: production
+    assert f"| {kind} |" in text and "| fa4 |" in kernel_text
+
+
+def attention_answers(client, query, family, kind):
+    fig, _, _ = client.predict(query + "&head=0", api_name="/attention")
+    assert relative_error(array(plot_data(fig)[0]["z"]), own_probs(query)) <= layer0_bound(query)
+
+
+def anatomy_answers(client, query, family, kind):
+    _, steps, _, text = client.predict(query + "&head=0&query=8", api_name="/anatomy")
+    # the softmax step's bars: the last trace with values (the segment legend's entries hold none)
+    weights = next(y for y in (array(t["y"]).astype(float) for t in reversed(plot_data(steps)))
+                   if not np.isnan(y).all())
+    assert relative_error(weights, own_probs(query)[8]) <= layer0_bound(query)
+    assert "differ from the ones it used" in text
+    assert ("× scale" in text) == (family == "xrex")
+
+
+def isolation_answers(client, query, family, kind):
+    _, _, text = client.predict(query, api_name="/isolation")
+    assert f"**{kind}: isolated — largest change on any other candidate: residual stream 0, logits 0**" in text
+
+
+def invariance_answers(client, query, family, kind):
+    _, text, *_ = client.predict(query, api_name="/invariance")
+    mode = "right-anchored" if family == "xrex" else "shared"
+    assert re.search(rf"{mode}: [^ ]+ \(within fp32 rounding: invariant\)", text), text
+
+
+def variants_answers(client, query, family, kind):
+    from models.bugzoo import bug_names
+    bug = bug_names(family)[0]
+    *_, bug_text = client.predict(query + f"&bug={bug}", api_name="/variants")
+    assert f"| **{bug}** |" in bug_text
+
+
+def timing_answers(client, query, family, kind):
+    *_, note = client.predict(query, "16, 32", ["naive", "structured"], api_name="/timing")
+    assert f"mask '{kind}'" in note
+
+
+def export_answers(client, query, family, kind):
+    path = client.predict(query, "anatomy_steps", "png", api_name="/export_figure")
+    assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+# what each tab of explorer.views.VIEWS answers for each family (a new view fails test_every_view_has_a_check)
+ANSWERS = {"mask": mask_answers, "attention": attention_answers, "anatomy": anatomy_answers,
+           "isolation": isolation_answers, "invariance": invariance_answers, "variants": variants_answers,
+           "timing": timing_answers, "export": export_answers}
+
+
+def test_every_view_has_a_check_for_both_families():
+    assert list(ANSWERS) == list(VIEWS)
+
+
 @pytest.mark.served_numbers
 @pytest.mark.parametrize("family", ["grok", "xrex"])
-@pytest.mark.parametrize("view", ["mask", "attention", "anatomy", "isolation", "invariance", "variants", "timing",
-                                  "export"])
+@pytest.mark.parametrize("view", list(VIEWS))
 def test_every_view_answers_for_both_families(client, family, view):
     """At a small production preset (seqpack: primer_norm, soft_sign 80, no qk_norm) and at lecture,
     each view answers from its family's own model, not an error."""
-    from models.bugzoo import bug_names
-    query = FAMILY_QUERIES[family]
     kind = "recsys-bidirectional" if family == "xrex" else "recsys"
-    if view == "mask":
-        fig, text, _, kernel_text = client.predict(query, api_name="/mask")
-        z = array([t for t in plot_data(fig) if t["type"] == "heatmap"][0]["z"])
-        assert bool(z[0, 2] > 0) == (family == "xrex")              # the user token sees later history: production
-        assert f"| {kind} |" in text and "| fa4 |" in kernel_text
-    elif view == "attention":
-        fig, _, _ = client.predict(query + "&head=0", api_name="/attention")
-        assert relative_error(array(plot_data(fig)[0]["z"]), own_probs(query)) <= layer0_bound(query)
-    elif view == "anatomy":
-        _, steps, _, text = client.predict(query + "&head=0&query=8", api_name="/anatomy")
-        # the softmax step's bars: the last trace with values (the segment legend's entries hold none)
-        weights = next(y for y in (array(t["y"]).astype(float) for t in reversed(plot_data(steps)))
-                       if not np.isnan(y).all())
-        assert relative_error(weights, own_probs(query)[8]) <= layer0_bound(query)
-        assert "differ from the ones it used" in text
-        assert ("× scale" in text) == (family == "xrex")
-    elif view == "isolation":
-        _, _, text = client.predict(query, api_name="/isolation")
-        assert f"**{kind}: isolated — largest change on any other candidate: residual stream 0, logits 0**" in text
-    elif view == "invariance":
-        _, text, *_ = client.predict(query, api_name="/invariance")
-        mode = "right-anchored" if family == "xrex" else "shared"
-        assert re.search(rf"{mode}: [^ ]+ \(within fp32 rounding: invariant\)", text), text
-    elif view == "variants":
-        bug = bug_names(family)[0]
-        *_, bug_text = client.predict(query + f"&bug={bug}", api_name="/variants")
-        assert f"| **{bug}** |" in bug_text
-    elif view == "timing":
-        *_, note = client.predict(query, "16, 32", ["naive", "structured"], api_name="/timing")
-        assert f"mask '{kind}'" in note
-    else:
-        path = client.predict(query, "anatomy_steps", "png", api_name="/export_figure")
-        assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    ANSWERS[view](client, FAMILY_QUERIES[family], family, kind)
 
 
 @pytest.mark.served_numbers
@@ -774,7 +798,7 @@ def test_production_weights_upload_and_the_attention_view_is_their_forward(clien
     """A file saved from a random XrexRanker (production's stacked names) loads through the upload
     endpoint; the attention view's numbers are that ranker's own forward. A grok.py file is refused by
     name while the family is production's."""
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     from models.weights import save_weights
     from models.xrex import XrexRanker, init_xrex
     ranker = init_xrex(XrexRanker(parse_query(SMALL_XREX).xrex_config()), 42).eval()
@@ -835,13 +859,13 @@ HEAVY_MASK = "preset=lecture&num_history=1535&num_candidates=512&zoom=candidates
 def test_no_session_keeps_a_copy_of_its_outputs(front_door_server):
     """No output is kept in session state (a heavy /mask is 17 MB, and a client can mint a session per
     call), and the number of sessions kept is bounded."""
-    from server import admission
+    from server import memory
     demo, url = front_door_server
     for i in range(3):
         Client(url, verbose=False, headers={"X-Forwarded-For": f"192.0.2.{i}"}).predict(HEAVY_MASK, api_name="/mask")
-    assert demo.state_session_capacity == admission.SESSION_CAPACITY <= 5000
+    assert demo.state_session_capacity == memory.SESSION_CAPACITY <= 5000
     kept = {sid: len(json.dumps(state.config_values, default=str)) for sid, state in demo.state_holder.session_data.items()}
-    assert kept and max(kept.values()) < admission.SESSION_STATE_BYTES, kept
+    assert kept and max(kept.values()) < memory.SESSION_STATE_BYTES, kept
 
 
 def test_a_new_session_builds_no_copy_of_the_page_config(front_door_server, monkeypatch):
@@ -963,7 +987,7 @@ def page_change_data(query: str, tab: str, last_query: str, **raw) -> list:
     """The inputs of the page's control change (render_on_change; render_after_pick takes the pick first):
     every control set from `query` (raw values overriding: an invalid one), the tab, the last link."""
     from explorer.controls import CONTROL_FIELDS
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     s = parse_query(query, need_model=False)
     values = [raw.get(f, getattr(s, f)) for f in CONTROL_FIELDS]
     return values + [tab, last_query]
@@ -1050,10 +1074,10 @@ def test_sessions_minted_past_gradios_table_never_stop_the_queue(monkeypatch):
 
     import app
     from explorer import views
-    from server import admission, gradio_patches, visitors
+    from server import admission, gradio_patches, memory, visitors
     from dataclasses import replace
     monkeypatch.setenv(visitors.TRUSTED_PROXIES_ENV, "1")
-    monkeypatch.setattr(admission, "SESSION_CAPACITY", 40)
+    monkeypatch.setattr(memory, "SESSION_CAPACITY", 40)
     monkeypatch.setattr(gradio_patches, "NEW_SESSION_RATE", dict(what="new sessions", burst=100, per_s=1.0))
     gate = threading.Event()
     view = views.VIEWS["attention"]

@@ -1,7 +1,7 @@
 """Every attention backend computes grok.py's attention: compared with `naive` (grok.py line for line).
 
 Exact in real arithmetic, so compared within the rounding bound (tests/tolerances.py): max |backend - naive|
-/ max |naive| over valid query positions (outputs at padded positions mean nothing, FACTS.md §1).
+/ max |naive| over valid query positions (outputs at padded positions mean nothing, docs/originals.md §1).
 """
 from typing import NamedTuple, Optional
 

@@ -54,7 +54,7 @@ def test_a_production_run_times_each_phase_and_says_whether_the_versions_drew_th
     no git history, unpacked beforehand (--before-dir)."""
     import subprocess
 
-    from models.runinfo import checkout
+    from harness.reports import checkout
     if subprocess.run(["git", "rev-parse", "HEAD"], cwd=view_cost.ROOT, capture_output=True).returncode:
         pytest.skip("not a git checkout: --before has no commit to archive")
     monkeypatch.setattr(view_cost, "PRODUCTION_PRESETS", ("lecture",))

@@ -6,7 +6,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from server.localhost import wait_for_plot
+from harness.localhost import wait_for_plot
 from explorer.timing import BACKEND_COLORS
 from served import figure
 from tolerances import assert_bit_exact
@@ -528,7 +528,7 @@ def test_a_query_row_change_is_drawn_in_the_browser_as_the_server_draws_it(page,
     grid a layer typed or stepped with PgDn, sends no request; the outlines, the bars (float32 weights,
     exactly), their labels, the title, the sentence and the link equal what the server draws and writes for
     the new link. A later server redraw (values) keeps the new row and layer."""
-    from explorer.links import parse_query, to_query
+    from explorer.query_string import parse_query, to_query
 
     open_attention(page, query, presenting=how.endswith("key"))
     before = page.evaluate(QUERY_DRAWN)
@@ -588,7 +588,7 @@ def test_a_head_pick_is_drawn_in_the_browser_as_the_server_draws_it(page, client
     heatmap (colour coordinates, colour bar, title, hover), the bars (float32 weights, exactly), their title,
     the sentence and the link equal what the server draws and writes for the new link; the row outline
     stays. A later server redraw (values) draws the new head."""
-    from explorer.links import parse_query, to_query
+    from explorer.query_string import parse_query, to_query
 
     open_attention(page, query)
     before = page.evaluate(QUERY_DRAWN)
@@ -628,7 +628,7 @@ def test_a_values_or_layer_pick_in_a_one_head_view_is_drawn_in_the_browser_as_th
     with PgDn sends no request; the heatmap (colour coordinates, colour scale and bar, title, hover), the bars,
     the sentence and the link equal what the server draws and writes for the new link. A later server
     redraw keeps the pick."""
-    from explorer.links import parse_query, to_query
+    from explorer.query_string import parse_query, to_query
 
     open_attention(page, query, presenting=value == "PageDown")
     before = page.evaluate(DRAWN)
@@ -667,7 +667,7 @@ def test_a_head_key_in_presentation_is_drawn_by_the_page_and_the_dropdown_follow
     dropdown follow, and a later server redraw keeps the head."""
     from playwright.sync_api import expect
 
-    from explorer.links import parse_query, to_query
+    from explorer.query_string import parse_query, to_query
 
     open_attention(page, "preset=lecture&head=1&query=4&tab=attention&present=1", presenting=True)
     title = page.evaluate("""() => {

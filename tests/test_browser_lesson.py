@@ -9,7 +9,7 @@ import pytest
 from explorer.figures import MASKED_NAME
 from explorer.lesson import LESSON
 from explorer.views import VIEWS
-from server.localhost import wait_for_plot
+from harness.localhost import wait_for_plot
 from test_browser import TRACK_REQUESTS, wait_settled
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

@@ -107,7 +107,7 @@ def test_production_demo_ranks_by_topic_and_ships_small():
         r = evaluate(model, layout, batch=256)
         assert r["auc"] > 0.85 and r["same_topic_mass"] > r["other_topic_mass"], r
     from explorer import runs
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     s = parse_query("preset=lecture&family=xrex&weights=demo&history_padding=1")
     with torch.no_grad():
         direct = model(demo_batch(s.layout, s.seed)).logits

@@ -232,7 +232,7 @@ def test_a_links_seeded_weights_are_the_same_bits_on_every_torch_version(machine
     import hashlib
 
     from explorer import runs
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         pytest.skip("torch's scalar normal_ kernel draws other bits than its vectorised one")
     digest = hashlib.sha256()
@@ -254,7 +254,7 @@ def test_every_view_draws_on_the_device(device, preset, monkeypatch):
     (explorer.limits.device_memory_ceiling), so no production view is refused by budget on an 80 GB one."""
     pytest.importorskip("plotly")
     from explorer import views
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     for name in ("EXPLORER_MEMORY_BYTES", "EXPLORER_DEVICE_MEMORY_BYTES"):
         monkeypatch.delenv(name, raising=False)
     s = parse_query(f"preset={preset}")
@@ -275,7 +275,7 @@ def test_cuda_heatmaps_are_pooled_on_the_device_to_the_hosts_bits(values, monkey
     pooling draws from the same recorded forward. tests/test_explorer_figures.py checks the reduction on a CPU."""
     pytest.importorskip("plotly")
     from explorer import figures, views
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     s = parse_query(f"preset=phoenix-nano&values={values}")
     pooled, real = [], figures._pooled_exactly
     monkeypatch.setattr(figures, "_pooled_exactly", lambda *a: pooled.append(real(*a)) or pooled[-1])

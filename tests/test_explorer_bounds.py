@@ -11,7 +11,7 @@ import torch
 
 from explorer import budget, limits, runs, views
 from explorer.limits import check_budget, estimate_params
-from explorer.links import parse_query
+from explorer.query_string import parse_query
 from explorer.schema import ValidationError
 from explorer.views import VIEWS, check_view, drawn_views
 

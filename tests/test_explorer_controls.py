@@ -7,7 +7,7 @@ from dataclasses import asdict, replace
 import pytest
 
 from explorer.controls import LABELS, as_typed, from_link, keep_valid, last_valid_note, short_label
-from explorer.links import parse_query
+from explorer.query_string import parse_query
 from explorer.schema import ValidationError
 from explorer.settings import parse_settings
 

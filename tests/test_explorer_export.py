@@ -13,7 +13,7 @@ import pytest
 
 from explorer import export, views
 from explorer.lesson import LESSON, STORIES
-from explorer.links import parse_query
+from explorer.query_string import parse_query
 from models.presets import PRESETS
 from tolerances import assert_bit_exact
 

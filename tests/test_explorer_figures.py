@@ -6,7 +6,7 @@ import pytest
 from explorer import runs, views
 from explorer.figures import Panel, heatmap_figure, pool, segment_bins
 from explorer.limits import max_seq_len
-from explorer.links import parse_query
+from explorer.query_string import parse_query
 from tolerances import assert_bit_exact, relative_error, rounding_bound
 
 NANO = "preset=phoenix-nano"          # T = 1 + 1022 + 64 = 1087: pooled on screen

@@ -242,7 +242,7 @@ def test_padded_point_runs_the_padded_paths_and_counts_only_valid_keys():
 
 def test_2026_serving_layout_is_a_geometry_with_its_tile_counts():
     """P 2 + L 1022 = 1024, 64 candidates in 128 slots, T 1152: 128 x 128 tiles, 73 of 81 run (72 full,
-    the candidate tile's diagonal partial), the prefix rows' 8 candidate tiles skipped (PRODUCTION.md §6)."""
+    the candidate tile's diagonal partial), the prefix rows' 8 candidate tiles skipped (docs/originals.md §7)."""
     p = bench.GRIDS["phoenix-2026"]
     assert (p.seq_lens, p.seq_lens[0] - p.num_candidates, p.dtype, p.masks, p.cap_methods) == (
         (1152,), 1024, "bfloat16", ("recsys-bidirectional",), ("none",))

@@ -8,7 +8,7 @@ from hypothesis import given, settings as hsettings, strategies as st
 
 from explorer.families import preset_defaults
 from explorer.limits import CPU_MAX_SEQ_LEN
-from explorer.links import parse_query, retired_note, to_query
+from explorer.query_string import parse_query, retired_note, to_query
 from explorer.schema import Settings, ValidationError
 from explorer.settings import parse_settings
 
@@ -178,7 +178,7 @@ def test_old_links_with_the_retired_backend_field_open():
 
 @pytest.mark.parametrize("name", ["phoenix-2026", "phoenix-2026-nano", "phoenix-2026-seqpack"])
 def test_a_production_preset_sets_production_family_and_its_geometry(name):
-    """PRODUCTION.md §1 through models.presets.PRESETS: P = 2, L = 1022, 64 candidates padded to T = 1152, and
+    """docs/originals.md §3 through models.presets.PRESETS: P = 2, L = 1022, 64 candidates padded to T = 1152, and
     the preset's own qk_norm / primer_norm / cap in the trunk the views build."""
     from models.presets import PRESETS
     preset = PRESETS[name].xrex_config()

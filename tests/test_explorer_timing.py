@@ -7,7 +7,7 @@ import json
 import pytest
 
 from explorer import timing
-from explorer.links import parse_query
+from explorer.query_string import parse_query
 from explorer.schema import ValidationError
 from models.presets import PRESETS
 from tolerances import randn_attention_abs_bound

@@ -7,7 +7,7 @@ import torch
 from explorer import runs, views
 from explorer.figures import Panel, boundaries, heatmap_figure, pool
 from explorer.families import demo_transformer
-from explorer.links import parse_query
+from explorer.query_string import parse_query
 from explorer.settings import VALUE_KINDS
 from tolerances import assert_beyond_rounding, assert_bit_exact, assert_rounding_close, rounding_bound
 

@@ -139,7 +139,7 @@ def test_without_a_gpu_file_the_tab_says_so_and_exports_are_refused_by_name(tmp_
     assert "No GPU results file" in gpu_results.flash_figure(None).layout.annotations[0].text
     monkeypatch.setattr(gpu_results, "gpu_run", lambda: None)
     from explorer import export
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     with pytest.raises(Exception, match="gpu results: got 'none committed'"):
         export.figure(parse_query("preset=lecture"), "gpu_kernels")
 
@@ -158,7 +158,7 @@ def test_recorded_and_live_are_never_on_one_axis():
     """Every figure the live run streams (the four live charts and the GPU run beside them): each pair of axes
     holds one source only; the live panel titles its own device and batch."""
     from server.timing_events import timing_outputs
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     s = parse_query("preset=lecture")
     req = timing.check_request(s, timing.SETTINGS_GEOMETRY, "float32", "16, 32", ["naive", "flex"])
     records = [dict(backend=b, T=T, median_ms=ms, min_ms=ms, max_ms=ms, repeats=5, peak_mem_bytes=1, max_abs_err=0.0,
@@ -202,7 +202,7 @@ def test_the_forwards_useful_work_is_its_matmuls_and_its_masked_attention(first_
     """2 x parameters per token plus q.k and p.v over the allowed pairs, per layer: about 25 TFLOP at
     phoenix-prod, B 32 (the issue's figure), so the fastest forward runs under 30 % of the matmul peak."""
     from explorer.limits import trunk_params
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     from explorer.measure import useful_pairs
     s = parse_query("preset=phoenix-prod", need_model=False)
     pairs = useful_pairs("recsys", 1087, 1087 - 64)

@@ -183,7 +183,7 @@ def test_long_dense_masks_are_not_kept_beyond_their_mask(monkeypatch):
 # --- production's kernels (KERNEL_TILINGS): the work each runs -----------------------------
 
 def test_production_layout_kernel_counts():
-    """T = 1152, P + L = 2 + 1022 = 1024 (PRODUCTION.md §6): FA4 runs 73 of its 81 128x128 tiles (72 history
+    """T = 1152, P + L = 2 + 1022 = 1024 (docs/originals.md §7): FA4 runs 73 of its 81 128x128 tiles (72 history
     tiles full, the candidate diagonal masked, the candidate column of the history rows skipped); the
     H100 kernels run every history block and the candidate blocks over their own rows; P + L is a
     multiple of 128, so nothing runs that the mask hides."""

@@ -6,7 +6,7 @@ from dataclasses import asdict
 import pytest
 
 from explorer.measure import GRIDS, grid_for
-from explorer.links import parse_query, to_query
+from explorer.query_string import parse_query, to_query
 from models.presets import PRESETS
 
 
@@ -15,7 +15,7 @@ def real_candidates(layout) -> int:
 
 
 def test_ranking_presets_read_one_history_and_candidate_count():
-    """FACTS.md §3 / PRODUCTION.md §1: 1022 history events and 64 candidates in both families; grok.py puts one
+    """docs/originals.md §3: 1022 history events and 64 candidates in both families; grok.py puts one
     user token before them (T = 1087), production two prefix tokens, padded with empty candidate slots to
     T = 1152, a multiple of its kernels' 128-row tiles."""
     for name in ("phoenix-nano", "phoenix-prod"):

@@ -232,9 +232,9 @@ def test_trunk_refuses_inputs_that_do_not_fit_by_name(config, layout, data):
 
 @pytest.fixture(scope="module")
 def explorer():
-    """The app's own parser and model builder: explorer.schema, .settings, .limits, .links and .runs."""
-    from explorer import limits, links, runs, schema, settings as settings_mod
-    return SimpleNamespace(schema=schema, settings=settings_mod, limits=limits, links=links, runs=runs)
+    """The app's own parser and model builder: explorer.schema, .settings, .limits, .query_string and .runs."""
+    from explorer import limits, query_string, runs, schema, settings as settings_mod
+    return SimpleNamespace(schema=schema, settings=settings_mod, limits=limits, query_string=query_string, runs=runs)
 
 
 def field_names(explorer):
@@ -350,7 +350,7 @@ def small_settings(draw):
 def test_valid_settings_round_trip_and_keep_candidates_isolated(explorer, raw):
     runs = explorer.runs
     s = explorer.settings.parse_settings(raw)
-    assert explorer.links.parse_query(explorer.links.to_query(s)) == s
+    assert explorer.query_string.parse_query(explorer.query_string.to_query(s)) == s
     model = runs.build_model(s)
     batch = runs.batch_for(s)
     with torch.no_grad():

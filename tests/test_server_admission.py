@@ -5,7 +5,10 @@ import threading
 import pytest
 
 from server import admission, visitors
-from server.admission import LANES, QUEUE_MAX, Admission, RateShare, WatchedQueue, check_admission
+from server.admission import LANES, QUEUE_MAX, Admission, check_admission
+from server.fair_queue import NETWORK_SHARE, WatchedQueue
+from server.shares import (EXPORT_SHARE, NETWORK_EXPORT_SHARE, NETWORK_WORK_SHARE, WORK_SHARE, WORK_WEIGHT_CAP,
+                           RateShare)
 from server.visitors import client_address, visitor_key
 from explorer.schema import ValidationError
 
@@ -184,7 +187,7 @@ def test_a_networks_usage_ranks_its_addresses_and_a_class_ranks_as_its_browsers(
     queue.append(fresh_of_botnet)
     queue.append(lone)
     assert list(queue) == [lone, fresh_of_botnet]        # 720 s over the /24, shared by 4: 180 s > 20 s
-    assert gate.usage.rank("addr:198.51.100.200") == pytest.approx(720 / admission.NETWORK_SHARE)
+    assert gate.usage.rank("addr:198.51.100.200") == pytest.approx(720 / NETWORK_SHARE)
     gate.served("addr:192.0.2.1", 300.0)                 # a class's address: 30 browsers, 10 s each
     assert gate.usage.rank("addr:192.0.2.1", weight=30) == pytest.approx(10.0)
 
@@ -192,7 +195,7 @@ def test_a_networks_usage_ranks_its_addresses_and_a_class_ranks_as_its_browsers(
 def test_exports_have_a_rate_share_per_visitor_counted_in_renders():
     now = [0.0]
     gate = Admission(clock=lambda: now[0])
-    share = admission.EXPORT_SHARE
+    share = EXPORT_SHARE
     pack = 38                                            # a lecture pack: 19 figures, PNG and SVG
     packs = share["max_bytes"] // pack
     for _ in range(packs):
@@ -268,7 +271,7 @@ def test_a_heavy_model_view_is_admitted_to_the_heavy_lane_and_queued_there(monke
 def test_a_visitors_work_share_refuses_by_name_and_takes_nothing_when_it_refuses():
     now = [0.0]
     gate = Admission(clock=lambda: now[0])
-    limit = admission.WORK_SHARE["max_bytes"]
+    limit = WORK_SHARE["max_bytes"]
     for _ in range(limit // 1000):
         gate.admit("heavy", ("addr:a", "s"), lambda: ([], []), flops=1000e9)
         gate.tickets.clear()
@@ -378,7 +381,7 @@ def test_an_address_bound_grows_with_its_established_browsers_and_heavy_work_doe
     now = [0.0]
     gate = Admission(clock=lambda: now[0])
     gate.weights = lambda key: 30
-    limit = admission.WORK_SHARE["max_bytes"] * admission.WORK_WEIGHT_CAP
+    limit = WORK_SHARE["max_bytes"] * WORK_WEIGHT_CAP
     for _ in range(limit // 1000):
         gate.admit("heavy", ("addr:192.0.2.1", "s"), lambda: ([], []), flops=1000e9)
         gate.tickets.clear()
@@ -399,14 +402,14 @@ def test_fresh_addresses_of_one_network_share_its_work_and_render_shares():
     """A botnet asking for the largest views, or lecture packs, from a fresh address of one /24 each time:
     each address is within its own share, the network's ends them; another network still draws."""
     gate = Admission(clock=lambda: 0.0)
-    limit = admission.NETWORK_WORK_SHARE["max_bytes"]
+    limit = NETWORK_WORK_SHARE["max_bytes"]
     for i in range(limit // 1000):
         gate.admit("heavy", (f"addr:198.18.18.{i}", "s"), lambda: ([], []), flops=1000e9)
         gate.tickets.clear()
     with pytest.raises(ValidationError, match=r"^work: got .* GFLOP in 10 minutes'; allowed: .* GFLOP per network"):
         gate.admit("heavy", ("addr:198.18.18.99", "s"), lambda: ([], []), flops=1000e9)
     gate.admit("heavy", ("addr:203.0.113.1", "s"), lambda: ([], []), flops=1000e9)
-    renders = admission.NETWORK_EXPORT_SHARE["max_bytes"]
+    renders = NETWORK_EXPORT_SHARE["max_bytes"]
     for i in range(renders // 40):
         gate.admit("pack", (f"addr:198.18.19.{i}", "s"), lambda: ([], []), units=40)
         gate.tickets.clear()

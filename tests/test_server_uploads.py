@@ -2,12 +2,15 @@
 session, never evicted by another session's uploads, forgotten after a while, bounded in bytes, and
 held to the geometry they were checked against (a change of num_layers is answered by name)."""
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from explorer import budget, runs
-from explorer.links import parse_query
+from explorer.query_string import parse_query
 from explorer.schema import ValidationError
 from models.recsys import RecsysModel, init_recsys
 from models.weights import save_weights
@@ -19,6 +22,7 @@ LECTURE = "preset=lecture&weights=random"
 
 @pytest.fixture(autouse=True)
 def empty_store(monkeypatch):
+    monkeypatch.setattr(runs, "upload_state", uploads.state_of)       # what app.build_app sets at start-up
     monkeypatch.setattr(uploads, "_UPLOADS", {})
     monkeypatch.setattr(uploads, "_GONE", {})
     monkeypatch.setattr(uploads, "_FORGOTTEN", {})
@@ -281,3 +285,13 @@ def test_a_full_store_makes_room_from_the_heaviest_network_only_for_a_lighter_on
     assert uploads.uploads("honest-1") and uploads.uploads("honest-2") and uploads.store_bytes() == 4 * size
     with pytest.raises(ValidationError, match="room in the server's upload store"):     # 2 each: no heavier
         uploads.load_upload(parse_query(LECTURE), str(weight_file(tmp_path, seed=23)[0]), "honest-3", "addr:192.0.2.9")
+
+
+def test_importing_the_store_changes_nothing_below_it():
+    """explorer.runs takes uploads only from the hook the app sets at start-up (runs.serve_uploads), never
+    from an import's side effect."""
+    code = ("import server.uploads, explorer.runs as r; from explorer.runs import _no_uploads; "
+            "print(r.upload_state is _no_uploads)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.stdout.strip() == "True", done.stderr[-2000:]

@@ -10,7 +10,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 import pytest
 
-from explorer.links import parse_query
+from explorer.query_string import parse_query
 from explorer.views import VIEWS, Plot, Text, drawn_views
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,7 +52,7 @@ views.VIEWS["toy"] = views.View(
 
 import app
 from explorer import export, lesson
-from explorer.links import parse_query
+from explorer.query_string import parse_query
 from scripts.readme_tables import views_block
 from server import endpoints, lanes
 from server.admission import LANES

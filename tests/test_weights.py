@@ -28,7 +28,7 @@ def random_params(cfg=CFG, seed=0):
 
 
 def expected_paths(num_layers):
-    """FACTS.md §1, written out by hand."""
+    """docs/originals.md §1, written out by hand."""
     paths = set()
     for i in range(num_layers):
         p = f"transformer/decoder_layer_{i}"
@@ -228,7 +228,7 @@ def original_params(model, seed=0, cfg=LECTURE):
                                    num_layers=cfg.num_layers, ffn_hidden=cfg.ffn_hidden)
 
 
-# written out by hand from the issue / FACTS.md §3: what the original's init returns besides the trunk.
+# written out by hand from the issue / docs/originals.md §2: what the original's init returns besides the trunk.
 # Haiku names a submodule made in a method other than __call__ "parent/~method/child" (haiku module.py
 # unique_and_canonical_name); the original makes its CandidateTower in build_candidate_representation.
 TOWER = "phoenix_retrieval_model/~build_candidate_representation/candidate_tower"
@@ -333,6 +333,7 @@ def test_app_opens_a_jax_export(tmp_path):
     s = Settings(preset="lecture")
     assert s.transformer_config().ffn_hidden == LECTURE.ffn_hidden
     name = uploads.load_upload(s, str(path), session="a visitor")
+    runs.serve_uploads(uploads.state_of)                    # as app.build_app does at start-up
     served = runs.build_model(dataclasses.replace(s, weights=f"upload:{name}"))
     got = haiku_params(served, hash_tables=False)
     assert_same_params(got, params)
@@ -484,7 +485,7 @@ def test_safetensors_header_limits_are_checked_before_reading(tmp_path):
 def test_the_magnitude_bound_keeps_the_worst_case_forward_finite(query):
     """Every parameter at +MAX_ABS_WEIGHT (all products aligned), no logit cap, the largest multiplier:
     the scores are finite, so weights that pass the check cannot overflow the forward."""
-    from explorer.links import parse_query
+    from explorer.query_string import parse_query
     from models.haiku_tree import MAX_ABS_WEIGHT
     s = parse_query(query)
     model = RecsysModel(s.recsys_config())

@@ -1,5 +1,5 @@
 """The production Phoenix port (models/xrex.py) computes production's function: checked against an
-independent float64 NumPy forward written from PRODUCTION.md (tests/reference_xrex.py), the port run in
+independent float64 NumPy forward written from docs/originals.md (tests/reference_xrex.py), the port run in
 float64 end to end so that the float64 rounding bound (~1e-12) applies and a planted 1e-5 error fails it,
 plus one float32 run within the float32 bound (what the page runs); then the properties that set it apart
 from grok.py's trunk (right-anchored RoPE, bidirectional prefix, isolation, batch invariance) and the
@@ -383,7 +383,7 @@ def test_bf16_numerics_switch():
 # --- parameters: production's stacked tree ------------------------------------------------------
 
 def test_spec_matches_production_shapes():
-    """PRODUCTION.md §5, home_direct_packed: the stacked names and shapes (checked without allocating)."""
+    """docs/originals.md §6, home_direct_packed: the stacked names and shapes (checked without allocating)."""
     spec = {k: v[1] for k, v in param_spec(PRESETS["phoenix-2026"].xrex_config()).items()}
     s = "transformer/layer_stack/decoder_layer_0"
     assert spec == {
@@ -504,7 +504,7 @@ def test_presets_follow_the_production_table():
                                                                      "phoenix-2026-seqpack"}
 
 
-# --- production's quirks in the bug zoo (PRODUCTION.md §6) -------------------------------------------
+# --- production's quirks in the bug zoo (docs/originals.md §7) -------------------------------------------
 
 def trunk(seed=0, **kw):
     from models.xrex import XrexTrunk
