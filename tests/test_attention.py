@@ -407,7 +407,7 @@ def test_refusals_say_why():
     assert unavailable_reason("sdpa", cap=0.0, cap_method="tanh") is None        # cap <= 0 is off
     assert "needs CUDA" in unavailable_reason("flash_attn", device="cpu")
     assert "needs CUDA" in unavailable_reason("sdpa-efficient", device="cpu")
-    assert "heatmaps need naive" in unavailable_reason("flex", need_weights=True)
+    assert "heatmaps need naive" in unavailable_reason("sdpa", cap=0.0, need_weights=True)
     assert "unknown backend" in unavailable_reason("nope")
     if not torch.cuda.is_available():
         assert unavailable_reason("flash_attn", device="cuda", dtype="bfloat16") == "needs CUDA"
@@ -451,7 +451,7 @@ def test_flex_refused_on_zero_gpu(monkeypatch):
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
     assert "ZeroGPU does not support" in unavailable_reason("flex", cap=30.0)
     monkeypatch.delenv("SPACES_ZERO_GPU")
-    assert unavailable_reason("flex", cap=30.0) is None
+    assert unavailable_reason("flex", cap=30.0) == A.flex_cpu_refused()      # None where this CPU compiles flex
 
 
 def test_attend_raises_rather_than_approximates():

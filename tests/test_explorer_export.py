@@ -353,10 +353,13 @@ def test_renders_are_served_in_the_order_they_asked():
 def test_the_recorded_gpu_figures_export_with_captions_from_their_files(tmp_path):
     """The GPU evidence exports like any figure, at any preset (it draws no model): its caption names the
     device, date and commit of the committed files it is drawn from, and what was derived."""
+    from explorer import gpu_results
     s = parse_query("preset=phoenix-2026-nano", need_model=False)
     for name, words in (("gpu_kernels", "× naive"), ("gpu_forward", "whole forward")):
         path = export.export_figure(s, name, "svg", str(tmp_path))
         assert os.path.basename(path) == f"{name}-phoenix-2026-nano.svg" and words in open(path).read()
         caption = export.caption(s, name)
-        assert "NVIDIA H100 80GB HBM3 (2026-11-26, commit 801f962" in caption and "nothing was measured" in caption
-    assert "derived" in export.caption(s, "gpu_forward") and "probe.json" in export.caption(s, "gpu_forward")
+        run = gpu_results.gpu_run()
+        assert (f"{run.device} ({run.data['date']}, commit {run.data['commit']}" in caption
+                and "nothing was measured" in caption)
+    assert f"benchmarks/results/{run.trunk.source}" in export.caption(s, "gpu_forward")
