@@ -82,6 +82,7 @@ def launch_browser(playwright):
     return playwright.chromium.launch(executable_path=path, args=CHROMIUM_ARGS, headless=True)
 
 
-def wait_for_plot(page, elem_id: str, timeout: float = 30_000):
-    """Wait until the plot in the element `elem_id` has drawn."""
+def wait_for_plot(page, elem_id: str, timeout: float = 90_000):
+    """Wait until the plot in the element `elem_id` has drawn. A page's first plot on a fresh 2-core machine waits
+    for the model's build and first forward behind the start-up warm-up (a fresh clone's run failed at 30 s)."""
     page.wait_for_selector(f"#{elem_id} .js-plotly-plot .main-svg", timeout=timeout, state="attached")

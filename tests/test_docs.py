@@ -5,8 +5,11 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# the repository's own files: not a virtual environment made in the checkout (the README's set-up makes .venv/),
+# nor any hidden folder (.git, .whl) or installed package
 SOURCES = [p for pattern in ("*.py", "*.md", "*.js") for p in ROOT.rglob(pattern)
-           if ".git" not in p.parts and "results" not in p.parts]
+           if not any(part.startswith(".") or part in ("results", "site-packages", "node_modules")
+                      for part in p.relative_to(ROOT).parts[:-1])]
 CITATION = re.compile(r"docs/([\w.-]+\.md)((?:\s*§\d+(?:\s*[-,]\s*§?\d+)*)?)")
 
 
