@@ -67,8 +67,9 @@ class GpuRun:
 def run_order(name: str, data: dict) -> tuple:
     """Newest last: by date, then by the run's number that day (<device>-<date>.json is the first run,
     <device>-<date>-2.json the second)."""
-    m = re.search(r"^-(\d+)\.json$", name.rsplit(str(data.get("date")), 1)[-1])
-    return str(data.get("date")), int(m.group(1)) if m else 1
+    date = str(data.get("date"))
+    m = re.search(rf"{re.escape(date)}-(\d+)\.json$", name)
+    return date, int(m.group(1)) if m else 1
 
 
 def gpu_run(results_dir: Path = RESULTS_DIR) -> Optional[GpuRun]:

@@ -32,6 +32,11 @@ KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTI
 ONEDNN_ISA = {"default": "SSE41", "avx2": "AVX2"}        # oneDNN's cap for a CPU with no more than that
 
 
+def forced(capability: str) -> dict:
+    """ATen's kernels at `capability`, and oneDNN held to the same, as on a CPU with no more than that."""
+    return {"ATEN_CPU_CAPABILITY": capability, "ONEDNN_MAX_CPU_ISA": ONEDNN_ISA[capability]}
+
+
 def numerics_modules() -> list[str]:
     """The test modules that compare floating-point results: those that import tests/tolerances.py."""
     return sorted(f"tests/{p.name}" for p in TESTS.glob("test_*.py")
@@ -39,8 +44,8 @@ def numerics_modules() -> list[str]:
 
 
 IN_PROCESS = {                      # name: environment; capabilities above the CPU's fall back to its best
-    "default-1thread": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "OMP_NUM_THREADS": "1"},
-    "avx2-2threads": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "OMP_NUM_THREADS": "2"},
+    "default-1thread": {**forced("default"), "OMP_NUM_THREADS": "1"},
+    "avx2-2threads": {**forced("avx2"), "OMP_NUM_THREADS": "2"},
     "mkl-avx2-amd-path-1thread": {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "OMP_NUM_THREADS": "1"},
     "mkl-sse42-2threads": {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "OMP_NUM_THREADS": "2"},
 }
@@ -50,7 +55,7 @@ SERVED = {                          # name: (the test process's environment, the
         {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "OMP_NUM_THREADS": "2"},
         "ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX512 EXPLORER_THREADS=1"),
     "tests-default-1thread/server-amd-path-2threads": (
-        {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "OMP_NUM_THREADS": "1"},
+        {**forced("default"), "OMP_NUM_THREADS": "1"},
         "ATEN_CPU_CAPABILITY=avx512 MKL_ENABLE_INSTRUCTIONS=AVX2 EXPLORER_THREADS=2"),
 }
 
