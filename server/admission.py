@@ -136,9 +136,14 @@ def check_admission(lane: str, waiting: list, visitor: tuple, running: list = ()
         return None
     victim = _heaviest(waiting, counted, key, weights)
     if victim is None:
-        raise ValidationError("queue", f"{len(waiting)} {bound.what} waiting",
-                              f"{bound.waiting} at once; the server is busy, try again in a moment")
+        raise LaneFull("queue", f"{len(waiting)} {bound.what} waiting",
+                       f"{bound.waiting} at once; the server is busy, try again in a moment")
     return victim
+
+
+class LaneFull(ValidationError):
+    """A full lane refused an arrival whose network holds no more of it than any other: the server is busy,
+    which is no bound of the visitor's own (server.backoff never counts it)."""
 
 
 def _heaviest(waiting: list, counted: list, key: str, weights: Callable[[str], int]) -> Optional[Held]:

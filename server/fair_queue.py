@@ -25,6 +25,7 @@ class Usage:
     def __init__(self, half_life_s: float = 60.0, clock: Callable[[], float] = time.monotonic):
         self.half_life_s, self.clock = half_life_s, clock
         self.seconds: dict[str, tuple[float, float]] = {}        # key -> (seconds, when)
+        self.kept = 1024                                            # keys held before the decayed are forgotten
 
     def of(self, key: str) -> float:
         seconds, when = self.seconds.get(key, (0.0, 0.0))
@@ -36,8 +37,10 @@ class Usage:
 
     def charge(self, key: str, seconds: float) -> None:
         now = self.clock()
-        self.seconds = {k: (v, t) for k, (v, t) in self.seconds.items()       # forget what has decayed away
-                        if v * 0.5 ** ((now - t) / self.half_life_s) > 1e-3}
+        if len(self.seconds) > self.kept:       # forget what has decayed away (a pass over every key: now and then)
+            self.seconds = {k: (v, t) for k, (v, t) in self.seconds.items()
+                            if v * 0.5 ** ((now - t) / self.half_life_s) > 1e-3}
+            self.kept = 2 * max(len(self.seconds), 512)
         for k in {key, network_of(key)}:
             self.seconds[k] = (self.of(k) + seconds, now)
 
@@ -58,15 +61,17 @@ class WatchedQueue(list):
         established behind its visitor (networks take turns, so the heaviest's later requests wait behind
         everyone's first); then the visitor's usage rank less the seconds it has waited, in whole seconds
         (so a busy visitor waits at most about its usage behind new arrivals, never for ever); then arrival."""
-        now, ahead, keys = self.admission.clock(), collections.Counter(), []
+        now, ahead, keys, ranks = self.admission.clock(), collections.Counter(), [], {}
         for event in sorted(self if events is None else events, key=lambda e: getattr(e, "_arrival", -1)):
             key = getattr(event, "_visitor_key", "")
-            weight = self.admission.weights(key)
             if self.admission.superseded(getattr(getattr(event, "request", None), "state", None)):
                 keys.append(((-1, 0, getattr(event, "_arrival", -1)), event))
                 continue
-            network = network_of(key)
-            usage = self.admission.usage.rank(key, weight) - (now - getattr(event, "_queued_at", now))
+            if key not in ranks:                # once per visitor, however many of its requests wait
+                weight = self.admission.weights(key)
+                ranks[key] = (weight, network_of(key), self.admission.usage.rank(key, weight))
+            weight, network, rank = ranks[key]
+            usage = rank - (now - getattr(event, "_queued_at", now))
             keys.append(((ahead[network] // max(1, weight), math.floor(usage), getattr(event, "_arrival", -1)), event))
             ahead[network] += 1
         return [event for _, event in sorted(keys, key=lambda k: k[0])]
@@ -88,4 +93,5 @@ class WatchedQueue(list):
     def reorder(self) -> None:
         """Back in order after usage changed (call under the admission lock); a single slice
         assignment, so Gradio's reader never sees the list part-sorted or empty."""
-        self[:] = self.order()
+        if len(self) > 1:
+            self[:] = self.order()

@@ -19,6 +19,7 @@ from urllib.parse import parse_qs
 
 from explorer.schema import ValidationError
 
+from .backoff import BACKOFF
 from .shares import RateShare
 from .visitors import check_session_hash, network_of, visitor_key
 from .browsers import BROWSERS, SIGNER, cookie_value, set_cookie_header
@@ -79,7 +80,8 @@ REQUEST_RATE = dict(what="requests", burst=900, per_s=60)
 EVENT_ROUTES = ("/queue/join", "/run/", "/call/", "/api/")
 # A request refused for its rate is answered TARPIT_S later (an await: no thread, no CPU): a client looping on
 # refusals then asks once a second per connection instead of thousands of times, and spends no CPU of the
-# machine it may share with the server. At most TARPIT_AT_ONCE wait; past that, refusals are answered at once.
+# machine it may share with the server. A visitor refused again and again waits before its next request is
+# read (server.backoff). At most TARPIT_AT_ONCE wait; past that, refusals are answered at once.
 TARPIT_S = 1.0
 TARPIT_AT_ONCE = 512
 # The routes that build the page or its config (with or without a trailing slash, any query string): one
@@ -181,8 +183,15 @@ class FrontDoor:
         browser = SIGNER.browser(cookie_value(headers))
         BROWSERS.asked(visitor, browser)
         page = method in ("GET", "HEAD") and route in PAGE_ROUTES
+        weight = BROWSERS.weight(visitor)
+        if route != HEALTH_ROUTE:
+            wait = BACKOFF.wait_s(visitor, weight)
+            if wait > 0 and not await self._hold(wait):
+                return await self._refuse(receive, send, 429, str(ValidationError(
+                    "requests", "refusal after refusal from your address",
+                    f"a wait of {wait:.1f} s before the next; slow down")), _declared_length(scope), wait)
         try:
-            scale = math.sqrt(BROWSERS.weight(visitor))
+            scale = math.sqrt(weight)
             self.requests.take(visitor, scale)
             if page:
                 self.pages.take(visitor, scale)
@@ -190,15 +199,12 @@ class FrontDoor:
                 self.events.take(visitor, scale)
         except RateLimited as e:
             BROWSERS.refused(visitor, browser)
+            BACKOFF.refused(visitor)
             declared = _declared_length(scope) if method == "POST" else -1
-            if self.tarpitted < TARPIT_AT_ONCE:
-                self.tarpitted += 1
-                try:
-                    await asyncio.sleep(TARPIT_S)
-                finally:
-                    self.tarpitted -= 1
+            await self._hold(TARPIT_S)
             return await self._refuse(receive, send, 429, str(e), declared, e.retry_after_s)
         if route.startswith(CLOSED_ROUTES):
+            BACKOFF.refused(visitor)
             return await self._refuse(receive, send, 404, f"Not Found: {route[:200]} is closed on this server",
                                       _declared_length(scope))
         if route == HEALTH_ROUTE and self.health is not None:
@@ -210,6 +216,7 @@ class FrontDoor:
         try:
             self._check_session(route, scope)
         except ValidationError as e:
+            BACKOFF.refused(visitor)
             return await self._refuse(receive, send, 400, str(e), _declared_length(scope))
         if page:
             return await self._page(scope, receive, send, route == "/" and browser is None)
@@ -229,6 +236,8 @@ class FrontDoor:
                 self.network_uploads.take(network, declared)
             except ValidationError as e:
                 status = 429 if "uploads" in str(e).split(";")[0] else 507 if "disk" in str(e) else 413
+                if status != 507:               # a full disk is nobody's own bound
+                    BACKOFF.refused(visitor)
                 return await self._refuse(receive, send, status, str(e), declared)
         else:
             limit = MAX_JSON_BODY_BYTES
@@ -251,6 +260,18 @@ class FrontDoor:
             await self.app(scope, bounded_receive, self._kept(send, answer))
         finally:
             self.files.arrived(held, _paths(answer))
+
+    async def _hold(self, seconds: float) -> bool:
+        """Wait `seconds` before answering (an await: no thread, no CPU), unless TARPIT_AT_ONCE wait already
+        -> whether it waited."""
+        if self.tarpitted >= TARPIT_AT_ONCE:
+            return False
+        self.tarpitted += 1
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self.tarpitted -= 1
+        return True
 
     @staticmethod
     def _check_session(route: str, scope) -> None:

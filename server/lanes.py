@@ -27,7 +27,8 @@ from explorer.settings import parse_settings
 from explorer.views import VIEWS
 
 from . import admission, uploads
-from .admission import ADMISSION, LANES
+from .admission import ADMISSION, LANES, LaneFull
+from .backoff import BACKOFF
 from .fair_queue import WatchedQueue
 from .visitors import visitor_of
 from .endpoints import linked, page_change, picked_values, stepped
@@ -133,6 +134,8 @@ def admit_to(lane_name: str, units=1, work=None, redraw: bool = False):
                                              redraw)
         except ValidationError as e:
             log.info("refused at admission (%s): %s", chosen, e)
+            if not isinstance(e, LaneFull):
+                BACKOFF.refused(visitor[0])
             if not inputs:              # no input to mark the refusal on: it is answered in words
                 raise gr.Error(as_text(str(e)), print_exception=False) from None
             return refused(str(e), len(inputs))

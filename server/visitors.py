@@ -5,6 +5,7 @@ by the client) only tell apart the tabs of one visitor; networks (a /24, an IPv6
 never identity. The queue, the front door and the upload store all ask this module."""
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import re
@@ -65,6 +66,7 @@ def normalised_address(address: str) -> str:
     return str(ipaddress.ip_network(f"{ip}/64", strict=False)) if ip.version == 6 else str(ip)
 
 
+@functools.lru_cache(maxsize=65536)
 def network_of(key: str) -> str:
     """The network of a visitor key, for fairness weighting only (never identity: a /24 can be many
     homes): an IPv4 address's /24, an IPv6 /64's /48; a signed-in user or an unparsed address is its own."""

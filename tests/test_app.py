@@ -599,6 +599,39 @@ def test_the_queue_builds_no_analytics_summary_per_event(monkeypatch):
     assert queue.ANALYTICS_MAX_EVENTS <= app.QUEUE_MAX
 
 
+def test_skipped_outputs_are_answered_as_gradio_answers_them_without_building_a_component(monkeypatch):
+    """A page redraw's skipped outputs (most of its 64) are passed by (server.gradio_patches.skip_unchanged_outputs):
+    the answer is the one Gradio's own postprocessing gives, output for output, for a mix of skips, updates and
+    values, one kept output, none kept; no component is built for a skip, nor any session config at all."""
+    import asyncio
+    import app
+    import gradio as gr
+    import gradio.blocks
+    from gradio.state_holder import SessionState
+    from explorer.controls import CONTROL_FIELDS
+    from server.endpoints import CHANGE_OUTPUTS
+    demo = app.build_app()
+    fn = next(f for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "control_change_on_page")
+    assert len(fn.outputs) == CHANGE_OUTPUTS
+    n = len(fn.outputs)
+    controls = range(2, 2 + len(CONTROL_FIELDS))
+    cases = [["preset=lecture", "a note"] + [gr.update(info="i", elem_classes=[]) for _ in controls]
+             + [gr.skip()] * (n - 2 - len(CONTROL_FIELDS)),
+             [gr.skip()] + ["a note"] + [gr.skip()] * (n - 2),
+             [gr.skip()] * n]
+    gradio_own = lambda *a: gradio.blocks.Blocks.postprocess_data(demo, *a)   # noqa: E731
+    for case in cases:
+        ours = asyncio.run(demo.postprocess_data(fn, list(case), SessionState(demo)))
+        theirs = asyncio.run(gradio_own(fn, [dict(p) if isinstance(p, dict) else p for p in case], SessionState(demo)))
+        assert ours == theirs
+    built = []
+    monkeypatch.setattr(gradio.blocks.BlocksConfig, "config_for_block", lambda *a, **k: built.append(a) or {})
+    state = SessionState(demo)
+    asyncio.run(demo.postprocess_data(fn, [gr.skip()] * n, state))
+    asyncio.run(demo.postprocess_data(fn, cases[0], state))
+    assert built == [] and not any(state.config_values.values())
+
+
 def test_the_soak_client_speaks_the_pages_protocol(server):
     """benchmarks/load_test.py's plain-HTTP client (what the soak's visitors use): an answer reads as
     None, an event given fewer inputs than it has is completed with the page's own values (as
@@ -880,7 +913,7 @@ def test_a_new_session_builds_no_copy_of_the_page_config(front_door_server, monk
     monkeypatch.setattr(BlocksConfig, "config_for_block",
                         staticmethod(lambda *a, **k: built.append(a[0]) or real(*a, **k)))
     state = SessionState(demo)
-    assert built == [] and state.config_values == {}
+    assert built == [] and not any(state.config_values.values())
     assert state.blocks_config.blocks.keys() == demo.default_config.blocks.keys()
     code, _ = join(url, next(d["id"] for d in demo.config["dependencies"] if d.get("api_name") == "mask"),
                    ["preset=lecture"], "fresh-session", "198.51.100.40")
@@ -1074,11 +1107,13 @@ def test_sessions_minted_past_gradios_table_never_stop_the_queue(monkeypatch):
 
     import app
     from explorer import views
-    from server import admission, gradio_patches, memory, visitors
+    from server import admission, backoff, gradio_patches, memory, visitors
     from dataclasses import replace
     monkeypatch.setenv(visitors.TRUSTED_PROXIES_ENV, "1")
     monkeypatch.setattr(memory, "SESSION_CAPACITY", 40)
     monkeypatch.setattr(gradio_patches, "NEW_SESSION_RATE", dict(what="new sessions", burst=100, per_s=1.0))
+    # refused at once, so the bucket's count is exact (backoff's waits: tests/test_server_front_door.py)
+    monkeypatch.setattr(backoff, "STEP_S", 0.0)
     gate = threading.Event()
     view = views.VIEWS["attention"]
     parts = tuple(replace(p, draw=lambda s, *a, **k: (gate.wait(60), p.draw(s, *a, **k))[1]) for p in view.parts)

@@ -415,3 +415,31 @@ def test_fresh_addresses_of_one_network_share_its_work_and_render_shares():
         gate.tickets.clear()
     with pytest.raises(ValidationError, match=r"^export: got .* renders in 10 minutes'; allowed: .* per network"):
         gate.admit("pack", ("addr:198.18.19.99", "s"), lambda: ([], []), units=40)
+
+
+def test_a_refusal_of_the_visitors_own_bound_counts_toward_its_backoff_and_a_full_lane_does_not(monkeypatch):
+    """Admission tells server.backoff of each refusal past a bound of the visitor's own (one heavy view per
+    visitor), never of a full lane's "the server is busy" (LaneFull: nobody's own bound)."""
+    from server import backoff, lanes
+    from server.admission import Held, LaneFull
+    gate, record = Admission(), backoff.Backoff()
+    monkeypatch.setattr(lanes, "ADMISSION", gate)
+    monkeypatch.setattr(lanes, "BACKOFF", record)
+    WatchedQueue("forward", gate), WatchedQueue("heavy", gate)
+    admit = lanes.admit_to("forward", work=lambda query, request=None: 1e12 if "big" in query else 1e6)
+
+    def request(address):
+        headers = {"x-forwarded-for": address}
+        http = type("Http", (), {"state": type("State", (), {})(), "headers": headers, "client": None})()
+        return type("Request", (), {"request": http, "session_hash": "s", "headers": headers, "client": None,
+                                    "username": None})()
+    monkeypatch.setenv(visitors.TRUSTED_PROXIES_ENV, "1")
+    assert admit(request("192.0.2.1"), "big")["is_valid"] is True
+    assert admit(request("192.0.2.1"), "big")["is_valid"] is False           # one heavy per visitor
+    assert record.refusals.of("addr:192.0.2.1") == pytest.approx(1.0)
+    full = [Held(f"addr:198.51.{i}.1", "s", event=object()) for i in range(LANES["forward"].waiting)]
+    monkeypatch.setattr(lanes, "lane_now", lambda request, lane: (full, []))
+    with pytest.raises(LaneFull):
+        check_admission("forward", full, ("addr:203.0.113.9", "s"))
+    assert admit(request("203.0.113.9"), "small")["is_valid"] is False        # the server is busy
+    assert record.refusals.of("addr:203.0.113.9") == 0.0

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from explorer.schema import ValidationError
-from server import browsers, disk, front_door, visitors
+from server import backoff, browsers, disk, front_door, visitors
 
 
 class ToyApp:
@@ -56,6 +56,7 @@ def behind_one_proxy(monkeypatch):
     monkeypatch.setattr(front_door, "TARPIT_S", 0.0)
     monkeypatch.setattr(browsers, "BROWSERS", browsers.Browsers())
     monkeypatch.setattr(front_door, "BROWSERS", browsers.BROWSERS)
+    monkeypatch.setattr(front_door, "BACKOFF", backoff.Backoff())
 
 
 def test_every_spelling_of_the_page_and_its_config_is_one_cached_copy():
@@ -248,3 +249,59 @@ def test_a_refusal_for_rate_is_answered_late_so_a_loop_of_them_slows_down(monkey
     monkeypatch.setattr(front_door, "TARPIT_AT_ONCE", 0)                    # too many waiting: at once
     t0 = time.monotonic()
     assert call(door, "GET", "/", "10.0.0.1")[0] == 429 and time.monotonic() - t0 < 0.3
+
+
+def test_a_visitor_refused_again_and_again_waits_before_its_next_request_is_read(monkeypatch):
+    """Past FREE_REFUSALS refusals lately, each of a visitor's requests waits STEP_S more per refusal (at most
+    MAX_WAIT_S) before the app reads it; another visitor, an honest one of the same network, a loopback client
+    and the health answer are not held; past TARPIT_AT_ONCE held at once, the held visitor is refused at once."""
+    import time
+    monkeypatch.setattr(backoff, "STEP_S", 0.1)
+    monkeypatch.setattr(backoff, "MAX_WAIT_S", 0.35)
+    app = ToyApp()
+    door = front_door.FrontDoor(app, health=lambda: (True, {}))
+
+    def timed(address, path="/gradio_api/queue/join"):
+        t0 = time.monotonic()
+        status = call(door, "POST", path, address, b"{}")[0]
+        return status, time.monotonic() - t0
+    for _ in range(int(backoff.FREE_REFUSALS)):
+        front_door.BACKOFF.refused("addr:10.0.0.1")
+    assert timed("10.0.0.1") == (200, pytest.approx(0.0, abs=0.05))       # a few refusals lately: free
+    for n in (1, 2):
+        front_door.BACKOFF.refused("addr:10.0.0.1")
+        status, took = timed("10.0.0.1")
+        assert status == 200 and took >= 0.1 * n * 0.95
+    for _ in range(20):
+        front_door.BACKOFF.refused("addr:10.0.0.1")
+    status, took = timed("10.0.0.1")
+    assert status == 200 and 0.33 <= took < 0.6                           # capped at MAX_WAIT_S
+    assert timed("10.0.0.2")[1] < 0.05                                    # a neighbour never refused is not held
+    assert timed("127.0.0.1")[1] < 0.05                                   # nor the machine's own clients
+    t0 = time.monotonic()
+    assert call(door, "GET", "/healthz", "10.0.0.1")[0] == 200 and time.monotonic() - t0 < 0.05
+    monkeypatch.setattr(front_door, "TARPIT_AT_ONCE", 0)                  # too many held: refused at once
+    status, took = timed("10.0.0.1")
+    assert status == 429 and took < 0.05
+
+
+def test_refusals_decay_count_per_network_and_scale_with_a_class():
+    """A refusal counts half after HALF_LIFE_S; a network's refusals count shared by NETWORK_SHARE in each of its
+    refused visitors' waits (a botnet's addresses of one /24 each back off; a neighbour never refused does not);
+    an address with an established class has a class's free refusals."""
+    clock = [0.0]
+    b = backoff.Backoff(clock=lambda: clock[0])
+    free, step = backoff.FREE_REFUSALS, backoff.STEP_S
+    for _ in range(int(free) + 4):
+        b.refused("addr:10.1.1.1")
+    assert b.wait_s("addr:10.1.1.1") == pytest.approx(4 * step)
+    assert b.wait_s("addr:10.1.1.1", weight=30) == 0.0
+    clock[0] += backoff.HALF_LIFE_S
+    assert b.wait_s("addr:10.1.1.1") == pytest.approx(max(0.0, (free + 4) / 2 - free) * step)
+    for i in range(40):                                                   # 40 addresses of one /24, 4 each
+        for _ in range(4):
+            b.refused(f"addr:10.2.2.{i}")
+    assert all(b.wait_s(f"addr:10.2.2.{i}") > 0 for i in range(40))
+    assert b.wait_s("addr:10.2.3.1") == 0.0 and b.wait_s("addr:10.2.2.200") == 0.0
+    b.refused("addr:10.2.2.200")
+    assert b.wait_s("addr:10.2.2.200") > 0                                # a fresh one refused once: its network's wait
