@@ -29,7 +29,7 @@ from models.xrex import XrexRecsys
 from .budget import MEMORY, ByteCache
 from .families import FAMILIES
 from .limits import device, estimate_params
-from .schema import Settings, ValidationError
+from .schema import VIEW_FIELDS, Settings, ValidationError
 from .settings import WEIGHT_GEOMETRY
 
 log = logging.getLogger("explorer")
@@ -175,16 +175,13 @@ def build_model(s: Settings) -> RecsysModel | XrexRecsys:
 
 
 _GEOMETRY = (*WEIGHT_GEOMETRY, "weights", "seed")
+_VIEW_DEFAULTS = {f: getattr(Settings(), f) for f in VIEW_FIELDS}        # what model_settings resets them to
 
 
 def model_settings(s: Settings) -> Settings:
-    """The settings with the view options reset: two settings that differ only in what is shown
-    share one model and one forward."""
-    d = Settings()
-    return replace(s, row=d.row, layer=d.layer, head=d.head, values=d.values, color=d.color, query=d.query, zoom=d.zoom,
-                   candidate=d.candidate, perturbation=d.perturbation, delta=d.delta,
-                   replace_with=d.replace_with, operation=d.operation, compare=d.compare,
-                   variant=d.variant, bug=d.bug)
+    """The settings with the view options (explorer.schema.VIEW_FIELDS) reset: two settings that differ only
+    in what is shown share one model and one forward."""
+    return replace(s, **_VIEW_DEFAULTS)
 
 
 def make_batch(s: Settings, seed: int) -> RecsysBatch:

@@ -58,7 +58,7 @@ class Settings:
     rope_base: float = 10000.0
     rope_offset: int = 0
     rope_mode: str = "sequential"
-    # view options (part of the URL so a link reproduces the picture)
+    # view options (part of the URL so a link reproduces the picture; VIEW_FIELDS below)
     layer: int = 0
     head: int = -1                   # -1: every head of the layer as a grid
     values: str = "probabilities"
@@ -134,3 +134,12 @@ class Settings:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+# The fields that change only what is shown, never the model, its inputs or its weights: the view options and
+# the batch row shown. explorer.runs.model_settings resets them, so settings that differ only here share one
+# model and one recorded forward (a field missing here would build and run the model again at each change of
+# it). Every other field picks the model, its layout or its weights; tests/test_explorer_settings.py fails on
+# a field that is neither.
+VIEW_FIELDS = ("row", "layer", "head", "values", "color", "query", "zoom", "candidate", "perturbation", "delta",
+               "replace_with", "operation", "compare", "variant", "bug")

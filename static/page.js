@@ -265,8 +265,8 @@ explorer.recolour = (kind, q) => {
 const escapeHtml = (s) => String(s).replace(/[&<>"]/g, (ch) => ({'&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;'}[ch]));
 
 // The query row drawn on the page from what the attention tab holds (layout meta `query`, written by
-// explorer.views.query_meta): every panel's row outline moved, the bar chart and its sentence redrawn from
-// the panel's own weights, as explorer.views.query_row_view draws them. `v` is the query box's value
+// explorer.views.attention.query_meta): every panel's row outline moved, the bar chart and its sentence redrawn from
+// the panel's own weights, as explorer.views.attention.query_row_view draws them. `v` is the query box's value
 // (-1: the first candidate). The sequence position drawn, or null where the page does not hold that row
 // (another tab, pooled rows, logits shown, a control marked invalid): then the server redraws. `layer`
 // (the bars' layer; in the every-head grid another layer's head-0 panel is on the page too) is kept
@@ -332,7 +332,7 @@ explorer.layerPick = (layer, v, q, n) => {
 };
 
 // A pick of the values radio, the layer or the head in a one-head view that holds the model's other panels
-// hidden (explorer.views panels_on_page): the panel of `want` ({values, layer, head}, the rest as shown)
+// hidden (explorer.views.attention.panels_on_page): the panel of `want` ({values, layer, head}, the rest as shown)
 // shown, its colour scale fitted (the colour radio's kind, from the link `q`) in its own look (trace meta
 // `colour`), the title, the bars and their sentence redrawn. Returns true, or null where the page does not
 // hold it (the grid, to or from it, another tab, long sequences): then the server redraws.

@@ -1,7 +1,7 @@
 """The one validation layer: every bad value is refused with field, value and what is allowed;
-settings survive the URL round trip."""
+settings survive the URL round trip; every field either picks the model or only changes what is shown."""
 import math
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
@@ -9,7 +9,8 @@ from hypothesis import given, settings as hsettings, strategies as st
 from explorer.families import preset_defaults
 from explorer.limits import CPU_MAX_SEQ_LEN
 from explorer.query_string import parse_query, retired_note, to_query
-from explorer.schema import Settings, ValidationError
+from explorer.runs import model_settings
+from explorer.schema import VIEW_FIELDS, Settings, ValidationError
 from explorer.settings import parse_settings
 
 BAD = [
@@ -225,3 +226,28 @@ def test_preset_and_family_stay_consistent_and_links_carry_both():
     seqpack = with_family(parse_query("preset=phoenix-2026-seqpack", need_model=False), "xrex")
     assert (seqpack.cap_method, seqpack.logit_cap) == ("soft_sign", 80.0)       # its own cap is kept
 
+
+
+# the fields that pick the model, its inputs or its weights, in Settings' groups: the preset and family, the
+# sequence layout and batch, the geometry and attention, the weights and data, RoPE
+MODEL_FIELDS = {"preset", "family",
+                "num_user", "num_history", "num_candidates", "history_padding", "candidate_padding", "batch_size",
+                "emb_size", "key_size", "num_q_heads", "num_kv_heads", "num_layers", "widening_factor", "multiplier",
+                "cap_method", "logit_cap", "prefix",
+                "weights", "seed",
+                "rope_base", "rope_offset", "rope_mode"}
+
+
+def test_every_field_picks_the_model_or_is_a_declared_view_field():
+    """A new control is a model field (above) or is listed in explorer.schema.VIEW_FIELDS, which
+    explorer.runs.model_settings resets: forgotten there, each change of it would miss the model cache and run
+    the model again. And model_settings keeps every model field and resets every view field."""
+    names = [f.name for f in fields(Settings)]
+    neither = [n for n in names if n not in MODEL_FIELDS and n not in VIEW_FIELDS]
+    assert not neither, f"{neither}: list each in explorer.schema.VIEW_FIELDS or in MODEL_FIELDS here"
+    assert set(VIEW_FIELDS) <= set(names) and len(set(VIEW_FIELDS)) == len(VIEW_FIELDS)
+    assert not MODEL_FIELDS & set(VIEW_FIELDS) and MODEL_FIELDS <= set(names)
+    default = Settings()
+    for f in fields(Settings):
+        other = replace(default, **{f.name: "other" if f.type == "str" else getattr(default, f.name) + 1})
+        assert (model_settings(other) == model_settings(default)) == (f.name in VIEW_FIELDS), f.name

@@ -46,7 +46,7 @@ def test_a_one_head_view_holds_the_models_other_panels_hidden_for_the_page(query
     from plotly.io.json import to_json_plotly
     s = parse_query(LECTURE + query)
     fig = views.attention_view(s)[0]
-    monkeypatch.setattr(views, "HEADS_ON_PAGE_CELLS", 0)
+    monkeypatch.setattr(views.attention, "HEADS_ON_PAGE_CELLS", 0)
     alone = views.attention_view(s)[0]
     monkeypatch.undo()
     (want,) = heatmaps(alone)
@@ -321,7 +321,7 @@ def test_demo_weights_default_on_lecture_when_present():
 def test_variant_view_draws_the_variants_own_weights():
     s = parse_query(LECTURE + "&variant=mqa&seed=3")
     fig, _, text = views.variant_view(s)
-    run = views._variant_run("mqa", 3)
+    run = views.variants._variant_run("mqa", 3)
     hm = heatmaps(fig)
     assert len(hm) == len(run.out.layers) * run.out.layers[0].probs.shape[1]
     assert_bit_exact(np.asarray(hm[1].z, dtype=np.float32), run.out.layers[0].probs[0, 1].numpy(),
@@ -350,11 +350,11 @@ def test_variant_view_uses_the_trained_weights_and_labels_the_recall_tokens(name
 def test_variant_view_falls_back_to_random_weights_and_says_so(monkeypatch, tmp_path):
     import models.recall
     monkeypatch.setattr(models.recall, "TRAINED_WEIGHTS", tmp_path / "missing.safetensors")
-    views._variant_run.cache_clear()
+    views.variants._variant_run.cache_clear()
     try:
         fig, _, text = views.variant_view(parse_query(LECTURE + "&variant=mha"))
     finally:
-        views._variant_run.cache_clear()
+        views.variants._variant_run.cache_clear()
     assert "random" in fig.layout.title.text and "No trained weights" in text
     assert heatmaps(fig)[0].y[0] == "t0"
 
@@ -516,7 +516,7 @@ def test_production_bug_zoo_runs_its_own_quirks():
     from models.bugzoo import BUGS, bug_names
     s = parse_query(XREX + "&bug=serving-block-rounding")
     fig, text = views.bug_zoo_view(s)
-    rows = views._bug_report(runs.model_settings(s), 0)
+    rows = views.variants._bug_report(runs.model_settings(s), 0)
     assert [r["bug"] for r in rows] == ["none", *bug_names("xrex")]
     for r in rows[1:]:
         assert BUGS[r["bug"]].probe in r["flagged"], r        # history padding and P+L = 6: both caught
@@ -530,7 +530,7 @@ def test_production_bug_zoo_on_a_capped_layout():
     shorter history, and its quirks are still caught."""
     from models.bugzoo import BUGS
     s = parse_query("preset=lecture&family=xrex&num_history=40&history_padding=3")
-    rows = views._bug_report(runs.model_settings(s), 0)
+    rows = views.variants._bug_report(runs.model_settings(s), 0)
     assert rows[0]["probe_positions"]["causality"] < s.seq_len
     for r in rows[1:]:
         assert BUGS[r["bug"]].probe in r["flagged"], r
@@ -618,7 +618,7 @@ def test_a_zoomed_grid_is_pooled_to_the_figure_payload_bound(monkeypatch):
     512 candidates unpooled is a 180 MB response); past it the panels pool and the title does not claim
     full resolution. Its bytes are counted in the view's cost."""
     from explorer import limits
-    monkeypatch.setattr(views, "MAX_FIGURE_CELLS", 50_000)
+    monkeypatch.setattr(views.panels, "MAX_FIGURE_CELLS", 50_000)         # read by cells()
     s = parse_query("preset=lecture&weights=random&num_candidates=200&zoom=candidates&head=-1")
     fig = views.attention_view(s)[0]
     shown = sum(np.asarray(t.z).size for t in heatmaps(fig))

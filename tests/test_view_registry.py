@@ -1,6 +1,6 @@
 """explorer.views.VIEWS is the one list of views: each record's outputs are what its function returns,
-and a view added as one function and one record reaches the page, the API, the admission's cost model,
-the lecture pack, presentation mode and the README's table with nothing else edited."""
+and a view added as one module (its function and its record) reaches the page, the API, the admission's
+cost model, the lecture pack, presentation mode and the README's table with nothing else edited."""
 import json
 import os
 import subprocess
@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 import pytest
 
 from explorer.query_string import parse_query
+from explorer.schema import VIEW_FIELDS
 from explorer.views import VIEWS, Plot, Text, drawn_views
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,21 +35,44 @@ def test_records_name_their_figures_once():
                                                       for v in drawn_views())   # where a device limit is said
 
 
-TOY = r'''
-import json
+def test_a_views_own_controls_only_change_what_is_shown():
+    """A tab's own controls are view fields (explorer.schema.VIEW_FIELDS): explorer.runs.model_settings resets
+    them, so moving one redraws from the model and forward already cached."""
+    assert {c for v in VIEWS.values() for c in v.controls} <= set(VIEW_FIELDS)
+
+
+# a view's own module, as each of explorer/views/ is: its function, its cost, its Export's caption and its record
+TOY_MODULE = r'''
 import plotly.graph_objects as go
-from explorer import views
-from explorer.limits import Cost, FIGURE_PEAK_BYTES
+
+from explorer.limits import Cost
+from explorer.views.records import Export, Part, Plot, Text, View
+
 
 def toy_view(s):
     return go.Figure(go.Bar(x=[0, 1], y=[s.seed, s.num_history]), layout=dict(title="toy")), f"toy of seed {s.seed}"
 
-views.VIEWS["toy"] = views.View(
+
+def _toy_cost(s):
+    return Cost(flops=1e8 * s.num_history, peak_bytes=1000)
+
+
+EXPORT_TOY = Export("toy", lambda s, facts, chosen: f"Two bars: the seed {s.seed} and {facts['history']}.",
+                    facts=lambda s: dict(history=f"{s.num_history} history slots"))
+
+VIEW = View(
     "toy", "8 · Toy", look_for="Look for: the toy bars.", teaches="A toy view that draws two bars.",
-    parts=(views.Part(toy_view, (views.Plot("toy figure", "toy-plot", exports=(views.Export(
-        "toy", lambda s, facts, chosen: f"Two bars: the seed {s.seed} and {facts['history']}.",
-        facts=lambda s: dict(history=f"{s.num_history} history slots")),)), views.Text())),),
-    cost=lambda s: Cost(flops=1e8 * s.num_history, peak_bytes=1000), needs_model=False)
+    parts=(Part(toy_view, (Plot("toy figure", "toy-plot", exports=(EXPORT_TOY,)), Text())),),
+    cost=_toy_cost, needs_model=False)
+'''
+
+TOY = r'''
+import json
+import toy_view
+from explorer import views
+from explorer.limits import FIGURE_PEAK_BYTES
+
+views.VIEWS[toy_view.VIEW.name] = toy_view.VIEW      # as explorer/views/__init__.py lists its modules' records
 
 import app
 from explorer import export, lesson
@@ -81,9 +105,10 @@ print("FOUND" + json.dumps(found))
 
 @pytest.mark.slow
 def test_a_view_added_as_one_record_reaches_every_consumer(tmp_path):
-    """Registered before the app is built (as its own module would be): the tab, its figure,
+    """A view in a module of its own, its record registered before the app is built: the tab, its figure,
     the API endpoint and the page's redraw, the work the admission estimates, the pack, presentation
-    mode's main figure and the README's row."""
+    mode's main figure and the README's row all come from that record."""
+    (tmp_path / "toy_view.py").write_text(TOY_MODULE)
     script = tmp_path / "toy.py"
     script.write_text(TOY)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
