@@ -136,14 +136,24 @@ def check_admission(lane: str, waiting: list, visitor: tuple, running: list = ()
         return None
     victim = _heaviest(waiting, counted, key, weights)
     if victim is None:
-        raise LaneFull("queue", f"{len(waiting)} {bound.what} waiting",
-                       f"{bound.waiting} at once; the server is busy, try again in a moment")
+        full = ValidationError if _holding_most(counted, key, weights) else LaneFull
+        raise full("queue", f"{len(waiting)} {bound.what} waiting",
+                   f"{bound.waiting} at once; the server is busy, try again in a moment")
     return victim
 
 
+def _holding_most(counted: list, key: str, weights: Callable[[str], int]) -> bool:
+    """Whether the network of `key` holds the most of a lane (per established browser) of every network in it."""
+    load = collections.Counter(network_of(h.key) for h in counted)
+    per = {n: max(weights(h.key) for h in counted if network_of(h.key) == n) for n in load}
+    here = network_of(key)
+    return here in load and load[here] / per[here] >= max(load[n] / per[n] for n in load)
+
+
 class LaneFull(ValidationError):
-    """A full lane refused an arrival whose network holds no more of it than any other: the server is busy,
-    which is no bound of the visitor's own (server.backoff never counts it)."""
+    """A full lane refused an arrival whose network holds less of it than another: the server is busy, which
+    is no bound of the visitor's own (server.backoff never counts it). A network holding most of the full lane
+    is refused with a plain ValidationError: its own doing, counted."""
 
 
 def _heaviest(waiting: list, counted: list, key: str, weights: Callable[[str], int]) -> Optional[Held]:

@@ -419,7 +419,8 @@ def test_fresh_addresses_of_one_network_share_its_work_and_render_shares():
 
 def test_a_refusal_of_the_visitors_own_bound_counts_toward_its_backoff_and_a_full_lane_does_not(monkeypatch):
     """Admission tells server.backoff of each refusal past a bound of the visitor's own (one heavy view per
-    visitor), never of a full lane's "the server is busy" (LaneFull: nobody's own bound)."""
+    visitor), never of a full lane's "the server is busy" (LaneFull: nobody's own bound) — unless the arrival's
+    network is the one holding most of the lane (a botnet's own addresses filling it)."""
     from server import backoff, lanes
     from server.admission import Held, LaneFull
     gate, record = Admission(), backoff.Backoff()
@@ -443,3 +444,10 @@ def test_a_refusal_of_the_visitors_own_bound_counts_toward_its_backoff_and_a_ful
         check_admission("forward", full, ("addr:203.0.113.9", "s"))
     assert admit(request("203.0.113.9"), "small")["is_valid"] is False        # the server is busy
     assert record.refusals.of("addr:203.0.113.9") == 0.0
+    ours = [Held(f"addr:198.51.100.{i}", "s", event=object()) for i in range(LANES["forward"].waiting)]
+    with pytest.raises(ValidationError) as refused:                          # a network holding it all: its doing
+        check_admission("forward", ours, ("addr:198.51.100.200", "s"))
+    assert not isinstance(refused.value, LaneFull)
+    monkeypatch.setattr(lanes, "lane_now", lambda request, lane: (ours, []))
+    assert admit(request("198.51.100.200"), "small")["is_valid"] is False
+    assert record.refusals.of("addr:198.51.100.200") == pytest.approx(1.0)
