@@ -2,17 +2,22 @@
 URL query string), the page's redraws (a control change, a heatmap click, a preset, presentation
 mode's keys: the visible tab redrawn in the same round trip), the exports and the weights upload. What a
 redraw draws is decided by functions its admission calls too (page_change, picked_values, stepped:
-server.lanes estimates exactly that), and a redraw the page has superseded draws nothing."""
+server.lanes estimates exactly that), and a redraw the page has superseded draws nothing. The page's
+control change and heatmap click are read once: their admission keeps what it read (read_page_change: the
+settings, the marks, the view's cost) and the handler draws from that, passing Settings down (drawn_tab,
+VIEW_DRAWS), never a query string to parse again."""
 from __future__ import annotations
 
 import functools
 import os
+from typing import Optional
 from urllib.parse import parse_qsl
 
 import gradio as gr
 
 from explorer import controls, export
 from explorer.controls import CONTROL_FIELDS
+from explorer.limits import Cost
 from explorer.query_string import to_query
 from explorer.schema import Settings, ValidationError
 from explorer.settings import parse_settings
@@ -23,7 +28,8 @@ from .admission import ADMISSION, check_drawn
 from .browsers import browser_of
 from .visitors import visitor_of
 from .gradio_patches import NotAFile
-from .guard import as_markdown_text, current_request, gpu, guarded, limit_note, model_limit, session_of, settings_of
+from .guard import (Read, admitted_read, as_markdown_text, current_request, gpu, guarded, limit_note, model_limit,
+                    session_of, settings_of)
 from .links import (family_endpoint, head_choices, limit_endpoint, link_to_controls, preset_endpoint, query_to_controls,
                     settings_endpoint)
 
@@ -33,21 +39,45 @@ def view_endpoint(view: View):
     name = view.name
 
     def endpoint(query: str, request: gr.Request = None):
-        current = VIEWS[name]                   # the record as it is now (a test may stand one in)
-        s = settings_of(query, request, need_model=current.needs_model)
-        check_drawn(getattr(getattr(request, "request", None), "state", None), _flops(current, s))
-        return current.draw(s)
+        s = settings_of(query, request, need_model=VIEWS[name].needs_model)
+        return VIEW_DRAWS[name](s, request)
     endpoint.__name__ = endpoint.__qualname__ = f"{view.name}_endpoint"
-    return guarded(gpu(endpoint) if view.gpu else endpoint)
+    return guarded(endpoint)
 
 
-def _flops(view: View, s: Settings) -> float:
+def view_draw(view: View):
+    """A view drawn from validated settings (the model's fit already checked where it needs one), in
+    spaces.GPU where the view asks for it: its cost estimated once — `cost`, where the caller has it (the
+    admission's Read) — refused by name past what the event was admitted for (check_drawn), then drawn."""
+    name = view.name
+
+    def draw(s: Settings, request=None, cost: Optional[Cost] = None) -> tuple:
+        current = VIEWS[name]                   # the record as it is now (a test may stand one in)
+        cost = cost if cost is not None else view_cost(current, s)
+        check_drawn(getattr(getattr(request, "request", None), "state", None), cost.flops if cost else 0.0)
+        return current.draw(s, cost)
+    draw.__name__ = draw.__qualname__ = f"{view.name}_draw"
+    return gpu(draw) if view.gpu else draw
+
+
+def view_cost(view: View, s: Settings) -> Optional[Cost]:
+    """`view`'s estimated cost with `s` (View.estimate), None past the budget (draw() refuses it by name)."""
     try:
-        return view.estimate(s).flops
-    except ValidationError:                     # past the budget: draw() refuses it by name
-        return 0.0
+        return view.estimate(s)
+    except ValidationError:
+        return None
 
 
+def tab_cost(s: Optional[Settings], tab: str) -> Optional[Cost]:
+    """What drawing `tab` with `s` costs; None when nothing is drawn (no settings, no drawn view, a model this
+    device does not run — the handler then draws only the note) or settings past the budget."""
+    view = VIEWS.get(tab) if isinstance(tab, str) else None
+    if s is None or view is None or not view.drawn or (view.needs_model and model_limit(s)):
+        return None
+    return view_cost(view, s)
+
+
+VIEW_DRAWS = {v.name: view_draw(v) for v in drawn_views()}
 VIEW_ENDPOINTS = {v.name: view_endpoint(v) for v in drawn_views()}
 # the outputs every redraw fills: each drawn view's, in tab order (app.py's page.view_outputs)
 VIEW_OUTPUTS = sum(len(v.outputs) for v in drawn_views())
@@ -77,12 +107,18 @@ def render_tab(query: str, tab: str, request: gr.Request = None):
     skipped but the visible one's. A view whose model does not fit this device says so in its first text."""
     view = check_view(tab, "tab")
     s = settings_of(query, request, need_model=False)   # every tab checks the query, also those drawn on demand
+    return drawn_tab(view, s, request)
+
+
+@unless_superseded(VIEW_OUTPUTS)
+def drawn_tab(view: View, s: Settings, request=None, cost: Optional[Cost] = None) -> list:
+    """render_tab's outputs from validated settings (`cost`: the view's estimate, where the caller has it)."""
     limit = model_limit(s) if view.drawn and view.needs_model else ""
     if limit:
         shown = [None] * len(view.outputs)
         shown[next(i for i, o in enumerate(view.outputs) if isinstance(o, Text))] = limit_note(limit)
     else:
-        shown = VIEW_ENDPOINTS[view.name](query, request) if view.drawn else None
+        shown = VIEW_DRAWS[view.name](s, request, cost) if view.drawn else None
     flat = []
     for v in drawn_views():
         flat += list(shown) if v is view else [gr.skip()] * len(v.outputs)
@@ -106,6 +142,26 @@ def page_change(values, last_query: str, request=None) -> tuple[Settings, dict]:
     return controls.keep_valid(dict(zip(CONTROL_FIELDS, values)), last, uploads.uploads(session_of(request)))
 
 
+def read_page_change(values, tab: str, last_query: str, request=None) -> Read:
+    """The page's control change read once: what it draws (page_change) and its view's cost (none when the
+    link did not change: no view is redrawn). Its admission (server.lanes.work_of_page_change) reads it and
+    keeps it on the request; the handler takes that (page_read)."""
+    s, problems = page_change(values, last_query, request)
+    cost = None if to_query(s) == last_query else tab_cost(s, tab)
+    return Read(change_inputs(values, tab, last_query), s, problems, tab, cost)
+
+
+def change_inputs(values, tab: str, last_query: str) -> tuple:
+    """A control change's inputs as its Read keeps them (a handler takes a Read only for the inputs read)."""
+    return tuple(values), tab, last_query
+
+
+def page_read(values, tab: str, last_query: str, request=None) -> Read:
+    """The control change's Read its admission kept, or, with none (a direct call), read here."""
+    return (admitted_read(request, change_inputs(values, tab, last_query))
+            or read_page_change(values, tab, last_query, request))
+
+
 @unless_superseded(CHANGE_OUTPUTS)
 @guarded
 def control_change_on_page(request: gr.Request, *args):
@@ -115,7 +171,8 @@ def control_change_on_page(request: gr.Request, *args):
     (a change typed while an earlier one is answered must not leave that one's mark). Model views name the
     device limit instead of failing."""
     *values, tab, last_query = args
-    s, problems = page_change(values, last_query, request)
+    read = page_read(values, tab, last_query, request)
+    s, problems = read.settings, read.problems
     query = to_query(s)
     limit = model_limit(s)
     updates = [gr.update(info="⚠ " + problems[f], elem_classes=["invalid"]) if f in problems
@@ -123,7 +180,8 @@ def control_change_on_page(request: gr.Request, *args):
     head = CONTROL_FIELDS.index("head")
     updates[head] = gr.update(choices=head_choices(s), **({"value": s.head} if "head" not in problems else {}),
                               **{k: v for k, v in updates[head].items() if k in ("info", "elem_classes")})
-    views_out = render_tab(query, tab, request) if query != last_query else [gr.skip()] * VIEW_OUTPUTS
+    views_out = (drawn_tab(check_view(tab, "tab"), s, request, read.cost) if query != last_query
+                 else [gr.skip()] * VIEW_OUTPUTS)
     note = "\n\n".join(n for n in (controls.last_valid_note(problems), limit_note(limit)) if n)
     return [query, note] + updates + views_out
 
@@ -154,7 +212,8 @@ def pick_on_page(request: gr.Request, pick: str, *args):
     out = control_change_on_page(request, *values, tab, last_query)
     if not isinstance(out[0], str):             # superseded meanwhile: nothing drawn, nothing to show
         return out
-    s = settings_of(out[0], request, need_model=False)
+    read = admitted_read(request, change_inputs(values, tab, last_query))
+    s = read.settings if read else settings_of(out[0], request, need_model=False)
     first = 2                            # control_change_on_page: query, note, then the controls
     for f in ("layer", "query"):
         if f in chosen and not out[first + CONTROL_FIELDS.index(f)].get("elem_classes"):

@@ -1,18 +1,21 @@
-"""Every handler's guard: what a visitor sent becomes settings (their own uploads), every refusal a
-gr.Error naming its field, every message safe to show; a bug is logged, never shown."""
+"""Every handler's guard: what a visitor sent becomes settings (their own uploads), read once per event
+where its admission read it (Read), every refusal a gr.Error naming its field, every message safe to show;
+a bug is logged, never shown."""
 from __future__ import annotations
 
 import contextvars
 import functools
 import logging
 import re
+from dataclasses import dataclass
+from typing import Mapping, Optional
 
 import gradio as gr
 import torch
 
 from explorer import runs
 from explorer.query_string import parse_query
-from explorer.limits import check_model_fits, device
+from explorer.limits import Cost, check_model_fits, device
 from explorer.schema import Settings, ValidationError
 
 from . import uploads
@@ -111,6 +114,38 @@ def settings_of(query: str, request=None, need_model: bool = True) -> Settings:
             raise ValidationError("weights", e.value, f"an upload the server still holds: these weights were "
                                   f"forgotten {why}; upload the file again") from None
         raise
+
+
+@dataclass(frozen=True)
+class Read:
+    """What an event's admission read of its inputs, kept on its request (server.lanes.admit_to writes
+    `state.read`) so the handler draws from it instead of reading the inputs again: the settings drawn, each
+    control's problem ({field: message}), the tab, and the view's estimated cost (None: no view drawn — the
+    link unchanged, no model on this device, no drawn view — or settings past the budget, which the draw
+    refuses by name). `inputs`: what was read; a handler takes the record only for those same inputs."""
+    inputs: tuple
+    settings: Settings
+    problems: Mapping[str, str]
+    tab: str
+    cost: Optional[Cost]
+
+    @property
+    def flops(self) -> float:
+        """The admission's work estimate (server.lanes: the lane, the visitor's share)."""
+        return self.cost.flops if self.cost is not None else 0.0
+
+
+def admitted_read(request, inputs: tuple) -> Optional[Read]:
+    """The Read this event's admission kept, when it read exactly `inputs`, else None (no admission: a direct
+    call, a test; the handler then reads its inputs itself). An upload the settings name must still be held:
+    one forgotten while the event waited is read again, and refused by name as before."""
+    read = getattr(getattr(getattr(request, "request", None), "state", None), "read", None)
+    if not isinstance(read, Read) or read.inputs != inputs:
+        return None
+    weights = read.settings.weights
+    if weights.startswith("upload:") and weights.removeprefix("upload:") not in uploads.uploads(session_of(request)):
+        return None
+    return read
 
 
 def model_limit(s: Settings) -> str:

@@ -5,7 +5,9 @@ one lane, or in the heavy lane when its estimated work (explorer.views.View.esti
 LARGE_REQUEST_FLOPS: at most LANES["forward"].running small forwards and one heavy at once, whichever
 event asked. A view's work is estimated from exactly the settings its handler will draw (the functions
 of server.endpoints that the handler calls too), and a handler drawing more than was admitted is refused
-(server.admission.check_drawn). The mask view (no model, milliseconds) has its own lane; the page's other
+(server.admission.check_drawn). Where a `work` returns what it read (server.guard.Read: the page's control
+change and heatmap click), admission keeps it on the request and the handler draws from it: the settings
+read once, the view's cost estimated once. The mask view (no model, milliseconds) has its own lane; the page's other
 queued steps theirs; exports, packs, uploads and timing sweeps have lanes of 1. Each lane bounds how many
 may wait, and how many of them one visitor's (server.admission): a request over a bound is refused by name
 when it is pushed, or, in a full lane, pushes out the heaviest network's latest. A page's redraw supersedes
@@ -21,18 +23,16 @@ import gradio as gr
 from explorer import export
 from explorer.controls import CONTROL_FIELDS
 from explorer.limits import LARGE_REQUEST_FLOPS
-from explorer.query_string import to_query
 from explorer.schema import Settings, ValidationError
 from explorer.settings import parse_settings
-from explorer.views import VIEWS
 
 from . import admission, uploads
 from .admission import ADMISSION, LANES, LaneFull
 from .backoff import BACKOFF
 from .fair_queue import WatchedQueue
 from .visitors import visitor_of
-from .endpoints import linked, page_change, picked_values, stepped
-from .guard import as_text, model_limit, session_of, settings_of
+from .endpoints import linked, picked_values, read_page_change, stepped, tab_cost
+from .guard import Read, as_text, session_of, settings_of
 from .links import family_endpoint, preset_endpoint
 from .timing_runs import TIMING_RUNS
 
@@ -43,7 +43,7 @@ def lane(name: str, units=1, work=None, redraw: bool = False) -> dict:
     """The event keywords of lane `name`: its concurrency group and its admission check (a request
     worth `units` of the lane's rate share, where it has one: a number, or `units(*inputs, request=...)`).
     `work(*inputs, request=...)`: the request's estimated FLOPs, for a view (its lane then follows: its own,
-    or heavy). `redraw`: a page's redraw of its views, superseding the page's waiting ones."""
+    or heavy), or what it read (server.guard.Read, its FLOPs estimated), kept for the handler. `redraw`: a page's redraw of its views, superseding the page's waiting ones."""
     return dict(concurrency_id=name, concurrency_limit=LANES[name].running,
                 validator=admit_to(name, units, work, redraw))
 
@@ -118,16 +118,18 @@ def admit_to(lane_name: str, units=1, work=None, redraw: bool = False):
     refuses it by name ("queue: got ...") when a bound of the lane would be passed. A model view (`work`
     given) estimated over LARGE_REQUEST_FLOPS is admitted to the heavy lane instead, and its work counts
     against the visitor's share; what was admitted is written on the request (`admitted_flops`: the view
-    checks it before drawing). A page redraw (`redraw`) is numbered: the page's older waiting ones then run
+    checks it before drawing; `read`: what `work` read, where it returns a Read, for the handler to draw). A page redraw (`redraw`) is numbered: the page's older waiting ones then run
     as no-ops. In the timing lane a new Run replaces the visitor's running sweep (which stops within one
     timed block)."""
     def admit(request: gr.Request, *inputs):
-        chosen, flops = lane_name, 0.0
+        chosen, flops, read = lane_name, 0.0, None
         http = getattr(request, "request", None)
         visitor = visitor_of(request)
         try:
             if work is not None:
                 flops = work(*inputs, request=request)
+                if isinstance(flops, Read):
+                    read, flops = flops, flops.flops
                 chosen = "heavy" if flops > LARGE_REQUEST_FLOPS else lane_name
             taken = units(*inputs, request=request) if callable(units) else units
             number, victim = ADMISSION.admit(chosen, visitor, lambda: lane_now(request, chosen), taken, flops, http,
@@ -141,6 +143,8 @@ def admit_to(lane_name: str, units=1, work=None, redraw: bool = False):
             return refused(str(e), len(inputs))
         if http is not None:
             http.state.admitted_flops = flops
+            if read is not None:
+                http.state.read = read              # server.guard.admitted_read: the handler draws from it
             if chosen != lane_name:
                 http.state.lane = chosen            # fair_queue.WatchedQueue queues it in that lane
             if number is not None:
@@ -165,13 +169,8 @@ def refused(message, n: int):
 def view_work(s: Settings | None, tab: str) -> float:
     """Estimated FLOPs of drawing `tab` with settings `s` (0: no model view, a model this device does not
     run — the handler then draws only the note — or settings the handler will refuse by name anyway)."""
-    view = VIEWS.get(tab) if isinstance(tab, str) else None
-    if s is None or view is None or not view.drawn or (view.needs_model and model_limit(s)):
-        return 0.0
-    try:
-        return view.estimate(s).flops
-    except ValidationError:
-        return 0.0
+    cost = tab_cost(s, tab)
+    return cost.flops if cost is not None else 0.0
 
 
 def _quietly(parse, *args) -> Settings | None:
@@ -200,16 +199,17 @@ def work_of_change(*args, request=None) -> float:
     return view_work(_quietly(lambda: parse_settings(dict(zip(CONTROL_FIELDS, values)), uploaded=uploaded)), tab)
 
 
-def work_of_page_change(*args, request=None) -> float:
-    """`work` for the page's control change: (every control's value..., tab, last valid link) ->
-    what the handler draws (server.endpoints.page_change: the valid controls, the last link's value for
-    each invalid one), nothing when the link did not change."""
+def work_of_page_change(*args, request=None) -> Read | float:
+    """`work` for the page's control change: (every control's value..., tab, last valid link) -> what the
+    handler draws, read once (server.endpoints.read_page_change: the valid controls, the last link's value
+    for each invalid one; nothing drawn when the link did not change) and kept for the handler; 0 when it
+    will refuse by name (it then reads the inputs itself, and refuses)."""
     n = len(CONTROL_FIELDS)
     if len(args) < n + 2:
         return 0.0
     values, tab, last_query = args[:n], args[n], args[n + 1]
-    drawn = _quietly(lambda: page_change(values, last_query, request)[0])
-    return 0.0 if drawn is None or to_query(drawn) == last_query else view_work(drawn, tab)
+    read = _quietly(lambda: read_page_change(values, tab, last_query, request))
+    return 0.0 if read is None else read
 
 
 def work_of_figure(query: str, figure: str, *rest, request=None) -> float:
@@ -218,7 +218,7 @@ def work_of_figure(query: str, figure: str, *rest, request=None) -> float:
     return view_work(_quietly(settings_of, query, request), spec.view.name if spec else "")
 
 
-def work_of_pick(pick: str, *args, request=None) -> float:
+def work_of_pick(pick: str, *args, request=None) -> Read | float:
     """`work` for a heatmap click: the controls the pick sets (server.endpoints.picked_values), then as the
     page's control change."""
     values = _quietly(lambda: picked_values(pick, args[:len(CONTROL_FIELDS)])[0])

@@ -1097,6 +1097,28 @@ def test_a_page_redraw_is_charged_once_however_many_guards_it_passes(monkeypatch
         demo.close()
 
 
+def test_a_head_change_through_the_queue_reads_its_settings_once_and_estimates_its_view_once(monkeypatch):
+    """Issue 36, item 1, through Gradio's queue: the page's control change (render_on_change) changing the head
+    on the Attention tab is read once, by its admission (the last link and the controls: two parse_settings,
+    one endpoints.page_change), and its view estimated once; the handler draws from what admission kept on
+    the request (server.guard.Read). It read the settings 5 times and estimated the view 3 times."""
+    import app
+    from counting import count_reads
+    from server import visitors
+    monkeypatch.setenv(visitors.TRUSTED_PROXIES_ENV, "1")
+    demo = app.build_app()
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=None, quiet=True)
+    try:
+        from benchmarks.load_test import RawClient, api_functions
+        raw = RawClient(url, "198.51.100.72", api_functions(url))
+        data = page_change_data(LECTURE + "&head=1", "attention", LECTURE)
+        counts = count_reads(monkeypatch)
+        assert raw.call("render_on_change", data, "headonce") is None
+        assert counts == {"parse_settings": 2, "page_change": 1, "estimate": 1}, counts
+    finally:
+        demo.close()
+
+
 def test_sessions_minted_past_gradios_table_never_stop_the_queue(monkeypatch):
     """Stop events (they cancel, and pass no lane) joined with a fresh session hash each, past the table of
     per-session messages: an honest event in flight keeps its session and gets its answer, a session hash no

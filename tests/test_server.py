@@ -70,3 +70,56 @@ def test_a_superseded_page_redraw_draws_nothing_and_leaves_every_output_as_it_is
         assert len(drawn) == endpoints.VIEW_OUTPUTS and any(o != gr.skip() for o in drawn)
     finally:
         LocalContext.request.reset(token)
+
+
+def test_a_head_change_on_the_page_reads_its_settings_once_and_estimates_its_view_once(monkeypatch):
+    """Issue 36, item 1: a head change through the page's control change event, admitted as app.py admits it
+    (lanes.admit_to with work_of_page_change, a redraw), reads its settings once — the last link and the
+    controls, at admission (endpoints.page_change: two parse_settings) — and estimates its view once; the
+    handler reads no query string and estimates nothing, and draws what a handler reading for itself draws
+    (no admission: a test, an API call outside the queue). A heatmap click (render_after_pick) is read once
+    alike. The change read its settings five times (six parse_settings) and estimated its view three times."""
+    from types import SimpleNamespace
+
+    from gradio.context import LocalContext
+
+    from counting import count_reads
+    from explorer.controls import CONTROL_FIELDS
+    from explorer.query_string import parse_query
+    from server import admission, endpoints, lanes
+    gate = admission.Admission()
+    monkeypatch.setattr(lanes, "ADMISSION", gate)
+    monkeypatch.setattr(endpoints, "ADMISSION", gate)
+    last = "preset=lecture&weights=random"
+    s = parse_query(last, need_model=False)
+    values = [1 if f == "head" else getattr(s, f) for f in CONTROL_FIELDS]
+    assert s.head != 1
+    inputs = (*values, "attention", last)
+    counts = count_reads(monkeypatch)
+
+    def counted(fn):
+        counts.update(parse_settings=0, page_change=0, estimate=0)
+        out = fn()
+        return out, dict(counts)
+
+    def admitted_and_drawn(work, handler, inputs):
+        request = SimpleNamespace(request=SimpleNamespace(state=SimpleNamespace(), headers={}, client=None),
+                                  session_hash="lecturer", headers={}, client=None, username=None)
+        token = LocalContext.request.set(request)
+        try:
+            verdict, at_admission = counted(lambda: lanes.admit_to("forward", work=work, redraw=True)(request, *inputs))
+            assert all(v["is_valid"] for v in verdict)
+            drawn, in_handler = counted(lambda: handler(request, *inputs))
+        finally:
+            LocalContext.request.reset(token)
+        assert at_admission == {"parse_settings": 2, "page_change": 1, "estimate": 1}
+        assert in_handler == {"parse_settings": 0, "page_change": 0, "estimate": 0}
+        assert request.request.state.admitted_flops == request.request.state.read.flops > 0
+        return drawn
+    drawn = admitted_and_drawn(lanes.work_of_page_change, endpoints.control_change_on_page, inputs)
+    clicked = admitted_and_drawn(lanes.work_of_pick, endpoints.pick_on_page, ("head=1", *inputs))
+    assert clicked[0] == drawn[0]
+    alone, by_itself = counted(lambda: endpoints.control_change_on_page(None, *inputs))
+    assert by_itself == {"parse_settings": 2, "page_change": 1, "estimate": 1}     # read once by the handler
+    as_json = lambda out: [o.to_json() if hasattr(o, "to_json") else repr(o) for o in out]   # noqa: E731
+    assert drawn[0] == alone[0] == last + "&head=1" and as_json(drawn) == as_json(alone)

@@ -98,9 +98,11 @@ class View:
         cost = self.cost(s).holding(plots * FIGURE_PEAK_BYTES)
         return cost.holding(model_bytes(s), on_device=True) if self.needs_model else cost
 
-    def draw(self, s: Settings) -> tuple:
-        """Every output, refused by name past this device's budget and run once its memory fits."""
-        return self._within_budget(s, lambda: tuple(out for p in self.parts for out in p.draw(s)))
+    def draw(self, s: Settings, cost: Optional[Cost] = None) -> tuple:
+        """Every output, refused by name past this device's budget and run once its memory fits. `cost`:
+        this view's estimate for `s` where the caller made it already (the server's admission), not made
+        again."""
+        return self._within_budget(s, lambda: tuple(out for p in self.parts for out in p.draw(s)), cost)
 
     def draw_part(self, index: int, s: Settings) -> tuple:
         """One part's outputs (an export), within the whole view's budget where the part is what that
@@ -110,8 +112,9 @@ class View:
             return part.draw(s)
         return self._within_budget(s, lambda: part.draw(s))
 
-    def _within_budget(self, s: Settings, fn: Callable[[], tuple]) -> tuple:
-        return budget.within_budget(check_budget(s, self.name, self.estimate), fn)
+    def _within_budget(self, s: Settings, fn: Callable[[], tuple], cost: Optional[Cost] = None) -> tuple:
+        estimate = self.estimate if cost is None else (lambda t: cost if t is s else self.estimate(t))
+        return budget.within_budget(check_budget(s, self.name, estimate), fn)
 
 
 def recorded_cost(s: Settings) -> Cost:
