@@ -7,8 +7,8 @@ event asked. A view's work is estimated from exactly the settings its handler wi
 of server.endpoints that the handler calls too), and a handler drawing more than was admitted is refused
 (server.admission.check_drawn). Where a `work` returns what it read (server.guard.Read: the page's control
 change and heatmap click), admission keeps it on the request and the handler draws from it: the settings
-read once, the view's cost estimated once. The mask view (no model, milliseconds) has its own lane; the page's other
-queued steps theirs; exports, packs, uploads and timing sweeps have lanes of 1. Each lane bounds how many
+read once, the view's cost estimated once. The mask view (no model, milliseconds) has its own lane; the
+page's other queued steps theirs; exports, packs, uploads and timing sweeps have lanes of 1. Each lane bounds how many
 may wait, and how many of them one visitor's (server.admission): a request over a bound is refused by name
 when it is pushed, or, in a full lane, pushes out the heaviest network's latest. A page's redraw supersedes
 its waiting ones. Every other event runs outside the queue (queue=False), bounded per visitor by the front
@@ -43,7 +43,8 @@ def lane(name: str, units=1, work=None, redraw: bool = False) -> dict:
     """The event keywords of lane `name`: its concurrency group and its admission check (a request
     worth `units` of the lane's rate share, where it has one: a number, or `units(*inputs, request=...)`).
     `work(*inputs, request=...)`: the request's estimated FLOPs, for a view (its lane then follows: its own,
-    or heavy), or what it read (server.guard.Read, its FLOPs estimated), kept for the handler. `redraw`: a page's redraw of its views, superseding the page's waiting ones."""
+    or heavy), or what it read (server.guard.Read, its FLOPs estimated), kept for the handler. `redraw`: a
+    page's redraw of its views, superseding the page's waiting ones."""
     return dict(concurrency_id=name, concurrency_limit=LANES[name].running,
                 validator=admit_to(name, units, work, redraw))
 
@@ -118,8 +119,8 @@ def admit_to(lane_name: str, units=1, work=None, redraw: bool = False):
     refuses it by name ("queue: got ...") when a bound of the lane would be passed. A model view (`work`
     given) estimated over LARGE_REQUEST_FLOPS is admitted to the heavy lane instead, and its work counts
     against the visitor's share; what was admitted is written on the request (`admitted_flops`: the view
-    checks it before drawing; `read`: what `work` read, where it returns a Read, for the handler to draw). A page redraw (`redraw`) is numbered: the page's older waiting ones then run
-    as no-ops. In the timing lane a new Run replaces the visitor's running sweep (which stops within one
+    checks it before drawing; `read`: what `work` read, where it returns a Read, for the handler to draw). A
+    page redraw (`redraw`) is numbered: the page's older waiting ones then run as no-ops. In the timing lane a new Run replaces the visitor's running sweep (which stops within one
     timed block)."""
     def admit(request: gr.Request, *inputs):
         chosen, flops, read = lane_name, 0.0, None
