@@ -144,10 +144,17 @@ def check_admission(lane: str, waiting: list, visitor: tuple, running: list = ()
 
 def _holding_most(counted: list, key: str, weights: Callable[[str], int]) -> bool:
     """Whether the network of `key` holds the most of a lane (per established browser) of every network in it."""
-    load = collections.Counter(network_of(h.key) for h in counted)
-    per = {n: max(weights(h.key) for h in counted if network_of(h.key) == n) for n in load}
+    load, per = _network_loads(counted, weights)
     here = network_of(key)
     return here in load and load[here] / per[here] >= max(load[n] / per[n] for n in load)
+
+
+def _network_loads(counted: list, weights: Callable[[str], int]) -> tuple[collections.Counter, dict]:
+    """(requests a lane holds per network, the most browsers established behind one of its visitors)."""
+    load, per = collections.Counter(network_of(h.key) for h in counted), {}
+    for h in counted:
+        per[network_of(h.key)] = max(per.get(network_of(h.key), 1), weights(h.key))
+    return load, per
 
 
 class LaneFull(ValidationError):
@@ -159,9 +166,7 @@ class LaneFull(ValidationError):
 def _heaviest(waiting: list, counted: list, key: str, weights: Callable[[str], int]) -> Optional[Held]:
     """The waiting request to push out for an arrival of `key`: the latest of the network holding most of
     the lane per established browser, if that is more than the arrival's network would hold."""
-    load, per = collections.Counter(network_of(h.key) for h in counted), {}
-    for h in counted:
-        per[network_of(h.key)] = max(per.get(network_of(h.key), 1), weights(h.key))
+    load, per = _network_loads(counted, weights)
     here = network_of(key)
     arrival = (load[here] + 1) / max(per.get(here, 1), weights(key))
     candidates = [h for h in waiting if h.event is not None and not h.stale]

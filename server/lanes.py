@@ -120,8 +120,8 @@ def admit_to(lane_name: str, units=1, work=None, redraw: bool = False):
     given) estimated over LARGE_REQUEST_FLOPS is admitted to the heavy lane instead, and its work counts
     against the visitor's share; what was admitted is written on the request (`admitted_flops`: the view
     checks it before drawing; `read`: what `work` read, where it returns a Read, for the handler to draw). A
-    page redraw (`redraw`) is numbered: the page's older waiting ones then run as no-ops. In the timing lane a new Run replaces the visitor's running sweep (which stops within one
-    timed block)."""
+    page redraw (`redraw`) is numbered: the page's older waiting ones then run as no-ops. In the timing lane
+    a new Run replaces the visitor's running sweep (which stops within one timed block)."""
     def admit(request: gr.Request, *inputs):
         chosen, flops, read = lane_name, 0.0, None
         http = getattr(request, "request", None)
