@@ -41,7 +41,7 @@ from server.lanes import (CONTROL, EXPORT, EXPORT_PACK, TIMING, UNQUEUED, UPLOAD
                           work_of_page_change, work_of_pick, work_of_query, work_of_source, work_of_tab)
 from server.links import (bug_choices, family_endpoint, head_choices, head_of_link, limit_endpoint, link_to_controls,
                           load_endpoint, preset_choices, preset_endpoint, query_to_controls, settings_endpoint,
-                          weight_choices)
+                          tab_opened, weight_choices)
 from server.timing_events import (before_run, stop_timing, timing_check, timing_endpoint, timing_lengths,
                                   timing_lengths_kept, timing_options, timing_recorded, timing_recorded_on_link)
 from models.attention import CAP_METHODS
@@ -363,9 +363,9 @@ def wire_sources(page: SimpleNamespace, c: dict) -> None:
 def wire_navigation(demo: gr.Blocks, page: SimpleNamespace, c: dict) -> None:
     """Opening a tab redraws it; a page load reads its link; closing the page forgets its uploads."""
     for name, tab in page.tab.items():
-        tab.select(lambda n=name: n, None, page.tab_state, api_name=f"tab_{name}", show_progress="hidden",
+        tab.select(tab_opened(name), page.tab_state, page.tab_state, api_name=f"tab_{name}", show_progress="hidden",
                    **STEP) \
-           .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP) \
+           .success(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP) \
            .then(render_tab, [page.query, page.tab_state], page.view_outputs, api_name=f"render_{name}",
                  **figures_of(page.view_outputs), **HIDDEN, **page_redraw(work_of_tab))
     page.copy.click(None, None, None, api_name="copy_link", js=COPY_LINK, **STEP)

@@ -54,6 +54,18 @@ def preset_choices():
     return choices
 
 
+def tab_opened(name: str):
+    """A tab's select event -> the open tab, `name`; the chain after it (the link written, the tab redrawn)
+    runs only when the tab changed. Gradio 6 also selects the first tab as the page mounts, before the page
+    has read its link (measured: before the load's own request in some page loads under load): that select
+    must neither write the address — the load reads the link from it — nor redraw the default view."""
+    def opened(was: str) -> str:
+        if was == name:
+            raise gr.Error("the tab is open already", visible=False, print_exception=False)
+        return name
+    return opened
+
+
 @guarded
 def load_endpoint(request: gr.Request):
     """Read the page's URL (a shared link) into the controls and open the tab it names. A bad value is
