@@ -19,7 +19,7 @@ import threading
 import time
 from collections import OrderedDict
 from contextlib import contextmanager
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -48,6 +48,8 @@ def footprint(value, seen: set | None = None) -> tuple[int, int]:
         return (size, 0) if value.device.type == "cpu" else (0, size)
     if isinstance(value, np.ndarray):
         return value.nbytes, 0
+    if hasattr(value, "held_bytes"):            # a value that counts itself (explorer.figures.Figure)
+        return value.held_bytes(), 0
     if isinstance(value, nn.Module):
         parts = [footprint(t, seen) for t in (*value.parameters(), *value.buffers())]
     elif isinstance(value, dict):
@@ -215,31 +217,38 @@ class ByteCache:
     """Memoise `fn` on its (hashable) arguments, sized in bytes in MEMORY. Each key is computed once
     under its own lock: concurrent calls with other keys run in parallel."""
 
-    def __init__(self, fn: Callable):
+    def __init__(self, fn: Optional[Callable] = None):
         self.fn = fn
         self.entries: dict = {}
         self.key_locks: dict = {}
-        functools.update_wrapper(self, fn)
+        if fn is not None:
+            functools.update_wrapper(self, fn)
         MEMORY.caches.append(self)
 
     def __call__(self, *args):
+        return self.get(args, lambda: self.fn(*args))
+
+    def get(self, key, compute: Callable, keep: Callable[[Any], bool] = lambda value: True):
+        """The value cached for `key`, else compute() kept when keep(value) (one computation per key at a
+        time: a second caller of the same key waits for the first's value)."""
         with MEMORY.cond:
-            if args in self.entries:
-                MEMORY.entries.move_to_end((self, args))
-                return self.entries[args]
-            lock = self.key_locks.setdefault(args, threading.Lock())
+            if key in self.entries:
+                MEMORY.entries.move_to_end((self, key))
+                return self.entries[key]
+            lock = self.key_locks.setdefault(key, threading.Lock())
         with lock:
             with MEMORY.cond:
-                if args in self.entries:
-                    return self.entries[args]
+                if key in self.entries:
+                    return self.entries[key]
             try:
-                value = self.fn(*args)
+                value = compute()
             finally:
                 with MEMORY.cond:
-                    self.key_locks.pop(args, None)
-            with MEMORY.cond:
-                self.entries[args] = value
-                MEMORY.add(self, args, *footprint(value))
+                    self.key_locks.pop(key, None)
+            if keep(value):
+                with MEMORY.cond:
+                    self.entries[key] = value
+                    MEMORY.add(self, key, *footprint(value))
             return value
 
     def cache_clear(self) -> None:

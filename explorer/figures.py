@@ -25,6 +25,8 @@ import torch
 from _plotly_utils.utils import plotlyjsShortTypes, to_typed_array_spec
 from plotly.io.json import to_json_plotly
 
+from .budget import nbytes
+
 # Okabe-Ito: distinguishable with every common colour-vision deficiency
 OKABE_ITO = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
 SEGMENT_COLORS = {"U": "#CC79A7", "H": "#0072B2", "C": "#D55E00", "P": "#BBBBBB"}
@@ -53,8 +55,23 @@ class Figure(go.Figure):
     def to_json(self, *args, **kwargs) -> str:
         if args or kwargs:
             return super().to_json(*args, **kwargs)
+        frozen = getattr(self, "_frozen_json", None)
+        if frozen is not None:
+            return frozen
         data = [{k: v for k, v in trace.items() if k != "uid"} for trace in self._data]     # as plotly: no uids
         return to_json_plotly({"data": _for_json(data), "layout": _for_json(self._layout)})
+
+    def freeze(self) -> "Figure":
+        """This figure as it is from now on, shared (explorer.views.records keeps drawn views for every
+        visitor): its JSON written once and sent as it is each time. Change a copy (go.Figure(fig)), never
+        it: a change after freeze would not reach its JSON."""
+        if getattr(self, "_frozen_json", None) is None:
+            self._frozen_json = self.to_json()
+        return self
+
+    def held_bytes(self) -> int:
+        """What a frozen figure holds (explorer.budget's count of a cache): its arrays and its JSON."""
+        return nbytes(self._data) + len(getattr(self, "_frozen_json", None) or "")
 
 
 _KEPT = {"geojson", "layer", "layers", "range"}      # keys plotly's to_dict never converts (is_skipped_key)

@@ -26,6 +26,69 @@ def test_each_view_returns_what_its_record_says(name):
         assert isinstance(value, go.Figure if isinstance(spec, Plot) else str), (name, spec)
 
 
+@pytest.mark.parametrize("name", [v.name for v in drawn_views()])
+def test_a_view_is_drawn_once_per_settings_and_sent_as_drawn(name):
+    """View.draw keeps what it drew for the settings (records.DRAWN): the same settings again get the same
+    outputs, no part run; their figures' JSON equals that of the parts drawn afresh, byte for byte (the
+    same computation), and the kept figures are counted in the memory account."""
+    from explorer.budget import MEMORY
+    from explorer.views.records import DRAWN
+    view = VIEWS[name]
+    s = parse_query("preset=lecture&seed=5&head=1")
+    DRAWN.cache_clear()
+    first = view.draw(s)
+    assert view.draw(s) is first
+    fresh = tuple(out for p in view.parts for out in p.draw(s))
+    assert [o.to_json() if isinstance(o, go.Figure) else o for o in first] == \
+        [o.to_json() if isinstance(o, go.Figure) else o for o in fresh]
+    kept = MEMORY.entries[(DRAWN, (view, s))][0]
+    assert kept >= sum(len(o.to_json()) for o in first if isinstance(o, go.Figure)) > 0
+
+
+def test_a_class_asking_for_one_view_at_once_waits_for_one_drawing():
+    """Thirty identical requests at once: one drawing, thirty identical answers; other settings are drawn apart."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+    from dataclasses import replace as dc_replace
+
+    from explorer.views.records import DRAWN
+    view = VIEWS["attention"]
+    part = view.parts[0]
+    calls, gate = [], threading.Event()
+
+    def slow(s):
+        calls.append(s)
+        gate.wait(5)
+        return part.draw(s)
+    object.__setattr__(view, "parts", (dc_replace(part, draw=slow),) + view.parts[1:])      # a frozen record
+    try:
+        DRAWN.cache_clear()
+        s = parse_query("preset=lecture&seed=6")
+        with ThreadPoolExecutor(30) as pool:
+            answers = [pool.submit(view.draw, s) for _ in range(30)]
+            gate.set()
+            outs = [a.result(timeout=60) for a in answers]
+        assert len(calls) == 1 and all(o is outs[0] for o in outs)
+        view.draw(dc_replace(s, seed=7))
+        assert len(calls) == 2
+    finally:
+        object.__setattr__(view, "parts", (part,) + view.parts[1:])
+        DRAWN.cache_clear()
+
+
+def test_outputs_the_cache_cannot_count_are_drawn_each_time():
+    """A part returning a plain plotly figure (a toy view's) is not kept: its bytes are not counted."""
+    from dataclasses import replace as dc_replace
+
+    from explorer.views.records import DRAWN, Part
+    view = VIEWS["mask"]
+    plain = dc_replace(view, name="plain", parts=(Part(lambda s: (go.Figure(), "text"), (Plot("x"), Text())),))
+    s = parse_query("preset=lecture")
+    DRAWN.cache_clear()
+    assert plain.draw(s) is not plain.draw(s)
+    assert not DRAWN.entries
+
+
 def test_records_name_their_figures_once():
     ids = [o.elem_id for v in VIEWS.values() for o in v.outputs if o.elem_id]
     assert len(ids) == len(set(ids))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from .. import budget
+from ..figures import Figure
 from ..limits import FIGURE_PEAK_BYTES, Cost, check_budget, forward_cost, model_bytes
 from ..schema import Settings
 
@@ -101,8 +102,12 @@ class View:
     def draw(self, s: Settings, cost: Optional[Cost] = None) -> tuple:
         """Every output, refused by name past this device's budget and run once its memory fits. `cost`:
         this view's estimate for `s` where the caller made it already (the server's admission), not made
-        again."""
-        return self._within_budget(s, lambda: tuple(out for p in self.parts for out in p.draw(s)), cost)
+        again. A view is a function of its settings: drawn once per settings while memory allows (DRAWN),
+        its figures frozen and shared — a class on one lecture step asks for the same views again and
+        again, and thirty asking at once wait for one drawing."""
+        checked = check_budget(s, self.name, self._estimate(s, cost))
+        return DRAWN.get((self, s), lambda: _frozen(budget.within_budget(
+            checked, lambda: tuple(out for p in self.parts for out in p.draw(s)))), keep=_shareable)
 
     def draw_part(self, index: int, s: Settings) -> tuple:
         """One part's outputs (an export), within the whole view's budget where the part is what that
@@ -112,9 +117,25 @@ class View:
             return part.draw(s)
         return self._within_budget(s, lambda: part.draw(s))
 
-    def _within_budget(self, s: Settings, fn: Callable[[], tuple], cost: Optional[Cost] = None) -> tuple:
-        estimate = self.estimate if cost is None else (lambda t: cost if t is s else self.estimate(t))
-        return budget.within_budget(check_budget(s, self.name, estimate), fn)
+    def _within_budget(self, s: Settings, fn: Callable[[], tuple]) -> tuple:
+        return budget.within_budget(check_budget(s, self.name, self._estimate(s)), fn)
+
+    def _estimate(self, s: Settings, cost: Optional[Cost] = None) -> Callable[[Settings], Cost]:
+        return self.estimate if cost is None else (lambda t: cost if t is s else self.estimate(t))
+
+
+# Drawn views by (view record, settings), counted in explorer.budget.MEMORY with the models and forwards (the
+# record, not its name: a test may stand another record in under a view's name)
+DRAWN = budget.ByteCache()
+
+
+def _frozen(outputs: tuple) -> tuple:
+    return tuple(o.freeze() if isinstance(o, Figure) else o for o in outputs)
+
+
+def _shareable(outputs: tuple) -> bool:
+    """Whether drawn outputs may be kept for everyone: frozen figures and texts (what the cache can count)."""
+    return all(isinstance(o, (Figure, str)) for o in outputs)
 
 
 def recorded_cost(s: Settings) -> Cost:
