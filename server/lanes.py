@@ -30,6 +30,7 @@ from . import admission, uploads
 from .admission import ADMISSION, LANES, LaneFull
 from .backoff import BACKOFF
 from .fair_queue import WatchedQueue
+from .gradio_patches import SKIP
 from .visitors import visitor_of
 from .endpoints import linked, picked_values, read_page_change, stepped, tab_cost
 from .guard import Read, as_text, session_of, settings_of
@@ -95,10 +96,36 @@ PUSHED_OUT = ValidationError("queue", "your place in a full lane", "room first f
 
 def push_out(request, event) -> None:
     """Answer a waiting `event` that an arrival pushed out of its full lane (server.admission.check_admission)
-    with PUSHED_OUT, taking it out of Gradio's queue on the event loop, under the queue's own lock (its
-    reader removes entries there). If it started meanwhile, it runs."""
-    from gradio.server_messages import ProcessCompletedMessage
+    with PUSHED_OUT."""
     from gradio.utils import error_payload
+    message = gr.Error(as_text(str(PUSHED_OUT)), print_exception=False)
+    take_out(request, event, error_payload(message, True), success=False)
+
+
+# the lanes a page's redraw waits in (its view's: server.lanes.page_redraw, or heavy past LARGE_REQUEST_FLOPS)
+REDRAW_LANES = ("forward", "heavy", "light")
+
+
+def answer_superseded(request) -> None:
+    """A page's newer redraw was just admitted: its older ones still waiting are answered at once, every output
+    left as the page shows it (gr.skip), instead of when their turn comes (they would run as no-ops): a
+    lecturer who switches presets twice sees no figure wait, behind the heavy lane's running work, for the
+    redraw of the preset left behind."""
+    for name in REDRAW_LANES:
+        for held in lane_now(request, name)[0]:
+            if held.stale and held.event is not None:
+                held.event._pushed_out = True
+                take_out(request, held.event, {"data": [dict(SKIP) for _ in held.event.fn.outputs],
+                                               "is_generating": False, "iterator": None, "duration": 0.0,
+                                               "average_duration": None, "render_config": None,
+                                               "changed_state_ids": []}, success=True)
+
+
+def take_out(request, event, output: dict, success: bool) -> None:
+    """Take a waiting `event` (marked `_pushed_out`: it counts no more) out of Gradio's queue on the event loop,
+    under the queue's own lock (its reader removes entries there), and answer it with `output`. If it started
+    meanwhile, it runs (and counts again)."""
+    from gradio.server_messages import ProcessCompletedMessage
     queue = request.request.app.get_blocks()._queue
 
     async def drop():
@@ -109,8 +136,7 @@ def push_out(request, event) -> None:
                 event._pushed_out = False           # it started: it counts again, and runs
                 return
             queue.event_ids_to_events.pop(event._id, None)
-        message = gr.Error(as_text(str(PUSHED_OUT)), print_exception=False)
-        queue.send_message(event, ProcessCompletedMessage(output=error_payload(message, True), success=False))
+        queue.send_message(event, ProcessCompletedMessage(output=output, success=success))
     anyio.from_thread.run(drop)
 
 
@@ -153,6 +179,8 @@ def admit_to(lane_name: str, units=1, work=None, redraw: bool = False):
         if victim is not None:
             log.info("pushed out of the full %s lane: a request of %s", chosen, victim.key)
             push_out(request, victim.event)
+        if redraw and http is not None:
+            answer_superseded(request)
         if lane_name == "timing":
             TIMING_RUNS.cancel(session_of(request))
         return refused(None, len(inputs)) if inputs else []

@@ -1068,6 +1068,49 @@ def test_an_invalid_control_cannot_smuggle_heavy_work_past_admission(monkeypatch
         demo.close()
 
 
+def test_a_superseded_redraw_is_answered_at_once_not_when_its_turn_comes(monkeypatch):
+    """A lecturer switches to a heavy preset and back within a second: the first redraw waits in the heavy lane
+    behind another visitor's running work. The page's newer redraw answers it at once, every output left as
+    it is (gr.skip), instead of when its turn comes (its figures showed progress all that while: 60 s in the
+    soak); the newer one is drawn."""
+    import threading
+
+    import app
+    from explorer import views
+    from server import lanes, visitors
+    from dataclasses import replace
+    monkeypatch.setenv(visitors.TRUSTED_PROXIES_ENV, "1")
+    gate = threading.Event()
+    view = views.VIEWS["invariance"]
+    parts = tuple(replace(p, draw=lambda s, *a, n=len(p.outputs), **k: (gate.wait(60), (None,) * n)[1])
+                  for p in view.parts)
+    monkeypatch.setitem(views.VIEWS, "invariance", replace(view, parts=parts))
+    demo = app.build_app()
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=None, quiet=True)
+    try:
+        from benchmarks.load_test import RawClient, api_functions
+        fns = api_functions(url)
+        heavy = page_change_data(HEAVY_CONTROLS, "invariance", "preset=lecture")
+        other = RawClient(url, "198.51.100.80", fns)
+        threading.Thread(target=lambda: other.call("render_on_change", heavy, "otherpage"), daemon=True).start()
+        deadline = time.monotonic() + 30
+        while not lanes.lane_now(fake_request(demo), "heavy")[1] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert lanes.lane_now(fake_request(demo), "heavy")[1]           # the other visitor's heavy work runs
+        lecturer, answers = RawClient(url, "198.51.100.81", fns), []
+        both = threading.Thread(target=lambda: answers.append(lecturer.call_many(
+            [("render_on_change", heavy), ("render_on_change", page_change_data(LECTURE + "&seed=3", "attention",
+                                                                                LECTURE))], "lecturerpage", 0.5)),
+            daemon=True)
+        both.start()
+        both.join(30)
+        assert answers == [[None, None]] and not gate.is_set()
+        assert not lanes.lane_now(fake_request(demo), "heavy")[0]        # nothing of the lecturer's waits
+    finally:
+        gate.set()
+        demo.close()
+
+
 def test_a_page_redraw_is_charged_once_however_many_guards_it_passes(monkeypatch):
     """control_change_on_page -> render_tab -> the view endpoint: each guarded, each charged ADMISSION.served
     (three charges per page redraw, one per API call: the fair queue favoured API clients about 3x). Now
