@@ -326,8 +326,8 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
     `outline_row` (a sequence position) is outlined in every panel whose rows hold it, around the row
     or pooled block that holds it. Panels with `row_spans` carry each row's first position in the
     trace's `meta.rows` and their own `meta` (layer, head) beside it, so a click on a cell picks the row,
-    layer and head (static/page.js); `page_meta` joins the layout's meta for the page's own redraws.
-    `shown_panel`: the panels are alternatives drawn in one place (a model's heads, layers and value
+    layer and head (static/page.js); `page_meta` joins the layout's meta for the page's own redraws
+    (every meta key the page reads: explorer.page_contract). `shown_panel`: the panels are alternatives drawn in one place (a model's heads, layers and value
     kinds), that one shown and its colour scale fitted; the others travel hidden with their raw values and
     each its own look (`Panel.look`, as `meta.colour`), for the page to show one instead (static/page.js
     drawPanel). `cell_text`: each cell's value printed in it (weights to two places, logits to one) while a

@@ -1,5 +1,7 @@
 // The page's own scripts, loaded once into the page's <head> by app.py; Gradio events call them by
-// name (js="(q, tab) => explorer.writeUrl(q, tab)"). No server round trip in here.
+// name (js="(q, tab) => explorer.writeUrl(q, tab)"). No server round trip in here. What the figures tell
+// these scripts (the `meta` of their layout and traces) is declared in explorer/page_contract.py, and checked
+// against both sides by tests/test_page_contract.py: read no other key without declaring it there.
 window.explorer = window.explorer || {};
 
 // The address bar follows the controls and the open tab, so a copied link reopens the same view; each change

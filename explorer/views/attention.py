@@ -131,7 +131,7 @@ def query_meta(s: Settings, bar_head: int) -> dict:
     """What the page needs to draw another query row itself (static/page.js queryRow): the bar chart's
     panel (layer, head), the head chosen (-1: all), the values shown, the first candidate (query -1) and,
     per query row, the keys its mask hides ('1'). Only where the heatmap holds whole rows and the figure
-    holds the bars' probabilities."""
+    holds the bars' probabilities. Its keys and types: explorer.page_contract.QUERY."""
     if s.zoom != "all" or s.seq_len > QUERY_ROWS_ON_PAGE:
         return {}
     hidden = ~mask_dense(s, s.mask_kind)
