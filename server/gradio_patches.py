@@ -131,19 +131,38 @@ def _no_config(*args, **kwargs) -> dict:
 SKIP = {"__type__": "update"}       # gr.skip(): the output stays as the page shows it
 
 
+# the props of an update that Gradio answers as they are (read back off the component it builds for them): a
+# control's message under it and its classes (server.endpoints.control_change_on_page marks and clears every
+# control on each change)
+PLAIN_PROPS = ("info", "elem_classes")
+
+
+def _plain_update(p) -> bool:
+    return isinstance(p, dict) and p.get("__type__") == "update" and len(p) > 1 and set(p) <= {"__type__", *PLAIN_PROPS}
+
+
+def _as_gradio_answers(update: dict) -> dict:
+    """A plain update as Gradio answers it: None props dropped (utils.delete_none), a class name as a list."""
+    out = {k: ([v] if k == "elem_classes" and isinstance(v, str) else v)
+           for k, v in update.items() if k != "__type__" and v is not None}
+    return {**out, "__type__": "update"}
+
+
 def skip_unchanged_outputs(demo: gr.Blocks) -> None:
-    """Gradio answers each gr.skip() of an event's outputs by building the component anew (0.35 ms holding the
-    GIL, measured: 23 ms for a page redraw's 64 outputs, most of them skipped). Skipped outputs are passed
-    by: the others are postprocessed as Gradio would, each skip answered as Gradio answers it (`SKIP`)."""
+    """Gradio answers each gr.skip() of an event's outputs, and each update of a control's message or classes,
+    by building the component anew (0.35 ms holding the GIL, measured: 23 ms for a page redraw's 64 outputs,
+    most of them skipped, the 38 controls' marks updated). Those are answered as Gradio answers them (`SKIP`,
+    _as_gradio_answers) without it; the others are postprocessed by Gradio."""
     import copy
     original = demo.postprocess_data
 
     async def postprocess_data(block_fn, predictions, state):
         n = len(block_fn.outputs)
         if n > 1 and not block_fn.batch and isinstance(predictions, (list, tuple)) and len(predictions) == n:
-            kept = [i for i, p in enumerate(predictions) if not (isinstance(p, dict) and p == SKIP)]
+            out = [dict(SKIP) if isinstance(p, dict) and p == SKIP else _as_gradio_answers(p) if _plain_update(p)
+                   else None for p in predictions]
+            kept = [i for i, o in enumerate(out) if o is None]
             if len(kept) < n:
-                out = [dict(SKIP) for _ in range(n)]
                 if kept:
                     part = copy.copy(block_fn)
                     part.outputs = [block_fn.outputs[i] for i in kept]

@@ -600,9 +600,10 @@ def test_the_queue_builds_no_analytics_summary_per_event(monkeypatch):
 
 
 def test_skipped_outputs_are_answered_as_gradio_answers_them_without_building_a_component(monkeypatch):
-    """A page redraw's skipped outputs (most of its 64) are passed by (server.gradio_patches.skip_unchanged_outputs):
-    the answer is the one Gradio's own postprocessing gives, output for output, for a mix of skips, updates and
-    values, one kept output, none kept; no component is built for a skip, nor any session config at all."""
+    """A page redraw's skipped outputs (most of its 64) and its controls' marks (a message and classes each) are
+    passed by (server.gradio_patches.skip_unchanged_outputs): the answer is the one Gradio's own postprocessing
+    gives, output for output, for a mix of skips, marks, updates and values, one kept output, none kept; no
+    component is built for a skip or a mark, nor any session config at all."""
     import asyncio
     import app
     import gradio as gr
@@ -615,7 +616,11 @@ def test_skipped_outputs_are_answered_as_gradio_answers_them_without_building_a_
     assert len(fn.outputs) == CHANGE_OUTPUTS
     n = len(fn.outputs)
     controls = range(2, 2 + len(CONTROL_FIELDS))
+    marks = [gr.update(info="⚠ got -1", elem_classes=["invalid"]), gr.update(info=None, elem_classes=[]),
+             gr.update(info="i", elem_classes="invalid"), gr.update(info="only info"), gr.update(elem_classes=[])]
     cases = [["preset=lecture", "a note"] + [gr.update(info="i", elem_classes=[]) for _ in controls]
+             + [gr.skip()] * (n - 2 - len(CONTROL_FIELDS)),
+             ["preset=lecture", "a note"] + [marks[i % len(marks)] for i in controls]
              + [gr.skip()] * (n - 2 - len(CONTROL_FIELDS)),
              [gr.skip()] + ["a note"] + [gr.skip()] * (n - 2),
              [gr.skip()] * n]
@@ -624,12 +629,16 @@ def test_skipped_outputs_are_answered_as_gradio_answers_them_without_building_a_
         ours = asyncio.run(demo.postprocess_data(fn, list(case), SessionState(demo)))
         theirs = asyncio.run(gradio_own(fn, [dict(p) if isinstance(p, dict) else p for p in case], SessionState(demo)))
         assert ours == theirs
-    built = []
+    built, made = [], []
     monkeypatch.setattr(gradio.blocks.BlocksConfig, "config_for_block", lambda *a, **k: built.append(a) or {})
+    for cls in {type(b) for b in fn.outputs}:       # a component built for an output
+        init = cls.__init__
+        monkeypatch.setattr(cls, "__init__", lambda self, *a, _init=init, **k: (made.append(type(self)), _init(self, *a, **k))[1])
     state = SessionState(demo)
     asyncio.run(demo.postprocess_data(fn, [gr.skip()] * n, state))
     asyncio.run(demo.postprocess_data(fn, cases[0], state))
-    assert built == [] and not any(state.config_values.values())
+    asyncio.run(demo.postprocess_data(fn, cases[1], state))
+    assert built == [] and not any(state.config_values.values()) and made == []
 
 
 def test_the_soak_client_speaks_the_pages_protocol(server):
