@@ -87,7 +87,7 @@ QUEUE_MAX = 256
 class Held(NamedTuple):
     """One request a lane holds, as admission counts it: its visitor key and session, whether it is a
     page redraw and superseded by its session's newer one (it then runs as a no-op), and its queued
-    Gradio event (None for a ticket not yet queued)."""
+    Gradio event (or, not queued yet, its admission Ticket; None where neither is known)."""
     key: str
     session: str
     redraw: bool = False
@@ -179,13 +179,14 @@ def _heaviest(waiting: list, counted: list, key: str, weights: Callable[[str], i
     return [h for h in candidates if network_of(h.key) == net][-1]
 
 
-@dataclass
+@dataclass(eq=False)
 class Ticket:
     lane: str
     visitor: tuple       # (key, session)
     issued: float
     request: Any = None  # the HTTP request that pushed it (the queued event carries the same one)
     redraw: bool = False
+    pushed_out: bool = False    # an arrival pushed it out before it was queued: answered PUSHED_OUT on entry
 
 
 class Admission:
@@ -227,7 +228,9 @@ class Admission:
         with self.lock:
             now = self.clock()
             self.tickets = [t for t in self.tickets if now - t.issued < self.ticket_ttl_s]
-            pending = [Held(*t.visitor, t.redraw) for t in self.tickets if t.lane == lane]
+            # an admitted request not queued yet holds its ticket, which a full lane's arrival may push out too
+            # (in a burst most of a lane can be tickets: a lane full of them refused every arrival)
+            pending = [Held(*t.visitor, t.redraw, False, t) for t in self.tickets if t.lane == lane and not t.pushed_out]
             waiting, running = lane_now()
             weight = self.weights(visitor[0])
             victim = check_admission(lane, list(waiting) + pending, visitor, running, weight, redraw, self.weights)
@@ -242,7 +245,9 @@ class Admission:
             for share, who, n, scale in shares:         # every share checked first: a refusal takes none
                 share.take(who, n, scale)
             self.tickets.append(Ticket(lane, tuple(visitor), now, request, redraw))
-            if victim is not None:
+            if isinstance(getattr(victim, "event", None), Ticket):
+                victim.event.pushed_out = True
+            elif victim is not None:
                 victim.event._pushed_out = True
             if not redraw:
                 return None, victim
@@ -269,13 +274,13 @@ class Admission:
         state = getattr(getattr(event, "request", None), "state", None)
         return Held(*visitor_of(event), getattr(state, "redraw", None) is not None, self.superseded(state), event)
 
-    def entered(self, lane: str, session: Optional[str], request: Any = None) -> None:
+    def entered(self, lane: str, session: Optional[str], request: Any = None) -> Optional[Ticket]:
         """A request entered `lane`'s queue (call under self.lock): its ticket is spent — the one its HTTP
-        request took (an API call without a session hash gets one only once queued), else one of `session`."""
+        request took (an API call without a session hash gets one only once queued), else one of `session`.
+        -> the ticket spent (pushed out meanwhile, the request is answered so: fair_queue.WatchedQueue)."""
         same = [i for i, t in enumerate(self.tickets) if t.lane == lane and request is not None and t.request is request]
         same = same or [i for i, t in enumerate(self.tickets) if t.lane == lane and t.visitor[1] == session]
-        if same:
-            del self.tickets[same[0]]
+        return self.tickets.pop(same[0]) if same else None
 
 
 def check_drawn(state: Any, flops: float) -> None:

@@ -50,9 +50,10 @@ class WatchedQueue(list):
     """A lane's queue list (Gradio appends to it and serves its first entry) that tells `admission`
     when a request enters it and keeps its requests in serving order (`order`)."""
 
-    def __init__(self, lane: str, admission, items=()):
+    def __init__(self, lane: str, admission, items=(), on_pushed_out: Callable = lambda event: None):
         super().__init__(items)
         self.lane, self.admission, self.arrivals = lane, admission, 0
+        self.on_pushed_out = on_pushed_out        # answers an event pushed out before it was queued
         admission.queues[lane] = self
 
     def order(self, events: Optional[list] = None) -> list:
@@ -84,11 +85,17 @@ class WatchedQueue(list):
             event.concurrency_id = chosen
             return self.admission.queues[chosen].append(event)
         with self.admission.lock:       # the entry and its ticket's end are one step for every check
-            event._visitor_key, event._arrival = visitor_of(event)[0], self.arrivals
-            event._queued_at = self.admission.clock()
-            self.arrivals += 1
-            self[:] = self.order([*self, event])      # one step for Gradio's reader on the event loop
-            self.admission.entered(self.lane, getattr(event, "session_hash", None), getattr(event, "request", None))
+            ticket = self.admission.entered(self.lane, getattr(event, "session_hash", None),
+                                            getattr(event, "request", None))
+            if ticket is not None and ticket.pushed_out:    # an arrival pushed it out while it was a ticket
+                event._pushed_out = True
+            else:
+                event._visitor_key, event._arrival = visitor_of(event)[0], self.arrivals
+                event._queued_at = self.admission.clock()
+                self.arrivals += 1
+                self[:] = self.order([*self, event])      # one step for Gradio's reader on the event loop
+                return
+        self.on_pushed_out(event)
 
     def reorder(self) -> None:
         """Back in order after usage changed (call under the admission lock); a single slice

@@ -60,7 +60,7 @@ def watch_lanes(demo: gr.Blocks) -> None:
     queues = demo._queue.event_queue_per_concurrency_id
     for name, bound in LANES.items():
         queues[name] = EventQueue(name, bound.running)
-        queues[name].queue = WatchedQueue(name, ADMISSION)
+        queues[name].queue = WatchedQueue(name, ADMISSION, on_pushed_out=answer_pushed_out)
 
 
 def admit_every_event(demo: gr.Blocks) -> None:
@@ -97,9 +97,21 @@ PUSHED_OUT = ValidationError("queue", "your place in a full lane", "room first f
 def push_out(request, event) -> None:
     """Answer a waiting `event` that an arrival pushed out of its full lane (server.admission.check_admission)
     with PUSHED_OUT."""
+    take_out(request, event, _pushed_out_payload(), success=False)
+
+
+def answer_pushed_out(event) -> None:
+    """(on the event loop, as Gradio queues it) Answer with PUSHED_OUT an event whose admission ticket an
+    arrival pushed out before it was queued (fair_queue.WatchedQueue did not queue it)."""
+    from gradio.server_messages import ProcessCompletedMessage
+    queue = event.request.app.get_blocks()._queue
+    queue.event_ids_to_events.pop(event._id, None)
+    queue.send_message(event, ProcessCompletedMessage(output=_pushed_out_payload(), success=False))
+
+
+def _pushed_out_payload() -> dict:
     from gradio.utils import error_payload
-    message = gr.Error(as_text(str(PUSHED_OUT)), print_exception=False)
-    take_out(request, event, error_payload(message, True), success=False)
+    return error_payload(gr.Error(as_text(str(PUSHED_OUT)), print_exception=False), True)
 
 
 # the lanes a page's redraw waits in (its view's: server.lanes.page_redraw, or heavy past LARGE_REQUEST_FLOPS)
@@ -178,7 +190,8 @@ def admit_to(lane_name: str, units=1, work=None, redraw: bool = False):
                 http.state.redraw = (visitor, number)
         if victim is not None:
             log.info("pushed out of the full %s lane: a request of %s", chosen, victim.key)
-            push_out(request, victim.event)
+            if not isinstance(victim.event, admission.Ticket):     # a ticket is answered as it enters
+                push_out(request, victim.event)
         if redraw and http is not None:
             answer_superseded(request)
         if lane_name == "timing":

@@ -343,6 +343,29 @@ def test_a_pushed_out_request_stops_counting_and_the_arrival_takes_its_place():
     assert victim is botnet[-1] and victim.event._pushed_out and len(now()[0]) == lane.waiting - 1
 
 
+def test_a_full_lane_of_tickets_pushes_out_the_heaviest_networks_latest_ticket_answered_as_it_enters(monkeypatch):
+    """In a burst, a full lane can be mostly tickets: requests admitted, not yet in Gradio's queue. An honest
+    newcomer then found nothing to push out and was refused ('16 timing sweeps waiting', seen in the soak
+    while a botnet's /24 filled the lane). Now the heaviest network's latest ticket is pushed out: when its
+    request enters the queue it is answered (PUSHED_OUT, by the lane) instead of queued; the rest queue."""
+    monkeypatch.setenv(visitors.TRUSTED_PROXIES_ENV, "1")
+    gate = Admission()
+    queue, answered = WatchedQueue("timing", gate, on_pushed_out=lambda event: answered.append(event)), []
+    lane = LANES["timing"]
+    bots = [(f"addr:198.51.100.{i}", f"s{i}") for i in range(lane.waiting)]
+    for bot in bots:                                        # admitted, none queued yet
+        gate.admit("timing", bot, lambda: ([], []))
+    assert len(gate.tickets) == lane.waiting
+    _, victim = gate.admit("timing", ("addr:203.0.113.5", "honest"), lambda: ([], []))
+    assert (victim.key, victim.session) == bots[-1] and victim.event.pushed_out
+    for key, session in bots:
+        queue.append(_event(session, key.removeprefix("addr:")))
+    assert [e.session_hash for e in answered] == [bots[-1][1]] and answered[0]._pushed_out
+    assert sorted(e.session_hash for e in queue) == sorted(session for _, session in bots[:-1])
+    with pytest.raises(ValidationError, match="timing sweeps waiting"):    # the botnet's next: its own doing
+        gate.admit("timing", ("addr:198.51.100.200", "more"), lambda: (list(map(gate.held, queue)), []))
+
+
 def test_a_page_redraw_supersedes_its_pages_waiting_ones_and_is_never_refused_for_them():
     """A lecturer switching presets fast: the heavy lane holds one per visitor, counting the running one; a
     page's newer redraw is admitted while its older one runs or waits, the waiting one marked superseded (it
