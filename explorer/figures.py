@@ -47,6 +47,9 @@ FONT = dict(family="DejaVu Sans, Arial, sans-serif", size=14, color="#222222")
 LECTURE_FONT_SIZE = 20
 
 
+HELD_PER_CONTENT_BYTE, HELD_PER_FIGURE = 2.5, 200_000      # Figure.held_bytes
+
+
 class Figure(go.Figure):
     """The builders' figure: a plotly Figure whose ``to_json`` (what Gradio sends on every redraw) writes
     what plotly's writes without its deep copies of the whole figure and template (``Figure.to_dict``):
@@ -70,8 +73,12 @@ class Figure(go.Figure):
         return self
 
     def held_bytes(self) -> int:
-        """What a frozen figure holds (explorer.budget's count of a cache): its arrays and its JSON."""
-        return nbytes(self._data) + len(getattr(self, "_frozen_json", None) or "")
+        """What a frozen figure holds (explorer.budget's count of a cache): plotly's objects over its arrays,
+        its JSON. Measured with tracemalloc over every drawn view at lecture, phoenix-nano and phoenix-2026-nano:
+        1.7-6x its arrays and JSON, and 25-170 kB a figure beside them; counted here as 2.5x and 200 kB, at or
+        above each (tests/test_view_registry.py)."""
+        content = nbytes(self._data) + len(getattr(self, "_frozen_json", None) or "")
+        return int(HELD_PER_CONTENT_BYTE * content) + HELD_PER_FIGURE
 
 
 _KEPT = {"geojson", "layer", "layers", "range"}      # keys plotly's to_dict never converts (is_skipped_key)
