@@ -115,6 +115,16 @@ def sweep_budget_s() -> float:
     return MAX_SWEEP_SECONDS_GPU if device() == "cuda" else MAX_SWEEP_SECONDS_CPU
 
 
+# A live sweep's turn while other visitors' sweeps wait (compiles included): one runs at a time, and the whole
+# budget with its compile allowance is two minutes a sweep on a CPU (the soak: honest sweeps waited 77 s behind
+# one, and a class's sixteenth was refused)
+SWEEP_TURN_S = {"cpu": 10.0, "cuda": 20.0}
+
+
+def sweep_turn_s() -> float:
+    return SWEEP_TURN_S["cuda" if device() == "cuda" else "cpu"]
+
+
 def memory_ceiling() -> int:
     """Bytes the explorer's caches and running requests may hold together (env EXPLORER_MEMORY_BYTES); on
     a GPU, in host memory beside the GPU's own (device_memory_ceiling)."""

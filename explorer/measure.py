@@ -151,15 +151,23 @@ def sync(device):
         torch.cuda.synchronize()
 
 
+YIELDED = "turn over: other runs wait"
+
+
 class Run:
     """One run's stop conditions: a flag of its own (Stop sets it; the next run makes a new Run, so no
     later run can clear it) and a deadline. Checked before every timed block, so a run ends within one
     block (or one backend's warm-up) of either."""
 
-    def __init__(self, budget_s: Optional[float] = None, compile_allowance_s: float = 0.0):
+    def __init__(self, budget_s: Optional[float] = None, compile_allowance_s: float = 0.0,
+                 yield_to: Optional[Callable[[], int]] = None, turn_s: float = 0.0):
         self.flag = threading.Event()
-        self.deadline = None if budget_s is None else time.perf_counter() + budget_s
+        self.started = time.perf_counter()
+        self.deadline = None if budget_s is None else self.started + budget_s
         self.compile_left = compile_allowance_s      # warm-up time (compiles) that does not spend the budget
+        # a run that shares its device with others': past `turn_s` (compiles included) it ends while
+        # yield_to() says how many other runs wait
+        self.yield_to, self.turn_s, self.yielded = yield_to, turn_s, False
 
     def cancel(self) -> None:
         self.flag.set()
@@ -174,11 +182,18 @@ class Run:
             self.deadline += extra
 
     def stopped(self) -> Optional[str]:
-        """None while the run may go on, else why it ends: 'cancelled' or 'time budget spent'."""
+        """None while the run may go on, else why it ends: 'cancelled', 'time budget spent' or, its turn
+        over while others wait, YIELDED."""
+        if self.yielded:                    # it stays stopped, whatever the others do meanwhile
+            return YIELDED
         if self.flag.is_set():
             return "cancelled"
-        if self.deadline is not None and time.perf_counter() > self.deadline:
+        now = time.perf_counter()
+        if self.deadline is not None and now > self.deadline:
             return "time budget spent"
+        if self.yield_to is not None and now - self.started >= self.turn_s and self.yield_to() > 0:
+            self.yielded = True
+            return YIELDED
         return None
 
 

@@ -24,9 +24,9 @@ from models.masks import EMPTY, AttentionMask
 from models.runinfo import RESULTS_DIR, device_name
 
 from .figures import FONT, TEMPLATE, Figure, _log_ticks
-from .measure import (Grid, Run, Status, grid_for, load_results, matmul_tflops, on_gpu,
+from .measure import (YIELDED, Grid, Run, Status, grid_for, load_results, matmul_tflops, on_gpu,
                       sweep as benchmark_sweep)
-from .limits import device, sweep_budget_s, timing_max_len
+from .limits import device, sweep_budget_s, sweep_turn_s, timing_max_len
 from .schema import Settings, ValidationError
 
 SETTINGS_GEOMETRY = "model settings"
@@ -184,8 +184,8 @@ def check_request(s: Settings, geometry_name: str, dtype: str, lengths: str, bac
 class LiveRun(Run):
     """A Run that also says how far it got: lengths measured of the lengths asked for."""
 
-    def __init__(self, budget_s: Optional[float] = None, total: int = 0):
-        super().__init__(budget_s, compile_allowance_s=COMPILE_ALLOWANCE_S[device()])
+    def __init__(self, budget_s: Optional[float] = None, total: int = 0, yield_to=None, turn_s: float = 0.0):
+        super().__init__(budget_s, compile_allowance_s=COMPILE_ALLOWANCE_S[device()], yield_to=yield_to, turn_s=turn_s)
         self.total, self.done = total, 0
 
 
@@ -245,8 +245,13 @@ def device_matmul_tflops(dtype: str) -> float:
     return matmul_tflops(device(), dtype)
 
 
+STOP_REASONS = {"time budget spent": lambda: f"the time budget on {device().upper()} is spent",
+                YIELDED: lambda: (f"other visitors' sweeps were waiting: the {device().upper()} times one sweep at a "
+                                  f"time, each a turn of {sweep_turn_s():.0f} s while others wait; Run again for the rest")}
+
+
 def stopped_note(why: str, done: list[int], total: int) -> str:
-    reason = f"the time budget on {device().upper()} is spent" if why == "time budget spent" else "Stop was pressed"
+    reason = STOP_REASONS.get(why, lambda: "Stop was pressed")()
     kept = f"the measured points are kept (T = {', '.join(map(str, done))})" if done else "nothing was measured yet"
     return f"Stopped after {len(done)} of {total} lengths ({reason}): {kept}."
 

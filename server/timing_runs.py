@@ -9,8 +9,10 @@ import threading
 from typing import Optional
 
 from explorer.measure import Run
-from explorer.limits import sweep_budget_s
+from explorer.limits import sweep_budget_s, sweep_turn_s
 from explorer.timing import LiveRun
+
+from .admission import ADMISSION
 
 log = logging.getLogger("explorer")
 
@@ -26,7 +28,10 @@ class TimingRuns:
         self.unfinished: set = set()        # cancelled sweeps' last steps, still in their threads
 
     def start(self, session: str, budget_s: Optional[float] = None) -> LiveRun:
-        run = LiveRun(sweep_budget_s() if budget_s is None else budget_s)
+        """A new run of `session`'s: its budget, and its turn while other visitors' sweeps wait (it then ends
+        within one timed block, its points kept)."""
+        run = LiveRun(sweep_budget_s() if budget_s is None else budget_s, yield_to=lambda: others_waiting(session),
+                      turn_s=sweep_turn_s())
         with self.lock:
             self.by_session.setdefault(session, set()).add(run)
             log.info("timing sweep started; %d running", self.running())
@@ -78,6 +83,13 @@ class TimingRuns:
         while self.unfinished:
             with contextlib.suppress(Exception):
                 await asyncio.shield(next(iter(self.unfinished)))
+
+
+def others_waiting(session: str) -> int:
+    """Timing sweeps of other pages waiting in the timing lane (server.admission's view of Gradio's queue)."""
+    queue = ADMISSION.queues.get("timing", ())
+    return sum(1 for event in list(queue)
+               if getattr(event, "session_hash", None) != session and not getattr(event, "_pushed_out", False))
 
 
 TIMING_RUNS = TimingRuns()

@@ -89,6 +89,26 @@ def test_a_cancelled_sweep_keeps_what_it_measured_and_says_how_far_it_got():
     assert (run.done, run.total) == (1, 4)
 
 
+def test_a_sweep_whose_turn_is_over_while_others_wait_ends_and_says_so():
+    """One sweep times the device at a time: past its turn (0 s here) a sweep ends within one timed block once
+    another visitor's waits, keeps its points and says why; alone, or within its turn, it runs to the end."""
+    from explorer.measure import YIELDED
+    waiting = [0]
+    run = timing.LiveRun(total=0, yield_to=lambda: waiting[0], turn_s=0.0)
+    for sw in timing.sweep(S, request("16, 24, 32, 48"), run):
+        if sw.points:
+            waiting[0] = 2                      # two other visitors' sweeps join after the first length
+    assert sorted({r["T"] for r in sw.points}) == [16] and (run.done, run.total) == (1, 4)
+    assert sw.stopped == ("Stopped after 1 of 4 lengths (other visitors' sweeps were waiting: the CPU times one "
+                          f"sweep at a time, each a turn of {timing.sweep_turn_s():.0f} s while others wait; Run "
+                          "again for the rest): the measured points are kept (T = 16).")
+    waiting[0] = 0
+    assert run.stopped() == YIELDED             # ended: the others leaving does not restart it
+    for turn_s, others in ((0.0, 0), (3600.0, 3)):
+        alone = timing.measure(S, request("16, 24"), timing.LiveRun(yield_to=lambda: others, turn_s=turn_s))
+        assert sorted({r["T"] for r in alone.points}) == [16, 24] and not alone.stopped
+
+
 def test_progress_names_the_length_being_measured_and_a_t_squared_eta():
     sw = timing.Sweep("cpu", lengths=(64, 128, 256))
     assert sw.progress().startswith("Measuring T = 64 (1 of 3 lengths)") and sw.eta_s() is None

@@ -36,6 +36,24 @@ def test_timing_runs_stop_a_visitors_run_and_say_how_far_it_got():
     assert runs.threads == 0
 
 
+def test_a_running_sweep_yields_its_turn_to_other_pages_sweeps_waiting(monkeypatch):
+    """TimingRuns gives each run its turn (explorer.limits.SWEEP_TURN_S): past it, the run ends once a sweep of
+    another page waits in the timing lane; its own page's next sweep, or one pushed out, does not count."""
+    from explorer import limits
+    from explorer.measure import YIELDED
+    from server import timing_runs
+    monkeypatch.setitem(limits.SWEEP_TURN_S, "cpu", 0.0)
+    monkeypatch.setitem(limits.SWEEP_TURN_S, "cuda", 0.0)
+    waiting = []
+    monkeypatch.setitem(timing_runs.ADMISSION.queues, "timing", waiting)
+    event = lambda session, pushed_out=False: type("Event", (), {"session_hash": session, "_pushed_out": pushed_out})()  # noqa: E731
+    run = TimingRuns().start("a", budget_s=None)
+    waiting += [event("a"), event("b", pushed_out=True)]
+    assert run.stopped() is None and timing_runs.others_waiting("a") == 0
+    waiting.append(event("b"))
+    assert timing_runs.others_waiting("a") == 1 and run.stopped() == YIELDED
+
+
 def test_a_superseded_page_redraw_draws_nothing_and_leaves_every_output_as_it_is(monkeypatch):
     """A page's redraw that waited while the page sent a newer one answers with every output skipped (the
     newer one draws), however it was asked for: a change, a click, a preset, a tab; a current one draws."""
