@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-NUMBER = (int, float)
 OPTIONAL_NUMBER = (int, float, type(None))      # None: the colour scale's own range (plotly's autoscale)
 
 # the colour a figure or one of its panels is drawn in: its title, its colour bar's title, its range
@@ -53,9 +52,8 @@ def problems(meta: Any, spec: dict, where: str) -> list[str]:
 
 
 def _is(value: Any, kind) -> bool:
-    if isinstance(value, bool) and kind is not bool and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-        return False                        # a bool is an int to Python, not to the page
-    return isinstance(value, kind)
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return isinstance(value, kinds) and (bool in kinds or not isinstance(value, bool))   # a bool is no int to the page
 
 
 def figure_problems(fig) -> list[str]:

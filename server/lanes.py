@@ -118,19 +118,26 @@ def _pushed_out_payload() -> dict:
 REDRAW_LANES = ("forward", "heavy", "light")
 
 
-def answer_superseded(request) -> None:
-    """A page's newer redraw was just admitted: its older ones still waiting are answered at once, every output
+def answer_superseded(request, page: tuple) -> None:
+    """`page`'s newer redraw was just admitted: its older ones still waiting are answered at once, every output
     left as the page shows it (gr.skip), instead of when their turn comes (they would run as no-ops): a
     lecturer who switches presets twice sees no figure wait, behind the heavy lane's running work, for the
-    redraw of the preset left behind."""
+    redraw of the preset left behind. Only the page's own redraws are looked at (this runs on every redraw's
+    admission): their mark names the page (admit_to writes it)."""
+    try:
+        queues = request.request.app.get_blocks()._queue.event_queue_per_concurrency_id
+    except AttributeError:                  # no Gradio queue behind the request (an in-process call): none waits
+        return
     for name in REDRAW_LANES:
-        for held in lane_now(request, name)[0]:
-            if held.stale and held.event is not None:
-                held.event._pushed_out = True
-                take_out(request, held.event, {"data": [dict(SKIP) for _ in held.event.fn.outputs],
-                                               "is_generating": False, "iterator": None, "duration": 0.0,
-                                               "average_duration": None, "render_config": None,
-                                               "changed_state_ids": []}, success=True)
+        for event in list(getattr(queues.get(name), "queue", ())):
+            state = getattr(getattr(event, "request", None), "state", None)
+            mark = getattr(state, "redraw", None)
+            if (mark is not None and tuple(mark[0]) == page and not getattr(event, "_pushed_out", False)
+                    and ADMISSION.superseded(state)):
+                event._pushed_out = True
+                take_out(request, event, {"data": [dict(SKIP) for _ in event.fn.outputs], "is_generating": False,
+                                          "iterator": None, "duration": 0.0, "average_duration": None,
+                                          "render_config": None, "changed_state_ids": []}, success=True)
 
 
 def take_out(request, event, output: dict, success: bool) -> None:
@@ -193,7 +200,7 @@ def admit_to(lane_name: str, units=1, work=None, redraw: bool = False):
             if not isinstance(victim.event, admission.Ticket):     # a ticket is answered as it enters
                 push_out(request, victim.event)
         if redraw and http is not None:
-            answer_superseded(request)
+            answer_superseded(request, tuple(visitor))
         if lane_name == "timing":
             TIMING_RUNS.cancel(session_of(request))
         return refused(None, len(inputs)) if inputs else []
