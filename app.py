@@ -81,13 +81,24 @@ PICK_ROW = "() => explorer.pickRow()"
 COPY_LINK = "() => explorer.copyLink()"
 # display changes the page draws itself from the data it holds: control -> the page.js call (new link)
 IN_BROWSER = {"color": "(kind, q) => explorer.recolour(kind, q)"}
-# the query row, drawn by the page where the attention tab holds its row (else it counts a redraw)
-QUERY_ROW = "(v, q, n) => explorer.queryRow(v, q, n)"
-LAYER = "(layer, v, q, n) => explorer.layerPick(layer, v, q, n)"        # likewise, the layer
-HEAD_PICK = "(head, v, q, n) => explorer.headPick(head, v, q, n)"        # another head of a one-head view
-VALUES_PICK = "(values, v, q, n) => explorer.valuesPick(values, v, q, n)"  # another value kind of one
-HEAD_KEY = "(head, q) => explorer.withParam(q, 'head', head.split(':')[0], '-1')"   # a head stepHead drew
-RECHECK_TIMING = "(tab) => { if (tab === 'timing') document.getElementById('timing-recheck').click(); }"
+# the query row, drawn by the page where the attention tab holds its row (else it sends the redraw port)
+QUERY_ROW = "(v, q) => explorer.queryRow(v, q)"
+LAYER = "(layer, v, q) => explorer.layerPick(layer, v, q)"              # likewise, the layer
+HEAD_PICK = "(head, v, q) => explorer.headPick(head, v, q)"              # another head of a one-head view
+VALUES_PICK = "(values, v, q) => explorer.valuesPick(values, v, q)"      # another value kind of one
+HEAD_KEY = "(head, q) => explorer.withParam(q, 'head', head, '-1')"      # a head stepHead drew
+RECHECK_TIMING = "(tab) => { if (tab === 'timing') explorer.send('recheck', ''); }"
+# A port: an event the page's own script sends with its payload (static/page.js explorer.send). A gr.HTML that
+# draws nothing; as it mounts, its js_on_load registers a function that sets its value to the payload and fires
+# its `submit` (Gradio 6's custom HTML components: js_on_load, props, trigger). Its events read the payload as
+# the port's value. Every send is an event, the same payload twice too.
+PORT_JS = "(window.explorerPorts = window.explorerPorts || {{}})[{name}] = (payload) => {{ props.value = payload; trigger('submit'); }};"
+
+
+def page_port(name: str) -> gr.HTML:
+    return gr.HTML("", html_template="", js_on_load=PORT_JS.format(name=json.dumps(name)), elem_id=f"port-{name}",
+                   elem_classes=["page-port"], container=False, padding=False)
+
 
 def number_boxes(d: Settings, c: dict, names: list[str], **kw) -> None:
     """A number box per Settings field, labelled (explorer.controls.LABELS, INFO); integer boxes for int
@@ -117,21 +128,18 @@ def page_header(d: Settings) -> SimpleNamespace:
     gr.Markdown(lesson.strip_markdown(), elem_id="lesson-strip")
     return SimpleNamespace(
         present=present, reset=reset,
-        key=gr.Button("key", elem_id="present-key"),     # clicked by static/present.js with the keys pressed
+        keys=page_port("keys"),         # presentation mode's keys pressed since its last step (static/present.js)
         # the visible tab; a hidden Textbox, not gr.State, so API calls can name the tab to redraw
         tab_state=gr.Textbox("mask", visible=False),
         marked=gr.State({}),            # a link's dropped values, from its load to the controls it marks
         limit_md=gr.Markdown(elem_id="limit-note"),
-        # never shown: triggers and outputs for the API-only endpoints
-        hidden_q=gr.Textbox(visible=False), hidden_out=gr.Textbox(visible=False),
-        # on the page but hidden by static/page.css: page.js writes a heatmap click here (pick_on_page)
-        pick=gr.Textbox(elem_id="pick", show_label=False, container=False),
-        # likewise: page.js counts here a query row change it could not draw itself (the server redraws)
-        query_redraw=gr.Textbox(elem_id="query-redraw", show_label=False, container=False),
-        # likewise: presentation mode's ↑ ↓ write here a head the page drew itself (static/page.js stepHead)
-        head_key=gr.Textbox(elem_id="head-key", show_label=False, container=False),
-        # likewise: the browser's Back and Forward write here the address they went to (static/page.js)
-        history=gr.Textbox(elem_id="history-link", show_label=False, container=False))
+        # never shown, never an event's trigger: the declared query-string input and text output of the API-only
+        # endpoints (api_only)
+        api_query=gr.Textbox(visible=False), api_text=gr.Textbox(visible=False),
+        pick=page_port("pick"),         # a click on a heatmap cell: `layer=1&head=3&query=7` (pick_on_page)
+        redraw=page_port("redraw"),     # a display change the page could not draw itself: the server redraws
+        head_key=page_port("head"),     # presentation mode's ↑ ↓: a head the page drew itself (stepHead)
+        history=page_port("history"))   # the browser's Back and Forward: the address they went to
 
 
 def source_controls(d: Settings, c: dict, page: SimpleNamespace) -> None:
@@ -234,7 +242,7 @@ def timing_tab(d: Settings, c: dict) -> SimpleNamespace:
         t.run = gr.Button("Run", variant="primary", scale=1)
         t.stop = gr.Button("Stop", scale=1)
     t.message = gr.Markdown(elem_id="timing-check")
-    t.recheck = gr.Button("recheck", elem_id="timing-recheck")     # clicked by the page: see wire_timing
+    t.recheck = page_port("recheck")    # sent by the page: see wire_timing
     gr.Plot(gpu_results.trunk_figure(run), label="the whole forward", elem_id="trunk-plot", show_label=False)
     with gr.Row():
         time_fig = gr.Plot(label="time", elem_id="time-plot", show_label=False)
@@ -302,6 +310,12 @@ def figures_of(outputs: list) -> dict:
     return dict(show_progress="minimal", show_progress_on=[o for o in outputs if isinstance(o, gr.Plot)])
 
 
+def api_only(fn, inputs, outputs, **kw):
+    """An endpoint for API clients that nothing on the page triggers (an event with no triggers, as gr.api makes
+    one), its inputs and outputs declared by components and admitted like any other (`kw`: its lane)."""
+    return gr.on([], fn, inputs, outputs, **kw)
+
+
 def wire_controls(page: SimpleNamespace, c: dict) -> None:
     """Any control -> validated query string + the visible tab redrawn, in one round trip; an invalid value
     is marked at its control and the rest keeps working. API clients get the same change, refused with
@@ -310,41 +324,40 @@ def wire_controls(page: SimpleNamespace, c: dict) -> None:
     redraws) the query row (QUERY_ROW), the layer (LAYER), the head (HEAD_PICK) and the values shown
     (VALUES_PICK): the next server change reads them from their controls."""
     controls = [c[f] for f in CONTROL_FIELDS]
-    page.pick.change(pick_on_page, [page.pick] + controls + [page.tab_state, page.query],
+    page.pick.submit(pick_on_page, [page.pick] + controls + [page.tab_state, page.query],
                     [page.query, page.limit_md] + controls + page.view_outputs,
                     api_name="render_after_pick", trigger_mode="always_last", **figures_of(page.view_outputs), **HIDDEN,
                     **page_redraw(work_of_pick), **RAW).then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP)
     for f, js in IN_BROWSER.items():    # no server request: the page redraws and writes the link
         picked(c[f])(None, [c[f], page.query], [page.query], js=js, api_name=f"{f}_in_browser", **STEP, **RAW) \
             .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP)
-    picked(c["query"])(None, [c["query"], page.query, page.query_redraw], [page.query, page.query_redraw], js=QUERY_ROW,
+    picked(c["query"])(None, [c["query"], page.query], [page.query], js=QUERY_ROW,
                        api_name="query_in_browser", **STEP, **RAW) \
         .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP)
     for f, js in (("layer", LAYER), ("head", HEAD_PICK), ("values", VALUES_PICK)):
-        picked(c[f])(None, [c[f], c["query"], page.query, page.query_redraw], [page.query, page.query_redraw],
+        picked(c[f])(None, [c[f], c["query"], page.query], [page.query],
                      js=js, api_name=f"{f}_in_browser", **STEP, **RAW) \
             .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP)
     gr.on([picked(c[f]) for f in CONTROL_FIELDS if f not in ("preset", "family", "query", "layer", "head", "values",
                                                               *IN_BROWSER)]
-          + [page.query_redraw.change], control_change_on_page,
+          + [page.redraw.submit], control_change_on_page,
           controls + [page.tab_state, page.query],
           [page.query, page.limit_md] + controls + page.view_outputs,
           api_name="render_on_change", trigger_mode="always_last", **figures_of(page.view_outputs), **HIDDEN,
           **page_redraw(work_of_page_change), **RAW).then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP)
-    page.hidden_q.change(control_change, controls + [page.tab_state], [page.query, c["head"]] + page.view_outputs,
-                         api_name="control_change", **forward(work_of_change), **RAW)
-    page.hidden_q.blur(settings_endpoint, controls, page.hidden_out, api_name="settings", **UNQUEUED, **RAW)
+    api_only(control_change, controls + [page.tab_state], [page.query, c["head"]] + page.view_outputs,
+             api_name="control_change", **forward(work_of_change), **RAW)
+    api_only(settings_endpoint, controls, page.api_text, api_name="settings", **UNQUEUED, **RAW)
 
 
 def wire_sources(page: SimpleNamespace, c: dict) -> None:
     """A preset, a family or an uploaded file sets many controls at once and the visible tab redraws: on
-    the page in one round trip. /preset and /family answer API clients with the query string alone
-    (hidden_q never fires in the browser)."""
+    the page in one round trip. /preset and /family answer API clients with the query string alone (api_only)."""
     controls = [c[f] for f in CONTROL_FIELDS]
-    for name, api_fn, page_fn, inputs, trigger in (
-            ("preset", preset_endpoint, preset_on_page, [c["preset"]], page.hidden_q.focus),
-            ("family", family_endpoint, family_on_page, [page.query, c["family"]], page.hidden_q.select)):
-        trigger(api_fn, inputs, page.hidden_out, api_name=name, **UNQUEUED, **RAW)
+    for name, api_fn, page_fn, inputs in (
+            ("preset", preset_endpoint, preset_on_page, [c["preset"]]),
+            ("family", family_endpoint, family_on_page, [page.query, c["family"]])):
+        api_only(api_fn, inputs, page.api_text, api_name=name, **UNQUEUED, **RAW)
         outputs = [page.query, page.limit_md] + controls + page.view_outputs
         picked(c[name])(page_fn, inputs + [page.tab_state], outputs, api_name=f"render_after_{name}",
                         **figures_of(outputs), **HIDDEN, **page_redraw(work_of_source), **RAW) \
@@ -379,7 +392,7 @@ def wire_navigation(demo: gr.Blocks, page: SimpleNamespace, c: dict) -> None:
     demo.unload(page_gone)
     # Back and Forward: the address they went to read as a link (its controls, tab and view), the address
     # kept as it is (static/page.js: explorer.restoring)
-    page.history.change(link_on_page, page.history,
+    page.history.submit(link_on_page, page.history,
                         [page.query, page.tab_state, page.tabs, page.limit_md] + [c[f] for f in CONTROL_FIELDS]
                         + page.view_outputs, api_name="render_after_history", **figures_of(page.view_outputs),
                         **HIDDEN, **page_redraw(work_of_link), **RAW) \
@@ -390,15 +403,14 @@ def wire_presentation(page: SimpleNamespace, c: dict) -> None:
     """Presentation mode (static/present.js): the Present button enters it in the browser; the keys pressed
     step the view on the server in one round trip (controls set, visible tab redrawn, link moved)."""
     outputs = [page.query, page.limit_md] + [c[f] for f in CONTROL_FIELDS] + page.view_outputs
-    page.key.click(present_key_on_page, [page.query, page.hidden_out, page.tab_state], outputs,
-                   js="(q, keys, tab) => [q, explorer.present.pendingKey, tab]", api_name="render_after_key",
-                   **figures_of(outputs), **HIDDEN, **page_redraw(work_of_keys), **RAW) \
+    page.keys.submit(present_key_on_page, [page.query, page.keys, page.tab_state], outputs, api_name="render_after_key",
+                     **figures_of(outputs), **HIDDEN, **page_redraw(work_of_keys), **RAW) \
         .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP) \
         .then(None, None, None, js="() => explorer.present.done()", **STEP)
     page.present.click(None, None, None, js="() => explorer.present.enter()", api_name="present", **STEP)
     # ↑ ↓ where the page holds the head's panel: drawn by the page, then the link, the dropdown and the address
-    page.head_key.change(None, [page.head_key, page.query], page.query, js=HEAD_KEY, api_name="head_key_in_browser",
-                        **STEP, **RAW) \
+    page.head_key.submit(None, [page.head_key, page.query], page.query, js=HEAD_KEY, api_name="head_key_in_browser",
+                         **STEP, **RAW) \
         .then(head_of_link, page.query, c["head"], api_name="head_of_link", show_progress="hidden", **STEP, **RAW) \
         .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP)
 
@@ -407,8 +419,8 @@ def wire_view_api(page: SimpleNamespace, outputs: dict) -> None:
     """The API: one endpoint per view, the configuration as a query string."""
     for view in drawn_views():
         lane = forward if view.needs_model else light       # the mask builds no model: milliseconds
-        page.hidden_q.submit(VIEW_ENDPOINTS[view.name], page.hidden_q, outputs[view.name], api_name=view.name,
-                             **lane(work_of_query(view.name)))
+        api_only(VIEW_ENDPOINTS[view.name], page.api_query, outputs[view.name], api_name=view.name,
+                 **lane(work_of_query(view.name)))
 
 
 def wire_timing(page: SimpleNamespace, t: SimpleNamespace) -> None:
@@ -435,14 +447,15 @@ def wire_timing(page: SimpleNamespace, t: SimpleNamespace) -> None:
     # box would keep the last message and Run enabled
     gr.on([t.lengths.change, t.backends.input], api_name="timing_check", trigger_mode="always_last", **check)
     # the sidebar sets the shapes, mask, cap and candidates: the message follows it while the tab is open (a
-    # change drawn in the browser on another tab sends nothing: the page clicks the hidden button only here)
+    # change drawn in the browser on another tab sends nothing: the page sends the recheck port only here)
     page.query.change(None, [page.tab_state], None, js=RECHECK_TIMING, api_name="timing_recheck_in_browser", **STEP)
-    t.recheck.click(api_name="timing_check_after_query", trigger_mode="always_last", **check)
+    t.recheck.submit(api_name="timing_check_after_query", trigger_mode="always_last", **check)
     page.tab["timing"].select(timing_recorded, [page.query, t.geometry, t.dtype, t.figures[0]], t.figures,
                               api_name="timing_recorded", **{**quiet, "queue": True}, **CONTROL)
-    # a link that opens on this tab (the lesson's timing step) draws the committed curves as well
-    page.tab_state.change(timing_recorded_on_link, [page.tab_state, page.query, t.geometry, t.dtype, t.figures[0]],
-                          t.figures, api_name="timing_recorded_on_link", **{**quiet, "queue": True}, **CONTROL)
+    # a link that opens on this tab (a page load, Back or Forward: the tabs change; the lesson's timing step) draws
+    # the committed curves as well
+    page.tabs.change(timing_recorded_on_link, [page.tab_state, page.query, t.geometry, t.dtype, t.figures[0]],
+                     t.figures, api_name="timing_recorded_on_link", **{**quiet, "queue": True}, **CONTROL)
 
 
 def wire_export(page: SimpleNamespace, e: SimpleNamespace) -> None:

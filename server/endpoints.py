@@ -1,7 +1,7 @@
 """The view endpoints (one per drawn view of explorer.views.VIEWS, each taking the configuration as a
 URL query string), the page's redraws (a control change, a heatmap click, a preset, presentation
 mode's keys: the visible tab redrawn in the same round trip), the exports and the weights upload. What a
-redraw draws is decided by functions its admission calls too (page_change, picked_values, stepped:
+redraw draws is decided by functions its admission calls too (page_change, picked, stepped:
 server.lanes estimates exactly that), and a redraw the page has superseded draws nothing. The page's
 control change and heatmap click are read once: their admission keeps what it read (read_page_change: the
 settings, the marks, the view's cost) and the handler draws from that, passing Settings down (drawn_tab,
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Optional
+from typing import NamedTuple, Optional
 from urllib.parse import parse_qsl
 
 import gradio as gr
@@ -81,10 +81,41 @@ VIEW_DRAWS = {v.name: view_draw(v) for v in drawn_views()}
 VIEW_ENDPOINTS = {v.name: view_endpoint(v) for v in drawn_views()}
 # the outputs every redraw fills: each drawn view's, in tab order (app.py's page.view_outputs)
 VIEW_OUTPUTS = sum(len(v.outputs) for v in drawn_views())
-# a page redraw's outputs before the views: the link and the note, then every control
-CHANGE_OUTPUTS = 2 + len(CONTROL_FIELDS) + VIEW_OUTPUTS
-SOURCE_OUTPUTS = 2 + len(CONTROL_FIELDS) + VIEW_OUTPUTS         # a preset, a family, presentation keys, Reset
+# a page redraw's answer (app.wire_controls's outputs, in order): these, then every control, then the views
+CHANGE_HEAD = ("query", "note")
+CHANGE_OUTPUTS = len(CHANGE_HEAD) + len(CONTROL_FIELDS) + VIEW_OUTPUTS
+SOURCE_OUTPUTS = CHANGE_OUTPUTS                                 # a preset, a family, presentation keys, Reset
 LINK_OUTPUTS = 4 + len(CONTROL_FIELDS) + VIEW_OUTPUTS           # Back / Forward: link, tab, tabs, note, ...
+
+
+def control_slot(field: str) -> int:
+    """Where the update of `field`'s control sits in a page redraw's answer (CHANGE_HEAD, then CONTROL_FIELDS)."""
+    return len(CHANGE_HEAD) + CONTROL_FIELDS.index(field)
+
+
+class PageChange(NamedTuple):
+    """The page's control change as Gradio hands it over (app.wire_controls lists its inputs in this order):
+    every control's value, in CONTROL_FIELDS order, the visible tab, the last valid link. Split from Gradio's
+    positional inputs here, once (PageChange.of), for the handlers and their admission (server.lanes); the
+    API's control change (`control_change`: no last link) is split by the same function."""
+    values: tuple
+    tab: str
+    last_query: str = ""
+
+    @classmethod
+    def of(cls, args, last_link: bool = True) -> "PageChange":
+        """Gradio's positional inputs -> the change; a call with another number of them is refused by name."""
+        n, rest = len(CONTROL_FIELDS), ("tab", "last link") if last_link else ("tab",)
+        if len(args) != n + len(rest):
+            raise ValidationError("inputs", f"{len(args)} values", f"{n} controls' values, then the {' and the '.join(rest)}")
+        return cls(tuple(args[:n]), *args[n:])
+
+    def value(self, field: str):
+        return self.values[CONTROL_FIELDS.index(field)]
+
+    def with_values(self, chosen: dict) -> "PageChange":
+        """The change with the controls in `chosen` ({field: value}) set."""
+        return self._replace(values=tuple(chosen.get(f, v) for f, v in zip(CONTROL_FIELDS, self.values)))
 
 
 def unless_superseded(outputs: int):
@@ -129,37 +160,31 @@ def drawn_tab(view: View, s: Settings, request=None, cost: Optional[Cost] = None
 def control_change(request: gr.Request, *args):
     """What one control change does on the page, in one round trip: validate every control, write
     the query string, keep the head list in step with the geometry, redraw the visible tab."""
-    *values, tab = args
-    query = settings_endpoint(request, *values)
+    change = PageChange.of(args, last_link=False)
+    query = settings_endpoint(request, *change.values)
     s = settings_of(query, request)
-    return [query, gr.update(choices=head_choices(s), value=s.head)] + render_tab(query, tab, request)
+    return [query, gr.update(choices=head_choices(s), value=s.head)] + render_tab(query, change.tab, request)
 
 
-def page_change(values, last_query: str, request=None) -> tuple[Settings, dict]:
+def page_change(change: PageChange, request=None) -> tuple[Settings, dict]:
     """What the page's control change draws -> (settings, {field: message}): every valid control, and for
     each invalid one the value of the last valid link (explorer.controls.keep_valid)."""
-    last = settings_of(last_query, request, need_model=False)
-    return controls.keep_valid(dict(zip(CONTROL_FIELDS, values)), last, uploads.uploads(session_of(request)))
+    last = settings_of(change.last_query, request, need_model=False)
+    return controls.keep_valid(dict(zip(CONTROL_FIELDS, change.values)), last, uploads.uploads(session_of(request)))
 
 
-def read_page_change(values, tab: str, last_query: str, request=None) -> Read:
+def read_page_change(change: PageChange, request=None) -> Read:
     """The page's control change read once: what it draws (page_change) and its view's cost (none when the
     link did not change: no view is redrawn). Its admission (server.lanes.work_of_page_change) reads it and
-    keeps it on the request; the handler takes that (page_read)."""
-    s, problems = page_change(values, last_query, request)
-    cost = None if to_query(s) == last_query else tab_cost(s, tab)
-    return Read(change_inputs(values, tab, last_query), s, problems, tab, cost)
+    keeps it on the request; the handler takes that (page_read). The Read keeps the change as its inputs."""
+    s, problems = page_change(change, request)
+    cost = None if to_query(s) == change.last_query else tab_cost(s, change.tab)
+    return Read(change, s, problems, change.tab, cost)
 
 
-def change_inputs(values, tab: str, last_query: str) -> tuple:
-    """A control change's inputs as its Read keeps them (a handler takes a Read only for the inputs read)."""
-    return tuple(values), tab, last_query
-
-
-def page_read(values, tab: str, last_query: str, request=None) -> Read:
+def page_read(change: PageChange, request=None) -> Read:
     """The control change's Read its admission kept, or, with none (a direct call), read here."""
-    return (admitted_read(request, change_inputs(values, tab, last_query))
-            or read_page_change(values, tab, last_query, request))
+    return admitted_read(request, change) or read_page_change(change, request)
 
 
 @unless_superseded(CHANGE_OUTPUTS)
@@ -170,55 +195,48 @@ def control_change_on_page(request: gr.Request, *args):
     every other control keeps working, its mark cleared — every control's, whatever marks the page shows
     (a change typed while an earlier one is answered must not leave that one's mark). Model views name the
     device limit instead of failing."""
-    *values, tab, last_query = args
-    read = page_read(values, tab, last_query, request)
+    return draw_page_change(PageChange.of(args), request)
+
+
+def draw_page_change(change: PageChange, request=None) -> list:
+    """control_change_on_page's answer for a change split from its inputs (CHANGE_HEAD, the controls' marks,
+    the views)."""
+    read = page_read(change, request)
     s, problems = read.settings, read.problems
     query = to_query(s)
-    limit = model_limit(s)
-    updates = [gr.update(info="⚠ " + problems[f], elem_classes=["invalid"]) if f in problems
-               else gr.update(info=controls.INFO.get(f), elem_classes=[]) for f in CONTROL_FIELDS]
-    head = CONTROL_FIELDS.index("head")
-    updates[head] = gr.update(choices=head_choices(s), **({"value": s.head} if "head" not in problems else {}),
-                              **{k: v for k, v in updates[head].items() if k in ("info", "elem_classes")})
-    views_out = (drawn_tab(check_view(tab, "tab"), s, request, read.cost) if query != last_query
+    marks = {f: gr.update(info="⚠ " + problems[f], elem_classes=["invalid"]) if f in problems
+             else gr.update(info=controls.INFO.get(f), elem_classes=[]) for f in CONTROL_FIELDS}
+    marks["head"].update(choices=head_choices(s), **({"value": s.head} if "head" not in problems else {}))
+    views_out = (drawn_tab(check_view(change.tab, "tab"), s, request, read.cost) if query != change.last_query
                  else [gr.skip()] * VIEW_OUTPUTS)
-    note = "\n\n".join(n for n in (controls.last_valid_note(problems), limit_note(limit)) if n)
-    return [query, note] + updates + views_out
+    note = "\n\n".join(n for n in (controls.last_valid_note(problems), limit_note(model_limit(s))) if n)
+    return [query, note] + [marks[f] for f in CONTROL_FIELDS] + views_out
 
 
 PICKED = ("layer", "head", "query")
 
 
-def picked_values(pick: str, values) -> tuple[list, dict]:
-    """A heatmap click (static/page.js writes `layer=1&head=3&query=7`, or only `query` for a panel of no
-    one head) on the controls' `values` -> (the values with those set, {control: value picked})."""
+def picked(pick: str, change: PageChange) -> tuple[PageChange, dict]:
+    """A heatmap click (static/page.js sends `layer=1&head=3&query=7`, or only `query` for a panel of no
+    one head) on a control change -> (the change with those controls set, {control: value picked})."""
     chosen = dict(parse_qsl(pick if isinstance(pick, str) else "", keep_blank_values=True))
-    if not chosen or set(chosen) - {*PICKED, "n"}:
+    if not chosen or set(chosen) - set(PICKED):
         raise ValidationError("pick", pick, "layer=<int>&head=<int>&query=<int> from a click on a heatmap")
-    values = list(values)
-    for f in PICKED:
-        if f in chosen:
-            values[CONTROL_FIELDS.index(f)] = chosen[f]
-    return values, chosen
+    return change.with_values({f: chosen[f] for f in PICKED if f in chosen}), chosen
 
 
 @unless_superseded(CHANGE_OUTPUTS)
 @guarded
 def pick_on_page(request: gr.Request, pick: str, *args):
-    """A click on a heatmap cell: those controls set together (picked_values), then the usual control
+    """A click on a heatmap cell: those controls set together (picked), then the usual control
     change; the layer and query boxes show the values drawn."""
-    *values, tab, last_query = args
-    values, chosen = picked_values(pick, values)
-    out = control_change_on_page(request, *values, tab, last_query)
-    if not isinstance(out[0], str):             # superseded meanwhile: nothing drawn, nothing to show
-        return out
-    read = admitted_read(request, change_inputs(values, tab, last_query))
+    change, chosen = picked(pick, PageChange.of(args))
+    out = draw_page_change(change, request)
+    read = admitted_read(request, change)
     s = read.settings if read else settings_of(out[0], request, need_model=False)
-    first = 2                            # control_change_on_page: query, note, then the controls
     for f in ("layer", "query"):
-        if f in chosen and not out[first + CONTROL_FIELDS.index(f)].get("elem_classes"):
-            out[first + CONTROL_FIELDS.index(f)] = gr.update(value=getattr(s, f), info=controls.INFO.get(f),
-                                                             elem_classes=[])
+        if f in chosen and not out[control_slot(f)].get("elem_classes"):
+            out[control_slot(f)] = gr.update(value=getattr(s, f), info=controls.INFO.get(f), elem_classes=[])
     return out
 
 

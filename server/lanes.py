@@ -32,7 +32,7 @@ from .backoff import BACKOFF
 from .fair_queue import WatchedQueue
 from .gradio_patches import SKIP
 from .visitors import visitor_of
-from .endpoints import linked, picked_values, read_page_change, stepped, tab_cost
+from .endpoints import PageChange, linked, picked, read_page_change, stepped, tab_cost
 from .guard import Read, as_text, session_of, settings_of
 from .links import family_endpoint, preset_endpoint
 from .timing_runs import TIMING_RUNS
@@ -242,10 +242,12 @@ def work_of_tab(query: str, *rest, request=None) -> float:
 def work_of_change(*args, request=None) -> float:
     """`work` for an API client's control change: (every control's value..., tab), checked as the handler
     checks them (one bad value refuses the whole change)."""
-    n = len(CONTROL_FIELDS)
-    values, tab = args[:n], args[n] if len(args) > n else ""
+    change = _quietly(lambda: PageChange.of(args, last_link=False))
+    if change is None:
+        return 0.0
     uploaded = uploads.uploads(session_of(request))
-    return view_work(_quietly(lambda: parse_settings(dict(zip(CONTROL_FIELDS, values)), uploaded=uploaded)), tab)
+    return view_work(_quietly(lambda: parse_settings(dict(zip(CONTROL_FIELDS, change.values)), uploaded=uploaded)),
+                     change.tab)
 
 
 def work_of_page_change(*args, request=None) -> Read | float:
@@ -253,11 +255,7 @@ def work_of_page_change(*args, request=None) -> Read | float:
     handler draws, read once (server.endpoints.read_page_change: the valid controls, the last link's value
     for each invalid one; nothing drawn when the link did not change) and kept for the handler; 0 when it
     will refuse by name (it then reads the inputs itself, and refuses)."""
-    n = len(CONTROL_FIELDS)
-    if len(args) < n + 2:
-        return 0.0
-    values, tab, last_query = args[:n], args[n], args[n + 1]
-    read = _quietly(lambda: read_page_change(values, tab, last_query, request))
+    read = _quietly(lambda: read_page_change(PageChange.of(args), request))
     return 0.0 if read is None else read
 
 
@@ -268,10 +266,10 @@ def work_of_figure(query: str, figure: str, *rest, request=None) -> float:
 
 
 def work_of_pick(pick: str, *args, request=None) -> Read | float:
-    """`work` for a heatmap click: the controls the pick sets (server.endpoints.picked_values), then as the
-    page's control change."""
-    values = _quietly(lambda: picked_values(pick, args[:len(CONTROL_FIELDS)])[0])
-    return 0.0 if values is None else work_of_page_change(*values, *args[len(CONTROL_FIELDS):], request=request)
+    """`work` for a heatmap click: the controls the pick sets (server.endpoints.picked), then as the page's
+    control change."""
+    read = _quietly(lambda: read_page_change(picked(pick, PageChange.of(args))[0], request))
+    return 0.0 if read is None else read
 
 
 def work_of_keys(query: str, keys: str, tab: str, request=None) -> float:

@@ -4,6 +4,15 @@
 // against both sides by tests/test_page_contract.py: read no other key without declaring it there.
 window.explorer = window.explorer || {};
 
+// The page's ports (app.page_port): each an event the page sends the server with its payload, registered in
+// window.explorerPorts as it mounts. send: false (nothing sent) while the port is not on the page.
+explorer.ported = (name) => !!(window.explorerPorts && window.explorerPorts[name]);
+explorer.send = (name, payload) => {
+    if (!explorer.ported(name)) return false;
+    window.explorerPorts[name](String(payload));
+    return true;
+};
+
 // The address bar follows the controls and the open tab, so a copied link reopens the same view; each change
 // is an entry of the browser's history, so Back undoes it (the page's first address, and one Back or Forward
 // went to, replace theirs: explorer.restoring).
@@ -41,11 +50,10 @@ explorer.writeUrl = (q, tab) => {
 // Point and see: a click on a cell of the attention or mask heatmap picks its query row and, in a panel
 // of one head, that layer and head. gr.Plot has no click event, so plotly's own plotly_click is heard on
 // each plot as it is drawn; the trace's meta (rows: each row's first sequence position; layer, head;
-// written by explorer.figures) goes as `layer=1&head=3&query=7` into the hidden #pick box, whose change
-// event (a Textbox fires .input on keys only) runs server.endpoints.pick_on_page: those controls set together, the
-// view redrawn (the row outlined) and the link moved.
+// written by explorer.figures) goes as `layer=1&head=3&query=7` through the pick port, whose event runs
+// server.endpoints.pick_on_page: those controls set together, the view redrawn (the row outlined) and the link
+// moved.
 explorer.pickRow = () => {
-    let clicks = 0;
     const listen = () => {
         for (const id of ['attention-plot', 'mask-plot']) {
             const gd = document.querySelector('#' + id + ' .js-plotly-plot');
@@ -55,8 +63,7 @@ explorer.pickRow = () => {
                 const pt = ev && ev.points && ev.points[0];
                 const meta = pt && pt.data && pt.data.meta;
                 const row = pt && (Array.isArray(pt.pointNumber) ? pt.pointNumber[0] : pt.pointNumber);
-                const box = document.querySelector('#pick textarea, #pick input');
-                if (!meta || !meta.rows || meta.rows[row] === undefined || !box) return;
+                if (!meta || !meta.rows || meta.rows[row] === undefined) return;
                 // the same head's another row: drawn on the page where it holds it (explorer.setQueryBox)
                 if (id === 'attention-plot' && meta.head !== undefined
                     && explorer.setQueryBox(meta.rows[row], meta.layer, meta.head)) return;
@@ -64,9 +71,7 @@ explorer.pickRow = () => {
                 if (meta.layer !== undefined) pick.set('layer', meta.layer);
                 if (meta.head !== undefined) pick.set('head', meta.head);
                 pick.set('query', meta.rows[row]);
-                pick.set('n', ++clicks);          // the same cell twice is still a new pick
-                box.value = pick.toString();
-                box.dispatchEvent(new Event('input', {bubbles: true}));
+                explorer.send('pick', pick.toString());
             });
         }
     };
@@ -91,20 +96,17 @@ explorer.fitPreview = () => {
 new MutationObserver(() => explorer.fitPreview()).observe(document.documentElement, {childList: true, subtree: true});
 window.addEventListener('resize', () => explorer.fitPreview());
 
-// Back and Forward within the app: the address they went to goes into the hidden #history-link box, whose
-// change event (server.endpoints.link_on_page) sets every control and the tab from it and redraws; the
-// address then stays as it is. Presentation mode follows the address's `present`.
-let historySteps = 0;
+// Back and Forward within the app: the address they went to goes through the history port, whose event
+// (server.endpoints.link_on_page) sets every control and the tab from it and redraws; the address then stays
+// as it is. Presentation mode follows the address's `present`.
 window.addEventListener('popstate', () => {
-    const box = document.querySelector('#history-link textarea, #history-link input');
-    if (!box) return;
+    if (!explorer.ported('history')) return;
     const P = explorer.present;
     const presenting = new URLSearchParams(window.location.search).get('present') === '1';
     if (P && presenting !== P.on) { if (presenting) P.enter(true); else P.leave(true); }
     if (P) P.bar();
     explorer.restoring = true;
-    box.value = window.location.search + '&n=' + (++historySteps);       // the same address twice is still a step
-    box.dispatchEvent(new Event('input', {bubbles: true}));
+    explorer.send('history', window.location.search);
 });
 
 // --- display changes drawn in the browser: the data is on the page, the server is not asked -----------
@@ -315,22 +317,24 @@ explorer.drawQueryRow = (v, layer, outline = true) => {
 };
 
 // A control's change the page tried to draw (`drawn`: null where it could not): the link `q` with `key` set
-// as the server writes it; else the count `n` in #query-redraw goes up and the server redraws.
-const drawnOrServer = (drawn, key, value, dflt, q, n) => (drawn === null
-    ? [q, String(Number(n || 0) + 1)]
-    : [explorer.withParam(q, key, String(value), dflt), n]);
+// as the server writes it; else the link as it was, and the redraw port sent: the server redraws.
+const drawnOrServer = (drawn, key, value, dflt, q) => {
+    if (drawn !== null) return explorer.withParam(q, key, String(value), dflt);
+    explorer.send('redraw', key);
+    return q;
+};
 
 // The query box's change (typed, a click, presentation mode's keys).
-explorer.queryRow = (v, q, n) => drawnOrServer(explorer.drawQueryRow(v), 'query', v, '-1', q, n);
+explorer.queryRow = (v, q) => drawnOrServer(explorer.drawQueryRow(v), 'query', v, '-1', q);
 
 // The layer box's change: in the every-head grid the bars are drawn from that layer's head-0 panel on the
 // page (nothing else in the view depends on the layer), in a one-head view that holds it the layer's panel
 // is shown (explorer.drawPanel); elsewhere the server redraws, as for queryRow.
-explorer.layerPick = (layer, v, q, n) => {
+explorer.layerPick = (layer, v, q) => {
     const gd = document.querySelector('#attention-plot .js-plotly-plot');
     const query = gd && gd.layout && gd.layout.meta && gd.layout.meta.query;
     const drawn = query && query.selected >= 0 ? explorer.drawPanel({layer}, v, q) : explorer.drawQueryRow(v, layer);
-    return drawnOrServer(drawn, 'layer', layer, '0', q, n);
+    return drawnOrServer(drawn, 'layer', layer, '0', q);
 };
 
 // A pick of the values radio, the layer or the head in a one-head view that holds the model's other panels
@@ -366,10 +370,10 @@ explorer.drawPanel = (want, v, q) => {
 };
 
 // The head dropdown's and the values radio's change.
-explorer.headPick = (head, v, q, n) => drawnOrServer(explorer.drawPanel({head: Number(head)}, v, q), 'head', head,
-                                                     '-1', q, n);
-explorer.valuesPick = (values, v, q, n) => drawnOrServer(explorer.drawPanel({values}, v, q), 'values', values,
-                                                         'probabilities', q, n);
+explorer.headPick = (head, v, q) => drawnOrServer(explorer.drawPanel({head: Number(head)}, v, q), 'head', head,
+                                                  '-1', q);
+explorer.valuesPick = (values, v, q) => drawnOrServer(explorer.drawPanel({values}, v, q), 'values', values,
+                                                      'probabilities', q);
 
 // presentation mode's PgUp PgDn in the every-head grid or a one-head view that holds the other layers: the
 // layer stepped on the page (stops at the ends)
@@ -388,20 +392,17 @@ explorer.stepLayer = (delta) => {
 };
 
 // presentation mode's ↑ ↓ in a one-head view that holds the next head's panel: drawn on the page
-// (explorer.drawPanel), the head written into #head-key (its event writes the link and sets the head
+// (explorer.drawPanel), the head sent through the head port (its event writes the link and sets the head
 // dropdown); past the last head or to the every-head grid the server steps it. True when drawn.
-let headKeys = 0;
 explorer.stepHead = (delta) => {
     const gd = document.querySelector('#attention-plot .js-plotly-plot');
     const meta = gd && gd.layout && gd.layout.meta && gd.layout.meta.query;
     const row = document.querySelector('#query-row input');
     const link = document.querySelector('#query textarea, #query input');
-    const box = document.querySelector('#head-key textarea, #head-key input');
-    if (!meta || !row || !link || !box || meta.selected < 0) return false;
+    if (!meta || !row || !link || !explorer.ported('head') || meta.selected < 0) return false;
     const next = meta.selected + delta;                       // -1, the every-head grid: the server's
     if (explorer.drawPanel({head: next}, Number(row.value), link.value) === null) return false;
-    box.value = `${next}:${++headKeys}`;         // the same head twice is still a change
-    box.dispatchEvent(new Event('input', {bubbles: true}));
+    explorer.send('head', String(next));
     return true;
 };
 

@@ -7,7 +7,7 @@
 // explorer.lessonData = {steps: [{story, title, link, claim, tab, figure}], main: {tab: figure id}}.
 window.explorer = window.explorer || {};
 (() => {
-    const P = explorer.present = {on: false, queue: [], busy: false, pendingKey: ''};
+    const P = explorer.present = {on: false, queue: [], busy: false};
     const BAR = 64;                     // px kept at the bottom for the claim and the key legend, at least
     // Lecture sizes: tick labels of 16 px and titles of 22 px in a 1280 x 720 window; a smaller window (a
     // browser zoomed to 150 % is 853 x 480 CSS px) scales them down, to three quarters at most, so that a
@@ -230,12 +230,9 @@ window.explorer = window.explorer || {};
 
     // keys pressed while a step is on its way are sent together with the next one
     P.flush = () => {
-        if (P.busy || !P.queue.length) return;
-        const button = document.getElementById('present-key');
-        if (!button) return;
+        if (P.busy || !P.queue.length || !explorer.ported('keys')) return;
         P.busy = true;
-        P.pendingKey = P.queue.splice(0, P.queue.length).join(',');
-        button.click();
+        explorer.send('keys', P.queue.splice(0, P.queue.length).join(','));     // app.page_port
     };
     P.done = () => { P.busy = false; P.flush(); };
 

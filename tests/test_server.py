@@ -141,3 +141,59 @@ def test_a_head_change_on_the_page_reads_its_settings_once_and_estimates_its_vie
     assert by_itself == {"parse_settings": 2, "page_change": 1, "estimate": 1}     # read once by the handler
     as_json = lambda out: [o.to_json() if hasattr(o, "to_json") else repr(o) for o in out]   # noqa: E731
     assert drawn[0] == alone[0] == last + "&head=1" and as_json(drawn) == as_json(alone)
+
+
+def test_a_page_change_is_split_from_its_inputs_once_and_its_answer_names_each_controls_place():
+    """Issue 36, item 3: the page's control change and heatmap click reach the server as Gradio's positional
+    inputs (every control, the tab, the last link; a click first); endpoints.PageChange splits them in one place
+    and refuses another count by name, and a control's update sits at endpoints.control_slot in the answer. The
+    app's wiring is held to both: each input and output named by the control it is, not by an offset."""
+    import app
+    from explorer.controls import CONTROL_FIELDS, LABELS
+    from server.endpoints import CHANGE_HEAD, CHANGE_OUTPUTS, PageChange, control_slot
+    values = tuple(f"v{i}" for i in range(len(CONTROL_FIELDS)))
+    change = PageChange.of((*values, "attention", "preset=lecture"))
+    assert change == (values, "attention", "preset=lecture") and change.value("head") == values[CONTROL_FIELDS.index("head")]
+    assert change.with_values({"head": 3}).value("head") == 3 and change.with_values({"head": 3}).value("layer") == change.value("layer")
+    assert PageChange.of((*values, "mask"), last_link=False) == (values, "mask", "")
+    for args, last_link in (((*values, "mask"), True), (values, False), ((*values, "mask", "q", "extra"), True)):
+        with pytest.raises(ValidationError, match=rf"inputs: got '{len(args)} values'; allowed: {len(CONTROL_FIELDS)} controls"):
+            PageChange.of(args, last_link=last_link)
+    demo = app.build_app()
+    wired = {d.api_name: d for d in demo.fns.values()}
+    for api, before in (("render_on_change", 0), ("render_after_pick", 1)):
+        inputs, outputs = wired[api].inputs, wired[api].outputs
+        assert len(inputs) == before + len(CONTROL_FIELDS) + 2 and len(outputs) == CHANGE_OUTPUTS
+        assert outputs[CHANGE_HEAD.index("query")].elem_id == inputs[-1].elem_id == "query"
+        for i, f in enumerate(CONTROL_FIELDS):
+            assert inputs[before + i].label == outputs[control_slot(f)].label == LABELS[f], f
+
+
+def test_every_page_event_comes_from_a_control_a_visitor_sees_or_from_a_declared_port():
+    """Issue 36, item 3: no hidden textbox carries an event. An event's trigger is a control on the page, the page
+    itself (load, unload), or one of its ports (app.page_port: a gr.HTML the page's script sends a payload through,
+    its `submit`); no trigger is hidden (visible=False, or display: none in static/*.css by its id), and the
+    scripts send only through declared ports, each port sent by some script."""
+    import re
+    from pathlib import Path
+
+    import gradio as gr
+
+    import app
+    demo = app.build_app()
+    ports = {b.elem_id.removeprefix("port-"): b for b in demo.blocks.values() if "page-port" in (b.elem_classes or [])}
+    assert ports and all(isinstance(b, gr.HTML) for b in ports.values())
+    css = "\n".join(p.read_text() for p in app.CSS_PATHS)
+    hidden_ids = {i for rule in re.findall(r"([^{}]+)\{[^}]*display:\s*none", css) for i in re.findall(r"#([\w-]+)", rule)}
+    for dep in demo.fns.values():
+        for block_id, event in dep.targets:
+            block = demo.blocks.get(block_id)
+            if block is None or isinstance(block, gr.Blocks):        # the page's own load and unload
+                continue
+            name = f"{dep.api_name}: {type(block).__name__} #{block.elem_id} .{event}"
+            assert block.visible is True and block.elem_id not in hidden_ids, name
+            if isinstance(block, gr.HTML):
+                assert block.elem_id.removeprefix("port-") in ports and event == "submit", name
+    scripts = "\n".join(p.read_text() for p in sorted(app.STATIC.glob("*.js"))) + app.RECHECK_TIMING
+    sent = set(re.findall(r"explorer\.send\('(\w+)'", scripts))
+    assert sent == set(ports), (sent, set(ports))
