@@ -1,6 +1,8 @@
 """The page's contract with the figures (explorer.page_contract), checked from both sides in the default run
 with no browser: every drawn view's figures write only what it declares, in the types and shapes the page
-reads; the page's scripts read no key it does not declare, and every key it declares is read."""
+reads; the page's scripts read no key it does not declare, and every key it declares is read. And the rules the
+page computes itself for speed (static/page.js: Python's number formats, explorer.figures.ColourScale) against
+the server's on the same cases, page.js alone in a blank Chromium page (no app)."""
 import re
 from pathlib import Path
 
@@ -62,3 +64,91 @@ def test_the_pages_scripts_read_what_the_contract_declares_and_nothing_else():
     read = set(re.findall(r"\bmeta\.(\w+)", source)) | set(re.findall(r"\bquery\.(\w+)", source))
     assert read - page_contract.declared_keys() == set()
     assert page_contract.declared_keys() - read == set()       # no key declared for nothing
+
+
+# --- the rules the page computes itself, against the server's on the same cases ---------------------------
+
+def page_scripts(playwright):
+    """A blank page holding static/page.js alone (no app, no server): its functions to evaluate."""
+    from harness.localhost import launch_browser
+    browser = launch_browser(playwright)
+    page = browser.new_page()
+    page.set_content("<html><body></body></html>")
+    page.add_script_tag(content=(ROOT / "static" / "page.js").read_text())
+    return browser, page
+
+
+def colour_cases() -> list:
+    """Value sets a heatmap holds: probabilities (many zeros, a few large), logits of both signs, a constant
+    panel, one with NaN gaps, float32 values printed at ties (1/32), a long skewed one."""
+    rng = np.random.default_rng(5)
+    probs = rng.dirichlet(np.full(40, 0.2), size=6).astype(np.float32).ravel()
+    logits = (rng.standard_normal(300) * 7).astype(np.float32)
+    gaps = logits.copy()
+    gaps[::7] = np.nan
+    ties = np.array([1 / 32, 3 / 32, 0.125, -0.375, 0.0, 2.5, -1 / 64], np.float32)
+    skewed = np.concatenate([rng.exponential(1e-3, 2000), [0.9, 0.5]]).astype(np.float32)
+    return [probs, logits, np.full(12, 0.25, np.float32), gaps, ties, skewed]
+
+
+@pytest.mark.browser
+def test_the_pages_number_formats_print_as_pythons_format_does():
+    """explorer.fmtG and fmtF (page.js) against format(v, '.Ng') and format(v, '.Nf') on the same values, ties
+    of float32 weights among them (Python rounds a tie to the even digit, JS's toFixed away from zero)."""
+    from playwright.sync_api import sync_playwright
+    rng = np.random.default_rng(11)
+    values = [float(v) for v in np.concatenate([
+        (rng.standard_normal(200) * 10.0 ** rng.integers(-7, 8, 200)),
+        np.float32(rng.standard_normal(100)).astype(np.float64),
+        [k / 32 for k in range(-40, 41)], [0.5, 1.5, 2.5, 0.125, 0.0625, 1e-5, 123456.5, 999999.5, 1e16, -0.0005]])]
+    cases = [(v, d) for v in values for d in (2, 3, 4, 6)]
+    with sync_playwright() as p:
+        browser, page = page_scripts(p)
+        try:
+            g, f = page.evaluate("cases => [cases.map(([v, d]) => explorer.fmtG(v, d)), "
+                                 "cases.map(([v, d]) => explorer.fmtF(v, d))]", cases)
+        finally:
+            browser.close()
+    assert [(v, d, s) for (v, d), s in zip(cases, g) if s != format(v, f".{d}g")] == []
+    assert [(v, d, s) for (v, d), s in zip(cases, f) if s != format(v, f".{d}f")] == []
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("kind", ["linear", "log", "quantile"])
+def test_the_pages_colour_scale_fits_and_ticks_as_the_servers(kind):
+    """explorer.colourScale (page.js, a recolour drawn on the page) against explorer.figures.ColourScale on the
+    same values: the range, the colour bar's ticks and their text, the note, and each value's colour coordinate
+    (within float32 rounding where the server stores float32 ranks; one libm's log10 against another's: 4 ulp)."""
+    from types import SimpleNamespace
+
+    from playwright.sync_api import sync_playwright
+
+    from explorer.figures import ColourScale
+    cases = colour_cases()
+    with sync_playwright() as p:
+        browser, page = page_scripts(p)
+        try:
+            pages = page.evaluate("""([kind, cases]) => cases.map((vs) => {
+                const s = explorer.colourScale(kind, vs.map((v) => (v === null ? NaN : v)), null, null);
+                return {lo: s.lo, hi: s.hi, tickvals: s.tickvals || null, ticktext: s.ticktext || null, note: s.note,
+                        coords: s.transform ? vs.map((v) => (v === null ? null : s.transform(v))) : null};
+            })""", [kind, [[None if np.isnan(v) else float(v) for v in z] for z in cases]])
+        finally:
+            browser.close()
+    for z, got in zip(cases, pages):
+        scale = ColourScale.fit([SimpleNamespace(z=z)], kind)
+        bar = scale.colorbar("t")
+        np.testing.assert_allclose([got["lo"], got["hi"]], [scale.lo, scale.hi], rtol=4e-16 * 4, atol=0)
+        assert got["note"] == scale.note()
+        assert got["ticktext"] == bar.get("ticktext")
+        if bar.get("tickvals") is not None:
+            rtol = 2.0 ** -24 if kind == "quantile" else 4e-16 * 4
+            np.testing.assert_allclose(got["tickvals"], bar["tickvals"], rtol=rtol, atol=0)
+        if scale.kind == "linear":
+            assert got["coords"] is None
+        else:
+            want = scale.transform(z.astype(np.float64))
+            coords = np.array([np.nan if c is None else c for c in got["coords"]])
+            assert np.array_equal(np.isnan(coords), np.isnan(want))
+            rtol = 2.0 ** -24 if kind == "quantile" else 4e-16 * 4
+            np.testing.assert_allclose(coords[~np.isnan(coords)], want[~np.isnan(want)], rtol=rtol, atol=0)
