@@ -25,6 +25,7 @@ from explorer import export, gpu_results, lesson, runs, timing, views
 from explorer.controls import CONTROL_FIELDS, LABELS, NUMBER_FIELDS
 from explorer.controls import INFO as CONTROL_INFO
 from explorer.families import FAMILIES, XREX_ROPE
+from explorer.page_contract import link_defaults
 from explorer.query_string import to_query
 from explorer.schema import Settings
 from explorer.settings import COLOR_SCALES, INVARIANCE_OPS, VALUE_KINDS, ZOOMS, parse_settings
@@ -70,10 +71,12 @@ CHECKED_BY_SETTINGS = (gr.Number, gr.Dropdown, gr.Radio, gr.CheckboxGroup)
 # functions on window.explorer, which the events below call by name), every static/*.css into its styles.
 STATIC = Path(__file__).resolve().parent / "static"
 # The lesson (explorer/lesson.py) goes first, as data for static/present.js; "</" escaped inside the script;
-# with it the Settings field order, in which page.js writes a link as the server does.
+# with it the Settings field order and the defaults of the fields page.js writes (explorer.page_contract), so it
+# writes a link as the server does.
 LESSON_DATA = json.dumps({"steps": lesson.as_data(), "main": lesson.MAIN_FIGURE}).replace("</", "<\\/")
 HEAD = (f"<script>\nwindow.explorer = window.explorer || {{}};\nexplorer.lessonData = {LESSON_DATA};\n"
-        f"explorer.fields = {json.dumps(CONTROL_FIELDS)};\n</script>\n"
+        f"explorer.fields = {json.dumps(CONTROL_FIELDS)};\nexplorer.linkDefaults = {json.dumps(link_defaults())};\n"
+        "</script>\n"
         + "".join(f"<script>\n{p.read_text()}\n</script>\n" for p in sorted(STATIC.glob("*.js"))))
 CSS_PATHS = sorted(STATIC.glob("*.css"))
 WRITE_URL = "(q, tab) => explorer.writeUrl(q, tab)"
@@ -86,7 +89,7 @@ QUERY_ROW = "(v, q) => explorer.queryRow(v, q)"
 LAYER = "(layer, v, q) => explorer.layerPick(layer, v, q)"              # likewise, the layer
 HEAD_PICK = "(head, v, q) => explorer.headPick(head, v, q)"              # another head of a one-head view
 VALUES_PICK = "(values, v, q) => explorer.valuesPick(values, v, q)"      # another value kind of one
-HEAD_KEY = "(head, q) => explorer.withParam(q, 'head', head, '-1')"      # a head stepHead drew
+HEAD_KEY = "(head, q) => explorer.withParam(q, 'head', head)"           # a head stepHead drew
 RECHECK_TIMING = "(tab) => { if (tab === 'timing') explorer.send('recheck', ''); }"
 # A port: an event the page's own script sends with its payload (static/page.js explorer.send). A gr.HTML that
 # draws nothing; as it mounts, its js_on_load registers a function that sets its value to the payload and fires

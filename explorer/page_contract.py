@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from .query_string import link_value
+from .schema import Settings
+
 OPTIONAL_NUMBER = (int, float, type(None))      # None: the colour scale's own range (plotly's autoscale)
 
 # the colour a figure or one of its panels is drawn in: its title, its colour bar's title, its range
@@ -27,6 +30,17 @@ LAYOUT = {"colour": COLOUR, "query": QUERY}
 # A trace drawn over the panels (the masked pairs, page.js keeps them with the panel shown) says so in `overlay`.
 TRACE = {"rows": [int], "layer": int, "head": int, "values": str, "masked": bool, "text": str, "colour": COLOUR,
          "overlay": str}
+
+
+# the fields page.js writes into the link itself after drawing a change on the page (explorer.withParam), left out
+# where they hold their default as the server's link leaves them out (explorer.query_string.to_query); app.py
+# gives the page these defaults (explorer.linkDefaults), so the two links read the same
+LINK_WRITTEN = ("query", "layer", "head", "values", "color")
+
+
+def link_defaults() -> dict[str, str]:
+    """{field: its default as a link writes it} for LINK_WRITTEN (no preset sets these: tests/test_page_contract.py)."""
+    return {f: link_value(getattr(Settings(), f)) for f in LINK_WRITTEN}
 
 
 def problems(meta: Any, spec: dict, where: str) -> list[str]:

@@ -23,10 +23,11 @@ def to_query(s: Settings) -> str:
     """Only what differs from the preset, so links stay short; the preset always comes first."""
     base = {**asdict(Settings()), **defaults(s.preset, s.family), "family": preset_family(s.preset)}
     diff = {k: val for k, val in asdict(s).items() if k != "preset" and val != base[k]}
-    return urlencode({"preset": s.preset, **{k: _fmt(val) for k, val in diff.items()}})
+    return urlencode({"preset": s.preset, **{k: link_value(val) for k, val in diff.items()}})
 
 
-def _fmt(val: Any) -> str:
+def link_value(val: Any) -> str:
+    """A field's value as a link writes it."""
     return repr(val) if isinstance(val, float) else str(val)
 
 

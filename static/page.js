@@ -111,11 +111,12 @@ window.addEventListener('popstate', () => {
 
 // --- display changes drawn in the browser: the data is on the page, the server is not asked -----------
 
-// q with `key` set to `value` (left out when it is the default), in the order of the Settings fields
-// (explorer.fields, written by app.py) as the server writes it, so the link reads the same either way.
-explorer.withParam = (q, key, value, dflt) => {
+// q with `key` set to `value` (left out when it is its default), in the order of the Settings fields, as the
+// server writes it, so the link reads the same either way (explorer.fields and explorer.linkDefaults, written
+// by app.py from explorer.page_contract).
+explorer.withParam = (q, key, value) => {
     const params = new URLSearchParams(q);
-    if (value === dflt) params.delete(key); else params.set(key, value);
+    if (String(value) === explorer.linkDefaults[key]) params.delete(key); else params.set(key, String(value));
     const order = explorer.fields || [];
     const rank = (k) => (order.indexOf(k) < 0 ? order.length : order.indexOf(k));
     const entries = [...params.entries()].sort((a, b) => rank(a[0]) - rank(b[0]));
@@ -263,7 +264,7 @@ explorer.recolour = (kind, q) => {
     if (gd && gd.data && gd.layout && gd.layout.meta && gd.layout.meta.colour) {
         Plotly.update(gd, ...colourUpdate(gd, kind, shownHeatmaps(gd)));
     }
-    return explorer.withParam(q, 'color', kind, 'linear');
+    return explorer.withParam(q, 'color', kind);
 };
 
 const escapeHtml = (s) => String(s).replace(/[&<>"]/g, (ch) => ({'&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;'}[ch]));
@@ -318,14 +319,14 @@ explorer.drawQueryRow = (v, layer, outline = true) => {
 
 // A control's change the page tried to draw (`drawn`: null where it could not): the link `q` with `key` set
 // as the server writes it; else the link as it was, and the redraw port sent: the server redraws.
-const drawnOrServer = (drawn, key, value, dflt, q) => {
-    if (drawn !== null) return explorer.withParam(q, key, String(value), dflt);
+const drawnOrServer = (drawn, key, value, q) => {
+    if (drawn !== null) return explorer.withParam(q, key, value);
     explorer.send('redraw', key);
     return q;
 };
 
 // The query box's change (typed, a click, presentation mode's keys).
-explorer.queryRow = (v, q) => drawnOrServer(explorer.drawQueryRow(v), 'query', v, '-1', q);
+explorer.queryRow = (v, q) => drawnOrServer(explorer.drawQueryRow(v), 'query', v, q);
 
 // The layer box's change: in the every-head grid the bars are drawn from that layer's head-0 panel on the
 // page (nothing else in the view depends on the layer), in a one-head view that holds it the layer's panel
@@ -334,7 +335,7 @@ explorer.layerPick = (layer, v, q) => {
     const gd = document.querySelector('#attention-plot .js-plotly-plot');
     const query = gd && gd.layout && gd.layout.meta && gd.layout.meta.query;
     const drawn = query && query.selected >= 0 ? explorer.drawPanel({layer}, v, q) : explorer.drawQueryRow(v, layer);
-    return drawnOrServer(drawn, 'layer', layer, '0', q);
+    return drawnOrServer(drawn, 'layer', layer, q);
 };
 
 // A pick of the values radio, the layer or the head in a one-head view that holds the model's other panels
@@ -370,10 +371,8 @@ explorer.drawPanel = (want, v, q) => {
 };
 
 // The head dropdown's and the values radio's change.
-explorer.headPick = (head, v, q) => drawnOrServer(explorer.drawPanel({head: Number(head)}, v, q), 'head', head,
-                                                  '-1', q);
-explorer.valuesPick = (values, v, q) => drawnOrServer(explorer.drawPanel({values}, v, q), 'values', values,
-                                                      'probabilities', q);
+explorer.headPick = (head, v, q) => drawnOrServer(explorer.drawPanel({head: Number(head)}, v, q), 'head', head, q);
+explorer.valuesPick = (values, v, q) => drawnOrServer(explorer.drawPanel({values}, v, q), 'values', values, q);
 
 // presentation mode's PgUp PgDn in the every-head grid or a one-head view that holds the other layers: the
 // layer stepped on the page (stops at the ends)

@@ -69,13 +69,52 @@ def test_the_pages_scripts_read_what_the_contract_declares_and_nothing_else():
 # --- the rules the page computes itself, against the server's on the same cases ---------------------------
 
 def page_scripts(playwright):
-    """A blank page holding static/page.js alone (no app, no server): its functions to evaluate."""
+    """A blank page holding static/page.js alone (no app, no server) and what app.py gives it (the field order,
+    the written fields' defaults): its functions to evaluate."""
+    import json
+
+    from explorer.controls import CONTROL_FIELDS
     from harness.localhost import launch_browser
     browser = launch_browser(playwright)
     page = browser.new_page()
     page.set_content("<html><body></body></html>")
+    page.add_script_tag(content=f"window.explorer = {{fields: {json.dumps(CONTROL_FIELDS)}, "
+                                f"linkDefaults: {json.dumps(page_contract.link_defaults())}}};")
     page.add_script_tag(content=(ROOT / "static" / "page.js").read_text())
     return browser, page
+
+
+@pytest.mark.browser
+def test_the_page_writes_a_link_as_the_server_does():
+    """A change the page draws itself moves the link in the browser (explorer.withParam): for every preset and
+    links holding other values, each field the page writes (page_contract.LINK_WRITTEN) set to each of several
+    values gives explorer.query_string.to_query's link, byte for byte (order, defaults left out); page.js and
+    app.py's snippets write no other field."""
+    from dataclasses import replace
+
+    from playwright.sync_api import sync_playwright
+
+    import app
+    from explorer.query_string import to_query
+    from explorer.settings import COLOR_SCALES
+    from models.presets import PRESETS
+    values = {"query": [-1, 0, 3, 7], "layer": [0, 1], "head": [-1, 0, 2], "values": list(VALUE_KINDS),
+              "color": list(COLOR_SCALES)}
+    assert set(values) == set(page_contract.LINK_WRITTEN)
+    links = [f"preset={p}" for p in PRESETS] + ["preset=lecture&seed=3&num_candidates=5&head=2&color=log&query=4",
+                                                "preset=phoenix-2026-nano&layer=1&values=capped+logits"]
+    cases = [(to_query(s), f, v, to_query(replace(s, **{f: v})))
+             for s in (parse_query(link, need_model=False) for link in links) for f, vs in values.items() for v in vs]
+    with sync_playwright() as p:
+        browser, page = page_scripts(p)
+        try:
+            got = page.evaluate("cases => cases.map(([q, f, v]) => explorer.withParam(q, f, String(v)))", cases)
+        finally:
+            browser.close()
+    assert [(q, f, v, want, g) for (q, f, v, want), g in zip(cases, got) if g != want] == []
+    scripts = (ROOT / "static" / "page.js").read_text() + "".join(v for v in vars(app).values() if isinstance(v, str))
+    written = set(re.findall(r"withParam\(q, '(\w+)'", scripts)) | set(re.findall(r"drawnOrServer\([^;]*?'(\w+)', \w+, q\)", scripts))
+    assert written and written <= set(page_contract.LINK_WRITTEN), written
 
 
 def colour_cases() -> list:
