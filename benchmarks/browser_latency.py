@@ -37,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from explorer.controls import LABELS  # noqa: E402  (the labels the page shows, as the app builds them)
 from harness.localhost import launch_browser, running_app, wait_for_plot  # noqa: E402
 from harness.reports import checkout, percentile  # noqa: E402
 from models.runinfo import device_name, git_commit  # noqa: E402
@@ -112,18 +113,15 @@ def option(page, label: str, name: str):
             lambda: page.get_by_role("option", name=name, exact=True).click())
 
 
-QUERY_LABEL = "query row (-1: first candidate; or click a heatmap row)"
-
-
 def controls(page, rows: tuple[int, int]) -> dict:
     """control -> (kind, step i -> (prepare, act)): every change alternates between two values."""
     return {
         "radio (colour)": ("display", lambda i: (None, lambda: page.get_by_label(("log", "linear")[i % 2], exact=True).check())),
         "radio (values)": ("display", lambda i: (None, lambda: page.get_by_label(("capped logits", "probabilities")[i % 2]).check())),
-        "dropdown (head)": ("display", lambda i: option(page, "head", f"head {1 + i % 2} (KV {(1 + i % 2) // 2})")),
-        "number (layer)": ("display", lambda i: (None, lambda: number(page, "layer", (i + 1) % 2))),
-        "number (query row)": ("display", lambda i: (None, lambda: number(page, QUERY_LABEL, rows[i % 2]))),
-        "number (seed)": ("model", lambda i: (None, lambda: number(page, "seed (weights and inputs)", 100 + i))),
+        "dropdown (head)": ("display", lambda i: option(page, LABELS["head"], f"head {1 + i % 2} (KV {(1 + i % 2) // 2})")),
+        "number (layer)": ("display", lambda i: (None, lambda: number(page, LABELS["layer"], (i + 1) % 2))),
+        "number (query row)": ("display", lambda i: (None, lambda: number(page, LABELS["query"], rows[i % 2]))),
+        "number (seed)": ("model", lambda i: (None, lambda: number(page, LABELS["seed"], 100 + i))),
     }
 
 
