@@ -110,9 +110,6 @@ class PageChange(NamedTuple):
             raise ValidationError("inputs", f"{len(args)} values", f"{n} controls' values, then the {' and the '.join(rest)}")
         return cls(tuple(args[:n]), *args[n:])
 
-    def value(self, field: str):
-        return self.values[CONTROL_FIELDS.index(field)]
-
     def with_values(self, chosen: dict) -> "PageChange":
         """The change with the controls in `chosen` ({field: value}) set."""
         return self._replace(values=tuple(chosen.get(f, v) for f, v in zip(CONTROL_FIELDS, self.values)))
@@ -195,14 +192,13 @@ def control_change_on_page(request: gr.Request, *args):
     every other control keeps working, its mark cleared — every control's, whatever marks the page shows
     (a change typed while an earlier one is answered must not leave that one's mark). Model views name the
     device limit instead of failing."""
-    return draw_page_change(PageChange.of(args), request)
+    return draw_page_change(page_read(PageChange.of(args), request), request)
 
 
-def draw_page_change(change: PageChange, request=None) -> list:
-    """control_change_on_page's answer for a change split from its inputs (CHANGE_HEAD, the controls' marks,
-    the views)."""
-    read = page_read(change, request)
-    s, problems = read.settings, read.problems
+def draw_page_change(read: Read, request=None) -> list:
+    """control_change_on_page's answer for a change read (page_read; `read.inputs` the PageChange): CHANGE_HEAD,
+    the controls' marks, the views."""
+    s, problems, change = read.settings, read.problems, read.inputs
     query = to_query(s)
     marks = {f: gr.update(info="⚠ " + problems[f], elem_classes=["invalid"]) if f in problems
              else gr.update(info=controls.INFO.get(f), elem_classes=[]) for f in CONTROL_FIELDS}
@@ -231,12 +227,12 @@ def pick_on_page(request: gr.Request, pick: str, *args):
     """A click on a heatmap cell: those controls set together (picked), then the usual control
     change; the layer and query boxes show the values drawn."""
     change, chosen = picked(pick, PageChange.of(args))
-    out = draw_page_change(change, request)
-    read = admitted_read(request, change)
-    s = read.settings if read else settings_of(out[0], request, need_model=False)
+    read = page_read(change, request)
+    out = draw_page_change(read, request)
     for f in ("layer", "query"):
         if f in chosen and not out[control_slot(f)].get("elem_classes"):
-            out[control_slot(f)] = gr.update(value=getattr(s, f), info=controls.INFO.get(f), elem_classes=[])
+            out[control_slot(f)] = gr.update(value=getattr(read.settings, f), info=controls.INFO.get(f),
+                                             elem_classes=[])
     return out
 
 

@@ -153,8 +153,11 @@ def test_a_page_change_is_split_from_its_inputs_once_and_its_answer_names_each_c
     from server.endpoints import CHANGE_HEAD, CHANGE_OUTPUTS, PageChange, control_slot
     values = tuple(f"v{i}" for i in range(len(CONTROL_FIELDS)))
     change = PageChange.of((*values, "attention", "preset=lecture"))
-    assert change == (values, "attention", "preset=lecture") and change.value("head") == values[CONTROL_FIELDS.index("head")]
-    assert change.with_values({"head": 3}).value("head") == 3 and change.with_values({"head": 3}).value("layer") == change.value("layer")
+
+    def value(c, field):
+        return c.values[CONTROL_FIELDS.index(field)]
+    assert change == (values, "attention", "preset=lecture") and value(change, "head") == values[CONTROL_FIELDS.index("head")]
+    assert value(change.with_values({"head": 3}), "head") == 3 and value(change.with_values({"head": 3}), "layer") == value(change, "layer")
     assert PageChange.of((*values, "mask"), last_link=False) == (values, "mask", "")
     for args, last_link in (((*values, "mask"), True), (values, False), ((*values, "mask", "q", "extra"), True)):
         with pytest.raises(ValidationError, match=rf"inputs: got '{len(args)} values'; allowed: {len(CONTROL_FIELDS)} controls"):
