@@ -5,6 +5,8 @@ the expected device cpu") and reading it back raises ("cannot be called on meta 
 that runs on meta therefore builds every mask on the inputs' device and makes no host sync — the two
 faults that made every view of a GPU Space fail (models/masks.py built its index ranges on the CPU and
 `&`-ed them with a CUDA `valid`; has_padding read `valid.all()` back in every layer)."""
+import functools
+
 import pytest
 import torch
 import torch.utils._pytree as pytree
@@ -110,11 +112,22 @@ RAN: dict = {"cpu": set(), "cuda": set()}          # every backend a trunk case 
 ON_CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
+@functools.lru_cache(maxsize=1)
+def trunk_weights(preset: str, device: str) -> dict:
+    """The preset's seeded random weights in bf16 on `device`, drawn once for the cases that share them (the cap
+    method and the prefix are no weights): phoenix-prod's 336 M draws take 8-15 s of one CPU thread, four times
+    in the GPU session's test budget."""
+    return init_params(Transformer(get_preset(preset).transformer), "random", seed=1).to(device, torch.bfloat16
+                                                                                           ).state_dict()
+
+
 def trunk_inputs(preset: str, device: str = "cuda", B: int = 2, **changes):
     """The preset's trunk (random weights) in bf16 on `device` with a padded batch: (model, emb, valid, offset)."""
     p = get_preset(preset)
-    model = init_params(Transformer(p.transformer.replace(**changes)), "random", seed=1)
-    model = model.to(device, torch.bfloat16).eval()
+    with torch.device("meta"):                          # no weights drawn: the shared ones are assigned
+        model = Transformer(p.transformer.replace(**changes))
+    model.load_state_dict(trunk_weights(preset, device), assign=True)
+    model = model.eval()
     T, off = p.layout.seq_len, p.layout.candidate_start_offset
     emb = torch.randn(B, T, p.transformer.emb_size, generator=torch.Generator().manual_seed(3))
     valid = torch.ones(B, T, dtype=torch.bool)
