@@ -73,9 +73,11 @@ def run_order(name: str, data: dict) -> tuple:
 
 
 def gpu_run(results_dir: Path = RESULTS_DIR) -> Optional[GpuRun]:
-    """The newest committed GPU results file (run_order), or None when none is committed; its long-sequence
-    grid from the newest file that has one."""
-    files = sorted(((n, d) for n, d in load_results(results_dir) if on_gpu(d) and d.get("matmul_tflops")),
+    """The newest committed GPU results file (run_order) that timed the kernels at the evidence shape, or None
+    when none did; its long-sequence grid from the newest file that has one. A later file that timed only other
+    parts (the views, say) is no kernel evidence and displaces none."""
+    files = sorted(((n, d) for n, d in load_results(results_dir) if on_gpu(d) and d.get("matmul_tflops")
+                    and any(r["preset"] == SHAPE["preset"] and r["status"] == Status.OK for r in d["records"])),
                    key=lambda f: run_order(*f))
     if not files:
         return None

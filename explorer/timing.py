@@ -561,7 +561,7 @@ def throughput_note(sw: Sweep) -> str:
 
 
 def recorded_summary() -> str:
-    files = load_results(RESULTS_DIR)
+    files = [(name, d) for name, d in load_results(RESULTS_DIR) if d["records"]]    # not a views-only file
     if not files:
         return "No recorded attention benchmark files are committed under `benchmarks/results/` yet."
     lines = [f"- `{name}`: recorded on **{d['device_name']}**, {d.get('date', 'unknown date')} "

@@ -157,6 +157,9 @@ def flash_attn_status(results: list[tuple[str, dict]]) -> str:
 
 
 def markdown(results: list[tuple[str, dict]]) -> str:
+    """The attention benchmark's tables, one per file that timed attention (a file of views or trunk timings
+    alone has its own blocks)."""
+    results = [(name, data) for name, data in results if data["records"]]
     lines = []
     if not results:
         lines.append("No benchmark results are committed yet.")

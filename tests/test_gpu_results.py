@@ -47,6 +47,17 @@ def test_the_newest_gpu_file_is_the_evidence():
                                                                                           ("2026-11-26", 2)]
 
 
+def test_a_later_file_without_kernels_at_the_evidence_shape_is_not_the_evidence(tmp_path):
+    """A later run that timed only the views (gpu-run-2026-11-26-3: its kernels file kept in its folder) leaves
+    the evidence with the newest file that timed the kernels; given kernels at the shape, it is the evidence."""
+    (tmp_path / H100).write_text((RESULTS_DIR / H100).read_text())
+    later = dict(RAW, records=[], commit="later")
+    (tmp_path / "nvidia-h100-80gb-hbm3-2026-11-26-3.json").write_text(json.dumps(later))
+    assert gpu_results.gpu_run(tmp_path).name == H100
+    (tmp_path / "nvidia-h100-80gb-hbm3-2026-11-26-3.json").write_text(json.dumps(dict(later, records=RAW["records"])))
+    assert gpu_results.gpu_run(tmp_path).data["commit"] == "later"
+
+
 def test_every_kernel_number_shown_equals_the_committed_file():
     """The bars (× naive), the numbers beside them (ms, share of the same run's matmul peak), the cap's cost in
     the heading and the table: each recomputed from the raw file."""
