@@ -48,6 +48,8 @@ def footprint(value, seen: set | None = None) -> tuple[int, int]:
         return (size, 0) if value.device.type == "cpu" else (0, size)
     if isinstance(value, np.ndarray):
         return value.nbytes, 0
+    if isinstance(value, (bytes, bytearray)):   # a rendered file (explorer.export.RENDERED)
+        return len(value), 0
     if hasattr(value, "held_bytes"):            # a value that counts itself (explorer.figures.Figure)
         return value.held_bytes(), 0
     if isinstance(value, nn.Module):

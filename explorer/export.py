@@ -14,6 +14,7 @@ import atexit
 import base64
 import contextlib
 import functools
+import hashlib
 import html
 import io
 import itertools
@@ -362,12 +363,26 @@ def slide_figure(fig: go.Figure, aspect: str = "16:9") -> go.Figure:
     return fig
 
 
+# Rendered files by what they render: the figure's JSON (its digest), the format, the scale and the slide. A class
+# exporting the lecture's figure, or downloading one preset's pack, renders each file once; counted in
+# explorer.budget.MEMORY with the drawn views, so memory pressure drops them first-come.
+RENDERED = budget.ByteCache()
+
+
 def figure_bytes(fig: go.Figure, fmt: str, scale: float = 3, aspect: str = "16:9") -> bytes:
+    """`fig` as a slide (slide_figure) rendered to PNG (at `scale`) or SVG by the export browser; the same figure
+    rendered again is the same file, kept in RENDERED."""
     check_format(fmt)
     check_aspect(aspect)
     if not _browser_found():
         raise ValueError("export: PNG/SVG export renders through kaleido, which needs a Chromium browser and "
                          "found none; install Debian's `chromium` (packages.txt does this on Spaces)")
+    scale = scale if fmt == "png" else 1
+    key = (hashlib.sha256(fig.to_json().encode()).hexdigest(), fmt, float(scale), aspect)
+    return RENDERED.get(key, lambda: _render(fig, fmt, scale, aspect))
+
+
+def _render(fig: go.Figure, fmt: str, scale: float, aspect: str) -> bytes:
     fig = slide_figure(fig, aspect)
     width = OWN_WIDTH if fig.layout.width is None else fig.layout.width
     with _renderer():
@@ -375,8 +390,7 @@ def figure_bytes(fig: go.Figure, fmt: str, scale: float = 3, aspect: str = "16:9
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)    # "kopts ignored if using a server": expected
-                return fig.to_image(format=fmt, scale=scale if fmt == "png" else 1, width=width,
-                                    height=fig.layout.height or 600)
+                return fig.to_image(format=fmt, scale=scale, width=width, height=fig.layout.height or 600)
         finally:
             _browser_yields()           # the browser (started by the first render) and renderers it added
 

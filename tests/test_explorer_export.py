@@ -273,6 +273,7 @@ def test_the_export_browser_runs_below_the_views_priority(s):
     budget.LOW_PRIORITY_NICE, so a class's views are not slowed by someone's exports."""
     from explorer import budget
     export.stop_browser()
+    export.RENDERED.cache_clear()                      # a render, not a file kept from an earlier test
     try:
         export.figure_bytes(views.mask_view(s)[0], "svg")
         nice = {}
@@ -321,12 +322,14 @@ def test_the_export_browser_is_counted_while_it_runs_and_stopped_when_idle(s, mo
 
     from explorer import budget
     monkeypatch.setattr(export, "BROWSER_IDLE_S", 0.5)
+    export.RENDERED.cache_clear()                      # renders, not files kept from an earlier test
     export.export_figure(s, "mask", "svg", str(tmp_path))
     assert budget.MEMORY.outside.get("export browser") == export.BROWSER_BYTES
     deadline = time.monotonic() + 30
     while "export browser" in budget.MEMORY.outside and time.monotonic() < deadline:
         time.sleep(0.1)
     assert "export browser" not in budget.MEMORY.outside and not export._browser["up"]
+    export.RENDERED.cache_clear()
     export.export_figure(s, "mask", "svg", str(tmp_path))                 # and starts again when asked
     assert budget.MEMORY.outside.get("export browser") == export.BROWSER_BYTES
 
@@ -363,3 +366,26 @@ def test_the_recorded_gpu_figures_export_with_captions_from_their_files(tmp_path
         assert (f"{run.device} ({run.data['date']}, commit {run.data['commit']}" in caption
                 and "nothing was measured" in caption)
     assert f"benchmarks/results/{run.trunk.source}" in export.caption(s, "gpu_forward")
+
+
+def test_a_figure_rendered_again_is_the_file_rendered_once(s, monkeypatch):
+    """A class exporting the lecture's figure, or downloading one preset's pack, renders each file once: the same
+    figure, format, scale and slide is the same file (export.RENDERED, counted in the memory budget); another
+    format, slide or figure renders anew, and a cache emptied (memory pressure) renders again."""
+    import plotly.graph_objects as go
+
+    from explorer import budget
+    export.RENDERED.cache_clear()
+    rendered = []
+    real = go.Figure.to_image
+    monkeypatch.setattr(go.Figure, "to_image", lambda fig, **k: rendered.append(k) or real(fig, **k))
+    mask, kernels = views.mask_view(s)[0], views.kernel_view(s)[0]
+    first = export.figure_bytes(mask, "png")
+    assert export.figure_bytes(mask, "png") == first and len(rendered) == 1
+    assert export.figure_bytes(views.mask_view(s)[0], "png") == first and len(rendered) == 1   # drawn again, same
+    assert budget.footprint(export.RENDERED.entries) == (len(first), 0)
+    export.figure_bytes(mask, "svg"), export.figure_bytes(mask, "png", aspect="4:3"), export.figure_bytes(kernels, "png")
+    assert len(rendered) == 4
+    export.RENDERED.cache_clear()
+    assert png_size(export.figure_bytes(mask, "png")) == png_size(first) and len(rendered) == 5
+
