@@ -191,3 +191,54 @@ def test_the_pages_colour_scale_fits_and_ticks_as_the_servers(kind):
             assert np.array_equal(np.isnan(coords), np.isnan(want))
             rtol = 2.0 ** -24 if kind == "quantile" else 4e-16 * 4
             np.testing.assert_allclose(coords[~np.isnan(coords)], want[~np.isnan(want)], rtol=rtol, atol=0)
+
+
+QUERY_ROW_LINKS = ["preset=lecture&head=1", "preset=lecture&head=-1", "preset=lecture&head=2&layer=1&seed=3",
+                   "preset=lecture&family=xrex&head=1", "preset=lecture&head=0&num_candidates=5&num_history=6"]
+
+
+@pytest.mark.browser
+def test_the_page_draws_a_query_row_as_the_server_does():
+    """explorer.drawQueryRow (page.js: a query row picked where the attention figure holds every row) against
+    explorer.views.attention.query_row_view at the same settings, from the figures the server sends: the bars'
+    weights, their title and the sentence under them (the top three keys, ties in position order, and the weight
+    over masked keys), for the first candidate (-1) and positions across user, history and candidates."""
+    from dataclasses import replace
+
+    from playwright.sync_api import sync_playwright
+
+    from explorer.views import VIEWS
+    from explorer.views.attention import query_row_view
+    cases = []
+    for link in QUERY_ROW_LINKS:
+        s = parse_query(link)
+        fig, bars, _ = VIEWS["attention"].draw(s)
+        assert (fig.layout.meta or {}).get("query"), link               # the page holds this figure's rows
+        bar_head = max(s.head, 0)
+        for q in (-1, 0, s.candidate_start_offset - 1, s.seq_len - 1):
+            want_bars, want_text = query_row_view(replace(s, query=q), s.layer, bar_head)
+            cases.append(dict(link=link, fig=fig.to_json(), bars=bars.to_json(), q=q, y=[float(v) for v in want_bars.data[0].y],
+                              title=want_bars.layout.title.text, text=want_text.replace("**", "")))
+    with sync_playwright() as p:
+        browser, page = page_scripts(p)
+        try:
+            got = page.evaluate("""(cases) => cases.map((c) => {
+                document.body.innerHTML = '<div id="attention-plot"><div class="js-plotly-plot" style="width:9px;height:9px"></div></div>'
+                    + '<div id="query-bars-plot"><div class="js-plotly-plot"></div></div><div id="query-text"></div>';
+                const gd = document.querySelector('#attention-plot .js-plotly-plot');
+                const bars = document.querySelector('#query-bars-plot .js-plotly-plot');
+                Object.assign(gd, JSON.parse(c.fig));
+                Object.assign(bars, JSON.parse(c.bars));
+                let y = null, title = null;
+                window.Plotly = {relayout: () => {}, update: (el, data, layout) => {
+                    if (el === bars) { y = data.y[0]; title = layout['title.text']; } }};
+                const pos = explorer.drawQueryRow(c.q);
+                return {pos, y: y && Array.from(y), title, text: document.querySelector('#query-text').textContent};
+            })""", cases)
+        finally:
+            browser.close()
+    for c, g in zip(cases, got):
+        where = (c["link"], c["q"])
+        assert g["pos"] is not None, where
+        assert g["y"] == c["y"], where
+        assert g["title"] == c["title"] and g["text"] == c["text"], where
