@@ -458,8 +458,9 @@ class Attack(enum.Enum):
                        "page load and the unload in a loop (events that skipped admission)", 20)
     GET_FLOOD = ("8 GET flood", "10 connections getting / and /config in a loop", 10)
     HEAVY_WORK = ("9 heavy admitted work", f"/invariance at {HEAVY_INVARIANCE} (~550 GFLOP) in a loop", 2)
-    PACK_LOOP = ("10 pack loop", f"lecture packs at {PACK_PRESET} in a loop", 1)
-    EXPORT_LOOP = ("11 export loop", "one-figure exports (the lecture mask, PNG) in a loop beside the packs", 1)
+    PACK_LOOP = ("10 pack loop", f"lecture packs at {PACK_PRESET} in a loop, a new seed each", 1)
+    EXPORT_LOOP = ("11 export loop", "one-figure exports (the lecture mask, PNG, a new history length each) in a loop "
+                                     "beside the packs", 1)
     INVALID_CONTROL = ("12 invalid control, heavy draw", "6 sessions of one address: the page's control change and "
                        "heatmap click with the controls of a ~550 GFLOP view, the seed invalid, the last link "
                        "the lecture preset", 6)
@@ -712,10 +713,11 @@ def attacker(attack: Attack, k: int, url: str, stop_at: list, records: list, loc
                 got("GET " + ("/" if i % 2 else "/config"), raw.get("" if i % 2 else "config"), t0)
             elif attack is Attack.HEAVY_WORK:
                 note("/invariance", raw.call("invariance", [HEAVY_INVARIANCE], fresh()), t0)
-            elif attack is Attack.PACK_LOOP:
-                note("/lecture_pack", raw.call("lecture_pack", [PACK_PRESET, "16:9"], fresh()), t0)
-            elif attack is Attack.EXPORT_LOOP:
-                note("/export_figure", raw.call("export_figure", [LECTURE_Q, "mask", "png", "16:9"], fresh()), t0)
+            elif attack is Attack.PACK_LOOP:       # a new seed each time: a kept pack would cost nothing to ask again
+                note("/lecture_pack", raw.call("lecture_pack", [f"{PACK_PRESET}&seed={i}", "16:9"], fresh()), t0)
+            elif attack is Attack.EXPORT_LOOP:     # likewise: each a new export, taking the render share
+                note("/export_figure", raw.call("export_figure", [f"{LECTURE_Q}&num_history={4 + i % 60}", "mask", "png",
+                                                                  "16:9"], fresh()), t0)
             elif attack is Attack.INVALID_CONTROL:
                 raw.address = "198.51.100.12"
                 api = ("render_on_change", "render_after_pick")[i % 2]

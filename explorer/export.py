@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import collections
 import contextlib
 import functools
 import hashlib
@@ -162,6 +163,9 @@ def pack_max_flops() -> float:
     return 1e15 if device() == "cuda" else 150e9
 
 
+FAILED = "internal error while drawing it"        # a figure a pack left out by a failure, not by a rule
+
+
 def all_figures(s: Settings) -> tuple[dict[str, tuple[go.Figure, str]], dict[str, str]]:
     """({name: (figure, caption)} for every figure that can be drawn here, {name: why not} for the
     rest); each view runs once per settings it is drawn with, while the views' estimated work stays
@@ -188,7 +192,7 @@ def all_figures(s: Settings) -> tuple[dict[str, tuple[go.Figure, str]], dict[str
             continue
         except Exception as e:  # noqa: BLE001 — one figure's failure must not cost the class the pack
             log.exception("lecture pack: %s failed", name)
-            left_out[name] = f"internal error while drawing it ({type(e).__name__}; logged on the server)"
+            left_out[name] = f"{FAILED} ({type(e).__name__}; logged on the server)"
             continue
         drawn[name] = (as_drawn(outputs[key][spec.index]), caption(s, name))
     return drawn, left_out
@@ -363,15 +367,26 @@ def slide_figure(fig: go.Figure, aspect: str = "16:9") -> go.Figure:
     return fig
 
 
-# Rendered files by what they render: the figure's JSON (its digest), the format, the scale and the slide. A class
-# exporting the lecture's figure, or downloading one preset's pack, renders each file once; counted in
-# explorer.budget.MEMORY with the drawn views, so memory pressure drops them first-come.
+# Rendered files by what they render: the figure's JSON (its digest), the format, the scale and the slide; and
+# whole lecture packs by their settings and slide. A class exporting the lecture's figure, or downloading one
+# preset's pack, renders each file once. Both counted in explorer.budget.MEMORY with the drawn views, so memory
+# pressure drops them first-come. EXPORTED: which file an export of (settings, figure, format, slide) was, so
+# admission can tell a kept one from a render (server.lanes.renders_of_export: a kept file takes no render share).
 RENDERED = budget.ByteCache()
+PACKS = budget.ByteCache()
+EXPORTED: "collections.OrderedDict[tuple, tuple]" = collections.OrderedDict()
+EXPORTED_KEPT = 4096                # entries (a few hundred bytes each)
+_exported_lock = threading.Lock()
 
 
 def figure_bytes(fig: go.Figure, fmt: str, scale: float = 3, aspect: str = "16:9") -> bytes:
     """`fig` as a slide (slide_figure) rendered to PNG (at `scale`) or SVG by the export browser; the same figure
     rendered again is the same file, kept in RENDERED."""
+    return _rendered(fig, fmt, scale, aspect)[1]
+
+
+def _rendered(fig: go.Figure, fmt: str, scale: float, aspect: str) -> tuple[tuple, bytes]:
+    """(RENDERED's key for the file, the file)."""
     check_format(fmt)
     check_aspect(aspect)
     if not _browser_found():
@@ -379,7 +394,19 @@ def figure_bytes(fig: go.Figure, fmt: str, scale: float = 3, aspect: str = "16:9
                          "found none; install Debian's `chromium` (packages.txt does this on Spaces)")
     scale = scale if fmt == "png" else 1
     key = (hashlib.sha256(fig.to_json().encode()).hexdigest(), fmt, float(scale), aspect)
-    return RENDERED.get(key, lambda: _render(fig, fmt, scale, aspect))
+    return key, RENDERED.get(key, lambda: _render(fig, fmt, scale, aspect))
+
+
+def is_kept(s: Settings, name: str, fmt: str, aspect: str = "16:9") -> bool:
+    """Whether export_figure(s, name, fmt, aspect=aspect) would return a kept file, rendering nothing."""
+    with _exported_lock:
+        key = EXPORTED.get((s, name, fmt, aspect))
+    return key is not None and key in RENDERED.entries
+
+
+def pack_is_kept(s: Settings, aspect: str = "16:9") -> bool:
+    """Whether lecture_pack(s, aspect=aspect) would return a kept pack, drawing and rendering nothing."""
+    return (s, aspect) in PACKS.entries
 
 
 def _render(fig: go.Figure, fmt: str, scale: float, aspect: str) -> bytes:
@@ -429,10 +456,15 @@ def export_figure(s: Settings, name: str, fmt: str, out_dir: str | None = None, 
     """One figure as PNG or SVG, named for what it shows (file_stem)."""
     check_format(fmt)                   # before the figure's forward runs
     check_aspect(aspect)
-    fig = figure(s, name)
+    key, data = _rendered(figure(s, name), fmt, 3, aspect)
+    with _exported_lock:
+        EXPORTED[(s, name, fmt, aspect)] = key
+        EXPORTED.move_to_end((s, name, fmt, aspect))
+        while len(EXPORTED) > EXPORTED_KEPT:
+            EXPORTED.popitem(last=False)
     out = Path(out_dir) if out_dir else new_export_folder()
     path = out / f"{file_stem(s, name)}.{fmt}"
-    path.write_bytes(figure_bytes(fig, fmt, aspect=aspect))
+    path.write_bytes(data)
     return str(path)
 
 
@@ -447,7 +479,7 @@ def lesson_steps() -> list[tuple[int, Step, go.Figure | None, str]]:
             out.append((i, st, None, f"not drawn on this device: {e}"))
         except Exception as e:  # noqa: BLE001 — one step's failure must not cost the class the pack
             log.exception("lecture pack: lesson step %s failed", st.title)
-            out.append((i, st, None, f"internal error while drawing it ({type(e).__name__}; logged on the server)"))
+            out.append((i, st, None, f"{FAILED} ({type(e).__name__}; logged on the server)"))
     return out
 
 
@@ -515,8 +547,18 @@ reset; the page needs no network, and the numbers drawn are in the pack's <code>
 
 def lecture_pack(s: Settings, out_dir: str | None = None, aspect: str = "16:9") -> str:
     """A zip: every figure that can be drawn here as PNG, SVG and NPZ (the numbers drawn), named for
-    what it shows; captions.md (with what was left out and why), config.json and lesson.html."""
+    what it shows; captions.md (with what was left out and why), config.json and lesson.html. The same
+    settings and slide again are the same pack (PACKS), unless a figure failed (an internal error: drawn again)."""
     check_aspect(aspect)
+    data, _ = PACKS.get((s, aspect), lambda: _pack(s, aspect), keep=lambda made: made[1])
+    out = Path(out_dir) if out_dir else new_export_folder()
+    path = out / f"lecture-pack-{s.preset}.zip"
+    path.write_bytes(data)
+    return str(path)
+
+
+def _pack(s: Settings, aspect: str) -> tuple[bytes, bool]:
+    """(the pack's zip, whether every figure that was left out was left out by a rule, none by a failure)."""
     figs, left_out = all_figures(s)
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
@@ -534,7 +576,4 @@ def lecture_pack(s: Settings, out_dir: str | None = None, aspect: str = "16:9") 
                                               "left_out": left_out}, indent=2))
         z.writestr("captions.md", "\n".join(captions) + "\n")
         z.writestr("lesson.html", lesson_html(s, figs, left_out))
-    out = Path(out_dir) if out_dir else new_export_folder()
-    path = out / f"lecture-pack-{s.preset}.zip"
-    path.write_bytes(buf.getvalue())
-    return str(path)
+    return buf.getvalue(), not any(why.startswith(FAILED) for why in left_out.values())

@@ -298,23 +298,25 @@ TIMING = lane("timing")
 
 def renders_of_export(query: str, figure: str, fmt: str, aspect: str = "16:9", request=None) -> int:
     """What one export takes of the visitor's render share: 1, or 0 when the handler will refuse it by name
-    (a fuzzed or mistyped request costs no share)."""
+    (a fuzzed or mistyped request costs no share) or return a file kept from an earlier export of the same
+    (a class exporting the lecture's figure: one render)."""
     try:
-        settings_of(query, request, need_model=False)
+        s = settings_of(query, request, need_model=False)
         export.check_figure(figure), export.check_format(fmt), export.check_aspect(aspect)
     except (ValidationError, gr.Error, TypeError):
         return 0
-    return 1
+    return 0 if export.is_kept(s, figure, fmt, aspect) else 1
 
 
 def renders_of_pack(query: str, aspect: str = "16:9", request=None) -> int:
-    """A lecture pack renders every figure in every format (0 when it will be refused by name)."""
+    """A lecture pack renders every figure in every format (0 when it will be refused by name, or when the
+    same pack is kept: a class downloading the lecture's pack renders it once, and takes one pack's share)."""
     try:
-        settings_of(query, request, need_model=False)
+        s = settings_of(query, request, need_model=False)
         export.check_aspect(aspect)
     except (ValidationError, gr.Error, TypeError):
         return 0
-    return len(export.FIGURES) * len(export.FORMATS)
+    return 0 if export.pack_is_kept(s, aspect) else len(export.FIGURES) * len(export.FORMATS)
 
 
 EXPORT = lane("export", units=renders_of_export)

@@ -176,6 +176,7 @@ def test_the_pack_at_a_production_preset_lists_what_it_left_out_and_why(tmp_path
     monkeypatch.setattr(limits, "max_params", lambda: 1)      # as a CPU meets phoenix-2026
     s = parse_query("preset=lecture&weights=random", need_model=False)
     monkeypatch.setattr(export, "FORMATS", ("svg",))
+    export.PACKS.cache_clear()                        # a pack kept from before the limits changed
     with zipfile.ZipFile(export.lecture_pack(s, str(tmp_path))) as z:
         captions = z.read("captions.md").decode()
         left = json.loads(z.read("config.json"))["left_out"]
@@ -389,3 +390,42 @@ def test_a_figure_rendered_again_is_the_file_rendered_once(s, monkeypatch):
     export.RENDERED.cache_clear()
     assert png_size(export.figure_bytes(mask, "png")) == png_size(first) and len(rendered) == 5
 
+
+
+def test_a_pack_made_again_is_the_pack_made_once_and_takes_no_render_share(s, tmp_path, monkeypatch):
+    """Thirty students downloading the lecture's pack: the first draws and renders it, the rest get the same zip
+    (export.PACKS) and take none of their network's render share (server.lanes.renders_of_pack: 0), so a class
+    behind one address is not refused after its first four packs. Another slide is another pack; a pack with a
+    figure that failed is made again, not kept."""
+    from explorer.query_string import to_query
+    from server import lanes
+    export.PACKS.cache_clear()
+    made = []
+    real = export.all_figures
+    monkeypatch.setattr(export, "all_figures", lambda t: made.append(t) or real(t))
+    q, full = to_query(s), len(export.FIGURES) * len(export.FORMATS)
+    assert lanes.renders_of_pack(q) == full and not export.pack_is_kept(s)
+    for d in "ab":
+        (tmp_path / d).mkdir()
+    first, again = (export.lecture_pack(s, str(tmp_path / d)) for d in "ab")
+    assert len(made) == 1 and first != again and open(first, "rb").read() == open(again, "rb").read()
+    assert lanes.renders_of_pack(q) == 0 and lanes.renders_of_pack(q, "4:3") == full
+    export.PACKS.cache_clear()
+    monkeypatch.setattr(export, "all_figures", lambda t: ({}, {"mask": f"{export.FAILED} (RuntimeError)"}))
+    export.lecture_pack(s, str(tmp_path / "a"))
+    assert not export.pack_is_kept(s) and lanes.renders_of_pack(q) == full
+
+
+def test_an_export_made_again_takes_no_render_share(s, tmp_path):
+    """renders_of_export: 1 for a figure not rendered yet, 0 once the same settings, figure, format and slide
+    were exported and the file is kept; 1 again when memory pressure dropped it."""
+    from explorer.query_string import to_query
+    from server import lanes
+    export.RENDERED.cache_clear()
+    q = to_query(s)
+    assert lanes.renders_of_export(q, "mask", "svg") == 1
+    export.export_figure(s, "mask", "svg", str(tmp_path))
+    assert lanes.renders_of_export(q, "mask", "svg") == 0 and export.is_kept(s, "mask", "svg")
+    assert lanes.renders_of_export(q, "mask", "png") == 1 and lanes.renders_of_export(q, "mask", "svg", "4:3") == 1
+    export.RENDERED.cache_clear()
+    assert lanes.renders_of_export(q, "mask", "svg") == 1
