@@ -558,7 +558,7 @@ def lecture_pack(s: Settings, out_dir: str | None = None, aspect: str = "16:9") 
 
 
 def _pack(s: Settings, aspect: str) -> tuple[bytes, bool]:
-    """(the pack's zip, whether every figure that was left out was left out by a rule, none by a failure)."""
+    """(the pack's zip, whether every figure and lesson step it left out was left out by a rule, none by a failure)."""
     figs, left_out = all_figures(s)
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
@@ -575,5 +575,7 @@ def _pack(s: Settings, aspect: str) -> tuple[bytes, bool]:
         z.writestr("config.json", json.dumps({"settings": s.to_dict(), "query": to_query(s),
                                               "left_out": left_out}, indent=2))
         z.writestr("captions.md", "\n".join(captions) + "\n")
-        z.writestr("lesson.html", lesson_html(s, figs, left_out))
-    return buf.getvalue(), not any(why.startswith(FAILED) for why in left_out.values())
+        steps = lesson_steps()
+        z.writestr("lesson.html", lesson_html(s, figs, left_out, steps))
+    failed = [why for why in (*left_out.values(), *(why for *_, why in steps)) if why and why.startswith(FAILED)]
+    return buf.getvalue(), not failed

@@ -414,6 +414,14 @@ def test_a_pack_made_again_is_the_pack_made_once_and_takes_no_render_share(s, tm
     monkeypatch.setattr(export, "all_figures", lambda t: ({}, {"mask": f"{export.FAILED} (RuntimeError)"}))
     export.lecture_pack(s, str(tmp_path / "a"))
     assert not export.pack_is_kept(s) and lanes.renders_of_pack(q) == full
+    steps = export.lesson_steps()                       # a lesson step that failed: not kept either
+    monkeypatch.setattr(export, "all_figures", lambda t: ({}, {}))
+    monkeypatch.setattr(export, "lesson_steps", lambda: [(*steps[0][:2], None, f"{export.FAILED} (RuntimeError)")])
+    export.lecture_pack(s, str(tmp_path / "a"))
+    assert not export.pack_is_kept(s)
+    monkeypatch.setattr(export, "lesson_steps", lambda: steps[:1])
+    export.lecture_pack(s, str(tmp_path / "a"))
+    assert export.pack_is_kept(s)
 
 
 def test_an_export_made_again_takes_no_render_share(s, tmp_path):
