@@ -58,7 +58,8 @@ PART_BYTES=56000000              # + the working tree (~5 MB) stays under the 64
 
 TESTS_SHARE=${TESTS_SHARE:-35}     # % of what is left when the tests start: 173 s, which held the 47 GPU tests in
                                    # 115 s on the second session's H100 and 44 of them in 152 s on the third's (its
-                                   # CPU side slower); a `tests` call of its own with CALL_BUDGET_S=300 holds them all
+                                   # CPU side slower: all 47 would take about 190 s there, an estimate); a `tests` call
+                                   # of its own with CALL_BUDGET_S=300 gives them about 250 s
 VIEWS_S=${VIEWS_S:-60}            # every view at VIEW_PRESETS
 VIEW_COST_S=${VIEW_COST_S:-120}   # repeats of benchmarks/view_cost.py --production (one fresh process per preset each)
 TRUNK_S=${TRUNK_S:-100}           # the trunk forward per backend at TRUNK_PRESETS
