@@ -385,15 +385,20 @@ def figure_bytes(fig: go.Figure, fmt: str, scale: float = 3, aspect: str = "16:9
     return _rendered(fig, fmt, scale, aspect)[1]
 
 
-def _rendered(fig: go.Figure, fmt: str, scale: float, aspect: str) -> tuple[tuple, bytes]:
-    """(RENDERED's key for the file, the file)."""
+def figure_digest(fig: go.Figure) -> str:
+    """What RENDERED knows a figure by: the digest of its JSON."""
+    return hashlib.sha256(fig.to_json().encode()).hexdigest()
+
+
+def _rendered(fig: go.Figure, fmt: str, scale: float, aspect: str, digest: str | None = None) -> tuple[tuple, bytes]:
+    """(RENDERED's key for the file, the file); `digest`: figure_digest(fig) where the caller has it."""
     check_format(fmt)
     check_aspect(aspect)
     if not _browser_found():
         raise ValueError("export: PNG/SVG export renders through kaleido, which needs a Chromium browser and "
                          "found none; install Debian's `chromium` (packages.txt does this on Spaces)")
     scale = scale if fmt == "png" else 1
-    key = (hashlib.sha256(fig.to_json().encode()).hexdigest(), fmt, float(scale), aspect)
+    key = (digest or figure_digest(fig), fmt, float(scale), aspect)
     return key, RENDERED.get(key, lambda: _render(fig, fmt, scale, aspect))
 
 
@@ -565,8 +570,9 @@ def _pack(s: Settings, aspect: str) -> tuple[bytes, bool]:
         captions = [f"# Attention explorer — lecture pack\n\nConfiguration: `?{to_query(s)}`\n"]
         for name, (fig, text) in figs.items():
             stem = file_stem(s, name)
+            digest = figure_digest(fig)                 # its JSON written once for every format
             for f in FORMATS:
-                z.writestr(f"figures/{stem}.{f}", figure_bytes(fig, f, aspect=aspect))
+                z.writestr(f"figures/{stem}.{f}", _rendered(fig, f, 3, aspect, digest)[1])
             z.writestr(f"data/{stem}.npz", npz_bytes(fig))
             captions.append(f"- **{FIGURES[name].title}** (`figures/{stem}.png`, numbers in `data/{stem}.npz`): {text}")
         if left_out:
