@@ -16,7 +16,8 @@
 #   2. run(command="EXPLORER_COMMIT=<git rev-parse --short HEAD here> bash benchmarks/gpu_session.sh all",
 #          carry=[".whl/partN"], timeout_s=600) — the machine's copy of the tree sits over a git folder of another
 #      commit, so the results name the commit they ran as told (models/runinfo.git_commit) — which in order:
-#      a. prints the GPU (nvidia-smi) and parks the part it carried;
+#      a. prints the GPU (nvidia-smi), writes $OUT/session.json (the commit as told, the GPU, the step, the time:
+#         the Flash tab pairs the tests with the results file of the same commit and GPU), parks the part it carried;
 #      b. joins the parts, checks them against the fetched tar, checks python3 matches the wheels' cp tags, and
 #         installs them with pip --target into $park/site, put ahead of python3's own site-packages by one .pth
 #         file there: the carried wheels win, their .pth files run (the CuTe DSL's puts `cutlass` on the path),
@@ -142,6 +143,16 @@ EOF
     touch "$park/installed"
 }
 
+session_json() {   # what this call ran at, beside what it leaves (explorer.gpu_results pairs the tests with a
+                   # results file of the same commit and GPU): the commit as told, the GPU, the step, when
+    python3 - "$step" "$(header | cut -d, -f1)" > "$out/session.json" <<'EOF'
+import datetime, json, sys
+from models.runinfo import git_commit
+print(json.dumps(dict(commit=git_commit(), device=sys.argv[2].strip(), step=sys.argv[1],
+                      started=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))))
+EOF
+}
+
 caches() {   # compiled kernels kept under $park: a second call on a warm machine loads them
     export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR="$park/cache/fa4" \
         CUTE_DSL_CACHE_DIR="$park/cache/cute-dsl" TORCHINDUCTOR_CACHE_DIR="$park/cache/inductor" \
@@ -195,6 +206,7 @@ all|tests|bench)
     mkdir -p "$out/results" "$park"
     exec > >(tee -a "$out/session.log") 2>&1
     header
+    session_json
     park_parts
     install_wheels || echo "the GPU tests will fail on fa4 with the reason it does not load"
     caches

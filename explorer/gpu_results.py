@@ -41,9 +41,10 @@ class GpuRun:
     name: str                       # the results file's name under benchmarks/results/
     data: dict
     trunk: Optional[TrunkTimings]
-    capprobe: Optional[dict]
+    capprobe: Optional[dict]        # the cap probe's rows and where they are (`source`), same device
     long: Optional[dict] = None     # the newest file with the long grid, where this one has none (a later run
                                     # that had no time for it): its records and its own matmul peak
+    tests: Optional["GpuTests"] = None      # the GPU tests run at this file's commit on this device
 
     @property
     def device(self) -> str:
@@ -84,18 +85,86 @@ def gpu_run(results_dir: Path = RESULTS_DIR) -> Optional[GpuRun]:
     name, data = files[-1]
     long = next((dict(name=n, records=d["records"], peak=d["matmul_tflops"]) for n, d in reversed(files)
                  if any(r["preset"] == LONG for r in d["records"])), None)
-    probe = Path(results_dir) / f"gpu-run-{data.get('date')}" / "capprobe.json"
-    return GpuRun(name, data, trunk_timings(name, data, results_dir), _capprobe(str(probe), data["device_name"]),
-                  long)
+    return GpuRun(name, data, trunk_timings(name, data, results_dir), _capprobe(str(results_dir), data["device_name"]),
+                  long, _tests(str(results_dir), str(data.get("commit")), data["device_name"]))
+
+
+def session_order(folder: Path) -> tuple:
+    """Newest last: gpu-run-<date>, then gpu-run-<date>-2, ... (the sessions' folders)."""
+    m = re.fullmatch(r"gpu-run-(\d{4}-\d{2}-\d{2})(?:-(\d+))?", folder.name)
+    return (m.group(1), int(m.group(2) or 1)) if m else ("", 0)
+
+
+def _stamps(results_dir: str, pattern: str) -> tuple:
+    """(path, mtime, size) of each file matching `pattern`, newest session first: what the readers below are
+    cached by, so a file committed or changed while the server runs is read again."""
+    root, out = Path(results_dir), []
+    for path in root.glob(pattern):
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        out.append((str(path), stat.st_mtime_ns, stat.st_size))
+    return tuple(sorted(out, key=lambda s: (session_order(Path(s[0]).relative_to(root).parents[-2]), s[0]),
+                        reverse=True))
+
+
+def _capprobe(results_dir: str, device: str) -> Optional[dict]:
+    return _read_capprobe(results_dir, device, _stamps(results_dir, "gpu-run-*/capprobe.json"))
 
 
 @functools.lru_cache(maxsize=4)
-def _capprobe(path: str, device: str) -> Optional[dict]:
-    try:
-        found = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    return found.get("rows") if found.get("device") == device else None
+def _read_capprobe(results_dir: str, device: str, stamps: tuple) -> Optional[dict]:
+    """The newest GPU session's cap probe on `device` (its rows and its path), or None."""
+    for path, _, _ in stamps:
+        try:
+            found = json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            continue
+        if found.get("device") == device and found.get("rows"):
+            return dict(rows=found["rows"], source=Path(path).relative_to(results_dir).as_posix())
+    return None
+
+
+@dataclass(frozen=True)
+class GpuTests:
+    """A GPU session's tests, as its call streamed them (benchmarks/pytest_stream.py): tests by outcome, each
+    skip's reason once, and whether pytest reached its end (its JUnit file is written only then)."""
+    source: str                     # the folder under benchmarks/results/
+    outcomes: dict                  # outcome -> number of tests
+    skips: tuple
+    finished: bool
+
+
+def _tests(results_dir: str, commit: str, device: str) -> Optional[GpuTests]:
+    return _read_tests(results_dir, commit, device, _stamps(results_dir, "gpu-run-*/**/gpu-tests.jsonl"))
+
+
+@functools.lru_cache(maxsize=4)
+def _read_tests(results_dir: str, commit: str, device: str, stamps: tuple) -> Optional[GpuTests]:
+    """The newest GPU session call (a folder with session.json, as gpu_session.sh writes it, beside its streamed
+    outcomes) that ran the GPU tests at `commit` on `device`, or None. A test's outcome is its call's, or its
+    setup's where it went no further; a failure at any stage is a failure."""
+    root = Path(results_dir)
+    for outcomes, _, _ in stamps:
+        path = Path(outcomes).with_name("session.json")
+        try:
+            session = json.loads(path.read_text())
+            lines = [json.loads(line) for line in Path(outcomes).read_text().splitlines() if line]
+        except (OSError, ValueError):
+            continue
+        if session.get("commit") != commit or session.get("device") != device or not lines:
+            continue
+        outcome, skips = {}, {}
+        for line in lines:
+            if line["outcome"] == "failed" or line["nodeid"] not in outcome:
+                outcome[line["nodeid"]] = line["outcome"]
+            if line["outcome"] == "skipped":
+                skips.setdefault(line.get("message", "").removeprefix("Skipped: "), None)
+        counts = {k: sum(v == k for v in outcome.values()) for k in ("passed", "failed", "skipped")}
+        return GpuTests(path.parent.relative_to(root).as_posix(), counts, tuple(skips),
+                        (path.parent / "gpu-tests.xml").exists())
+    return None
 
 
 def required(run: Optional[GpuRun]) -> GpuRun:
@@ -392,19 +461,35 @@ def longest_line(run: GpuRun) -> str:
 def cap_probe_line(run: GpuRun) -> str:
     """What the session's cap probe found, from its file: FlexAttention with the tanh cap, and with FMA-only
     polynomials for tanh in its place (each with its error on tanh), as shares of the uncapped throughput."""
-    rows = run.capprobe or {}
+    rows = (run.capprobe or {}).get("rows", {})
     if "none" not in rows or "torch.tanh" not in rows:
         return ""
     base, tanh = rows["none"]["ms_median"], rows["torch.tanh"]["ms_median"]
     polys = sorted((v for k, v in rows.items() if k.startswith("poly")), key=lambda v: -v["fit_abs_err_tanh"])
-    line = (f"Why the cap costs: in the same session FlexAttention alone at this shape ran {base:.3g} ms uncapped and "
+    same = run.capprobe["source"].startswith(f"gpu-run-{run.data.get('date')}/")
+    line = (f"Why the cap costs: in {'the same' if same else 'an earlier'} session on this device, FlexAttention "
+            f"alone at this shape ran {base:.3g} ms uncapped and "
             f"{tanh:.3g} ms with `30·tanh(s/30)` ({base / tanh:.2f}× the uncapped throughput)")
     if polys:
         line += (", and " + ", ".join(f"{v['ms_median']:.3g} ms ({base / v['ms_median']:.2f}×)" for v in polys) +
                  " with tanh as FMA-only polynomials of max error " +
                  ", ".join(f"{v['fit_abs_err_tanh']:.1e}" for v in polys) + " on tanh: moving tanh off the "
                  "special-function unit recovers little — the cost is the per-score elementwise work as a whole")
-    return line + f" (`gpu-run-{run.data.get('date')}/capprobe.json`)."
+    return line + f" (`{run.capprobe['source']}`)."
+
+
+def tests_line(run: GpuRun) -> str:
+    """What the GPU tests found at the run's commit on its device, from the call's streamed outcomes."""
+    tests = run.tests
+    if tests is None:
+        return ""
+    n = tests.outcomes
+    ran = f"{n['passed']} passed, {n['failed']} failed, {n['skipped']} skipped" + (
+        f" ({'; '.join(tests.skips)})" if tests.skips else "")
+    return (f"**The GPU tests at this commit on this device** (`{tests.source}/`): {ran}"
+            + ("" if tests.finished else "; the call's time ran out before the last tests") + ". They check every "
+            "backend against the fp32 reference at each mask and cap, the whole trunk per backend against naive, "
+            "a forward without a host sync, the masks built on the device, and every view drawn there.")
 
 
 def trunk_table(run: GpuRun) -> str:
@@ -446,7 +531,7 @@ def evidence_markdown(run: Optional[GpuRun]) -> str:
             f"{(run.data.get('conditions') or {}).get('repeats', 5)} interleaved repeats per point; the "
             f"{run.data.get('matmul_dtype', 'bfloat16')} matmul peak measured in the same run: {run.peak:.1f} "
             "TFLOP/s). Nothing in this part was measured on this machine.")
-    parts = [head]
+    parts = [head] + [line for line in (tests_line(run),) if line]
     if r:
         parts.append(f"Attention at {r['preset']} (B {r['B']}, T {r['T']}, {r['Hq']} query / {r['Hkv']} KV heads, "
                      f"head dim {r['head_dim']}, {r['dtype']}, mask {r['mask']}):\n\n{kernel_table(run)}")

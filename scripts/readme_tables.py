@@ -112,11 +112,10 @@ def _err(r: dict) -> str:
 
 def gpu_legend(results: list[tuple[str, dict]]) -> list[str]:
     """What a GPU table's columns mean, with the yardstick of each GPU file."""
-    gpus = [d for _, d in results if on_gpu(d)]
+    gpus = [(n, d) for n, d in results if on_gpu(d)]
     if not gpus:
         return []
-    yard = "; ".join(f"{d['device_name']} {d['date']}: {d['matmul_tflops']:.1f} TFLOP/s {d.get('matmul_dtype', '')}"
-                     for d in gpus)
+    yard = "; ".join(f"`{n}`: {d['matmul_tflops']:.1f} TFLOP/s {d.get('matmul_dtype', '')}" for n, d in gpus)
     return ["How to read the GPU rows. *× naive*: naive's median time divided by the backend's, at the same point "
             "(preset, mask, cap, B, T, padding) in the same run. *TFLOP/s*: useful FLOPs only (4 x head dim per "
             "(query, key) pair the mask allows: skipped work earns nothing) per second; the share in brackets is of "
@@ -148,7 +147,8 @@ def flash_attn_status(results: list[tuple[str, dict]]) -> str:
         verified = [d for _, d in results if on_gpu(d)
                     and any(r["backend"] == backend and r["status"] == "ok" for r in d["records"])]
         if verified:
-            where = ", ".join(f"{d['device_name']} ({d['date']}, commit `{d['commit']}`)" for d in verified)
+            where = ", ".join(dict.fromkeys(f"{d['device_name']} ({d['date']}, commit `{d['commit']}`)"
+                                            for d in verified))        # two files of one session: once
             lines.append(f"The `{backend}` backend has been verified on a GPU: {where}.")
         else:
             lines.append(f"The `{backend}` backend has **not** been verified on a GPU: no results file has a "

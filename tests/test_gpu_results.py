@@ -14,7 +14,8 @@ from models.runinfo import RESULTS_DIR
 
 FIRST = "nvidia-h100-80gb-hbm3-2026-11-26.json"          # the first H100 run: the whole grid, trunk in probe.json
 H100 = "nvidia-h100-80gb-hbm3-2026-11-26-2.json"         # the second: phoenix-prod, trunk and views in the file
-RAW = json.loads((RESULTS_DIR / H100).read_text())
+NEWEST = "nvidia-h100-80gb-hbm3-2026-11-27.json"         # the fourth session's, with its GPU tests at the same commit
+RAW = json.loads((RESULTS_DIR / NEWEST).read_text())
 RAW_FIRST = json.loads((RESULTS_DIR / FIRST).read_text())
 PROBE = json.loads((RESULTS_DIR / "gpu-run-2026-11-26" / "probe.json").read_text())
 
@@ -37,11 +38,12 @@ def first_run_dir(tmp_path_factory):
 
 
 def test_the_newest_gpu_file_is_the_evidence():
-    """The second run of a day (<device>-<date>-2.json) is newer than the first; the long grid, which it had no
-    time for, is read from the newest file that has it, with its own matmul peak."""
+    """The newest file that timed the kernels at the evidence shape (a later -2 file of that day timed
+    phoenix-2026 only); the long grid, which it had no time for, is read from the newest file that has it, with
+    its own matmul peak."""
     run = gpu_results.gpu_run()
-    assert run.name == H100 and run.device == RAW["device_name"] == "NVIDIA H100 80GB HBM3" and run.gpu == "H100"
-    assert run.peak == RAW["matmul_tflops"] and run.data["commit"] == "8151754"
+    assert run.name == NEWEST and run.device == RAW["device_name"] == "NVIDIA H100 80GB HBM3" and run.gpu == "H100"
+    assert run.peak == RAW["matmul_tflops"] and run.data["commit"] == "a9a8211"
     assert run.long["name"] == FIRST and run.long["peak"] == RAW_FIRST["matmul_tflops"]
     assert [gpu_results.run_order(n, {"date": "2026-11-26"}) for n in (FIRST, H100)] == [("2026-11-26", 1),
                                                                                           ("2026-11-26", 2)]
@@ -73,7 +75,7 @@ def test_every_kernel_number_shown_equals_the_committed_file():
             share = r["tflops"] / RAW["matmul_tflops"]
             assert x == naive / r["median_ms"]
             assert text == f"{naive / r['median_ms']:.3g}× · {r['median_ms']:.3g} ms · {share:.0%}"
-    assert "31.8× · 0.599 ms · 41%" in [t for _, t in bars.values()]         # fa4's headline, from the file
+    assert "28.7× · 0.667 ms · 36%" in [t for _, t in bars.values()]         # fa4's headline, from the file
     none, tanh = raw(cap_method="none"), raw(cap_method="tanh")
     heading = fig.layout.annotations[0].text
     for b in ("flex", "fa4"):
@@ -205,7 +207,7 @@ def test_captions_are_generated_from_the_files(first_run_dir):
     for caption in (gpu_results.kernel_caption(run), gpu_results.trunk_caption(run)):
         assert RAW["device_name"] in caption and RAW["date"] in caption and f"commit {RAW['commit']}" in caption
         assert "nothing was measured for this export" in caption
-    assert f"benchmarks/results/{H100};" in gpu_results.trunk_caption(run)
+    assert f"benchmarks/results/{NEWEST};" in gpu_results.trunk_caption(run)
     assert "gpu-run-2026-11-26/probe.json" in gpu_results.trunk_caption(gpu_results.gpu_run(first_run_dir))
 
 
@@ -238,3 +240,57 @@ def test_why_the_cap_costs_is_read_from_the_sessions_cap_probe():
     for k, v in rows.items():
         if k.startswith("poly"):
             assert f"{v['ms_median']:.3g} ms ({base / v['ms_median']:.2f}×)" in line and f"{v['fit_abs_err_tanh']:.1e}" in line
+
+
+def test_the_cap_probe_of_an_earlier_session_on_the_device_says_so(tmp_path):
+    """The newest file's session ran no cap probe: the newest probe on the same device is shown, named as an
+    earlier session's with its path; a probe of another device is not."""
+    assert "in an earlier session on this device" in gpu_results.cap_probe_line(gpu_results.gpu_run())
+    assert "`gpu-run-2026-11-26/capprobe.json`" in gpu_results.cap_probe_line(gpu_results.gpu_run())
+    (tmp_path / NEWEST).write_text((RESULTS_DIR / NEWEST).read_text())
+    probe = json.loads((RESULTS_DIR / "gpu-run-2026-11-26" / "capprobe.json").read_text())
+    (tmp_path / "gpu-run-2026-11-26").mkdir()
+    (tmp_path / "gpu-run-2026-11-26" / "capprobe.json").write_text(json.dumps(dict(probe, device="another GPU")))
+    assert gpu_results.cap_probe_line(gpu_results.gpu_run(tmp_path)) == ""
+    (tmp_path / "gpu-run-2026-11-27").mkdir()
+    (tmp_path / "gpu-run-2026-11-27" / "capprobe.json").write_text(json.dumps(probe))
+    assert "in the same session on this device" in gpu_results.cap_probe_line(gpu_results.gpu_run(tmp_path))
+
+
+def session_dir(root: Path, name: str, commit: str, outcomes: list, finished=True, device=RAW["device_name"]) -> None:
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "session.json").write_text(json.dumps(dict(commit=commit, device=device, step="all")))
+    (d / "gpu-tests.jsonl").write_text("".join(json.dumps(dict(nodeid=n, when=w, outcome=o, seconds=0.1,
+                                                                properties={}, **({"message": m} if m else {})))
+                                               + "\n" for n, w, o, m in outcomes))
+    if finished:
+        (d / "gpu-tests.xml").write_text("<testsuites/>")
+
+
+def test_the_gpu_tests_shown_are_those_of_the_files_commit_on_its_device():
+    """The committed session's outcomes, counted from its streamed file: each test once (its call, or its setup
+    where it went no further), the skips' reasons once each, and the tab says it finished."""
+    run = gpu_results.gpu_run()
+    lines = [json.loads(x) for x in (RESULTS_DIR / "gpu-run-2026-11-27" / "all" / "gpu-tests.jsonl").read_text()
+             .splitlines()]
+    outcome = {x["nodeid"]: x["outcome"] for x in lines}
+    line = gpu_results.tests_line(run)
+    assert (f"{sum(o == 'passed' for o in outcome.values())} passed, 0 failed, "
+            f"{sum(o == 'skipped' for o in outcome.values())} skipped (flash-attn not installed;") in line
+    assert "`gpu-run-2026-11-27/all/`" in line and "ran out" not in line
+    assert line in gpu_results.evidence_markdown(run)
+
+
+def test_gpu_tests_of_another_commit_or_device_are_not_shown_and_a_failure_counts_once(tmp_path):
+    (tmp_path / NEWEST).write_text((RESULTS_DIR / NEWEST).read_text())
+    assert gpu_results.tests_line(gpu_results.gpu_run(tmp_path)) == ""
+    session_dir(tmp_path, "gpu-run-2026-11-27/all", "older", [("t::a", "call", "passed", "")])
+    session_dir(tmp_path, "gpu-run-2026-11-27/other", RAW["commit"], [("t::a", "call", "passed", "")],
+                device="another GPU")
+    assert gpu_results.tests_line(gpu_results.gpu_run(tmp_path)) == ""
+    session_dir(tmp_path, "gpu-run-2026-11-27-2/tests", RAW["commit"],
+                [("t::a", "call", "passed", ""), ("t::a", "teardown", "failed", "boom"),
+                 ("t::b", "setup", "skipped", "Skipped: needs CUDA"), ("t::c", "call", "passed", "")], finished=False)
+    line = gpu_results.tests_line(gpu_results.gpu_run(tmp_path))
+    assert "(`gpu-run-2026-11-27-2/tests/`): 1 passed, 1 failed, 1 skipped (needs CUDA); the call's time ran out" in line

@@ -242,7 +242,7 @@ def test_gpu_session_writes_its_results_to_out_as_it_goes(tmp_path):
     (bin_dir / "python3").chmod(0o755)
     out, park = tmp_path / "out", tmp_path / "park"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(out), "CALL_BUDGET_S": "240",
-           "GPU_SESSION_DIR": str(park), "WHL_DIR": str(tmp_path / "no-wheels")}
+           "GPU_SESSION_DIR": str(park), "WHL_DIR": str(tmp_path / "no-wheels"), "EXPLORER_COMMIT": "c0ffee1"}
     done = session("tests", env)
     log = (out / "session.log").read_text()
     assert "NOT INSTALLED" in log and "fa4: " in log and "== done in" in log, log[-2000:]
@@ -253,6 +253,9 @@ def test_gpu_session_writes_its_results_to_out_as_it_goes(tmp_path):
     outcomes = [json.loads(line) for line in (out / "gpu-tests.jsonl").read_text().splitlines()]
     assert outcomes and {o["outcome"] for o in outcomes} == {"skipped"}
     assert (out / "gpu-tests.log").stat().st_size > 0 and "<testsuite" in (out / "gpu-tests.xml").read_text()
+    session_json = json.loads((out / "session.json").read_text())      # what the Flash tab pairs the tests by
+    assert session_json["commit"] == "c0ffee1" and session_json["device"] == "no GPU: a test stand-in"
+    assert session_json["step"] == "tests"
     assert done.returncode == 0, done.stderr[-2000:]
 
 
