@@ -343,7 +343,7 @@ def view_cost_args(args: list[str], monkeypatch) -> dict:
 
 
 def test_the_session_plans_tests_views_trunk_then_attention_within_its_budget(tmp_path, monkeypatch):
-    """`all`, dry: the GPU tests (35 % of what is left), every view at five presets, the trunk at phoenix-prod and
+    """`all`, dry: the GPU tests (45 % of what is left), every view at five presets, the trunk at phoenix-prod and
     phoenix-2026, every view at those two split into build, forward, first and warm calls (view_cost
     --production, into $OUT), then the attention presets, each within the call's 540 s; every benchmark command's
     arguments are ones the CLI takes (run through its own parser with the measurements stubbed)."""
@@ -351,7 +351,7 @@ def test_the_session_plans_tests_views_trunk_then_attention_within_its_budget(tm
     plan = session_plan(tmp_path)
     assert [cmd[2] for _, cmd in plan] == (["pytest"] + ["benchmarks.attention"] * 2 + ["benchmarks.view_cost"]
                                            + ["benchmarks.attention"] * 4)
-    assert "-m" in plan[0][1] and "gpu" in plan[0][1] and plan[0][0] <= 0.35 * 540
+    assert "-m" in plan[0][1] and "gpu" in plan[0][1] and plan[0][0] <= 0.45 * 540
     assert all(s <= 540 for s, _ in plan)
     (seconds, view_cost_cmd), = [(s, cmd) for s, cmd in plan if cmd[2] == "benchmarks.view_cost"]
     measured = view_cost_args(view_cost_cmd[3:], monkeypatch)
