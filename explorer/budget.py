@@ -253,6 +253,16 @@ class ByteCache:
                     MEMORY.add(self, key, *footprint(value))
             return value
 
+    def peek(self, key, max_bytes: Optional[int] = None):
+        """The value cached for `key` (now the most recently used) where it is counted at most `max_bytes`,
+        else None; nothing is computed."""
+        with MEMORY.cond:
+            size = MEMORY.entries.get((self, key))
+            if key not in self.entries or size is None or (max_bytes is not None and size[0] > max_bytes):
+                return None
+            MEMORY.entries.move_to_end((self, key))
+            return self.entries[key]
+
     def cache_clear(self) -> None:
         with MEMORY.cond:
             for key in list(self.entries):

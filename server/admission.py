@@ -67,6 +67,9 @@ LANES: dict[str, Lane] = {lane.name: lane for lane in (
     # views over limits.LARGE_REQUEST_FLOPS (any event that draws one): one at a time, so they never hold the
     # small views' slots
     Lane("heavy", "large views", running=1, waiting=6, per_visitor=1, per_address=2),
+    # a view already drawn for the same settings (a class on one lecture step: explorer.views.View.kept),
+    # answered from what is kept in milliseconds: it waits behind no model view and takes no work share
+    Lane("kept", "kept views", running=4, waiting=64, per_visitor=4, per_address=6, scales=True),
     # the mask view (no model): one address holds fewer than run at once, so others always find a slot
     Lane("light", "mask views", running=6, waiting=48, per_visitor=2, per_address=3, scales=True),
     # the page's own cheap steps that stay queued (a page load's link check, the committed timing curves); a
@@ -79,9 +82,13 @@ LANES: dict[str, Lane] = {lane.name: lane for lane in (
     Lane("pack", "lecture packs", running=1, waiting=2, per_visitor=1, per_address=1),
     Lane("upload", "weight uploads", running=1, waiting=4, per_visitor=1, per_address=2),
 )}
-# Gradio's own bound on everything queued; above the lanes' sum, so no lane's refusals are pre-empted by
-# Gradio's "Queue is full" (which names no field).
-QUEUE_MAX = 256
+# The largest kept view the kept lane answers (a lecture view is about 0.5 MiB, phoenix-nano's heatmaps 5): what
+# it pins while it waits, and serialises on its way out, is past the memory ceiling (server.memory.memory_budget).
+KEPT_MAX_BYTES = 4 << 20
+
+# Gradio's own bound on everything queued; the lanes' sum (256) under three quarters of it, so no lane's refusals
+# are pre-empted by Gradio's "Queue is full" (which names no field).
+QUEUE_MAX = 352
 
 
 class Held(NamedTuple):

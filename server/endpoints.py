@@ -24,7 +24,7 @@ from explorer.settings import parse_settings
 from explorer.views import VIEWS, Text, View, check_view, drawn_views
 
 from . import uploads
-from .admission import ADMISSION, check_drawn
+from .admission import ADMISSION, KEPT_MAX_BYTES, check_drawn
 from .browsers import browser_of
 from .visitors import visitor_of
 from .gradio_patches import NotAFile
@@ -48,7 +48,9 @@ def view_endpoint(view: View):
 def view_draw(view: View):
     """A view drawn from validated settings (the model's fit already checked where it needs one), in
     spaces.GPU where the view asks for it: its cost estimated once — `cost`, where the caller has it (the
-    admission's Read) — refused by name past what the event was admitted for (check_drawn), then drawn."""
+    admission's Read) — refused by name past what the event was admitted for (check_drawn), then drawn. Where
+    the admission found this view already drawn for these settings, it answers with those outputs, pinned on
+    the request (`state.kept`, server.lanes.admit_to): kept there, they cannot be evicted while it waits."""
     name = view.name
 
     def draw(s: Settings, request=None, cost: Optional[Cost] = None) -> tuple:
@@ -57,7 +59,22 @@ def view_draw(view: View):
         check_drawn(getattr(getattr(request, "request", None), "state", None), cost.flops if cost else 0.0)
         return current.draw(s, cost)
     draw.__name__ = draw.__qualname__ = f"{view.name}_draw"
-    return gpu(draw) if view.gpu else draw
+    drawn = gpu(draw) if view.gpu else draw
+
+    def answer(s: Settings, request=None, cost: Optional[Cost] = None) -> tuple:
+        kept = getattr(getattr(getattr(request, "request", None), "state", None), "kept", None)
+        if kept is not None and kept[0] == name and kept[1] == s:
+            return kept[2]                      # no device borrowed, nothing drawn
+        return drawn(s, request, cost)
+    answer.__name__ = answer.__qualname__ = f"{view.name}_draw"
+    return answer
+
+
+def kept_view(tab: str, s: Settings) -> Optional[tuple]:
+    """The outputs of view `tab` already drawn for `s` and kept (explorer.views.View.kept) in at most
+    KEPT_MAX_BYTES, else None."""
+    view = VIEWS.get(tab) if isinstance(tab, str) else None
+    return view.kept(s, KEPT_MAX_BYTES) if view is not None and view.drawn else None
 
 
 def view_cost(view: View, s: Settings) -> Optional[Cost]:

@@ -117,6 +117,17 @@ def settings_of(query: str, request=None, need_model: bool = True) -> Settings:
 
 
 @dataclass(frozen=True)
+class Work:
+    """What an event's admission found it will draw: the view (its tab name), the settings, the estimated
+    FLOPs, and whether a view is drawn at all (`drawn`: False for no settings, a model this device does not
+    run, settings past the budget)."""
+    tab: str
+    settings: Optional[Settings]
+    flops: float
+    drawn: bool
+
+
+@dataclass(frozen=True)
 class Read:
     """What an event's admission read of its inputs, kept on its request (server.lanes.admit_to writes
     `state.read`) so the handler draws from it instead of reading the inputs again: the settings drawn, each

@@ -7,7 +7,9 @@ event asked. A view's work is estimated from exactly the settings its handler wi
 of server.endpoints that the handler calls too), and a handler drawing more than was admitted is refused
 (server.admission.check_drawn). Where a `work` returns what it read (server.guard.Read: the page's control
 change and heatmap click), admission keeps it on the request and the handler draws from it: the settings
-read once, the view's cost estimated once. The mask view (no model, milliseconds) has its own lane; the
+read once, the view's cost estimated once. A view already drawn for the same settings (explorer.views.View.kept:
+a class on one lecture step) is admitted to the kept lane with no work share, and answered from those outputs,
+pinned on the request. The mask view (no model, milliseconds) has its own lane; the
 page's other queued steps theirs; exports, packs, uploads and timing sweeps have lanes of 1. Each lane bounds how many
 may wait, and how many of them one visitor's (server.admission): a request over a bound is refused by name
 when it is pushed, or, in a full lane, pushes out the heaviest network's latest. A page's redraw supersedes
@@ -16,6 +18,7 @@ door's request rates."""
 from __future__ import annotations
 
 import logging
+from typing import Optional
 
 import anyio
 import gradio as gr
@@ -32,8 +35,8 @@ from .backoff import BACKOFF
 from .fair_queue import WatchedQueue
 from .gradio_patches import SKIP
 from .visitors import visitor_of
-from .endpoints import PageChange, linked, picked, read_page_change, stepped, tab_cost
-from .guard import Read, as_text, session_of, settings_of
+from .endpoints import PageChange, kept_view, linked, picked, read_page_change, stepped, tab_cost
+from .guard import Read, Work, as_text, session_of, settings_of
 from .links import family_endpoint, preset_endpoint
 from .timing_runs import TIMING_RUNS
 
@@ -114,8 +117,9 @@ def _pushed_out_payload() -> dict:
     return error_payload(gr.Error(as_text(str(PUSHED_OUT)), print_exception=False), True)
 
 
-# the lanes a page's redraw waits in (its view's: server.lanes.page_redraw, or heavy past LARGE_REQUEST_FLOPS)
-REDRAW_LANES = ("forward", "heavy", "light")
+# the lanes a page's redraw waits in (its view's: server.lanes.page_redraw, heavy past LARGE_REQUEST_FLOPS, kept
+# where its view is drawn already)
+REDRAW_LANES = ("forward", "heavy", "light", "kept")
 
 
 def answer_superseded(request, page: tuple) -> None:
@@ -168,18 +172,18 @@ def admit_to(lane_name: str, units=1, work=None, redraw: bool = False):
     page redraw (`redraw`) is numbered: the page's older waiting ones then run as no-ops. In the timing lane
     a new Run replaces the visitor's running sweep (which stops within one timed block)."""
     def admit(request: gr.Request, *inputs):
-        chosen, flops, read = lane_name, 0.0, None
+        chosen, flops, read, kept = lane_name, 0.0, None, None
         http = getattr(request, "request", None)
         visitor = visitor_of(request)
         try:
             if work is not None:
-                flops = work(*inputs, request=request)
-                if isinstance(flops, Read):
-                    read, flops = flops, flops.flops
-                chosen = "heavy" if flops > LARGE_REQUEST_FLOPS else lane_name
+                found = work(*inputs, request=request)
+                read = found if isinstance(found, Read) else None
+                flops, kept = getattr(found, "flops", found), kept_of(found)
+                chosen = "kept" if kept is not None else "heavy" if flops > LARGE_REQUEST_FLOPS else lane_name
             taken = units(*inputs, request=request) if callable(units) else units
-            number, victim = ADMISSION.admit(chosen, visitor, lambda: lane_now(request, chosen), taken, flops, http,
-                                             redraw)
+            number, victim = ADMISSION.admit(chosen, visitor, lambda: lane_now(request, chosen), taken,
+                                             0.0 if kept is not None else flops, http, redraw)
         except ValidationError as e:
             log.info("refused at admission (%s): %s", chosen, e)
             if not isinstance(e, LaneFull):
@@ -193,6 +197,8 @@ def admit_to(lane_name: str, units=1, work=None, redraw: bool = False):
                 http.state.read = read              # server.guard.admitted_read: the handler draws from it
             if chosen != lane_name:
                 http.state.lane = chosen            # fair_queue.WatchedQueue queues it in that lane
+            if kept is not None:                    # server.endpoints.view_draw answers from them
+                http.state.kept = (found.tab, found.settings, kept)
             if number is not None:
                 http.state.redraw = (visitor, number)
         if victim is not None:
@@ -215,11 +221,25 @@ def refused(message, n: int):
     return verdicts[0] if n == 1 else tuple(verdicts)
 
 
-def view_work(s: Settings | None, tab: str) -> float:
-    """Estimated FLOPs of drawing `tab` with settings `s` (0: no model view, a model this device does not
-    run — the handler then draws only the note — or settings the handler will refuse by name anyway)."""
+def view_request(s: Settings | None, tab: str) -> Work:
+    """What drawing `tab` with settings `s` is: its estimated FLOPs (0: no model view, a model this device does
+    not run — the handler then draws only the note — or settings the handler will refuse by name anyway)."""
     cost = tab_cost(s, tab)
-    return cost.flops if cost is not None else 0.0
+    return Work(tab, s, cost.flops if cost is not None else 0.0, cost is not None)
+
+
+def view_work(s: Settings | None, tab: str) -> float:
+    """Estimated FLOPs of drawing `tab` with settings `s` (view_request's)."""
+    return view_request(s, tab).flops
+
+
+def kept_of(work) -> Optional[tuple]:
+    """The outputs already drawn and kept for what `work` (a Work or a Read) will draw, else None."""
+    if isinstance(work, Read):
+        work = Work(work.tab, work.settings, work.flops, work.cost is not None)
+    if not isinstance(work, Work) or not work.drawn or work.settings is None:
+        return None
+    return kept_view(work.tab, work.settings)
 
 
 def _quietly(parse, *args) -> Settings | None:
@@ -231,22 +251,22 @@ def _quietly(parse, *args) -> Settings | None:
 
 def work_of_query(view: str):
     """`work` for an endpoint of one view taking a query string."""
-    return lambda query, request=None: view_work(_quietly(settings_of, query, request), view)
+    return lambda query, request=None: view_request(_quietly(settings_of, query, request), view)
 
 
-def work_of_tab(query: str, *rest, request=None) -> float:
+def work_of_tab(query: str, *rest, request=None) -> Work:
     """`work` for a redraw of the visible tab: (query, tab), the tab last."""
-    return view_work(_quietly(settings_of, query, request), rest[-1] if rest else "")
+    return view_request(_quietly(settings_of, query, request), rest[-1] if rest else "")
 
 
-def work_of_change(*args, request=None) -> float:
+def work_of_change(*args, request=None) -> Work | float:
     """`work` for an API client's control change: (every control's value..., tab), checked as the handler
     checks them (one bad value refuses the whole change)."""
     change = _quietly(lambda: PageChange.of(args, last_link=False))
     if change is None:
         return 0.0
     uploaded = uploads.uploads(session_of(request))
-    return view_work(_quietly(lambda: parse_settings(dict(zip(CONTROL_FIELDS, change.values)), uploaded=uploaded)),
+    return view_request(_quietly(lambda: parse_settings(dict(zip(CONTROL_FIELDS, change.values)), uploaded=uploaded)),
                      change.tab)
 
 
@@ -260,7 +280,8 @@ def work_of_page_change(*args, request=None) -> Read | float:
 
 
 def work_of_figure(query: str, figure: str, *rest, request=None) -> float:
-    """`work` for drawing one exportable figure (the Export tab's preview): its view's."""
+    """`work` for drawing one exportable figure (the Export tab's preview): its view's FLOPs (a figure is drawn
+    from its part, never answered from the whole view's kept outputs)."""
     spec = export.FIGURES.get(figure) if isinstance(figure, str) else None
     return view_work(_quietly(settings_of, query, request), spec.view.name if spec else "")
 
@@ -272,22 +293,22 @@ def work_of_pick(pick: str, *args, request=None) -> Read | float:
     return 0.0 if read is None else read
 
 
-def work_of_keys(query: str, keys: str, tab: str, request=None) -> float:
+def work_of_keys(query: str, keys: str, tab: str, request=None) -> Work:
     """`work` for presentation mode's keys: the view they step to (server.endpoints.stepped)."""
-    return view_work(_quietly(lambda: stepped(query, keys, request)), tab)
+    return view_request(_quietly(lambda: stepped(query, keys, request)), tab)
 
 
-def work_of_link(link: str, request=None) -> float:
+def work_of_link(link: str, request=None) -> Work | float:
     """`work` for Back / Forward: the view at the address they went to (server.endpoints.linked)."""
     drawn = _quietly(lambda: linked(link, request))
-    return 0.0 if drawn is None else view_work(drawn[0], drawn[2])
+    return 0.0 if drawn is None else view_request(drawn[0], drawn[2])
 
 
-def work_of_source(source: str, *args, request=None) -> float:
+def work_of_source(source: str, *args, request=None) -> Work:
     """`work` for a preset pick (preset, tab) or a family switch (query, family, tab)."""
     if len(args) == 1:
-        return view_work(_quietly(lambda: settings_of(preset_endpoint(source), request)), args[0])
-    return view_work(_quietly(lambda: settings_of(family_endpoint(source, args[0], request), request)), args[1])
+        return view_request(_quietly(lambda: settings_of(preset_endpoint(source), request)), args[0])
+    return view_request(_quietly(lambda: settings_of(family_endpoint(source, args[0], request), request)), args[1])
 
 
 FORWARD = lane("forward")

@@ -18,7 +18,7 @@ from explorer.limits import memory_ceiling
 from explorer.schema import ValidationError
 
 from . import uploads
-from .admission import LANES
+from .admission import KEPT_MAX_BYTES, LANES
 
 log = logging.getLogger("explorer")
 
@@ -82,6 +82,9 @@ def memory_budget() -> dict[str, int]:
     past it, every visitor's uploads, Gradio's session states, and the process itself."""
     parts = {"caches and running requests (EXPLORER_MEMORY_BYTES)": memory_ceiling(),
              "small requests past the ceiling (mask lane)": LANES["light"].running * budget.small_request_bytes(),
+             # pinned while they wait (the cache may let them go meanwhile), each serialised on its way out
+             "kept views past the ceiling (kept lane)": (LANES["kept"].waiting + 3 * LANES["kept"].running)
+             * KEPT_MAX_BYTES,
              "uploaded weights (every visitor)": uploads.MAX_UPLOAD_STORE_BYTES,
              "Gradio session states": SESSION_CAPACITY * SESSION_STATE_BYTES,
              "the process at start": PROCESS_BASE_BYTES}

@@ -200,3 +200,58 @@ def test_every_page_event_comes_from_a_control_a_visitor_sees_or_from_a_declared
     scripts = "\n".join(p.read_text() for p in sorted(app.STATIC.glob("*.js"))) + app.RECHECK_TIMING
     sent = set(re.findall(r"explorer\.send\('(\w+)'", scripts))
     assert sent == set(ports), (sent, set(ports))
+
+
+def test_a_view_drawn_for_the_same_settings_is_answered_from_what_is_kept_outside_the_model_lanes(monkeypatch):
+    """Issue 34, a classroom behind one address: thirty students on one lecture step ask for the same view. The
+    first is drawn in the model lane; each later one is admitted to the kept lane with no work share, and its
+    handler answers with the outputs pinned on its request at admission — the same objects, nothing drawn,
+    even when the cache lets them go while it waits. Other settings still wait in the model lane, and the
+    Export tab's preview (drawn from its part) is never answered from a whole view's outputs."""
+    from types import SimpleNamespace
+
+    from gradio.context import LocalContext
+
+    from explorer.controls import CONTROL_FIELDS
+    from explorer.query_string import parse_query
+    from explorer.views import records
+    from server import admission, endpoints, lanes
+    gate = admission.Admission()
+    monkeypatch.setattr(lanes, "ADMISSION", gate)
+    monkeypatch.setattr(endpoints, "ADMISSION", gate)
+    records.DRAWN.cache_clear()
+    draws = []
+    real = records.View.draw
+    monkeypatch.setattr(records.View, "draw", lambda self, s, cost=None: draws.append(self.name) or real(self, s, cost))
+    last = "preset=lecture&weights=random"
+    s = parse_query(last, need_model=False)
+
+    def change(head):
+        return (*[head if f == "head" else getattr(s, f) for f in CONTROL_FIELDS], "attention", last)
+
+    def student(inputs, evict=False):
+        request = SimpleNamespace(request=SimpleNamespace(state=SimpleNamespace(), headers={}, client=None),
+                                  session_hash=f"student{len(draws)}", headers={}, client=None, username=None)
+        token = LocalContext.request.set(request)
+        try:
+            verdict = lanes.admit_to("forward", work=lanes.work_of_page_change, redraw=True)(request, *inputs)
+            assert all(v["is_valid"] for v in verdict)
+            if evict:
+                records.DRAWN.cache_clear()
+            return request.request.state, endpoints.control_change_on_page(request, *inputs)
+        finally:
+            LocalContext.request.reset(token)
+    first_state, first = student(change(1))
+    assert draws == ["attention"] and getattr(first_state, "lane", "forward") == "forward"
+    work = sum(n for log in gate.rates["work"].log.values() for _, n in log)
+    later_state, later = student(change(1), evict=True)
+    assert draws == ["attention"] and later_state.lane == "kept"            # nothing drawn again
+    shown = [[o for o in out[-endpoints.VIEW_OUTPUTS:] if not isinstance(o, dict)] for out in (first, later)]
+    assert len(shown[0]) == len(later_state.kept[2]) and all(a is b for a, b in zip(*shown))
+    assert sum(n for log in gate.rates["work"].log.values() for _, n in log) == work     # no work share taken
+    other_state, _ = student(change(2))
+    assert draws == ["attention", "attention"] and not hasattr(other_state, "kept")
+    monkeypatch.setattr(endpoints, "KEPT_MAX_BYTES", 1000)       # a kept view past what the lane may pin
+    big_state, _ = student(change(2))
+    assert draws == ["attention"] * 3 and not hasattr(big_state, "kept")     # View.draw in the model lane
+    assert not isinstance(lanes.work_of_figure(last + "&head=2", "attention_head"), lanes.Work)

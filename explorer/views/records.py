@@ -109,6 +109,11 @@ class View:
         return DRAWN.get((self, s), lambda: _frozen(budget.within_budget(
             checked, lambda: tuple(out for p in self.parts for out in p.draw(s)))), keep=_shareable)
 
+    def kept(self, s: Settings, max_bytes: Optional[int] = None) -> Optional[tuple]:
+        """Every output as drawn for `s` and kept (draw() answers from them) in at most `max_bytes`, else None:
+        nothing is drawn."""
+        return DRAWN.peek((self, s), max_bytes)
+
     def draw_part(self, index: int, s: Settings) -> tuple:
         """One part's outputs (an export), within the whole view's budget where the part is what that
         budget is for (the model's parts; every part of a view without a model)."""
