@@ -84,8 +84,8 @@ LANES: dict[str, Lane] = {lane.name: lane for lane in (
     Lane("upload", "weight uploads", running=1, waiting=4, per_visitor=1, per_address=2),
 )}
 # Gradio's own bound on everything queued; above the lanes' sum, so no lane's refusals are pre-empted by
-# Gradio's "Queue is full" (which names no field).
-QUEUE_MAX = 256
+# Gradio's "Queue is full" (which names no field); the watchers' lane's 48 raised it from 256.
+QUEUE_MAX = 320
 
 
 class Held(NamedTuple):

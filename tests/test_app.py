@@ -1302,6 +1302,7 @@ def test_a_full_lane_refuses_the_heaviest_networks_request_not_the_honest_newcom
     # the long sweep holds the lane for the whole test: no turn ends it once others wait (explorer.limits)
     from explorer import limits
     monkeypatch.setitem(limits.SWEEP_TURN_S, "cpu", 3600.0)
+    timing_runs.TIMING_RUNS.recent.clear()      # an earlier test's sweep of LECTURE would answer these at once
     demo = app.build_app()
     _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=None, quiet=True)
     try:
@@ -1325,16 +1326,16 @@ def test_a_full_lane_refuses_the_heaviest_networks_request_not_the_honest_newcom
             return condition()
         sweep("198.18.17.1", "botrun", LONG_SWEEP)
         assert until(lambda: timing_runs.TIMING_RUNS.running())
-        for i in (2, 3):
-            sweep(f"198.18.17.{i}", f"botwait{i}", (LECTURE, "16", ["naive"]))
+        for i in (2, 3):                # sweeps of their own (an identical one would join, taking no place)
+            sweep(f"198.18.17.{i}", f"botwait{i}", (LECTURE, str(8 * i), ["naive"]))
             assert until(lambda: f"botwait{i}" in waiting())
-        honest = sweep("203.0.113.9", "honest", (LECTURE, "16", ["naive"]))
+        honest = sweep("203.0.113.9", "honest", (LECTURE, "32", ["naive"]))
         assert until(lambda: waiting() == ["botwait2", "honest"]), waiting()
         assert until(lambda: "botwait3" in answers)
         assert "queue: got 'your place in a full lane'; allowed: room first for a visitor whose network" \
             in answers["botwait3"]
         fn, defaults = fns["timing"]
-        code, body = join(url, fn, [LECTURE, "16", ["naive"], *defaults[3:]], "botwait4", "198.18.17.4")
+        code, body = join(url, fn, [LECTURE, "40", ["naive"], *defaults[3:]], "botwait4", "198.18.17.4")
         assert code == 422 and "2 timing sweeps waiting" in body
         timing_runs.TIMING_RUNS.cancel("botrun")
         honest.join(120)
