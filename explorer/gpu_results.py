@@ -340,10 +340,10 @@ def flash_figure(run: Optional[GpuRun], live: Optional[Sweep] = None, live_shape
     if live is not None:
         T, rows = live_points(live)
         speeds += [r["speedup"] for r in rows]
-        where = f"<b>Measured now, here</b><br>{short_device(live.device)}<br>"
+        where = f"<b>Measured {live.measured}, here</b><br>{short_device(live.device)}<br>"
         if rows:
             data.append(dict(_bars(rows, lambda r: f"{r['speedup']:.3g}× · {r['median_ms']:.3g} ms", name=f"T {T}",
-                                   axes=("x2", "y2"), source=f"measured now on {live.device}"), width=0.45))
+                                   axes=("x2", "y2"), source=f"measured {live.measured} on {live.device}"), width=0.45))
             notes.append(_heading(LIVE_DOMAIN[0], f"{where}T {T} · {live_shape}"))
         else:
             notes.append(_heading(LIVE_DOMAIN[0], where + live_shape))

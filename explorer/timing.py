@@ -181,6 +181,14 @@ def check_request(s: Settings, geometry_name: str, dtype: str, lengths: str, bac
     return Request(g, geometry_name, tuple(Ts), tuple(dict.fromkeys(["naive", *backends])))
 
 
+def measurement_key(req: Request) -> tuple:
+    """What a Run measures, and nothing else: this machine (its device and threads), the shapes, dtype, mask and
+    cap the sweep times, its lengths and backends. The sidebar's seed, head, layer, candidate or the geometry's
+    name change no number of it (the benchmark makes its own inputs), so two Runs of one key measure the same
+    thing: one measurement answers both (server.timing_runs)."""
+    return device_name(device()), replace(req.geometry, seq_lens=(), model_preset=None), req.lengths, req.backends
+
+
 class LiveRun(Run):
     """A Run that also says how far it got: lengths measured of the lengths asked for."""
 
@@ -199,6 +207,7 @@ class Sweep:
     lengths: tuple[int, ...] = ()                   # every length asked for, in the order measured
     elapsed_s: float = 0.0                          # wall time so far
     done: bool = False                              # every length measured (or the run stopped)
+    measured: str = "now"                           # when, in words: "now", or "12 s ago" (a kept sweep)
 
     @property
     def points(self) -> list[dict]:
@@ -481,7 +490,7 @@ def results_figure(data: dict) -> go.Figure:
 
 def curves_of(sw: Sweep, recorded: list[tuple[str, list[dict]]], batch: int) -> list[Curve]:
     """Live points (solid) and each committed set (its own dash), one Curve per backend and source."""
-    out = [Curve(b, f"measured now on {short_device(sw.device)}, B={batch}", "solid", rs) for b, rs in _grouped(sw.points).items()]
+    out = [Curve(b, f"measured {sw.measured} on {short_device(sw.device)}, B={batch}", "solid", rs) for b, rs in _grouped(sw.points).items()]
     for i, (label, recs) in enumerate(recorded):
         dash = RECORDED_DASHES[i % len(RECORDED_DASHES)]
         out += [Curve(b, label, dash, rs) for b, rs in _grouped(recs).items()]

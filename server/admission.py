@@ -77,6 +77,10 @@ LANES: dict[str, Lane] = {lane.name: lane for lane in (
     Lane("control", "page steps", running=4, waiting=48, per_visitor=4, per_address=8, scales=True),
     # a new Run replaces the visitor's running sweep, so only waiting ones count
     Lane("timing", "timing sweeps", running=1, waiting=16, per_visitor=1, per_address=1, count_running=False),
+    # Runs answered by a sweep another Run measures (server.timing_runs: running, waiting or just kept), watching
+    # it: no place in the timing lane; a class's thirty behind one address watch at once, an address past its
+    # share is refused
+    Lane("watch", "joined sweeps", running=64, waiting=48, per_visitor=1, per_address=2, scales=True),
     Lane("export", "figure exports", running=1, waiting=4, per_visitor=1, per_address=2),
     # a lecture pack renders every figure: its own slot, so a one-figure export never waits behind one
     Lane("pack", "lecture packs", running=1, waiting=2, per_visitor=1, per_address=1),
@@ -86,9 +90,10 @@ LANES: dict[str, Lane] = {lane.name: lane for lane in (
 # it pins while it waits, and serialises on its way out, is past the memory ceiling (server.memory.memory_budget).
 KEPT_MAX_BYTES = 4 << 20
 
-# Gradio's own bound on everything queued; the lanes' sum (256) under three quarters of it, so no lane's refusals
-# are pre-empted by Gradio's "Queue is full" (which names no field).
-QUEUE_MAX = 352
+# Gradio's own bound on everything queued; the lanes' sum (304: the kept views' 64 and the watchers' 48 raised
+# it from 192) under three quarters of it, so no lane's refusals are pre-empted by Gradio's "Queue is full"
+# (which names no field).
+QUEUE_MAX = 408
 
 
 class Held(NamedTuple):

@@ -10,7 +10,8 @@ change and heatmap click), admission keeps it on the request and the handler dra
 read once, the view's cost estimated once. A view already drawn for the same settings (explorer.views.View.kept:
 a class on one lecture step) is admitted to the kept lane with no work share, and answered from those outputs,
 pinned on the request. The mask view (no model, milliseconds) has its own lane; the
-page's other queued steps theirs; exports, packs, uploads and timing sweeps have lanes of 1. Each lane bounds how many
+page's other queued steps theirs; exports, packs, uploads and timing sweeps have lanes of 1 (a Run whose sweep
+measures what one running, waiting or just kept measures waits in the watchers' lane instead: timing_lane). Each lane bounds how many
 may wait, and how many of them one visitor's (server.admission): a request over a bound is refused by name
 when it is pushed, or, in a full lane, pushes out the heaviest network's latest. A page's redraw supersedes
 its waiting ones. Every other event runs outside the queue (queue=False), bounded per visitor by the front
@@ -23,7 +24,7 @@ from typing import Optional
 import anyio
 import gradio as gr
 
-from explorer import export
+from explorer import export, timing
 from explorer.controls import CONTROL_FIELDS
 from explorer.limits import LARGE_REQUEST_FLOPS
 from explorer.schema import Settings, ValidationError
@@ -38,19 +39,21 @@ from .visitors import visitor_of
 from .endpoints import PageChange, kept_view, linked, picked, read_page_change, stepped, tab_cost
 from .guard import Read, Work, as_text, session_of, settings_of
 from .links import family_endpoint, preset_endpoint
-from .timing_runs import TIMING_RUNS
+from .timing_events import timing_request
+from .timing_runs import TIMING_RUNS, identical_waiting
 
 log = logging.getLogger("explorer")
 
 
-def lane(name: str, units=1, work=None, redraw: bool = False) -> dict:
+def lane(name: str, units=1, work=None, redraw: bool = False, route=None) -> dict:
     """The event keywords of lane `name`: its concurrency group and its admission check (a request
     worth `units` of the lane's rate share, where it has one: a number, or `units(*inputs, request=...)`).
     `work(*inputs, request=...)`: the request's estimated FLOPs, for a view (its lane then follows: its own,
     or heavy), or what it read (server.guard.Read, its FLOPs estimated), kept for the handler. `redraw`: a
-    page's redraw of its views, superseding the page's waiting ones."""
+    page's redraw of its views, superseding the page's waiting ones. `route(*inputs, request=...)`: the lane
+    the request waits in instead, where it chooses (a timing Run: timing_lane)."""
     return dict(concurrency_id=name, concurrency_limit=LANES[name].running,
-                validator=admit_to(name, units, work, redraw))
+                validator=admit_to(name, units, work, redraw, route))
 
 
 def watch_lanes(demo: gr.Blocks) -> None:
@@ -163,7 +166,7 @@ def take_out(request, event, output: dict, success: bool) -> None:
     anyio.from_thread.run(drop)
 
 
-def admit_to(lane_name: str, units=1, work=None, redraw: bool = False):
+def admit_to(lane_name: str, units=1, work=None, redraw: bool = False, route=None):
     """Gradio's `validator=` for a lane: it runs when an event is pushed, before it is queued, and
     refuses it by name ("queue: got ...") when a bound of the lane would be passed. A model view (`work`
     given) estimated over LARGE_REQUEST_FLOPS is admitted to the heavy lane instead, and its work counts
@@ -176,6 +179,8 @@ def admit_to(lane_name: str, units=1, work=None, redraw: bool = False):
         http = getattr(request, "request", None)
         visitor = visitor_of(request)
         try:
+            if route is not None:
+                chosen = route(*inputs, request=request)
             if work is not None:
                 found = work(*inputs, request=request)
                 read = found if isinstance(found, Read) else None
@@ -207,7 +212,7 @@ def admit_to(lane_name: str, units=1, work=None, redraw: bool = False):
                 push_out(request, victim.event)
         if redraw and http is not None:
             answer_superseded(request, tuple(visitor))
-        if lane_name == "timing":
+        if lane_name == "timing":           # in either lane: the visitor stops watching what it watched
             TIMING_RUNS.cancel(session_of(request))
         return refused(None, len(inputs)) if inputs else []
     admit.__name__ = f"admit_{lane_name}"
@@ -314,7 +319,27 @@ def work_of_source(source: str, *args, request=None) -> Work:
 FORWARD = lane("forward")
 
 
-TIMING = lane("timing")
+def timing_lane(query: str, lengths: str, backends, geometry: str = None, dtype: str = None, request=None) -> str:
+    """The lane of a Run: "watch" when its sweep measures what another visitor's running, waiting or kept sweep
+    measures (explorer.timing.measurement_key; server.timing_runs answers it with that one, so it takes no place
+    in the timing lane, and holds one of the watchers' lane per visitor and address), else "timing". Its key is
+    written on its request, so a later identical Run finds it waiting. A Run the handler will refuse by name:
+    "timing"."""
+    try:
+        s, req = timing_request(query, lengths, backends, geometry or timing.geometries()[0],
+                                dtype or timing.dtypes()[0], request)
+    except (ValidationError, gr.Error, TypeError, ValueError):
+        return "timing"
+    key = timing.measurement_key(req)
+    http = getattr(request, "request", None)
+    if http is not None:
+        http.state.timing_key = key
+    session = session_of(request)
+    joins = TIMING_RUNS.joinable(key, session) or identical_waiting(key, session)
+    return "watch" if joins else "timing"
+
+
+TIMING = lane("timing", route=timing_lane)
 
 
 def renders_of_export(query: str, figure: str, fmt: str, aspect: str = "16:9", request=None) -> int:

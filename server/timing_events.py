@@ -3,10 +3,12 @@ thread (one at a time, cancellable) beside the committed GPU run, the empty live
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 
 import gradio as gr
 
-from explorer import budget, gpu_results, timing
+from explorer import gpu_results, timing
 from explorer.limits import device
 from explorer.schema import ValidationError
 from models.runinfo import device_name
@@ -22,19 +24,14 @@ def timing_request(query: str, lengths: str, backends, geometry: str, dtype: str
     return s, timing.check_request(s, geometry, dtype, lengths, backends)
 
 
-@guarded
-def timing_step(steps):
-    """The next state of a live sweep (run in a worker thread), or None when it is done."""
-    with TIMING_RUNS.measuring():
-        return next(steps, None)
-
-
-def timing_outputs(sw: timing.Sweep, req: timing.Request) -> tuple:
-    """The live figures, the recorded GPU run beside this run (its own panel) and the notes."""
+def timing_outputs(sw: timing.Sweep, req: timing.Request, shared: str = "") -> tuple:
+    """The live figures, the recorded GPU run beside this run (its own panel) and the notes; `shared`: a line
+    saying whom the measurement answers besides this visitor (server.timing_runs)."""
     g = req.geometry
     status = sw.progress() or sw.stopped or f"Done: {len(sw.measured_lengths)} lengths in {sw.elapsed_s:.1f} s."
-    note = [f"**{status}** Measured now on **{sw.device}**, {timing.describe(g, req.geometry_name)}; "
+    note = [f"**{status}** Measured {sw.measured} on **{sw.device}**, {timing.describe(g, req.geometry_name)}; "
             "5 interleaved repeats per point."]
+    note += [shared] if shared else []
     note += [timing.work_note(sw, g)] if sw.points else []
     note += [timing.throughput_note(sw)] if sw.points else []
     note += [f"{b}: {why}" for b, why in sw.skipped.items()]
@@ -43,49 +40,41 @@ def timing_outputs(sw: timing.Sweep, req: timing.Request) -> tuple:
     return (*timing.sweep_figures(sw, batch=g.B, g=g), flash, "\n\n".join(note))
 
 
-SMALL_SWEEP_MAX_LEN = 256
+# the outputs of the last states drawn, by (state, request, note): the visitors watching one measurement are
+# drawn each state once
+_DRAWN: collections.OrderedDict = collections.OrderedDict()
+_DRAWN_KEPT = 8
+
+
+async def drawn(sw: timing.Sweep, req: timing.Request, shared: str, tag: tuple) -> tuple:
+    """timing_outputs off the event loop, once per state for every watcher of it."""
+    key = (tag, req, shared)
+    outputs = _DRAWN.get(key)
+    if outputs is None or outputs.get_loop() is not asyncio.get_running_loop():
+        outputs = _DRAWN[key] = asyncio.get_running_loop().run_in_executor(None, timing_outputs, sw, req, shared)
+        while len(_DRAWN) > _DRAWN_KEPT:
+            _DRAWN.popitem(last=False)
+    return await asyncio.shield(outputs)
 
 
 async def timing_endpoint(query: str, lengths: str, backends: list, geometry: str = None, dtype: str = None,
                           request: gr.Request = None):
-    """Run a live sweep, streaming the figures after each length. The sweep runs in a worker thread;
-    if this event is cancelled (Stop, or a client that cancels its job) the run's flag is set and the
-    cancellation is answered at once; the thread stops within one timed block, and the next sweep
-    starts measuring only after that, so "one sweep at a time" holds however many are cancelled."""
+    """Run a live sweep, streaming the figures after each length: the measurement of its key
+    (server.timing_runs), shared with every visitor whose Run measures the same, in a worker thread. If this
+    event is cancelled (Stop, or a client that cancels its job) it stops watching at once; a measurement that
+    nobody watches any more ends within one timed block, and the next starts measuring only after that, so
+    "one sweep at a time" holds however many are started, joined and cancelled."""
     s, req = timing_request(query, lengths, backends, geometry or timing.geometries()[0],
                             dtype or timing.dtypes()[0], request)
-    session = session_of(request)
-    await TIMING_RUNS.wait_stopped()
-    run = TIMING_RUNS.start(session)
-    steps = timing.sweep(s, req, run)
-    loop = asyncio.get_running_loop()
-    # a sweep past SMALL_SWEEP_MAX_LEN yields to small requests (runs at a lower CPU priority); a small one
-    # (milliseconds a step) would only wait behind them, holding the lane of one sweep at a time
-    pool = budget.LOW_PRIORITY if max(req.lengths) > SMALL_SWEEP_MAX_LEN else None
-    ends_with_thread = False
-    try:
-        while True:
-            step = loop.run_in_executor(pool, timing_step, steps)
-            try:
-                sw = await asyncio.shield(step)
-            except asyncio.CancelledError:
-                run.cancel()
-                if not step.done():             # the thread ends the run when it stops
-                    ends_with_thread = True
-                    TIMING_RUNS.stopping(step)
-                    step.add_done_callback(lambda _: (TIMING_RUNS.end(session, run), steps.close()))
-                raise
-            if sw is None:
-                return
-            yield await loop.run_in_executor(None, timing_outputs, sw, req)   # figures: off the event loop
-    finally:
-        if not ends_with_thread:
-            TIMING_RUNS.end(session, run)
-            steps.close()
+    lane = getattr(getattr(getattr(request, "request", None), "state", None), "lane", "timing")
+    async with contextlib.aclosing(TIMING_RUNS.follow(s, req, session_of(request), lead=lane != "watch")) as states:
+        async for sw, shared, tag in states:            # (closed at once when this event is cancelled: it leaves)
+            yield await drawn(sw, req, shared, tag)
 
 
 def stop_timing(request: gr.Request = None):
-    """Stop the visitor's sweep -> the line under the controls saying how far it got."""
+    """Stop the visitor's sweep -> the line under the controls saying how far it got (a sweep that other
+    visitors watch goes on for them)."""
     return TIMING_RUNS.cancel(session_of(request))
 
 

@@ -548,9 +548,10 @@ def test_an_old_link_with_a_backend_opens_with_a_note(monkeypatch):
 
 def test_the_queue_refuses_by_name_past_a_lanes_bounds_and_the_mask_keeps_answering(monkeypatch):
     """In-process server with the timing lane bounded at 2 waiting: a sweep runs, a second visitor's
-    waits; that visitor's next one is refused (one per visitor), a third's waits, a fourth's is refused
-    (lane full) — each by name, at once — while /mask answers. Reads Gradio's queue for real: if its
-    internals move, admission fails open and this test fails."""
+    waits; that visitor's next one is refused (one per visitor); a third visitor's identical Run joins the
+    waiting one (no place in the lane: server.timing_runs shares the measurement) and is answered with its
+    points; a fourth's waits, a fifth's is refused (lane full) — each by name, at once — while /mask answers.
+    Reads Gradio's queue for real: if its internals move, admission fails open and this test fails."""
     import time
     from dataclasses import replace
 
@@ -562,10 +563,11 @@ def test_the_queue_refuses_by_name_past_a_lanes_bounds_and_the_mask_keeps_answer
     # the long sweep holds the lane for the whole test: no turn ends it once others wait (explorer.limits)
     from explorer import limits
     monkeypatch.setitem(limits.SWEEP_TURN_S, "cpu", 3600.0)
+    timing_runs.TIMING_RUNS.recent.clear()      # an earlier test's sweep of LECTURE would answer these at once
     demo = app.build_app()
     _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=None, quiet=True)
     try:
-        a, b, c, d = (Client(url, verbose=False, headers={"X-Forwarded-For": f"192.0.2.{i}"}) for i in range(4))
+        a, b, c, d, e = (Client(url, verbose=False, headers={"X-Forwarded-For": f"192.0.2.{i}"}) for i in range(5))
         running = a.submit(*LONG_SWEEP, api_name="/timing")
         deadline = time.monotonic() + 60
         while not timing_runs.TIMING_RUNS.running() and time.monotonic() < deadline:
@@ -574,18 +576,25 @@ def test_the_queue_refuses_by_name_past_a_lanes_bounds_and_the_mask_keeps_answer
         while lanes.lane_now(fake_request(demo), "timing")[0] == [] and time.monotonic() < deadline:
             time.sleep(0.05)
         with pytest.raises(Exception, match=r"queue: got '1 of your timing sweeps waiting'; allowed: 1 per visitor"):
-            b.predict(LECTURE, "16", ["naive"], api_name="/timing")
+            b.predict(LECTURE, "24", ["naive"], api_name="/timing")
         assert not running.done()               # refused at once: not after waiting for the sweep ahead of it
-        queued.append(c.submit(LECTURE, "16", ["naive"], api_name="/timing"))
+        joined = c.submit(LECTURE + "&seed=2&head=0", "16", ["naive"], api_name="/timing")     # the same sweep
+        while sum(map(len, lanes.lane_now(fake_request(demo), "watch"))) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(lanes.lane_now(fake_request(demo), "timing")[0]) == 1           # no place taken in the lane
+        queued.append(d.submit(LECTURE, "24", ["naive"], api_name="/timing"))
         while len(lanes.lane_now(fake_request(demo), "timing")[0]) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         with pytest.raises(Exception, match=r"queue: got '2 timing sweeps waiting'; allowed: 2 at once"):
-            d.predict(LECTURE, "16", ["naive"], api_name="/timing")
+            e.predict(LECTURE, "32", ["naive"], api_name="/timing")
         assert not running.done()
-        assert "allowed pairs" in d.predict("preset=lecture", api_name="/mask")[1]
+        assert "allowed pairs" in e.predict("preset=lecture", api_name="/mask")[1]
         cancel(running)
-        for job in queued:                                              # the admitted ones still run
-            assert "T = 16" in job.result(timeout=120)[-1]
+        first, *_, note = queued[0].result(timeout=120)                 # the admitted ones still run
+        assert "T = 16" in note and "T = 24" in queued[1].result(timeout=120)[-1]
+        shared, *_, shared_note = joined.result(timeout=120)
+        assert "T = 16" in shared_note and "Measured now on" in shared_note
+        assert plot_data(shared) == plot_data(first)                    # one measurement's points
     finally:
         for session in list(timing_runs.TIMING_RUNS.by_session):     # no sweep outlives its test
             timing_runs.TIMING_RUNS.cancel(session)
@@ -1293,6 +1302,7 @@ def test_a_full_lane_refuses_the_heaviest_networks_request_not_the_honest_newcom
     # the long sweep holds the lane for the whole test: no turn ends it once others wait (explorer.limits)
     from explorer import limits
     monkeypatch.setitem(limits.SWEEP_TURN_S, "cpu", 3600.0)
+    timing_runs.TIMING_RUNS.recent.clear()      # an earlier test's sweep of LECTURE would answer these at once
     demo = app.build_app()
     _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=None, quiet=True)
     try:
@@ -1316,16 +1326,16 @@ def test_a_full_lane_refuses_the_heaviest_networks_request_not_the_honest_newcom
             return condition()
         sweep("198.18.17.1", "botrun", LONG_SWEEP)
         assert until(lambda: timing_runs.TIMING_RUNS.running())
-        for i in (2, 3):
-            sweep(f"198.18.17.{i}", f"botwait{i}", (LECTURE, "16", ["naive"]))
+        for i in (2, 3):                # sweeps of their own (an identical one would join, taking no place)
+            sweep(f"198.18.17.{i}", f"botwait{i}", (LECTURE, str(8 * i), ["naive"]))
             assert until(lambda: f"botwait{i}" in waiting())
-        honest = sweep("203.0.113.9", "honest", (LECTURE, "16", ["naive"]))
+        honest = sweep("203.0.113.9", "honest", (LECTURE, "32", ["naive"]))
         assert until(lambda: waiting() == ["botwait2", "honest"]), waiting()
         assert until(lambda: "botwait3" in answers)
         assert "queue: got 'your place in a full lane'; allowed: room first for a visitor whose network" \
             in answers["botwait3"]
         fn, defaults = fns["timing"]
-        code, body = join(url, fn, [LECTURE, "16", ["naive"], *defaults[3:]], "botwait4", "198.18.17.4")
+        code, body = join(url, fn, [LECTURE, "40", ["naive"], *defaults[3:]], "botwait4", "198.18.17.4")
         assert code == 422 and "2 timing sweeps waiting" in body
         timing_runs.TIMING_RUNS.cancel("botrun")
         honest.join(120)

@@ -1,11 +1,10 @@
 """server/'s process policy and live-run bookkeeping: torch's threads set once from the environment,
-the timing sweeps' stop flags by visitor, a page's superseded redraws."""
+a live timing sweep's turn, a page's superseded redraws."""
 import pytest
 import torch
 
 from explorer.schema import ValidationError
 from server import memory
-from server.timing_runs import TimingRuns
 
 
 def test_threads_are_configured_once_from_the_environment(monkeypatch):
@@ -20,24 +19,8 @@ def test_threads_are_configured_once_from_the_environment(monkeypatch):
         torch.set_num_threads(before)
 
 
-def test_timing_runs_stop_a_visitors_run_and_say_how_far_it_got():
-    runs = TimingRuns()
-    mine, theirs = runs.start("a", budget_s=None), runs.start("b", budget_s=None)
-    mine.total, mine.done = 4, 1
-    assert runs.running() == 2
-    assert runs.cancel("a") == "Stopped after 1 of 4 lengths: the measured points are kept."
-    assert mine.stopped() == "cancelled" and theirs.stopped() is None
-    runs.end("a", mine)
-    assert runs.running() == 1 and runs.cancel("a") == ""
-    later = runs.start("a", budget_s=None)          # a new run has its own flag: never un-stops the old
-    assert later.stopped() is None and mine.stopped() == "cancelled"
-    with runs.measuring():
-        assert runs.threads == 1
-    assert runs.threads == 0
-
-
 def test_a_running_sweep_yields_its_turn_to_other_pages_sweeps_waiting(monkeypatch):
-    """TimingRuns gives each run its turn (explorer.limits.SWEEP_TURN_S): past it, the run ends once a sweep of
+    """A live run has its turn (explorer.limits.SWEEP_TURN_S): past it, the run ends once a sweep of
     another page waits in the timing lane; its own page's next sweep, or one pushed out, does not count."""
     from explorer import limits
     from explorer.measure import YIELDED
@@ -47,7 +30,7 @@ def test_a_running_sweep_yields_its_turn_to_other_pages_sweeps_waiting(monkeypat
     waiting = []
     monkeypatch.setitem(timing_runs.ADMISSION.queues, "timing", waiting)
     event = lambda session, pushed_out=False: type("Event", (), {"session_hash": session, "_pushed_out": pushed_out})()  # noqa: E731
-    run = TimingRuns().start("a", budget_s=None)
+    run = timing_runs.live_run(lambda: {"a"})
     waiting += [event("a"), event("b", pushed_out=True)]
     assert run.stopped() is None and timing_runs.others_waiting("a") == 0
     waiting.append(event("b"))
