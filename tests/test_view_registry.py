@@ -124,9 +124,21 @@ def test_records_name_their_figures_once():
 
 
 def test_a_views_own_controls_only_change_what_is_shown():
-    """A tab's own controls are view fields (explorer.schema.VIEW_FIELDS): explorer.runs.model_settings resets
-    them, so moving one redraws from the model and forward already cached."""
-    assert {c for v in VIEWS.values() for c in v.controls} <= set(VIEW_FIELDS)
+    """A tab's controls are its own (Control records, held in Settings.view) or shared view fields
+    (explorer.schema.VIEW_FIELDS): explorer.runs.model_settings resets both, so moving one redraws from the
+    model and forward already cached."""
+    from explorer.runs import model_settings
+    from explorer.schema import Control
+    shared = {c for v in VIEWS.values() for c in v.controls if not isinstance(c, Control)}
+    assert shared <= set(VIEW_FIELDS) and "view" in VIEW_FIELDS
+    own = [c for v in VIEWS.values() for c in v.controls if isinstance(c, Control)]
+    assert own and len({c.name for c in own}) == len(own)        # one name per control
+    s = parse_query("preset=lecture")
+    for c in own:
+        values = c.choices or ([v for _, v in c.page_choices()] if c.page_choices else (c.lo, c.hi))
+        other = next(x for x in values if x != c.default)
+        moved = parse_query(f"preset=lecture&{c.name}={other}")
+        assert c.of(moved) != c.of(s) and model_settings(moved) == model_settings(s), c.name
 
 
 # a view's own module, as each of explorer/views/ is: its function, its cost, its Export's caption and its record
