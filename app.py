@@ -27,8 +27,8 @@ from explorer.controls import INFO as CONTROL_INFO
 from explorer.families import FAMILIES, XREX_ROPE
 from explorer.page_contract import link_defaults
 from explorer.query_string import to_query
-from explorer.schema import Settings
-from explorer.settings import COLOR_SCALES, INVARIANCE_OPS, VALUE_KINDS, ZOOMS, parse_settings
+from explorer.schema import Control, Settings
+from explorer.settings import COLOR_SCALES, VALUE_KINDS, ZOOMS, parse_settings
 from explorer.views import VIEWS, drawn_views
 from server import disk, front_door, gradio_patches, memory, uploads
 from server.admission import ADMISSION, QUEUE_MAX
@@ -40,16 +40,14 @@ from server.guard import settings_of
 from server.lanes import (CONTROL, EXPORT, EXPORT_PACK, TIMING, UNQUEUED, UPLOAD, admit_every_event, forward, light,
                           page_redraw, watch_lanes, work_of_change, work_of_figure, work_of_keys, work_of_link,
                           work_of_page_change, work_of_pick, work_of_query, work_of_source, work_of_tab)
-from server.links import (bug_choices, family_endpoint, head_choices, head_of_link, limit_endpoint, link_to_controls,
+from server.links import (family_endpoint, head_choices, head_of_link, limit_endpoint, link_to_controls,
                           load_endpoint, preset_choices, preset_endpoint, query_to_controls, settings_endpoint,
                           tab_opened, weight_choices)
 from server.timing_events import (before_run, stop_timing, timing_check, timing_endpoint, timing_lengths,
                                   timing_lengths_kept, timing_options, timing_recorded, timing_recorded_on_link)
 from models.attention import CAP_METHODS
 from models.grok import ROPE_MODES
-from models.masks import MASK_KINDS, PREFIX_MODES
-from models.probes import PERTURBATIONS
-from models.variants import VARIANTS
+from models.masks import PREFIX_MODES
 
 log = logging.getLogger("explorer")
 FIELD_TYPES = {f.name: f.type for f in fields(Settings)}
@@ -190,18 +188,26 @@ def view_controls(d: Settings, c: dict) -> None:
     number_boxes(d, c, ["query"], elem_id="query-row")
 
 
-# the views' own controls that pick from a list (or a function making it): a radio for a few, a menu for many
-CHOICES = {"values": VALUE_KINDS, "color": COLOR_SCALES, "perturbation": PERTURBATIONS, "operation": INVARIANCE_OPS,
-           "compare": MASK_KINDS, "variant": VARIANTS, "bug": bug_choices}
-MENUS = ("compare", "variant", "bug")
+# the shared view fields a tab shows that pick from a list (a radio); a view's own controls say theirs (Control)
+CHOICES = {"values": VALUE_KINDS, "color": COLOR_SCALES}
 
 
-def view_control(d: Settings, c: dict, field: str) -> None:
-    if field in NUMBER_FIELDS:
-        number_boxes(d, c, [field])
+def view_control(d: Settings, c: dict, control: str | Control) -> None:
+    """A tab's control: a shared Settings field (a number box, or a radio of CHOICES), or a view's own
+    control built from its record (a number box, or its choices in a radio, or a menu for many)."""
+    if not isinstance(control, Control):
+        if control in NUMBER_FIELDS:
+            number_boxes(d, c, [control])
+        else:
+            c[control] = gr.Radio(list(CHOICES[control]), value=getattr(d, control), label=LABELS[control])
         return
-    choices = CHOICES[field]() if callable(CHOICES[field]) else list(CHOICES[field])
-    c[field] = (gr.Dropdown if field in MENUS else gr.Radio)(choices, value=getattr(d, field), label=LABELS[field])
+    name = control.name
+    if control.number:
+        c[name] = gr.Number(label=LABELS[name], value=control.of(d), precision=None if control.number is float else 0,
+                            info=CONTROL_INFO.get(name))
+        return
+    choices = control.page_choices() if control.page_choices else list(control.choices)
+    c[name] = (gr.Dropdown if control.menu else gr.Radio)(choices, value=control.of(d), label=LABELS[name])
 
 
 def output_component(out: views.Plot | views.Text):
@@ -214,8 +220,8 @@ def view_tab(view: views.View, d: Settings, c: dict) -> list:
     """A drawn view's tab from its record: its own controls (in a row), then each part's outputs, a
     leading text above its part's figures. -> the outputs in the endpoint's order."""
     with gr.Row() if len(view.controls) > 1 else contextlib.nullcontext():
-        for field in view.controls:
-            view_control(d, c, field)
+        for control in view.controls:
+            view_control(d, c, control)
     built = []
     for part in view.parts:
         shown = sorted(range(len(part.outputs)), key=lambda i: not getattr(part.outputs[i], "lead", False))

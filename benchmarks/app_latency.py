@@ -18,7 +18,6 @@ import random
 import statistics
 import sys
 import time
-from dataclasses import fields
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,7 +60,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     from gradio_client import Client
     from explorer.query_string import parse_query
-    from explorer.schema import Settings
+    from explorer.settings import all_values
 
     t0 = time.perf_counter()
     with running_app() as url:        # returns once the server answers HTTP
@@ -74,14 +73,13 @@ def main(argv=None):
         # app.py warms phoenix-nano in a background thread a few seconds after start; measure the
         # steady state a visitor sees after that, not two threads fighting over two cores
         time.sleep(args.settle_s)
-        names = [f.name for f in fields(Settings)]
         rounds = []
-        client.predict(*[getattr(parse_query("preset=lecture"), n) for n in names], "attention",
+        client.predict(*all_values(parse_query("preset=lecture")).values(), "attention",
                        api_name="/control_change")       # the page opens on lecture: warm its model
         for api, query in control_changes(args.changes):
             s = parse_query(query)
             t = time.perf_counter()
-            client.predict(*[getattr(s, n) for n in names], api.strip("/"), api_name="/control_change")
+            client.predict(*all_values(s).values(), api.strip("/"), api_name="/control_change")
             rounds.append((time.perf_counter() - t) * 1e3)
 
         nano = {}

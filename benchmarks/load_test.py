@@ -624,8 +624,9 @@ def change_data(fn: dict, query: str, tab: str, last: str, pick: Optional[str] =
     control as `query` sets it (raw values overriding, an invalid one say), the visible tab, the last link."""
     from explorer.controls import CONTROL_FIELDS
     from explorer.query_string import parse_query
+    from explorer.settings import control_value
     s = parse_query(query, need_model=False)
-    values = [raw.get(f, getattr(s, f)) for f in CONTROL_FIELDS] + [tab, last]
+    values = [raw.get(f, control_value(s, f)) for f in CONTROL_FIELDS] + [tab, last]
     return [pick, *values] if pick is not None else values
 
 

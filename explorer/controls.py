@@ -14,12 +14,18 @@ from typing import Any, Mapping, Optional
 
 from explorer.limits import MAX_BATCH
 from explorer.schema import Settings, ValidationError
-from explorer.settings import parse_settings
+from explorer.settings import control_value, parse_settings, view_controls
 
-CONTROL_FIELDS = [f.name for f in fields(Settings)]
-NUMBER_FIELDS = {f.name for f in fields(Settings) if f.type in ("int", "float")}
+# Every control of the page, in the order links write them and the API's events take them: the Settings
+# fields, then the views' own controls (each declared in its view's module: explorer.settings.view_controls).
+# Read once, as this module is imported: a view registered after that is not on the page.
+_FIELDS = [f for f in fields(Settings) if f.name != "view"]
+_OWN = view_controls()
+CONTROL_FIELDS = [f.name for f in _FIELDS] + [c.name for c in _OWN]
+NUMBER_FIELDS = {f.name for f in _FIELDS if f.type in ("int", "float")} | {c.name for c in _OWN if c.number}
 
-# every control's label on the page (app.py builds the controls with these)
+# every control's label on the page (app.py builds the controls with these): the sidebar's and the shared view
+# fields' here, each view's own from its record
 LABELS = {
     "preset": "preset", "family": "model family", "weights": "weights", "seed": "seed (weights and inputs)",
     "num_user": "user tokens", "num_history": "history length",
@@ -34,16 +40,14 @@ LABELS = {
     "rope_base": "RoPE base", "rope_offset": "RoPE offset", "rope_mode": "candidate positions",
     "layer": "layer", "head": "head", "values": "values", "color": "colour",
     "query": "query row (a position, or click a heatmap row)", "zoom": "heatmap zoom (full resolution)",
-    "candidate": "candidate j", "perturbation": "perturbation", "delta": "size (scale factor / noise σ)",
-    "replace_with": "replace with item hash", "operation": "operation", "compare": "compare with",
-    "variant": "attention variant (course notebooks)",
-    "bug": "plant a bug (grok.py: a seed notebook's; production: a serving-kernel quirk)",
+    "candidate": "candidate j",
+    **{c.name: c.label for c in _OWN},
 }
 assert set(LABELS) == set(CONTROL_FIELDS), set(CONTROL_FIELDS) ^ set(LABELS)
 
 
 # the line under a control while it is not marked (a mark's message takes its place until it is fixed)
-INFO = {"query": "−1 shows the first candidate, whatever the layout"}
+INFO = {"query": "−1 shows the first candidate, whatever the layout", **{c.name: c.info for c in _OWN if c.info}}
 assert set(INFO) <= set(LABELS)
 
 
@@ -96,19 +100,19 @@ def keep_valid(values: Mapping[str, Any], last: Settings, uploaded=None) -> tupl
     for f in NUMBER_FIELDS & raw.keys():
         if raw[f] is None or (isinstance(raw[f], str) and not raw[f].strip()):
             problems[f] = (f"{short_label(f)}: empty, or not a number yet; allowed: a number (the figures keep "
-                           f"{as_typed(getattr(last, f))})")
-            raw[f] = getattr(last, f)
+                           f"{as_typed(control_value(last, f))})")
+            raw[f] = control_value(last, f)
     for _ in range(len(CONTROL_FIELDS) + 1):
         try:
             return parse_settings(raw, uploaded=uploaded, need_model=False), problems
         except ValidationError as e:
             fields_here = [f for f in involved(e) if f in raw]
-            if not fields_here or all(raw[f] == getattr(last, f) for f in fields_here):
+            if not fields_here or all(raw[f] == control_value(last, f) for f in fields_here):
                 problems.setdefault(fields_here[0] if fields_here else "preset", on_screen(e))
                 return last, problems
             for f in fields_here:
                 problems.setdefault(f, on_screen(e))
-                raw[f] = getattr(last, f)
+                raw[f] = control_value(last, f)
     return last, problems
 
 

@@ -41,6 +41,7 @@ from .lesson import LESSON, STORIES, Step
 from .limits import check_model_fits, device
 from .query_string import to_query
 from .schema import Settings, ValidationError
+from .settings import all_values
 
 log = logging.getLogger("explorer")
 
@@ -578,7 +579,7 @@ def _pack(s: Settings, aspect: str) -> tuple[bytes, bool]:
         if left_out:
             captions.append("\n## Left out at this preset\n")
             captions += [f"- **{name}**: {why}" for name, why in left_out.items()]
-        z.writestr("config.json", json.dumps({"settings": s.to_dict(), "query": to_query(s),
+        z.writestr("config.json", json.dumps({"settings": all_values(s), "query": to_query(s),
                                               "left_out": left_out}, indent=2))
         z.writestr("captions.md", "\n".join(captions) + "\n")
         steps = lesson_steps()

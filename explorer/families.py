@@ -5,7 +5,7 @@ runs on it. explorer.settings fills left-out fields from it; its ``with_family``
 """
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Optional
 
 from models.demo import DEMO_WEIGHTS, demo_config
@@ -67,6 +67,13 @@ def defaults(preset: str, family: str) -> dict:
         raise ValidationError("family", family, f"xrex (production, 2026) with the production preset {preset}; "
                               f"for grok.py's trunk at this geometry choose the preset {GROK_COUNTERPART[preset]}")
     return {**d, "family": family, **XREX_FIXED}
+
+
+def preset_settings(name: str) -> Settings:
+    """A preset's settings as its link `preset=<name>` parses them, for a figure that compares presets (the
+    mask's kernel notes, the timing tab's work per forward); the device's model limits left out
+    (tests/test_presets.py: the same as explorer.settings.parse_settings gives)."""
+    return replace(Settings(), **defaults(name, preset_family(name)))
 
 
 def demo_transformer() -> Optional[TransformerConfig]:

@@ -22,9 +22,9 @@ from models.presets import PRESETS
 from models.runinfo import RESULTS_DIR
 
 from .figures import FONT, TEMPLATE, Figure
-from .query_string import parse_query
 from .limits import trunk_params
 from .measure import Status, TrunkTimings, load_results, on_gpu, trunk_timings, useful_flops
+from .families import preset_settings
 from .schema import ValidationError
 from .timing import BACKEND_COLORS, Sweep, short_device
 
@@ -226,7 +226,7 @@ def longest(run: GpuRun) -> list[dict]:
 def forward_tflop(preset: str, B: int) -> float:
     """Useful work of one trunk forward (TFLOP): 2 x trunk parameters per token, plus each layer's q.k and p.v
     over the pairs the model's mask allows."""
-    s = parse_query(f"preset={preset}", need_model=False)
+    s = preset_settings(preset)
     attention = s.num_layers * useful_flops(s.mask_kind, B, s.num_q_heads, s.key_size, s.seq_len, s.num_candidates)
     return (2 * B * s.seq_len * trunk_params(s) + attention) / 1e12
 

@@ -5,13 +5,12 @@ fields an old link still carries, which parsing ignores.
 """
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any, Mapping, Optional
 from urllib.parse import parse_qsl, urlencode
 
 from .families import defaults, preset_family
 from .schema import Settings, ValidationError
-from .settings import RETIRED_FIELDS, parse_settings
+from .settings import RETIRED_FIELDS, all_values, parse_settings, view_controls
 
 
 def retired_note(keys) -> str:
@@ -20,9 +19,11 @@ def retired_note(keys) -> str:
 
 
 def to_query(s: Settings) -> str:
-    """Only what differs from the preset, so links stay short; the preset always comes first."""
-    base = {**asdict(Settings()), **defaults(s.preset, s.family), "family": preset_family(s.preset)}
-    diff = {k: val for k, val in asdict(s).items() if k != "preset" and val != base[k]}
+    """Only what differs from the preset, so links stay short; the preset always comes first, the views' own
+    controls last (explorer.settings.view_controls)."""
+    base = {**Settings().to_dict(), **{c.name: c.default for c in view_controls()}, **defaults(s.preset, s.family),
+            "family": preset_family(s.preset)}
+    diff = {k: val for k, val in all_values(s).items() if k != "preset" and val != base[k]}
     return urlencode({"preset": s.preset, **{k: link_value(val) for k, val in diff.items()}})
 
 

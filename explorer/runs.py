@@ -29,8 +29,7 @@ from models.xrex import XrexRecsys
 from .budget import MEMORY, ByteCache
 from .families import FAMILIES
 from .limits import device, estimate_params
-from .schema import VIEW_FIELDS, Settings, ValidationError
-from .settings import WEIGHT_GEOMETRY
+from .schema import VIEW_FIELDS, WEIGHT_GEOMETRY, Settings, ValidationError
 
 log = logging.getLogger("explorer")
 
@@ -179,8 +178,8 @@ _VIEW_DEFAULTS = {f: getattr(Settings(), f) for f in VIEW_FIELDS}        # what 
 
 
 def model_settings(s: Settings) -> Settings:
-    """The settings with the view options (explorer.schema.VIEW_FIELDS) reset: two settings that differ only
-    in what is shown share one model and one forward."""
+    """The settings with the view fields (explorer.schema.VIEW_FIELDS, every view's own controls among them)
+    reset: two settings that differ only in what is shown share one model and one forward."""
     return replace(s, **_VIEW_DEFAULTS)
 
 

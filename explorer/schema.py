@@ -2,11 +2,17 @@
 layer above raises when a value will not do (a ValueError whose message names the field, the value and what
 is allowed; server/guard.py turns it into ``gr.Error``). The bottom of the settings modules: explorer.limits and
 explorer.families read these; explorer.settings parses raw values into them.
+
+Settings holds the model (its layout, geometry, weights and RoPE), the view fields every tab shares (the row,
+layer, head, query, zoom ...) and, in ``view``, the values of the views' own controls: each a ``Control``
+declared in the module of the view that owns it (explorer/views/), read with ``control.of(s)``. Also the
+scalar checks (``check_int``, ``check_float``, ``check_choice``) every control is parsed with.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+import math
+from dataclasses import dataclass, fields, replace
+from typing import Any, Callable, Mapping, Optional
 
 from models.demo import demo_config
 from models.grok import ROPE_MODES, TransformerConfig
@@ -14,6 +20,15 @@ from models.masks import model_mask_kind
 from models.presets import PRESETS
 from models.recsys import RecsysConfig, SequenceLayout
 from models.xrex import XrexConfig
+
+# the choices of the view fields every tab shares (the page draws the value kinds and colour scales itself)
+VALUE_KINDS = ("probabilities", "capped logits", "masked logits")
+COLOR_SCALES = ("linear", "log", "quantile")
+# heatmap regions drawn at full resolution (explorer.views.zoom_region)
+ZOOMS = ("all", "candidates", "history tail", "query row")
+# the fields that decide the weights' shapes: uploaded weights are held to the values they were loaded at
+WEIGHT_GEOMETRY = ("preset", "family", "num_user", "emb_size", "key_size", "num_q_heads", "num_kv_heads", "num_layers",
+                   "widening_factor")
 
 
 class ValidationError(ValueError):
@@ -26,6 +41,115 @@ class ValidationError(ValueError):
         if len(shown) > 60:
             shown = shown[:57] + "..."
         super().__init__(f"{field}: got {shown}; allowed: {allowed}")
+
+
+# --- scalar checks: each raises ValidationError naming the field ------------------------
+
+def check_int(name: str, value: Any, lo: Optional[int] = None, hi: Optional[int] = None, why: str = "",
+              also: tuple = ()) -> int:
+    allowed = ("an integer" if lo is None else f"an integer in [{lo}, {hi}]" if hi is not None
+               else f"an integer >= {lo}") + (f" ({why})" if why else "")
+    if isinstance(value, bool):
+        raise ValidationError(name, value, allowed)
+    try:
+        if isinstance(value, str):
+            value = value.strip()
+            v = float(value) if value else float("nan")
+        else:
+            v = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ValidationError(name, value, allowed) from None
+    if not math.isfinite(v) or v != int(v):
+        raise ValidationError(name, value, allowed)
+    v = int(v)
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        raise ValidationError(name, value, allowed, also)
+    return v
+
+
+def check_float(name: str, value: Any, lo: Optional[float] = None, hi: Optional[float] = None,
+                lo_open: bool = False, why: str = "") -> float:
+    bound = []
+    if lo is not None:
+        bound.append(f"{'>' if lo_open else '>='} {lo:g}")
+    if hi is not None:
+        bound.append(f"<= {hi:g}")
+    allowed = "a finite number" + (" " + " and ".join(bound) if bound else "") + (f" ({why})" if why else "")
+    if isinstance(value, bool):
+        raise ValidationError(name, value, allowed)
+    try:
+        v = float(value.strip() if isinstance(value, str) else value)
+    except (TypeError, ValueError, OverflowError):
+        raise ValidationError(name, value, allowed) from None
+    if not math.isfinite(v) or (lo is not None and (v <= lo if lo_open else v < lo)) \
+            or (hi is not None and v > hi):
+        raise ValidationError(name, value, allowed)
+    return v
+
+
+def check_choice(name: str, value: Any, choices) -> str:
+    v = value.strip() if isinstance(value, str) else None     # only a name is a choice (a list is unhashable)
+    if v is None or v not in choices:
+        raise ValidationError(name, value, ", ".join(map(str, choices)))
+    return v
+
+
+# --- a view's own control ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Control:
+    """A control a view owns: declared in its view's module and named in its record's `controls`
+    (explorer.views.records.View). From this record alone it is parsed and refused by name
+    (explorer.settings), kept in links and the API (explorer.query_string, explorer.controls.CONTROL_FIELDS),
+    labelled and built on its tab (app.py), and left out of the model's cache key (explorer.runs.model_settings
+    resets Settings.view). A number (`number` int or float, within [lo, hi], `why` said in a refusal) or one of
+    `choices`; `check` replaces both where the allowed values depend on the settings parsed before it (the bug
+    zoo's bugs on the family): check(value, parsed) -> the value, or ValidationError."""
+    name: str                   # its key in links and the API, one name across the views
+    default: Any
+    label: str                  # on the page (explorer.controls.LABELS)
+    choices: tuple = ()
+    number: Optional[type] = None
+    lo: Optional[float] = None
+    hi: Optional[float] = None
+    why: str = ""
+    check: Optional[Callable[[Any, Mapping[str, Any]], Any]] = None
+    menu: bool = False          # a menu (many choices), else a radio
+    page_choices: Optional[Callable[[], list]] = None   # what the page's menu lists, where not `choices`
+    info: Optional[str] = None  # the line under it on the page
+
+    def parse(self, value: Any, parsed: Mapping[str, Any]) -> Any:
+        """A raw value -> the value, or ValidationError naming this control (`parsed`: the model's fields)."""
+        if self.check is not None:
+            return self.check(value, parsed)
+        if self.number is int:
+            return check_int(self.name, value, self.lo, self.hi, why=self.why)
+        if self.number is float:
+            return check_float(self.name, value, self.lo, self.hi, why=self.why)
+        return check_choice(self.name, value, self.choices)
+
+    def of(self, s: "Settings") -> Any:
+        """Its value in `s`."""
+        return s.view.get(self.name, self.default)
+
+
+@dataclass(frozen=True)
+class ViewOptions:
+    """The views' own controls' values in a Settings, by name: only those that differ from their control's
+    default (so settings that show the same compare equal, however they were made); frozen and hashable."""
+    items: tuple = ()           # ((name, value), ...) sorted by name
+
+    def get(self, name: str, default: Any) -> Any:
+        return dict(self.items).get(name, default)
+
+    def set(self, values: Mapping[Control, Any]) -> "ViewOptions":
+        """These options with each control of `values` set (a default value left out)."""
+        kept = dict(self.items)
+        for control, value in values.items():
+            kept.pop(control.name, None)
+            if value != control.default:
+                kept[control.name] = value
+        return ViewOptions(tuple(sorted(kept.items())))
 
 
 @dataclass(frozen=True)
@@ -64,15 +188,10 @@ class Settings:
     values: str = "probabilities"
     color: str = "linear"
     query: int = -1                  # -1: the first candidate
-    zoom: str = "all"                # explorer.settings.ZOOMS: the whole sequence, or one region at full resolution
-    candidate: int = 0
-    perturbation: str = "scale"
-    delta: float = 2.0
-    replace_with: int = 1
-    operation: str = "permute"
-    compare: str = "causal"          # the mask kind drawn beside the model's own
-    variant: str = "gqa"             # models.variants.VARIANTS, drawn in the Variants view
-    bug: str = "none"                # models.bugzoo.BUGS planted in the trunk, or none
+    zoom: str = "all"                # ZOOMS: the whole sequence, or one region at full resolution
+    candidate: int = 0               # candidate j of the probes (Isolation's control, Invariance's 'drop')
+    # each view's own controls (explorer/views/: each a Control in its view's module)
+    view: ViewOptions = ViewOptions()
 
     # --- what the models need --------------------------------------------------------
     @property
@@ -132,14 +251,21 @@ class Settings:
     def query_position(self) -> int:
         return self.candidate_start_offset if self.query < 0 else self.query
 
+    def with_view(self, values: Mapping[Control, Any]) -> "Settings":
+        """These settings with the views' controls of `values` set: {control: value}."""
+        return replace(self, view=self.view.set(values))
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Every field's value by name, the views' own controls' among them where not at their default
+        (explorer.settings.parse_settings takes it back)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "view"}
+        return {**out, **dict(self.view.items)}
 
 
-# The fields that change only what is shown, never the model, its inputs or its weights: the view options and
-# the batch row shown. explorer.runs.model_settings resets them, so settings that differ only here share one
-# model and one recorded forward (a field missing here would build and run the model again at each change of
-# it). Every other field picks the model, its layout or its weights; tests/test_explorer_settings.py fails on
-# a field that is neither.
-VIEW_FIELDS = ("row", "layer", "head", "values", "color", "query", "zoom", "candidate", "perturbation", "delta",
-               "replace_with", "operation", "compare", "variant", "bug")
+# The fields that change only what is shown, never the model, its inputs or its weights: the view fields every
+# tab shares, the batch row shown, and `view`, every view's own controls. explorer.runs.model_settings resets
+# them, so settings that differ only here share one model and one recorded forward (a field missing here would
+# build and run the model again at each change of it; a view's own control is in `view`, nothing to list).
+# Every other field picks the model, its layout or its weights; tests/test_explorer_settings.py fails on a field
+# that is neither.
+VIEW_FIELDS = ("row", "layer", "head", "values", "color", "query", "zoom", "candidate", "view")

@@ -6,94 +6,72 @@ fields (layout, model, weights, RoPE, view options), each checked against the fi
 out take the preset's values (explorer.families.defaults), so ``preset=phoenix-nano`` alone is a full
 configuration; the device's limits come from explorer.limits. Every violation raises ``ValidationError``
 naming the field, the value and what is allowed. ``with_family`` re-parses settings under another family.
+The views' own controls are parsed from their records (``view_controls``: every Control the views in
+explorer.views.VIEWS name), so a view's control is declared in its module and nowhere else.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, fields
+from dataclasses import fields
 from typing import Any, Mapping, Optional
 
 from models.attention import CAP_METHODS
-from models.bugzoo import bug_names
 from models.demo import XREX_DEMO_WEIGHTS
 from models.grok import ROPE_MODES
-from models.masks import MASK_KINDS, PREFIX_MODES
-from models.probes import PERTURBATIONS
+from models.masks import PREFIX_MODES
 from models.presets import PRESETS
-from models.variants import VARIANTS
 
 from .families import FAMILIES, GROK_COUNTERPART, XREX_FIXED, XREX_ROPE, defaults, demo_transformer, preset_family
 from .limits import MAX_BATCH, check_model_fits, limits_device, max_seq_len
-from .schema import Settings, ValidationError
+from .schema import COLOR_SCALES, VALUE_KINDS, WEIGHT_GEOMETRY, ZOOMS, Control, Settings, ValidationError, ViewOptions
+from .schema import check_choice as _choice
+from .schema import check_float as _float
+from .schema import check_int as _int
+from .views import VIEWS
+from .views.invariance_rope import INVARIANCE_OPS     # noqa: F401  (its control's choices, named here as before)
 
 WEIGHT_SOURCES = ("random", "zeros", "demo", "upload")
-# the fields that decide the weights' shapes: uploaded weights are held to the values they were loaded at
-WEIGHT_GEOMETRY = ("preset", "family", "num_user", "emb_size", "key_size", "num_q_heads", "num_kv_heads", "num_layers",
-                   "widening_factor")
-VALUE_KINDS = ("probabilities", "capped logits", "masked logits")
-COLOR_SCALES = ("linear", "log", "quantile")
-# heatmap regions drawn at full resolution (explorer.views.zoom_region)
-ZOOMS = ("all", "candidates", "history tail", "query row")
-INVARIANCE_OPS = ("permute", "drop", "add")
 
 
-_FIELDS = {f.name: f for f in fields(Settings)}
+_FIELDS = {f.name: f for f in fields(Settings) if f.name != "view"}     # the model's and the shared view fields
+# The order links and the API's positional controls have always written these views' controls in (to_query,
+# explorer.controls.CONTROL_FIELDS): kept, so a link and an API call read as they did. Every other control
+# follows them in tab order: a new view's control needs nothing here.
+_FIRST = ("perturbation", "delta", "replace_with", "operation", "compare", "variant", "bug")
+
+
+def view_controls() -> tuple[Control, ...]:
+    """Every view's own control (explorer.views.VIEWS, read at each call: a view registered later counts),
+    in the order links write them."""
+    found = {}
+    for view in VIEWS.values():
+        for c in view.controls:
+            if isinstance(c, Control):
+                if found.setdefault(c.name, c) != c or c.name in _FIELDS:
+                    raise RuntimeError(f"two controls named {c.name!r}: each control has a name of its own")
+    first = [found.pop(name) for name in _FIRST if name in found]
+    return (*first, *found.values())
+
+
+def control_value(s: Settings, name: str) -> Any:
+    """A control's value in `s`, by name: a Settings field's, or a view's own control's."""
+    if name in _FIELDS:
+        return getattr(s, name)
+    own = {c.name: c for c in view_controls()}
+    if name not in own:
+        raise ValidationError("settings", name, "one of " + ", ".join([*_FIELDS, *own]))
+    return own[name].of(s)
+
+
+def all_values(s: Settings) -> dict[str, Any]:
+    """Every control's value in `s`, by name (the Settings fields', then the views' own controls')."""
+    return {**{f: getattr(s, f) for f in _FIELDS}, **{c.name: c.of(s) for c in view_controls()}}
+
+
 # fields old links may still carry: dropped on parsing (links open), and named in a note on page load
 RETIRED_FIELDS = {
     "backend": "the views' attention-backend control was removed (it changed nothing: every view and probe "
                "runs naive attention, whose weights the heatmaps read); the Timing tab times every backend",
 }
-
-
-# --- scalar parsers: each raises ValidationError naming the field ------------------------
-
-def _int(name: str, value: Any, lo: Optional[int] = None, hi: Optional[int] = None, why: str = "",
-         also: tuple = ()) -> int:
-    allowed = ("an integer" if lo is None else f"an integer in [{lo}, {hi}]" if hi is not None
-               else f"an integer >= {lo}") + (f" ({why})" if why else "")
-    if isinstance(value, bool):
-        raise ValidationError(name, value, allowed)
-    try:
-        if isinstance(value, str):
-            value = value.strip()
-            v = float(value) if value else float("nan")
-        else:
-            v = float(value)
-    except (TypeError, ValueError, OverflowError):
-        raise ValidationError(name, value, allowed) from None
-    if not math.isfinite(v) or v != int(v):
-        raise ValidationError(name, value, allowed)
-    v = int(v)
-    if (lo is not None and v < lo) or (hi is not None and v > hi):
-        raise ValidationError(name, value, allowed, also)
-    return v
-
-
-def _float(name: str, value: Any, lo: Optional[float] = None, hi: Optional[float] = None,
-           lo_open: bool = False, why: str = "") -> float:
-    bound = []
-    if lo is not None:
-        bound.append(f"{'>' if lo_open else '>='} {lo:g}")
-    if hi is not None:
-        bound.append(f"<= {hi:g}")
-    allowed = "a finite number" + (" " + " and ".join(bound) if bound else "") + (f" ({why})" if why else "")
-    if isinstance(value, bool):
-        raise ValidationError(name, value, allowed)
-    try:
-        v = float(value.strip() if isinstance(value, str) else value)
-    except (TypeError, ValueError, OverflowError):
-        raise ValidationError(name, value, allowed) from None
-    if not math.isfinite(v) or (lo is not None and (v <= lo if lo_open else v < lo)) \
-            or (hi is not None and v > hi):
-        raise ValidationError(name, value, allowed)
-    return v
-
-
-def _choice(name: str, value: Any, choices) -> str:
-    v = value.strip() if isinstance(value, str) else None     # only a name is a choice (a list is unhashable)
-    if v is None or v not in choices:
-        raise ValidationError(name, value, ", ".join(map(str, choices)))
-    return v
 
 
 def _check_demo_geometry(v: dict) -> None:
@@ -127,7 +105,7 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *,
     `need_model=False` leaves out the device's model limits (check_model_fits): the mask view
     draws phoenix-prod's layout on a CPU without building the model.
     """
-    preset, family, merged = _merged(raw)
+    preset, family, merged, own = _merged(raw)
     v: dict[str, Any] = {"preset": preset, "family": family}
     # each step adds its fields to v, in this order: a field's bounds may depend on those parsed before it
     _parse_layout(v, merged)
@@ -135,23 +113,27 @@ def parse_settings(raw: Mapping[str, Any] | None = None, *,
     _parse_weights(v, merged, uploaded or {})
     _parse_rope(v, merged)
     _parse_view_options(v, merged)
-    s = Settings(**v)
+    s = Settings(**v, view=ViewOptions().set({c: c.parse(merged[c.name], v) for c in own}))
     if need_model:
         check_model_fits(s)
     return s
 
 
-def _merged(raw: Mapping[str, Any] | None) -> tuple[str, str, dict]:
-    """The preset, the family and every field's raw value: what was sent (retired fields dropped, None left
-    out) over the preset's defaults for that family. Unknown fields are refused."""
+def _merged(raw: Mapping[str, Any] | None) -> tuple[str, str, dict, tuple[Control, ...]]:
+    """The preset, the family, every field's raw value: what was sent (retired fields dropped, None left
+    out) over the preset's defaults for that family (a view's control: its own default), and the views' own
+    controls. Unknown fields are refused."""
     raw = {k: v for k, v in dict(raw or {}).items() if k not in RETIRED_FIELDS}
-    unknown = sorted(k for k in raw if k not in _FIELDS)
+    own = view_controls()
+    names = [*_FIELDS, *(c.name for c in own)]
+    unknown = sorted(k for k in raw if k not in names)
     if unknown:
-        raise ValidationError("settings", unknown[0], "one of " + ", ".join(_FIELDS))
+        raise ValidationError("settings", unknown[0], "one of " + ", ".join(names))
     preset = _choice("preset", raw.get("preset", Settings.preset), PRESETS)
     family = _choice("family", preset_family(preset) if raw.get("family") is None else raw["family"], tuple(FAMILIES))
-    merged = {**asdict(Settings()), **defaults(preset, family), **{k: v for k, v in raw.items() if v is not None}}
-    return preset, family, merged
+    merged = {**Settings().to_dict(), **{c.name: c.default for c in own}, **defaults(preset, family),
+              **{k: v for k, v in raw.items() if v is not None}}
+    return preset, family, merged, own
 
 
 def _parse_layout(v: dict, merged: Mapping[str, Any]) -> None:
@@ -238,8 +220,9 @@ def _parse_rope(v: dict, merged: Mapping[str, Any]) -> None:
 
 
 def _parse_view_options(v: dict, merged: Mapping[str, Any]) -> None:
-    """What the views show (layer, head, query, candidate, probe options): within the layout and model above."""
-    family, T = v["family"], v["num_user"] + v["num_history"] + v["num_candidates"]
+    """What every view shows (layer, head, query, candidate ...): within the layout and model above. Each view's
+    own controls are parsed after these, from their records (parse_settings)."""
+    T = v["num_user"] + v["num_history"] + v["num_candidates"]
     v["layer"] = _int("layer", merged["layer"], 0, v["num_layers"] - 1, also=("num_layers",))
     v["head"] = _int("head", merged["head"], -1, v["num_q_heads"] - 1, why="-1 shows every head",
                      also=("num_q_heads",))
@@ -251,19 +234,6 @@ def _parse_view_options(v: dict, merged: Mapping[str, Any]) -> None:
     C = v["num_candidates"]
     v["candidate"] = _int("candidate", merged["candidate"], 0, C - v["candidate_padding"] - 1,
                           why="a real (not padded) candidate", also=("num_candidates", "candidate_padding"))
-    v["perturbation"] = _choice("perturbation", merged["perturbation"], PERTURBATIONS)
-    v["delta"] = _float("delta", merged["delta"], -1e6, 1e6, why="the perturbation size")
-    v["replace_with"] = _int("replace_with", merged["replace_with"], 1, 1023, why="an item hash")
-    v["operation"] = _choice("operation", merged["operation"], INVARIANCE_OPS)
-    v["compare"] = _choice("compare", merged["compare"], tuple(MASK_KINDS))
-    v["variant"] = _choice("variant", merged["variant"], tuple(VARIANTS))
-    v["bug"] = merged["bug"].strip() if isinstance(merged["bug"], str) else merged["bug"]
-    if v["bug"] not in ("none", *bug_names(family)):
-        other = [f for f in FAMILIES if f != family and v["bug"] in bug_names(f)]
-        elsewhere = (f" with the {FAMILIES[family]} family; it is a bug of {FAMILIES[other[0]]}: switch the model "
-                     "family to plant it") if other else ""
-        raise ValidationError("bug", merged["bug"], ", ".join(("none", *bug_names(family))) + elsewhere,
-                              also=("family",) if other else ())
 
 
 def with_family(s: Settings, family: str) -> Settings:
@@ -277,10 +247,10 @@ def with_family(s: Settings, family: str) -> Settings:
     preset = GROK_COUNTERPART.get(s.preset, s.preset) if family == "grok" else s.preset
     moved = ("logit_cap", "multiplier", "rope_base") if preset != s.preset else ()     # grok.py's own values
     fixed = {k: defaults(preset, family)[k] for k in (*XREX_FIXED, *moved)}
-    out = parse_settings({**asdict(s), "preset": preset, "family": family, "bug": "none", **fixed}, need_model=False)
+    out = parse_settings({**s.to_dict(), "preset": preset, "family": family, "bug": "none", **fixed}, need_model=False)
     if s.weights == "demo" and out.weights != "demo":
         try:
-            return parse_settings({**asdict(out), "weights": "demo"}, need_model=False)
+            return parse_settings({**out.to_dict(), "weights": "demo"}, need_model=False)
         except ValidationError:
             pass
     return out

@@ -6,13 +6,11 @@ import gradio as gr
 
 from explorer import controls
 from explorer.controls import CONTROL_FIELDS
-from explorer.families import FAMILIES
 from explorer.limits import device
 from explorer.query_string import retired_note, to_query
 from explorer.schema import Settings
-from explorer.settings import parse_settings, with_family
+from explorer.settings import control_value, parse_settings, with_family
 from explorer.views import VIEWS
-from models.bugzoo import bug_names
 from models.presets import PRESETS
 
 from . import uploads
@@ -22,12 +20,12 @@ from .guard import as_text, guarded, limit_note, model_limit, session_of, settin
 
 @guarded
 def settings_endpoint(request: gr.Request, *values):
-    """Every control's value, in Settings field order -> the validated query string."""
+    """Every control's value, in CONTROL_FIELDS order -> the validated query string."""
     return to_query(parse_settings(dict(zip(CONTROL_FIELDS, values)), uploaded=uploads.uploads(session_of(request))))
 
 
 def control_values(s: Settings) -> list:
-    return [getattr(s, f) for f in CONTROL_FIELDS]
+    return [control_value(s, f) for f in CONTROL_FIELDS]
 
 
 @guarded
@@ -114,13 +112,6 @@ def query_to_controls(query: str, request: gr.Request = None):
     values[CONTROL_FIELDS.index("head")] = gr.update(choices=head_choices(s), value=s.head, **clear)
     values[CONTROL_FIELDS.index("weights")] = gr.update(choices=weight_choices(request), value=s.weights, **clear)
     return values
-
-
-def bug_choices():
-    """Every family's bugs, each under its family's name: a seed notebook's (grok.py) or a serving-kernel
-    quirk (production); picking one of the other family's marks the menu with the family to switch to."""
-    return [("none", "none")] + [(f"{FAMILIES[family].split(' (')[0]} · {name}", name)
-                                 for family in FAMILIES for name in bug_names(family)]
 
 
 def head_choices(s: Settings):

@@ -7,17 +7,17 @@ dropdowns, radios and checkbox groups pass values through untouched (no rounding
 so even text in an integer box or a choice outside a dropdown reaches the validation layer.
 """
 import re
-from dataclasses import fields
 
 import pytest
 
 pytestmark = pytest.mark.slow
 
 gradio_client = pytest.importorskip("gradio_client")
-from explorer.schema import Settings  # noqa: E402  (the app's own field order)
+from explorer.controls import CONTROL_FIELDS, NUMBER_FIELDS  # noqa: E402  (the app's own control order)
+from explorer.schema import Settings  # noqa: E402
+from explorer.settings import all_values  # noqa: E402
 from explorer.views import drawn_views  # noqa: E402
 
-CONTROL_FIELDS = [f.name for f in fields(Settings)]
 VIEWS = tuple(f"/{v.name}" for v in drawn_views())
 # endpoints fuzzed argument by argument below; the rest take a query string (+ the visible tab) or nothing
 BY_ARGUMENT = ("/settings", "/control_change", "/render_on_change", "/timing", "/export_figure", "/lecture_pack",
@@ -127,15 +127,15 @@ def test_render_checks_the_query_on_tabs_drawn_on_demand(client, tab):
 # --- /settings: every control as its own argument -----------------------------------------------
 
 def control_values(**changes) -> list:
-    d = Settings(weights="random")
-    return [changes.get(f, getattr(d, f)) for f in CONTROL_FIELDS]
+    d = all_values(Settings(weights="random"))
+    return [changes.get(f, d[f]) for f in CONTROL_FIELDS]
 
 
-NUMERIC = [f.name for f in fields(Settings) if f.type in ("int", "float", int, float)]
+NUMERIC = [f for f in CONTROL_FIELDS if f in NUMBER_FIELDS]
+INTEGER = {f for f, v in all_values(Settings()).items() if type(v) is int}
 SETTINGS_CASES = (
     [(name, -1e7 if name == "delta" else -5) for name in NUMERIC if name not in ("head", "query")]
-    + [(name, 10**30 if f.type in ("int", int) else 1e308) for f in fields(Settings) if (name := f.name) in NUMERIC
-       and name != "head"]
+    + [(name, 10**30 if name in INTEGER else 1e308) for name in NUMERIC if name != "head"]
     + [("widening_factor", "inf"), ("logit_cap", "nan"), ("multiplier", "x" * 10_000), ("rope_base", [1.0]),
        ("key_size", 3), ("num_q_heads", 3)]
 )

@@ -47,14 +47,14 @@ def test_a_preset_too_large_for_the_device_draws_its_mask_and_names_the_limit(cl
     assert [t for t in plot_data(fig) if t["type"] == "heatmap"] and "| recsys |" in text
     with pytest.raises(AppError, match=r"emb_size: got 2560; allowed: .*needs a GPU"):
         client.predict("preset=phoenix-prod", api_name="/attention")
-    from dataclasses import fields
+    from explorer.controls import CONTROL_FIELDS
     from explorer.query_string import parse_query
-    from explorer.schema import Settings
+    from explorer.settings import all_values
     s = parse_query("preset=phoenix-prod", need_model=False)
-    out = client.predict(*[getattr(s, f.name) for f in fields(Settings)], "attention", "preset=lecture",
+    out = client.predict(*list(all_values(s).values()), "attention", "preset=lecture",
                          api_name="/render_on_change")
     query, note = out[:2]                            # (the list of marked controls is page state)
-    attention_text = out[2 + len(fields(Settings)) + 4 + 2]        # after the mask tab's 4 outputs
+    attention_text = out[2 + len(CONTROL_FIELDS) + 4 + 2]        # after the mask tab's 4 outputs
     assert query == "preset=phoenix-prod" and "does not fit" in note and "emb_size" in note
     assert "does not fit" in attention_text
 
@@ -62,12 +62,12 @@ def test_a_preset_too_large_for_the_device_draws_its_mask_and_names_the_limit(cl
 def test_an_invalid_control_is_marked_and_the_others_keep_working(client):
     """lecture -> query heads 8 (locked by the demo weights) -> RoPE offset 100: the offset still redraws,
     the heads box carries the message, and the link keeps the last valid heads."""
-    from dataclasses import fields
+    from explorer.controls import CONTROL_FIELDS
     from explorer.query_string import parse_query
-    from explorer.schema import Settings
-    names = [f.name for f in fields(Settings)]
+    from explorer.settings import all_values
+    names = CONTROL_FIELDS
     s = parse_query("preset=lecture&head=0")
-    values = [getattr(s, n) for n in names]
+    values = [all_values(s)[n] for n in names]
     values[names.index("num_q_heads")] = 8
     out = client.predict(*values, "attention", "preset=lecture&head=0", api_name="/render_on_change")
     query, heads_box = out[0], out[2 + names.index("num_q_heads")]
@@ -135,11 +135,11 @@ def test_variants_endpoint(client):
 
 def test_settings_and_preset_endpoints_write_the_query(client):
     assert client.predict("phoenix-nano", api_name="/preset") == "preset=phoenix-nano"
-    from dataclasses import fields
+    from explorer.controls import CONTROL_FIELDS
     from explorer.query_string import parse_query
-    from explorer.schema import Settings
+    from explorer.settings import all_values
     s = parse_query(LECTURE + "&num_candidates=5&head=2")
-    values = [getattr(s, f.name) for f in fields(Settings)]
+    values = list(all_values(s).values())
     q = client.predict(*values, api_name="/settings")
     assert parse_query(q) == s
 
@@ -317,16 +317,16 @@ def test_bad_input_is_a_clear_error_and_the_server_keeps_serving(client, api, ar
 
 
 def test_control_change_validates_and_redraws_only_the_visible_tab(client):
-    from dataclasses import fields
+    from explorer.controls import CONTROL_FIELDS
     from explorer.query_string import parse_query
-    from explorer.schema import Settings
+    from explorer.settings import all_values
     s = parse_query(LECTURE + "&head=2&values=capped+logits")
-    out = client.predict(*[getattr(s, f.name) for f in fields(Settings)], "attention", api_name="/control_change")
+    out = client.predict(*list(all_values(s).values()), "attention", api_name="/control_change")
     query, head, attn_fig = out[0], out[1], out[6]      # then mask fig + text, kernel fig + text, attention fig, ...
     assert parse_query(query) == s and head["value"] == 2 and len(head["choices"]) == 5
     assert "capped logits: layer 0, query head 2" in json.loads(attn_fig["plot"])["layout"]["title"]["text"]
-    bad = [getattr(s, f.name) for f in fields(Settings)]
-    bad[[f.name for f in fields(Settings)].index("num_kv_heads")] = 3
+    bad = list(all_values(s).values())
+    bad[CONTROL_FIELDS.index("num_kv_heads")] = 3
     with pytest.raises(AppError, match="num_q_heads: got 4"):
         client.predict(*bad, "attention", api_name="/control_change")
 
@@ -1056,8 +1056,9 @@ def page_change_data(query: str, tab: str, last_query: str, **raw) -> list:
     every control set from `query` (raw values overriding: an invalid one), the tab, the last link."""
     from explorer.controls import CONTROL_FIELDS
     from explorer.query_string import parse_query
+    from explorer.settings import control_value
     s = parse_query(query, need_model=False)
-    values = [raw.get(f, getattr(s, f)) for f in CONTROL_FIELDS]
+    values = [raw.get(f, control_value(s, f)) for f in CONTROL_FIELDS]
     return values + [tab, last_query]
 
 

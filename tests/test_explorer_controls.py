@@ -2,20 +2,20 @@
 value, every control involved is marked) and shared links (a bad value dropped, the rest kept), in the
 labels a visitor sees."""
 import re
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import pytest
 
-from explorer.controls import LABELS, as_typed, from_link, keep_valid, last_valid_note, short_label
+from explorer.controls import CONTROL_FIELDS, LABELS, as_typed, from_link, keep_valid, last_valid_note, short_label
 from explorer.query_string import parse_query
 from explorer.schema import ValidationError
-from explorer.settings import parse_settings
+from explorer.settings import all_values, parse_settings
 
 RANDOM = parse_query("preset=lecture&weights=random", need_model=False)
 
 
 def page_values(s, **changes):
-    return {**asdict(s), **changes}
+    return {**all_values(s), **changes}
 
 
 def test_a_shape_two_controls_make_invalid_marks_both_and_draws_the_last_valid_settings():
@@ -86,7 +86,7 @@ def test_a_bug_of_the_other_family_names_the_family_to_switch_to():
 
 
 def test_every_control_has_a_label():
-    assert set(LABELS) == set(asdict(RANDOM))
+    assert set(LABELS) == set(all_values(RANDOM)) == set(CONTROL_FIELDS)
 
 
 def test_keyboard_steps_stay_inside_the_model_and_the_sequence():
@@ -98,7 +98,7 @@ def test_keyboard_steps_stay_inside_the_model_and_the_sequence():
     assert step_view(replace(s, head=3), "head+").head == 3
     assert step_view(s, "layer+").layer == 1 and step_view(replace(s, layer=1), "layer+").layer == 1
     for key in ("query+", "head+", "layer+", "query-", "head-", "layer-"):
-        assert parse_settings(asdict(step_view(s, key)), need_model=False) == step_view(s, key)    # still valid
+        assert parse_settings(step_view(s, key).to_dict(), need_model=False) == step_view(s, key)    # still valid
     with pytest.raises(ValidationError, match="key: got"):
         step_view(s, "sideways")
 

@@ -6,12 +6,13 @@ from dataclasses import fields, replace
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
+from explorer.controls import CONTROL_FIELDS
 from explorer.families import preset_defaults
 from explorer.limits import CPU_MAX_SEQ_LEN
 from explorer.query_string import parse_query, retired_note, to_query
 from explorer.runs import model_settings
-from explorer.schema import VIEW_FIELDS, Settings, ValidationError
-from explorer.settings import parse_settings
+from explorer.schema import VIEW_FIELDS, Settings, ValidationError, ViewOptions
+from explorer.settings import control_value, parse_settings, view_controls
 
 BAD = [
     ("num_q_heads", "3", "multiple of num_kv_heads"),
@@ -105,7 +106,7 @@ def test_valid_settings_round_trip(num_history, num_candidates, kv, group, multi
 
 
 @hsettings(max_examples=60, deadline=None)
-@given(field=st.sampled_from([f for f in Settings.__dataclass_fields__ if f != "preset"]),
+@given(field=st.sampled_from([f for f in CONTROL_FIELDS if f != "preset"]),
        value=st.one_of(st.text(max_size=30), st.floats(allow_nan=True, allow_infinity=True),
                        st.integers(-10**12, 10**12), st.none()))
 def test_any_value_gives_settings_or_validation_error(field, value):
@@ -152,7 +153,7 @@ def test_production_family_in_the_link_and_its_fixed_values():
         "xrex", "bidirectional", "right-anchored", "random", "recsys-bidirectional")
     assert to_query(s) == "preset=lecture&family=xrex&history_padding=1"     # what the family fixes is implied
     assert parse_query(to_query(s)) == s
-    assert parse_query("preset=lecture&family=xrex&bug=serving-padding").bug == "serving-padding"
+    assert control_value(parse_query("preset=lecture&family=xrex&bug=serving-padding"), "bug") == "serving-padding"
     back = with_family(s, "grok")
     assert back == parse_query("preset=lecture&history_padding=1")
     assert with_family(back, "xrex") == replace(s, weights="demo")     # the trained demo exists for both families
@@ -239,9 +240,10 @@ MODEL_FIELDS = {"preset", "family",
 
 
 def test_every_field_picks_the_model_or_is_a_declared_view_field():
-    """A new control is a model field (above) or is listed in explorer.schema.VIEW_FIELDS, which
+    """A new Settings field is a model field (above) or is listed in explorer.schema.VIEW_FIELDS, which
     explorer.runs.model_settings resets: forgotten there, each change of it would miss the model cache and run
-    the model again. And model_settings keeps every model field and resets every view field."""
+    the model again. And model_settings keeps every model field and resets every view field, every view's own
+    control among them (Settings.view: a view's control needs no list)."""
     names = [f.name for f in fields(Settings)]
     neither = [n for n in names if n not in MODEL_FIELDS and n not in VIEW_FIELDS]
     assert not neither, f"{neither}: list each in explorer.schema.VIEW_FIELDS or in MODEL_FIELDS here"
@@ -249,5 +251,9 @@ def test_every_field_picks_the_model_or_is_a_declared_view_field():
     assert not MODEL_FIELDS & set(VIEW_FIELDS) and MODEL_FIELDS <= set(names)
     default = Settings()
     for f in fields(Settings):
-        other = replace(default, **{f.name: "other" if f.type == "str" else getattr(default, f.name) + 1})
-        assert (model_settings(other) == model_settings(default)) == (f.name in VIEW_FIELDS), f.name
+        if f.name != "view":
+            other = replace(default, **{f.name: "other" if f.type == "str" else getattr(default, f.name) + 1})
+            assert (model_settings(other) == model_settings(default)) == (f.name in VIEW_FIELDS), f.name
+    for c in view_controls():
+        other = replace(default, view=ViewOptions(((c.name, "other"),)))
+        assert other != default and model_settings(other) == model_settings(default), c.name

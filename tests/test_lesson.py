@@ -5,7 +5,7 @@ from urllib.parse import parse_qsl
 
 import pytest
 
-from explorer import lesson
+from explorer import lesson, views
 from explorer.controls import from_link
 from explorer.lesson import LESSON, STORIES
 from explorer.views import VIEWS, Plot
@@ -93,8 +93,8 @@ def test_the_checks_fail_where_their_claims_would_be_false():
     assert not lesson.isolated_exactly_and_leaks_without_the_mask(replace(verdict, candidate=2))   # nothing after C2
     assert not lesson.fa4_tile_counts(row) and not lesson.masked_share_of_pairs(row)
     invariance = by_title["Invariance"].settings()
-    assert not lesson.invariant_with_shared_or_no_positions(replace(invariance, operation="add", candidate=0,
-                                                                    num_candidates=1))
+    assert not lesson.invariant_with_shared_or_no_positions(replace(invariance, candidate=0, num_candidates=1)
+                                                            .with_view({views.invariance_rope.OPERATION: "add"}))
 
 
 def test_the_page_gets_every_step_and_the_index_links_them_all_numbered_as_on_screen():

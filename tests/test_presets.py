@@ -5,6 +5,7 @@ from dataclasses import asdict
 
 import pytest
 
+from explorer.families import preset_settings
 from explorer.measure import GRIDS, grid_for
 from explorer.query_string import parse_query, to_query
 from models.presets import PRESETS
@@ -42,6 +43,9 @@ def test_the_app_opens_each_preset_at_the_tables_geometry_and_layout(name):
     assert (s.family, s.layout) == (PRESETS[name].family, PRESETS[name].layout)
     assert {f: getattr(s, f) for f in asdict(PRESETS[name].geometry)} == asdict(PRESETS[name].geometry)
     assert to_query(s) == f"preset={name}"
+    # what the mask's kernel notes and the timing tab read of a preset, without the validation layer above them
+    made = preset_settings(name)
+    assert made == s and [type(v) for v in made.to_dict().values()] == [type(v) for v in s.to_dict().values()]
 
 
 @pytest.mark.parametrize("device", ["cuda", "cpu"])

@@ -238,8 +238,10 @@ def explorer():
 
 
 def field_names(explorer):
+    """Every control's name: the Settings fields and the views' own controls (explorer.settings.view_controls)."""
     from dataclasses import fields
-    return [f.name for f in fields(explorer.schema.Settings)]
+    return ([f.name for f in fields(explorer.schema.Settings) if f.name != "view"]
+            + [c.name for c in explorer.settings.view_controls()])
 
 
 # anything a URL, a form or a gradio_client caller can send

@@ -87,13 +87,14 @@ def test_a_head_change_on_the_page_reads_its_settings_once_and_estimates_its_vie
     from counting import count_reads
     from explorer.controls import CONTROL_FIELDS
     from explorer.query_string import parse_query
+    from explorer.settings import control_value
     from server import admission, endpoints, lanes
     gate = admission.Admission()
     monkeypatch.setattr(lanes, "ADMISSION", gate)
     monkeypatch.setattr(endpoints, "ADMISSION", gate)
     last = "preset=lecture&weights=random"
     s = parse_query(last, need_model=False)
-    values = [1 if f == "head" else getattr(s, f) for f in CONTROL_FIELDS]
+    values = [1 if f == "head" else control_value(s, f) for f in CONTROL_FIELDS]
     assert s.head != 1
     inputs = (*values, "attention", last)
     counts = count_reads(monkeypatch)

@@ -124,9 +124,21 @@ def test_records_name_their_figures_once():
 
 
 def test_a_views_own_controls_only_change_what_is_shown():
-    """A tab's own controls are view fields (explorer.schema.VIEW_FIELDS): explorer.runs.model_settings resets
-    them, so moving one redraws from the model and forward already cached."""
-    assert {c for v in VIEWS.values() for c in v.controls} <= set(VIEW_FIELDS)
+    """A tab's controls are its own (Control records, held in Settings.view) or shared view fields
+    (explorer.schema.VIEW_FIELDS): explorer.runs.model_settings resets both, so moving one redraws from the
+    model and forward already cached."""
+    from explorer.runs import model_settings
+    from explorer.schema import Control
+    shared = {c for v in VIEWS.values() for c in v.controls if not isinstance(c, Control)}
+    assert shared <= set(VIEW_FIELDS) and "view" in VIEW_FIELDS
+    own = [c for v in VIEWS.values() for c in v.controls if isinstance(c, Control)]
+    assert own and len({c.name for c in own}) == len(own)        # one name per control
+    s = parse_query("preset=lecture")
+    for c in own:
+        values = c.choices or ([v for _, v in c.page_choices()] if c.page_choices else (c.lo, c.hi))
+        other = next(x for x in values if x != c.default)
+        moved = parse_query(f"preset=lecture&{c.name}={other}")
+        assert c.of(moved) != c.of(s) and model_settings(moved) == model_settings(s), c.name
 
 
 # a view's own module, as each of explorer/views/ is: its function, its cost, its Export's caption and its record
@@ -134,11 +146,16 @@ TOY_MODULE = r'''
 import plotly.graph_objects as go
 
 from explorer.limits import Cost
+from explorer.schema import Control
 from explorer.views.records import Export, Part, Plot, Text, View
+
+# the toy's own control: how its two values are drawn
+SHAPE = Control("toy_shape", "bars", "toy shape (bars or dots)", choices=("bars", "dots"))
 
 
 def toy_view(s):
-    return go.Figure(go.Bar(x=[0, 1], y=[s.seed, s.num_history]), layout=dict(title="toy")), f"toy of seed {s.seed}"
+    trace = (go.Bar if SHAPE.of(s) == "bars" else go.Scatter)(x=[0, 1], y=[s.seed, s.num_history])
+    return go.Figure(trace, layout=dict(title="toy")), f"toy of seed {s.seed} as {SHAPE.of(s)}"
 
 
 def _toy_cost(s):
@@ -151,7 +168,7 @@ EXPORT_TOY = Export("toy", lambda s, facts, chosen: f"Two bars: the seed {s.seed
 VIEW = View(
     "toy", "8 · Toy", look_for="Look for: the toy bars.", teaches="A toy view that draws two bars.",
     parts=(Part(toy_view, (Plot("toy figure", "toy-plot", exports=(EXPORT_TOY,)), Text())),),
-    cost=_toy_cost, needs_model=False)
+    cost=_toy_cost, controls=(SHAPE,), needs_model=False)
 '''
 
 TOY = r'''
@@ -187,6 +204,24 @@ drawn, left_out = export.all_figures(parse_query("preset=lecture&seed=7"))
 found["pack"] = [list(drawn["toy"][0].data[0].y), drawn["toy"][1], export.file_stem(parse_query("preset=lecture"), "toy"),
                  lesson.MAIN_FIGURE["toy"]]
 found["readme"] = "| 8 · Toy | A toy view that draws two bars. |" in views_block()
+# its own control, declared in its module alone: on its tab, parsed and refused by name, in links and the API's
+# controls, labelled, and out of the model's cache key
+from explorer import controls, runs
+from explorer.query_string import to_query
+from explorer.schema import ValidationError
+from server import links
+found["widget"] = [(t, l, v) for t, l, _, v in page if l == "toy shape (bars or dots)"]
+dots = parse_query("preset=lecture&seed=5&toy_shape=dots")
+found["link"] = [to_query(dots), parse_query(to_query(dots)) == dots, to_query(parse_query("preset=lecture&seed=5"))]
+found["shown"] = [type(endpoints.VIEW_ENDPOINTS["toy"]("preset=lecture&seed=5&toy_shape=dots")[0].data[0]).__name__,
+                  endpoints.VIEW_ENDPOINTS["toy"]("preset=lecture&seed=5&toy_shape=dots")[1]]
+try:
+    parse_query("preset=lecture&toy_shape=cubes")
+except ValidationError as e:
+    found["refused"] = [str(e), controls.on_screen(e)]
+found["page_link"] = controls.from_link({"preset": "lecture", "toy_shape": "cubes", "seed": "3"})[1]
+found["api"] = [controls.CONTROL_FIELDS[-1], links.control_values(dots)[-1], controls.LABELS["toy_shape"]]
+found["cache"] = runs.model_settings(dots) == runs.model_settings(parse_query("preset=lecture&seed=5")) != dots
 print("FOUND" + json.dumps(found))
 '''
 
@@ -195,7 +230,9 @@ print("FOUND" + json.dumps(found))
 def test_a_view_added_as_one_record_reaches_every_consumer(tmp_path):
     """A view in a module of its own, its record registered before the app is built: the tab, its figure,
     the API endpoint and the page's redraw, the work the admission estimates, the pack, presentation
-    mode's main figure and the README's row all come from that record."""
+    mode's main figure and the README's row all come from that record; and its own control, declared in that
+    module alone: its widget on the tab, its parsing and refusal by name, its label, its place in links and
+    the API's controls, and the model's cache kept when only it changes."""
     (tmp_path / "toy_view.py").write_text(TOY_MODULE)
     script = tmp_path / "toy.py"
     script.write_text(TOY)
@@ -206,7 +243,15 @@ def test_a_view_added_as_one_record_reaches_every_consumer(tmp_path):
     assert line, done.stdout[-2000:] + done.stderr[-4000:]
     found = json.loads(line[5:])
     assert found["page"] and found["api"] and found["readme"]
-    assert found["endpoint"] == [[5, 5], "toy of seed 5"]            # the lecture preset's 5 history slots
-    assert found["redraw"] == [[6, 5], "toy of seed 6"]
+    assert found["endpoint"] == [[5, 5], "toy of seed 5 as bars"]            # the lecture preset's 5 history slots
+    assert found["redraw"] == [[6, 5], "toy of seed 6 as bars"]
     assert found["cost"] == [4e9, True]
     assert found["pack"] == [[7, 5], "Two bars: the seed 7 and 5 history slots.", "toy-lecture-slots", "toy-plot"]
+    assert found["widget"] == [["Radio", "toy shape (bars or dots)", "bars"]]
+    assert found["link"] == ["preset=lecture&seed=5&toy_shape=dots", True, "preset=lecture&seed=5"]
+    assert found["shown"] == ["Scatter", "toy of seed 5 as dots"]
+    assert found["refused"] == ["toy_shape: got 'cubes'; allowed: bars, dots",
+                                "toy shape: got 'cubes'; allowed: bars, dots"]
+    assert found["page_link"] == {"toy_shape": "toy shape: got 'cubes'; allowed: bars, dots"}
+    assert found["api"] == ["toy_shape", "dots", "toy shape (bars or dots)"]
+    assert found["cache"] is True

@@ -14,8 +14,7 @@ import torch
 
 from .. import runs
 from ..figures import DIVERGING, SEQUENTIAL, bar_figure, heatmap_figure
-from ..schema import Settings
-from ..settings import VALUE_KINDS
+from ..schema import VALUE_KINDS, Settings
 from .panels import (GRID_MAX_CELLS, SINGLE_MAX_CELLS, cells, layout_mask, layout_panel, mask_dense, masked_over,
                      row_note, zoom_note)
 from .records import Export, Part, Plot, Text, View, caption_layout, caption_query, caption_where, recorded_cost

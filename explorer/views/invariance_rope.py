@@ -19,10 +19,13 @@ from models.xrex import right_anchored_positions
 from .. import budget, runs
 from ..figures import Panel, grouped_bar_figure, heatmap_figure, line_figure
 from ..limits import Cost, forward_cost
-from ..schema import Settings
-from ..settings import INVARIANCE_OPS
+from ..schema import Control, Settings
 from .panels import row_note
 from .records import Export, Part, Plot, Text, View
+
+# the tab's own control: what is done to the candidate set
+INVARIANCE_OPS = ("permute", "drop", "add")
+OPERATION = Control("operation", "permute", "operation", choices=INVARIANCE_OPS)
 
 
 def changed_batch(s: Settings, batch: RecsysBatch) -> tuple[RecsysBatch, list[tuple[int, int]]]:
@@ -30,15 +33,15 @@ def changed_batch(s: Settings, batch: RecsysBatch) -> tuple[RecsysBatch, list[tu
     C = batch.candidate_post_hashes.shape[1]
     real = C - s.candidate_padding
     pads = list(range(real, C))
-    if s.operation == "permute":
+    if OPERATION.of(s) == "permute":
         order = list(reversed(range(real))) + pads
-    elif s.operation == "drop":
+    elif OPERATION.of(s) == "drop":
         order = [c for c in range(real) if c != s.candidate] + pads
     else:
         order = list(range(C))
     new = batch.select_candidates(torch.tensor(order, dtype=torch.long))    # [] stays a long index
     pairs = sorted((old, new_i) for new_i, old in enumerate(order) if old < real)
-    if s.operation == "add":
+    if OPERATION.of(s) == "add":
         # one new candidate per row before the padded slots: the first candidate of a batch drawn the
         # same way from another seed, so its hashes are in this model's vocabulary (the demo world's too)
         extra = runs.make_batch(s, s.seed + 1000)
@@ -54,12 +57,12 @@ def changed_batch(s: Settings, batch: RecsysBatch) -> tuple[RecsysBatch, list[tu
 
 def invariance(s: Settings) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]:
     """Scores before and after the operation for the kept candidates: ([N, A], [N, A], pairs)."""
-    return _invariance(runs.model_settings(s), s.operation, s.candidate, s.row)
+    return _invariance(runs.model_settings(s), OPERATION.of(s), s.candidate, s.row)
 
 
 @budget.ByteCache
 def _invariance(s: Settings, operation: str, candidate: int, row: int):
-    s = replace(s, operation=operation, candidate=candidate, row=row)
+    s = replace(s, candidate=candidate, row=row).with_view({OPERATION: operation})
     batch = runs.batch_for(s)
     new, pairs = changed_batch(s, batch)
     # unrecorded: the other RoPE modes need no traces (a recorded forward per mode would hold 3x the memory)
@@ -85,7 +88,7 @@ def invariance_view(s: Settings) -> tuple[go.Figure, str]:
                 "could move: add candidates, or choose permute or add.")
     cats = [labels[o] for o, _ in pairs]
     fig = grouped_bar_figure(cats, {f"RoPE {m}": v for m, v in per_mode.items()},
-                             title=f"Batch invariance: |score change| per candidate after '{s.operation}' "
+                             title=f"Batch invariance: |score change| per candidate after '{OPERATION.of(s)}' "
                                    f"(max over actions){row_note(s)}", value_name="max |Δ logit|")
     rounding_floor(fig, per_mode.values())
     head = ("| candidate | " + " | ".join(runs.action_names(s)[:4])
@@ -95,10 +98,10 @@ def invariance_view(s: Settings) -> tuple[go.Figure, str]:
         rows.append(f"| {labels[o]} → slot {n} | " + " | ".join(f"{x:.4f} → {y:.4f}" for x, y in zip(bb[:4], aa[:4]))
                     + f" | {np.abs(aa - bb).max():.3g} |")
     largest = {m: float(v.max()) if v.size else 0.0 for m, v in per_mode.items()}
-    summary = (f"Largest score change under '{s.operation}' — " + ", ".join(
+    summary = (f"Largest score change under '{OPERATION.of(s)}' — " + ", ".join(
         f"{m}: {v:.3g}" + (" (within fp32 rounding: invariant)" if v < FP32_TOLERANCE else " (moves)")
         for m, v in largest.items()) + f"; current mode: **{s.rope_mode}**.\n\n"
-        + WHAT_OPERATION_DOES[s.operation].format(candidate=labels[s.candidate]) + "\n\n"
+        + WHAT_OPERATION_DOES[OPERATION.of(s)].format(candidate=labels[s.candidate]) + "\n\n"
         + (WHY_RIGHT_ANCHORED if s.family == "xrex" else WHY_ROPE) + "\n\n" + "\n".join(rows))
     return fig, summary
 
@@ -206,7 +209,7 @@ def _invariance_cost(s: Settings) -> Cost:
 
 
 EXPORT_INVARIANCE = Export("invariance", lambda s, f, chosen: (
-    f"Each kept candidate's score change after '{s.operation}' on the candidate set, for each RoPE position mode: "
+    f"Each kept candidate's score change after '{OPERATION.of(s)}' on the candidate set, for each RoPE position mode: "
     "zero means the score does not depend on the other candidates or its slot."))
 EXPORT_ROPE = (
     Export("rope_angles", lambda s, f, chosen: (
@@ -228,4 +231,4 @@ VIEW = View(
                 model=True),
            Part(rope_view, (Plot("RoPE angles", exports=EXPORT_ROPE[:1]),
                             Plot("q·k vs distance", exports=EXPORT_ROPE[1:]), Text()))),
-    cost=_invariance_cost, controls=("operation",), gpu=True)
+    cost=_invariance_cost, controls=(OPERATION,), gpu=True)

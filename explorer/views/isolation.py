@@ -10,14 +10,20 @@ import numpy as np
 import plotly.graph_objects as go
 import torch
 
-from models.probes import other_candidates, perturb
+from models.probes import PERTURBATIONS, other_candidates, perturb
 
 from .. import budget, runs
 from ..figures import Panel, grouped_bar_figure, heatmap_figure
 from ..limits import Cost, forward_cost, recorded_bytes
-from ..schema import Settings
+from ..schema import Control, Settings
 from .panels import SINGLE_MAX_CELLS, row_note
 from .records import Export, Part, Plot, Text, View, recorded_cost
+
+# the tab's own controls (beside candidate j, which the invariance view's 'drop' reads too)
+PERTURBATION = Control("perturbation", "scale", "perturbation", choices=PERTURBATIONS)
+DELTA = Control("delta", 2.0, "size (scale factor / noise σ)", number=float, lo=-1e6, hi=1e6,
+                why="the perturbation size")
+REPLACE_WITH = Control("replace_with", 1, "replace with item hash", number=int, lo=1, hi=1023, why="an item hash")
 
 # The tab asks models.probes.PROBES["isolation"]'s question of the ranker the sidebar built, with that
 # probe's perturbation (models.probes.perturb) and the same candidates looked at (other_candidates),
@@ -57,24 +63,25 @@ def perturbed_embeddings(s: Settings) -> torch.Tensor:
     emb = runs.forward(s).embeddings[s.row:s.row + 1]
     pos = s.candidate_start_offset + s.candidate
     replacement = None
-    if s.perturbation == "replace":     # another item's hashes in candidate j's slot
+    if PERTURBATION.of(s) == "replace":     # another item's hashes in candidate j's slot
         batch = runs.batch_for(s)
         post = batch.candidate_post_hashes.clone()
-        post[:, s.candidate] = s.replace_with
+        post[:, s.candidate] = REPLACE_WITH.of(s)
         replacement = runs.score(s, replace(batch, candidate_post_hashes=post)).embeddings[s.row:s.row + 1, pos]
-    return perturb(emb, pos, s.perturbation, s.delta, seed=s.seed + 7, replacement=replacement)
+    return perturb(emb, pos, PERTURBATION.of(s), DELTA.of(s), seed=s.seed + 7, replacement=replacement)
 
 
 def isolation_reading(s: Settings, mask_kind: str | None = None) -> IsolationReading:
     """Run the model twice (as is, and with candidate j perturbed) under one mask kind."""
     kind = mask_kind or s.mask_kind
-    probe = (s.row, s.candidate, s.perturbation, s.delta, s.replace_with)
+    probe = (s.row, s.candidate, PERTURBATION.of(s), DELTA.of(s), REPLACE_WITH.of(s))
     return _isolation_reading(runs.model_settings(s), probe, kind)
 
 
 @budget.ByteCache
 def _isolation_reading(s: Settings, probe: tuple, kind: str) -> IsolationReading:
-    s = replace(s, row=probe[0], candidate=probe[1], perturbation=probe[2], delta=probe[3], replace_with=probe[4])
+    s = replace(s, row=probe[0], candidate=probe[1]).with_view(
+        {PERTURBATION: probe[2], DELTA: probe[3], REPLACE_WITH: probe[4]})
     r = slice(s.row, s.row + 1)          # the shown batch row, kept as a batch of one
     base_emb, pert_emb = runs.forward(s).embeddings[r], perturbed_embeddings(s)
     if kind == s.mask_kind:
@@ -129,8 +136,8 @@ def isolation_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
                     f"{r.mask_kind} mask: {'isolated' if r.isolated else 'NOT isolated'}<br>largest on another "
                     f"candidate: {r.residual}", None, seg) for r in (ours, causal)]
     fig = heatmap_figure(panels, cols=2, title=(f"|change| in the residual stream after perturbing {j} "
-                         f"({s.perturbation}, {s.delta:g})" if s.perturbation != "replace" else
-                         f"|change| in the residual stream after replacing {j} with item {s.replace_with}")
+                         f"({PERTURBATION.of(s)}, {DELTA.of(s):g})" if PERTURBATION.of(s) != "replace" else
+                         f"|change| in the residual stream after replacing {j} with item {REPLACE_WITH.of(s)}")
                          + row_note(s),
                          value_name="max |Δh|", row_title="layer", col_title="position",
                          max_cells=SINGLE_MAX_CELLS, height=360 + 24 * s.num_layers)
@@ -154,7 +161,7 @@ def _isolation_cost(s: Settings) -> Cost:
     B, kept = s.batch_size, recorded_bytes(s, s.batch_size)  # the first stays while the others run
     return (recorded_cost(s) + forward_cost(s, B, record=True).holding(kept, on_device=True)
             + forward_cost(s, 2, record=True).holding(kept, on_device=True)
-            + (forward_cost(s, B) if s.perturbation == "replace" else Cost()))
+            + (forward_cost(s, B) if PERTURBATION.of(s) == "replace" else Cost()))
 
 
 def _perturbed_facts(s: Settings) -> dict:
@@ -163,7 +170,8 @@ def _perturbed_facts(s: Settings) -> dict:
 
 EXPORT_ISOLATION = (
     Export("isolation", lambda s, f, chosen: (
-        f"How far the residual stream moves, per layer and position, after {f.get('candidate')} ({s.perturbation}): "
+        f"How far the residual stream moves, per layer and position, after {f.get('candidate')} "
+        f"({PERTURBATION.of(s)}): "
         f"under the '{s.mask_kind}' mask only its own column changes; under a causal mask the change reaches later "
         "candidates."), facts=_perturbed_facts),
     Export("isolation_logits", lambda s, f, chosen: (
@@ -181,4 +189,4 @@ VIEW = View(
                                  Plot("change per candidate", "isolation-logits-plot", exports=EXPORT_ISOLATION[1:]),
                                  Text()),
                 model=True),),
-    cost=_isolation_cost, controls=("candidate", "perturbation", "delta", "replace_with"), gpu=True)
+    cost=_isolation_cost, controls=("candidate", PERTURBATION, DELTA, REPLACE_WITH), gpu=True)

@@ -12,16 +12,19 @@ import numpy as np
 import plotly.graph_objects as go
 import torch
 
-from models.masks import EMPTY, FULL, KERNEL_TILINGS, AttentionMask, kernel_work, ranker_bounds
+from models.masks import EMPTY, FULL, KERNEL_TILINGS, MASK_KINDS, AttentionMask, kernel_work, ranker_bounds
 from models.presets import PRESETS
 
 from .. import budget
 from ..figures import MASK_SCALE, TILE_SCALE, TileGrid, heatmap_figure
 from ..limits import Cost
-from ..schema import Settings
-from ..settings import parse_settings
+from ..schema import Control, Settings
+from ..families import preset_settings
 from .panels import SINGLE_MAX_CELLS, cells, layout_mask, layout_panel, zoom_note
 from .records import Export, Part, Plot, Text, View, caption_layout
+
+# the tab's own control: the mask kind drawn beside the model's own
+COMPARE = Control("compare", "causal", "compare with", choices=tuple(MASK_KINDS), menu=True)
 
 # the mask table's tile column: production's H100 serving tiles (64 query rows x 128 keys)
 BLOCK_Q, BLOCK_KV = KERNEL_TILINGS["h100-serve"].block_q, KERNEL_TILINGS["h100-serve"].block_kv
@@ -41,7 +44,7 @@ def mask_stats(mask: AttentionMask) -> dict:
 # --- 1. mask -------------------------------------------------------------------------------
 
 def mask_view(s: Settings) -> tuple[go.Figure, str]:
-    kinds = [s.mask_kind, s.compare]
+    kinds = [s.mask_kind, COMPARE.of(s)]
     masks = [layout_mask(s, k) for k in kinds]
     stats = [mask_stats(m) for m in masks]
     panels = [layout_panel(s, m.dense()[0, 0].numpy().astype(float),
@@ -151,7 +154,7 @@ def kernel_view(s: Settings) -> tuple[go.Figure, str]:
 @functools.lru_cache(maxsize=8)
 def first_preset_that_skips(mask_kind: str) -> tuple[str, int, str] | None:
     """(preset, T, what its kernels skip) for the shortest preset layout where some kernel skips a tile."""
-    layouts = sorted((parse_settings({"preset": name}, need_model=False) for name in PRESETS),
+    layouts = sorted((preset_settings(name) for name in PRESETS),
                      key=lambda p: p.seq_len)
     for p in layouts:
         mask = AttentionMask(mask_kind, p.seq_len, p.candidate_start_offset, p.layout.valid()[None])
@@ -178,7 +181,7 @@ def _skipped_here(s: Settings) -> str:
 
 EXPORT_MASK = Export("mask", lambda s, f, chosen: (
     f"Who may attend to whom over {caption_layout(s)}: rows are queries, columns keys; blue cells may attend. "
-    f"Left the model's own mask '{s.mask_kind}', right '{s.compare}' for comparison; dashed lines separate user, "
+    f"Left the model's own mask '{s.mask_kind}', right '{COMPARE.of(s)}' for comparison; dashed lines separate user, "
     "history and candidates."))
 EXPORT_KERNELS = (
     Export("kernels", lambda s, f, chosen: (
@@ -205,4 +208,4 @@ VIEW = View(
     parts=(Part(mask_view, (Plot("mask", "mask-plot", exports=(EXPORT_MASK,)), Text())),
            Part(kernel_view, (Plot("production's kernels: tiles run and skipped", "kernel-plot",
                                    exports=EXPORT_KERNELS), Text()))),
-    cost=_mask_cost, controls=("compare",), needs_model=False)
+    cost=_mask_cost, controls=(COMPARE,), needs_model=False)

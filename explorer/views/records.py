@@ -17,8 +17,9 @@ from ..schema import Settings
 # Everything that lists views reads VIEWS: the page's tabs and their outputs (app.py), the API's
 # endpoints and the admission's cost estimates (server/), the exported figures (explorer/export.py), the
 # lesson's and presentation mode's main figure (explorer/lesson.py), the README's view table
-# (scripts/readme_tables.py). Adding a view: a module of its own in explorer/views/ holding its function
-# and its record, named in explorer/views/__init__.py.
+# (scripts/readme_tables.py). Adding a view: a module of its own in explorer/views/ holding its function,
+# its record and its own controls (each a Control in its record's `controls`: parsed, linked, labelled, built on
+# its tab and kept out of the model's cache key from that record alone), named in explorer/views/__init__.py.
 
 def _same(s: Settings) -> Settings:
     return s
@@ -68,7 +69,8 @@ class Part:
 class View:
     """A tab of the page. A drawn view (`cost` given) is also an API endpoint (/<name>) taking the
     configuration as a query string and returning every part's outputs in order; the app builds its tab
-    from `controls` (Settings fields, in a row) and `outputs`. A tab without `cost` (timing, export) is
+    from `controls` (in a row: the view's own, each a Control declared in its module, and shared Settings
+    fields by name) and `outputs`. A tab without `cost` (timing, export) is
     built and wired by the app itself; its parts, if any, are what its exports draw."""
     name: str                   # the tab's id, the endpoint's api_name, the link's tab=
     title: str                  # the tab's title
@@ -76,7 +78,7 @@ class View:
     teaches: str                # the README's line: what it shows
     parts: tuple = ()
     cost: Optional[Callable[[Settings], Cost]] = None   # its estimated work and memory, figures excluded
-    controls: tuple = ()        # the tab's own Settings fields
+    controls: tuple = ()        # the tab's controls: its own (explorer.schema.Control), shared fields' names
     needs_model: bool = True    # False: drawn for any layout, building no model (the mask)
     gpu: bool = False           # borrows a ZeroGPU device for each call
 

@@ -21,9 +21,36 @@ from models.variants import VARIANTS, VariantConfig, build_variant, variant_inpu
 from .. import budget, runs
 from ..figures import Panel, heatmap_figure, line_figure
 from ..limits import Cost, forward_cost, model_bytes, recorded_bytes
-from ..schema import Settings
+from ..families import FAMILIES
+from ..schema import Control, Settings, ValidationError
 from .panels import GRID_MAX_CELLS, SINGLE_MAX_CELLS, layout_panel, mask_dense
 from .records import Export, Part, Plot, Text, View, recorded_cost
+
+
+def _check_bug(value, parsed) -> str:
+    """A bug of the family parsed (or none); one of the other family's is refused with the family to switch to."""
+    family = parsed["family"]
+    bug = value.strip() if isinstance(value, str) else value
+    if bug not in ("none", *bug_names(family)):
+        other = [f for f in FAMILIES if f != family and bug in bug_names(f)]
+        elsewhere = (f" with the {FAMILIES[family]} family; it is a bug of {FAMILIES[other[0]]}: switch the model "
+                     "family to plant it") if other else ""
+        raise ValidationError("bug", value, ", ".join(("none", *bug_names(family))) + elsewhere,
+                              also=("family",) if other else ())
+    return bug
+
+
+def _bug_menu() -> list[tuple[str, str]]:
+    """Every family's bugs, each under its family's name: a seed notebook's (grok.py) or a serving-kernel
+    quirk (production); picking one of the other family's marks the menu with the family to switch to."""
+    return [("none", "none")] + [(f"{FAMILIES[family].split(' (')[0]} · {name}", name)
+                                 for family in FAMILIES for name in bug_names(family)]
+
+
+# the tab's own controls: the variant drawn, and the bug planted in the trunk (models.bugzoo.BUGS, or none)
+VARIANT = Control("variant", "gqa", "attention variant (course notebooks)", choices=tuple(VARIANTS), menu=True)
+BUG = Control("bug", "none", "plant a bug (grok.py: a seed notebook's; production: a serving-kernel quirk)",
+              check=_check_bug, menu=True, page_choices=_bug_menu)
 
 # The bug zoo (bug_zoo_view) probes six models on a capped layout of at most this many positions;
 # causality perturbs each of at most 16 of them (models.probes.PROBES["causality"].max_positions).
@@ -86,8 +113,9 @@ def variant_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
     """One attention variant from the course notebooks, drawn by the same heatmap builder: every
     layer x head of the variant trained on associative recall (ticks are the task's tokens), and
     every variant's training loss."""
-    v = VARIANTS[s.variant]
-    run = _variant_run(s.variant, s.seed)
+    variant = VARIANT.of(s)
+    v = VARIANTS[variant]
+    run = _variant_run(variant, s.seed)
     report = variant_training_report()
     queries, keys = _distinct(run.queries), _distinct(run.keys)
     panels = []
@@ -98,13 +126,13 @@ def variant_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
                    for h in range(probs.shape[0])]
     heads = len(panels) // len(run.out.layers)
     what = "trained on associative recall" if run.trained else "seeded random weights"
-    fig = heatmap_figure(panels, cols=heads, title=f"'{s.variant}' (notebook {v.notebook}), {what}: "
+    fig = heatmap_figure(panels, cols=heads, title=f"'{variant}' (notebook {v.notebook}), {what}: "
                          "every layer × head", value_name="weight", zmin=0,
                          max_cells=GRID_MAX_CELLS, height=None if len(queries) > 1 else 300 + 60 * len(run.out.layers))
     if run.answer:
         _outline_answer(fig, len(panels), len(queries) - 1, run.answer)
-    return fig, variant_loss_figure(report, s.variant), f"**{s.variant}** — {v.teaches}.\n\n" + _recall_caption(
-        s.variant, run, report)
+    return fig, variant_loss_figure(report, variant), f"**{variant}** — {v.teaches}.\n\n" + _recall_caption(
+        variant, run, report)
 
 
 def _outline_answer(fig: go.Figure, panels: int, row: int, columns: tuple) -> None:
@@ -183,26 +211,27 @@ def variant_loss_figure(report: dict | None, selected: str = "") -> go.Figure:
 def bug_zoo_view(s: Settings) -> tuple[go.Figure, str]:
     """The seed notebooks' bugs planted in the current trunk, each probe's verdict, and the chosen
     bug's layer-0 attention through the heatmap builder."""
+    bug = BUG.of(s)
     model = runs.build_model(s).transformer
     base, r = runs.forward(s), slice(s.row, s.row + 1)
     emb, valid, off = base.embeddings[r], base.valid[r], base.candidate_start_offset
     with torch.no_grad():
         rows = _bug_report(runs.model_settings(s), s.row)
-        trace = with_bug(model, s.bug)(emb, valid, off, record=True).layers[0]
+        trace = with_bug(model, bug)(emb, valid, off, record=True).layers[0]
     probs = trace.probs[0, 0].float().cpu().numpy()
     # masked: what the model's mask hides and the bug left at exactly 0 (a pair it lets through shows its weight)
     masked = ~mask_dense(s, s.mask_kind) & (probs == 0)
-    fig = heatmap_figure([layout_panel(s, probs, "", masked=masked)], title=f"Layer 0, head 0 with bug '{s.bug}'",
+    fig = heatmap_figure([layout_panel(s, probs, "", masked=masked)], title=f"Layer 0, head 0 with bug '{bug}'",
                          value_name="weight", zmin=0, max_cells=SINGLE_MAX_CELLS)
     probes = list(PROBES)
     lines = ["| bug | notebook | " + " | ".join(probes) + " | flagged |", "|---|---|" + "---|" * (len(probes) + 1)]
     for r in rows:
-        lines.append(f"| {'**' + r['bug'] + '**' if r['bug'] == s.bug else r['bug']} | {r['notebook']} | "
+        lines.append(f"| {'**' + r['bug'] + '**' if r['bug'] == bug else r['bug']} | {r['notebook']} | "
                      + " | ".join(f"{r[p]:.3g}" for p in probes) + f" | {', '.join(r['flagged']) or '—'} |")
-    symptom = BUGS[s.bug].symptom if s.bug in BUGS else "the faithful port: every probe passes" + (
+    symptom = BUGS[bug].symptom if bug in BUGS else "the faithful port: every probe passes" + (
         " but causality, which flags the bidirectional prefix by design" if s.mask_kind == "recsys-bidirectional"
         else "")
-    return fig, f"**{s.bug}**: {symptom}.\n\n" + "\n".join(lines) + _capped_note(s, rows[0]["probe_positions"])
+    return fig, f"**{bug}**: {symptom}.\n\n" + "\n".join(lines) + _capped_note(s, rows[0]["probe_positions"])
 
 
 def _capped_note(s: Settings, positions: dict) -> str:
@@ -250,16 +279,16 @@ EXPORT_VARIANT = (
     Export("variant", lambda s, f, chosen: (
         f"Attention weights of the {f.get('variant')} variant from the course notebooks, trained on associative "
         "recall; ticks are the tokens of one held-out example, the queried pair outlined."),
-        facts=lambda s: dict(variant=f"'{s.variant}'")),
+        facts=lambda s: dict(variant=f"'{VARIANT.of(s)}'")),
     Export("variant_loss", lambda s, f, chosen: (
         "Training loss of every attention variant on associative recall; the legend gives each one's held-out "
         "accuracy.")))
 EXPORT_BUG_ZOO = Export("bug_zoo", lambda s, f, chosen: (
     f"Attention weights in layer 0, head 0 of the {'production' if s.family == 'xrex' else 'grok.py'} trunk "
-    + (f"with the {f.get('bug')} planted." if s.bug != "none" else
+    + (f"with the {f.get('bug')} planted." if BUG.of(s) != "none" else
        f"with {f.get('bug')}: the port as it is, no bug planted (the bug zoo's first row; plant one to see what it "
        "breaks).")),
-    facts=lambda s: dict(layer="layer 0", head="head 0", bug=f"bug '{s.bug}'"))
+    facts=lambda s: dict(layer="layer 0", head="head 0", bug=f"bug '{BUG.of(s)}'"))
 
 
 VIEW = View(
@@ -272,4 +301,4 @@ VIEW = View(
                                     exports=EXPORT_VARIANT[1:]), Text())),
            Part(bug_zoo_view, (Plot("attention with the bug", exports=(EXPORT_BUG_ZOO,)),
                                Text(lead=True)), model=True)),
-    cost=_variants_cost, controls=("variant", "bug"))
+    cost=_variants_cost, controls=(VARIANT, BUG))
