@@ -198,6 +198,7 @@ def test_a_view_drawn_for_the_same_settings_is_answered_from_what_is_kept_outsid
 
     from explorer.controls import CONTROL_FIELDS
     from explorer.query_string import parse_query
+    from explorer.settings import control_value
     from explorer.views import records
     from server import admission, endpoints, lanes
     gate = admission.Admission()
@@ -211,7 +212,7 @@ def test_a_view_drawn_for_the_same_settings_is_answered_from_what_is_kept_outsid
     s = parse_query(last, need_model=False)
 
     def change(head):
-        return (*[head if f == "head" else getattr(s, f) for f in CONTROL_FIELDS], "attention", last)
+        return (*[head if f == "head" else control_value(s, f) for f in CONTROL_FIELDS], "attention", last)
 
     def student(inputs, evict=False):
         request = SimpleNamespace(request=SimpleNamespace(state=SimpleNamespace(), headers={}, client=None),
