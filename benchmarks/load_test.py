@@ -457,7 +457,8 @@ class Attack(enum.Enum):
     PAGE_STEP_FLOOD = ("7 page steps fill the queue", "20 connections joining the committed timing curves, the "
                        "page load and the unload in a loop (events that skipped admission)", 20)
     GET_FLOOD = ("8 GET flood", "10 connections getting / and /config in a loop", 10)
-    HEAVY_WORK = ("9 heavy admitted work", f"/invariance at {HEAVY_INVARIANCE} (~550 GFLOP) in a loop", 2)
+    HEAVY_WORK = ("9 heavy admitted work", f"/invariance at {HEAVY_INVARIANCE} (~550 GFLOP) in a loop, a new seed "
+                  "each time", 2)
     PACK_LOOP = ("10 pack loop", f"lecture packs at {PACK_PRESET} in a loop, a new seed each", 1)
     EXPORT_LOOP = ("11 export loop", "one-figure exports (the lecture mask, PNG, a new history length each) in a loop "
                                      "beside the packs", 1)
@@ -712,8 +713,8 @@ def attacker(attack: Attack, k: int, url: str, stop_at: list, records: list, loc
                 joined(f"{api} join", *raw.join(api, data, f"steps{k:02d}"), t0)
             elif attack is Attack.GET_FLOOD:
                 got("GET " + ("/" if i % 2 else "/config"), raw.get("" if i % 2 else "config"), t0)
-            elif attack is Attack.HEAVY_WORK:
-                note("/invariance", raw.call("invariance", [HEAVY_INVARIANCE], fresh()), t0)
+            elif attack is Attack.HEAVY_WORK:      # a new seed each time: a kept view would cost nothing to ask again
+                note("/invariance", raw.call("invariance", [f"{HEAVY_INVARIANCE}&seed={i}"], fresh()), t0)
             elif attack is Attack.PACK_LOOP:       # a new seed each time: a kept pack would cost nothing to ask again
                 note("/lecture_pack", raw.call("lecture_pack", [f"{PACK_PRESET}&seed={i}", "16:9"], fresh()), t0)
             elif attack is Attack.EXPORT_LOOP:     # likewise: each a new export, taking the render share
