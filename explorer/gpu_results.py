@@ -23,7 +23,7 @@ from models.runinfo import RESULTS_DIR
 
 from .figures import FONT, TEMPLATE, Figure
 from .limits import trunk_params
-from .measure import Status, TrunkTimings, load_results, on_gpu, trunk_timings, useful_flops
+from .measure import Status, TrunkTimings, file_stamps, load_results, on_gpu, trunk_timings, useful_flops
 from .families import preset_settings
 from .schema import ValidationError
 from .timing import BACKEND_COLORS, Sweep, short_device
@@ -96,17 +96,10 @@ def session_order(folder: Path) -> tuple:
 
 
 def _stamps(results_dir: str, pattern: str) -> tuple:
-    """(path, mtime, size) of each file matching `pattern`, newest session first: what the readers below are
-    cached by, so a file committed or changed while the server runs is read again."""
-    root, out = Path(results_dir), []
-    for path in root.glob(pattern):
-        try:
-            stat = path.stat()
-        except OSError:
-            continue
-        out.append((str(path), stat.st_mtime_ns, stat.st_size))
-    return tuple(sorted(out, key=lambda s: (session_order(Path(s[0]).relative_to(root).parents[-2]), s[0]),
-                        reverse=True))
+    """measure.file_stamps of the files matching `pattern`, newest session first."""
+    root = Path(results_dir)
+    return file_stamps(sorted(root.glob(pattern), key=lambda p: (session_order(p.relative_to(root).parents[-2]),
+                                                                 str(p)), reverse=True))
 
 
 def _capprobe(results_dir: str, device: str) -> Optional[dict]:

@@ -819,15 +819,20 @@ def load_results(results_dir: Path = RESULTS_DIR) -> list[tuple[str, dict]]:
     """(file name, data) for every attention results file there; other JSON files (training, app latency,
     load test) are skipped. The README tables and the app's "recorded" list both read through this. Read
     again only when a file changed (the timing tab asks on every opening); the data is shared: do not change it."""
-    paths = sorted(Path(results_dir).glob("*.json"))
+    return _read_results(file_stamps(sorted(Path(results_dir).glob("*.json"))))
+
+
+def file_stamps(paths) -> tuple:
+    """(path, mtime, size) of each of `paths` still there, in order: what a reader of committed files is cached
+    by, so a file committed or changed while the server runs is read again."""
     stamps = []
     for path in paths:
         try:
-            stat = path.stat()
+            stat = Path(path).stat()
         except OSError:
             continue
         stamps.append((str(path), stat.st_mtime_ns, stat.st_size))
-    return _read_results(tuple(stamps))
+    return tuple(stamps)
 
 
 @functools.lru_cache(maxsize=4)
