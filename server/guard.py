@@ -145,6 +145,11 @@ class Read:
         """The admission's work estimate (server.lanes: the lane, the visitor's share)."""
         return self.cost.flops if self.cost is not None else 0.0
 
+    @property
+    def drawn(self) -> bool:
+        """Whether a view is drawn (as Work.drawn)."""
+        return self.cost is not None
+
 
 def admitted_read(request, inputs: tuple) -> Optional[Read]:
     """The Read this event's admission kept, when it read exactly `inputs`, else None (no admission: a direct

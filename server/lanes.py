@@ -240,9 +240,7 @@ def view_work(s: Settings | None, tab: str) -> float:
 
 def kept_of(work) -> Optional[tuple]:
     """The outputs already drawn and kept for what `work` (a Work or a Read) will draw, else None."""
-    if isinstance(work, Read):
-        work = Work(work.tab, work.settings, work.flops, work.cost is not None)
-    if not isinstance(work, Work) or not work.drawn or work.settings is None:
+    if not isinstance(work, (Work, Read)) or not work.drawn or work.settings is None:
         return None
     return kept_view(work.tab, work.settings)
 
