@@ -9,7 +9,7 @@ from explorer.controls import CONTROL_FIELDS
 from explorer.limits import device
 from explorer.query_string import retired_note, to_query
 from explorer.schema import Settings
-from explorer.settings import control_value, parse_settings, with_family
+from explorer.settings import all_values, parse_settings, with_family
 from explorer.views import VIEWS
 from models.presets import PRESETS
 
@@ -25,7 +25,9 @@ def settings_endpoint(request: gr.Request, *values):
 
 
 def control_values(s: Settings) -> list:
-    return [control_value(s, f) for f in CONTROL_FIELDS]
+    """Every control's value in `s`, in the page's order (the views' controls looked up once, not per field)."""
+    values = all_values(s)
+    return [values[f] for f in CONTROL_FIELDS]
 
 
 @guarded
