@@ -308,3 +308,33 @@ def test_refusals_decay_count_per_network_and_scale_with_a_class():
         b.refused(f"addr:10.2.2.{i}")
     assert b.wait_s("addr:10.2.2.200") == pytest.approx(6 * step, rel=0.01)   # every visitor of that /24
     assert b.wait_s("addr:10.2.3.1") == 0.0
+
+
+def test_the_page_and_its_config_go_gzipped_to_a_browser_that_takes_it_and_plain_to_others():
+    """The kept page is compressed once: a browser sending Accept-Encoding gzip (or *) gets the same bytes
+    gzipped, with their own length; one that does not, or refuses it (q=0), gets them plain; both say they
+    vary by Accept-Encoding, HEAD sends the headers alone, and Gradio builds the page once."""
+    import gzip
+    page = b"<html>" + b"the lesson's page " * 4000 + b"</html>"
+
+    class PageApp(ToyApp):
+        async def __call__(self, scope, receive, send):
+            self.seen.append(scope["path"])
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/html"), (b"content-length", str(len(page)).encode())]})
+            await send({"type": "http.response.body", "body": page, "more_body": False})
+    app = PageApp()
+    door = front_door.FrontDoor(app)
+    for accept, zipped in ((b"gzip, deflate, br", True), (b"br;q=1.0, gzip;q=0.5", True), (b"*", True),
+                           (b"identity", False), (b"gzip;q=0", False), (b"br", False), (None, False)):
+        headers = [(b"accept-encoding", accept)] if accept is not None else []
+        status, got, body = call(door, "GET", "/", "203.0.113.1", headers=headers)
+        assert status == 200 and got[b"vary"] == b"Accept-Encoding", accept
+        assert int(got[b"content-length"]) == len(body), accept
+        assert (got.get(b"content-encoding") == b"gzip") is zipped, accept
+        assert (gzip.decompress(body) if zipped else body) == page, accept
+        if zipped:
+            assert len(body) < len(page) / 20
+    status, got, body = call(door, "HEAD", "/config", "203.0.113.1", headers=[(b"accept-encoding", b"gzip")])
+    assert status == 200 and body == b"" and got[b"content-encoding"] == b"gzip"
+    assert app.seen == ["/", "/config"]
