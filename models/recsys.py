@@ -302,10 +302,17 @@ class PhoenixRetrievalModel(_PhoenixInputs):
         return rep, batch.candidate_post_hashes[:, :, 0] != 0
 
 
-def init_recsys(model, mode: str = "random", seed: int = 0):
+def init_recsys(model, mode: str = "random", seed: int = 0, tables_only: bool = False):
     """RecsysModel or PhoenixRetrievalModel. Trunk per grok.py's modes; embedding tables N(0, 1) seeded
-    (zeros leaves them random too, so zeros-init still has distinct tokens to look at)."""
-    init_params(model, mode, seed)
+    (zeros leaves them random too, so zeros-init still has distinct tokens to look at), from a generator of
+    their own. `tables_only`: every other parameter zero instead — for a model about to load a weight file,
+    which writes each of them (models.weights: all required), so their seeded draws would be thrown away."""
+    if tables_only:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.zero_()
+    else:
+        init_params(model, mode, seed)
     g = torch.Generator().manual_seed(int(seed) + 1)
     with torch.no_grad():
         for emb in (model.user_embeddings, model.post_embeddings, model.author_embeddings,

@@ -4,8 +4,10 @@ held to the geometry they were checked against (a change of num_layers is answer
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -13,7 +15,7 @@ from explorer import budget, runs
 from explorer.query_string import parse_query
 from explorer.schema import ValidationError
 from models.recsys import RecsysModel, init_recsys
-from models.weights import save_weights
+from models.weights import flatten, save_weights
 from server import uploads
 from tolerances import assert_bit_exact
 
@@ -227,7 +229,7 @@ def test_an_upload_past_the_share_is_refused_before_its_model_is_built(tmp_path,
 def test_building_an_upload_holds_its_memory(tmp_path, monkeypatch):
     seen = []
     real = runs._initialised
-    monkeypatch.setattr(runs, "_initialised", lambda s: seen.append(budget.MEMORY.reserved) or real(s))
+    monkeypatch.setattr(runs, "_initialised", lambda s, **kw: seen.append(budget.MEMORY.reserved) or real(s, **kw))
     uploads.load_upload(parse_query(LECTURE), str(weight_file(tmp_path)[0]), "alice", "addr:a")
     assert seen and seen[0] >= 2 * 4 * runs.estimate_params(parse_query(LECTURE))
 
@@ -295,3 +297,24 @@ def test_importing_the_store_changes_nothing_below_it():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).resolve().parent.parent)
     assert done.stdout.strip() == "True", done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("query", [LECTURE, LECTURE + "&num_layers=3&emb_size=24&seed=5"])
+@pytest.mark.parametrize("hash_tables", [True, False])
+def test_an_upload_check_gives_the_weights_a_fully_seeded_model_gives_after_the_same_load(tmp_path, query, hash_tables):
+    """The upload check draws only grok.py's hash tables (the file writes every other parameter): its state is
+    bit-for-bit the state of a model seeded in full and loaded from the same file, whether the file carries
+    its own tables or keeps the seeded ones."""
+    from models.weights import haiku_params, load_weights
+    s = parse_query(query)
+    source = init_recsys(RecsysModel(s.recsys_config()), "random", 7)
+    path = tmp_path / "w.npz"
+    np.savez(path, **flatten(haiku_params(source, hash_tables=hash_tables)))
+    _, state = runs.check_upload(s, str(path))
+    expected = load_weights(runs._initialised(replace(s, weights="random")), path).state_dict()
+    assert state.keys() == expected.keys()
+    for k in state:
+        assert_bit_exact(state[k], expected[k], "no rounding", what=k)     # one file's copy, or one generator's
+    seeded = init_recsys(RecsysModel(s.recsys_config()), "random", s.seed)
+    assert_bit_exact(state["post_embeddings.weight"], (source if hash_tables else seeded).post_embeddings.weight,
+                     "no rounding")
