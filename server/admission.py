@@ -62,8 +62,9 @@ def address_bound(lane: Lane, weight: int) -> int:
 FORWARDS_AT_ONCE = 4 if torch.cuda.is_available() else max(1, min(4, 2 * (os.cpu_count() or 1)))
 
 LANES: dict[str, Lane] = {lane.name: lane for lane in (
-    # room for a class's thirty and as many lone visitors waiting at once (the mask lane's wait is milliseconds)
-    Lane("forward", "model views", running=FORWARDS_AT_ONCE, waiting=64, per_visitor=4, per_address=6, scales=True),
+    # room for a class's thirty, as many lone visitors and the page visitors beside them waiting at once (the soak
+    # holds 69 when the box is slow; at 64 it refused 1-3 honest requests a run); the mask lane's wait is milliseconds
+    Lane("forward", "model views", running=FORWARDS_AT_ONCE, waiting=96, per_visitor=4, per_address=6, scales=True),
     # views over limits.LARGE_REQUEST_FLOPS (any event that draws one): one at a time, so they never hold the
     # small views' slots
     Lane("heavy", "large views", running=1, waiting=6, per_visitor=1, per_address=2),
@@ -90,10 +91,10 @@ LANES: dict[str, Lane] = {lane.name: lane for lane in (
 # it pins while it waits, and serialises on its way out, is past the memory ceiling (server.memory.memory_budget).
 KEPT_MAX_BYTES = 4 << 20
 
-# Gradio's own bound on everything queued; the lanes' sum (304: the kept views' 64 and the watchers' 48 raised
-# it from 192) under three quarters of it, so no lane's refusals are pre-empted by Gradio's "Queue is full"
-# (which names no field).
-QUEUE_MAX = 408
+# Gradio's own bound on everything queued; the lanes' sum (336: the kept views' 64, the watchers' 48 and the model
+# views' 32 more raised it from 192) under three quarters of it, so no lane's refusals are pre-empted by Gradio's
+# "Queue is full" (which names no field).
+QUEUE_MAX = 456
 
 
 class Held(NamedTuple):

@@ -331,6 +331,20 @@ def test_a_full_lane_pushes_out_the_heaviest_networks_latest_not_the_newcomer():
         check_admission("timing", tickets, ("addr:203.0.113.5", "honest"))
 
 
+def test_the_model_views_lane_waits_a_class_its_lone_visitors_and_page_visitors_at_once():
+    """Issue 34's soak keeps this many honest model views waiting at once when the box is slow, none of them
+    heavier than another: a class of thirty browsers behind one address, thirty lone visitors, eight page and
+    API visitors. The probe's request arriving then waits too, instead of being refused ("64 model views
+    waiting" refused 1-3 honest requests a run)."""
+    class_key = "addr:10.15.0.1"
+    weights = {class_key: 30}.get
+    waiting = ([queued(class_key, f"class{k:02d}") for k in range(30)]
+               + [queued(f"addr:10.1.{i}.1", f"honest{i}") for i in range(30)]
+               + [queued(f"addr:10.3.{i}.1", f"page{i}") for i in range(8)])
+    assert check_admission("forward", waiting, ("addr:10.2.0.1", "probe"), weight=1,
+                           weights=lambda key: weights(key, 1)) is None
+
+
 def test_a_pushed_out_request_stops_counting_and_the_arrival_takes_its_place():
     gate = Admission()
     lane = LANES["timing"]
