@@ -35,6 +35,7 @@ the figures over the full runs and the worst run, which the README quotes:
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import datetime as dt
 import enum
@@ -1010,12 +1011,47 @@ def _below(value: Optional[float], target: float) -> bool:
     return value is not None and value < target
 
 
+def server_side_of(key: str) -> str:
+    """Which of the soak's visitors a server-side visitor key is (by the addresses the clients send)."""
+    if key == f"addr:{CLASSROOM_ADDRESS}":
+        return "classroom"
+    if key == f"addr:{PROBE_ADDRESS}":
+        return "probe"
+    if key.startswith("addr:10.1."):            # honest(): 10.{1 + index // 250}.{index % 250}.1
+        return "honest"
+    if key.startswith("addr:10.14."):           # the page visitors beside API clients (PAGE_VS_API)
+        return "page visitors"
+    return "others"
+
+
+def server_side(event_log: Path, start: float, end: float) -> dict:
+    """Where the requests' time went on the server, from its event log (server.gradio_patches.EVENT_LOG_ENV):
+    per visitor side and lane, the events that started in [start, end] (monotonic seconds, the machine's
+    clock), their wait in the lane (queued to started) and their processing (started to ended: the handler,
+    Gradio's pre- and postprocessing and its messages, on a shared event loop) -> {side: {lane: figures}}."""
+    events = collections.defaultdict(list)
+    with contextlib.suppress(OSError):
+        for line in event_log.read_text().splitlines():
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                e = json.loads(line)
+                if start <= e["started"] <= end:
+                    events[(server_side_of(e["key"]), e["lane"])].append(e)
+    out = collections.defaultdict(dict)
+    for (side, lane), es in sorted(events.items()):
+        wait = _stats([e["started"] - e["queued"] for e in es if e["queued"] is not None])
+        process = _stats([e["ended"] - e["started"] for e in es])
+        out[side][lane] = dict(events=len(es), wait_p50_s=wait["p50_s"], wait_p95_s=wait["p95_s"],
+                               process_p50_s=process["p50_s"], process_p95_s=process["p95_s"])
+    return dict(out)
+
+
 def run_soak(url: str, honest_n: int, duration_s: float, seed: int, processes: int = 6,
              records_out: Optional[Path] = None, attacks: Optional[list] = None,
-             after_s: float = SOAK_TARGETS["after_s"]) -> dict:
+             after_s: float = SOAK_TARGETS["after_s"], event_log: Optional[Path] = None) -> dict:
     """One soak run against the app at `url`: `honest_n` honest visitors, the probe and the uploader beside
     the modes `attacks` for `duration_s` -> the run's figures, its checks and its targets (RSS `after_s`
-    after the load; its target only where that is the target's wait)."""
+    after the load; its target only where that is the target's wait); with the server's `event_log`, where
+    the time went server side (server_side)."""
     import multiprocessing
     import queue as queue_module
     import tempfile
@@ -1117,6 +1153,8 @@ def run_soak(url: str, honest_n: int, duration_s: float, seed: int, processes: i
                     queue_restarts=(final or {}).get("restarts"), health_not_ok=health.down),
         queue_alive_at_end=bool(final) and final.get("queue") == "running",
         checks_failed=checks_failed)
+    if event_log is not None:
+        result["server_side"] = server_side(event_log, t0, load_end)
     m = result["memory"]
     h = result["honest_total"]
     result["honest_mask_p95_s"] = sides["honest"]["mask"]["p95_s"]
@@ -1158,9 +1196,13 @@ def soak_once(a, attacks: list, duration_s: float, after_s: float = SOAK_TARGETS
     """A fresh app (Space mode: one trusted proxy; its own temp dir) soaked once with `attacks`."""
     import tempfile
     from server.visitors import TRUSTED_PROXIES_ENV
-    with tempfile.TemporaryDirectory(prefix="soak-gradio-") as temp:
-        with running_app(env={TRUSTED_PROXIES_ENV: "1", "GRADIO_TEMP_DIR": temp}) as url:
-            return run_soak(url, a.sessions, duration_s, a.seed, a.client_processes, a.records, attacks, after_s)
+    from server.gradio_patches import EVENT_LOG_ENV
+    with tempfile.TemporaryDirectory(prefix="soak-gradio-") as temp, \
+            tempfile.TemporaryDirectory(prefix="soak-events-") as logs:
+        event_log = Path(logs) / "events.jsonl"
+        with running_app(env={TRUSTED_PROXIES_ENV: "1", "GRADIO_TEMP_DIR": temp, EVENT_LOG_ENV: str(event_log)}) as url:
+            return run_soak(url, a.sessions, duration_s, a.seed, a.client_processes, a.records, attacks, after_s,
+                            event_log)
 
 
 # What each figure of a run is and which way is worse: the suite quotes min / median / max over its full runs
@@ -1281,6 +1323,12 @@ def main_soak(a) -> dict:
         for kind, r in report[side].items():
             print(f"  {kind:<42}{r['requests']:>9}{r['failures']:>8}{r['refused_by_name']:>8}"
                   + "".join(f"{r[k]:>9.3f}" if r[k] is not None else f"{'-':>9}" for k in ("p50_s", "p95_s")))
+    print(f"{'server side: lane':<44}{'events':>9}{'wait p50':>9}{'p95':>8}{'process':>9}{'p95':>8}")
+    for side in ("honest", "classroom", "probe"):
+        for lane, r in report.get("server_side", {}).get(side, {}).items():
+            print(f"  {side + ' / ' + lane:<42}{r['events']:>9}" + "".join(
+                f"{r[k]:>{w}.3f}" for k, w in (("wait_p50_s", 9), ("wait_p95_s", 8), ("process_p50_s", 9),
+                                             ("process_p95_s", 8))))
     m = report["memory"]
     print(f"RSS start {m['rss_start_gb']} GB, peak {m['peak_rss_gb']} GB, {m['after_s']:g} s after {m['rss_after_gb']} GB;"
           f" stores {report['stores']}; queue alive {report['queue_alive_at_end']}; checks failed "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import logging
 import math
 import os
@@ -189,20 +190,34 @@ class _NoDeepLinkConfig:
 
 # --- the queue: one charge per event, sessions bounded, never stopped for good ------------------------
 
+# A file each queued event is written to as one JSON line when it ends (visitor key, endpoint, lane, and the
+# monotonic seconds it was queued, started and ended): where a request's time went, server side. Off unless
+# set; the soak sets it (benchmarks/load_test.py: each run's server-side waits and processing, by lane).
+EVENT_LOG_ENV = "EXPLORER_EVENT_LOG"
+
+
 def charge_every_event(demo: gr.Blocks, admission) -> None:
     """Each queued event's running time charged once to its visitor (`admission.served`: the fair queue's
     usage, server.admission.Admission), however many guarded functions it calls: Gradio's
-    Queue.process_events runs one event (or batch) from start to end, streams included."""
+    Queue.process_events runs one event (or batch) from start to end, streams included. With EVENT_LOG_ENV
+    set, each event is written to that file as it ends."""
     queue = demo._queue
     process = queue.process_events
+    path = os.environ.get(EVENT_LOG_ENV)
+    log_file = open(path, "a", buffering=1) if path else None
 
     async def process_events(events, batch, begin_time, fn):
         started = time.monotonic()
         try:
             return await process(events, batch, begin_time, fn)
         finally:
+            ended = time.monotonic()
             for key in {visitor_of(event)[0] for event in events}:
-                admission.served(key, time.monotonic() - started)
+                admission.served(key, ended - started)
+            if log_file is not None:
+                log_file.write("".join(json.dumps(dict(
+                    key=visitor_of(event)[0], api=getattr(fn, "api_name", None), lane=event.concurrency_id,
+                    queued=getattr(event, "_queued_at", None), started=started, ended=ended)) + "\n" for event in events))
     queue.process_events = process_events
 
 

@@ -1176,6 +1176,47 @@ def test_a_page_redraw_is_charged_once_however_many_guards_it_passes(monkeypatch
         demo.close()
 
 
+def test_the_event_log_says_where_each_queued_events_time_went_and_the_soak_reads_it(monkeypatch, tmp_path):
+    """With server.gradio_patches.EVENT_LOG_ENV set, every queued event is written as it ends: its visitor,
+    endpoint, lane and when it was queued, started and ended (queued <= started <= ended); the soak's
+    server_side groups them by the soak's visitor sides and lanes. Unset, nothing is written."""
+    import json
+
+    import app
+    from benchmarks.load_test import CLASSROOM_ADDRESS, RawClient, api_functions, server_side
+    from server import gradio_patches, visitors
+    monkeypatch.setenv(visitors.TRUSTED_PROXIES_ENV, "1")
+    log = tmp_path / "events.jsonl"
+    monkeypatch.setenv(gradio_patches.EVENT_LOG_ENV, str(log))
+    demo = app.build_app()
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=None, quiet=True)
+    try:
+        raw = RawClient(url, CLASSROOM_ADDRESS, api_functions(url))
+        start = time.monotonic()
+        assert raw.call("mask", [LECTURE + "&seed=5"], "logged") is None
+        assert raw.call("attention", [LECTURE + "&seed=5"], "logged") is None
+        deadline = time.monotonic() + 10
+        while len(log.read_text().splitlines()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        events = [json.loads(line) for line in log.read_text().splitlines()]
+        ours = [e for e in events if e["key"] == f"addr:{CLASSROOM_ADDRESS}"]
+        assert [(e["api"], e["lane"]) for e in ours] == [("mask", "light"), ("attention", "forward")], events
+        assert all(start <= e["queued"] <= e["started"] <= e["ended"] <= time.monotonic() for e in ours)
+        summary = server_side(log, start, time.monotonic())["classroom"]
+        assert set(summary) == {"light", "forward"} and all(r["events"] == 1 for r in summary.values())
+    finally:
+        demo.close()
+    monkeypatch.delenv(gradio_patches.EVENT_LOG_ENV)
+    quiet = app.build_app()
+    log.unlink()
+    _, url, _ = quiet.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=None, quiet=True)
+    try:
+        assert RawClient(url, CLASSROOM_ADDRESS, api_functions(url)).call("mask", [LECTURE], "quiet") is None
+        assert not log.exists()
+    finally:
+        quiet.close()
+
+
 def test_a_head_change_through_the_queue_reads_its_settings_once_and_estimates_its_view_once(monkeypatch):
     """Issue 36, item 1, through Gradio's queue: the page's control change (render_on_change) changing the head
     on the Attention tab is read once, by its admission (the last link and the controls: two parse_settings,
