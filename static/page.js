@@ -15,12 +15,16 @@ explorer.send = (name, payload) => {
 
 // The address bar follows the controls and the open tab, so a copied link reopens the same view; each change
 // is an entry of the browser's history, so Back undoes it (the page's first address, and one Back or Forward
-// went to, replace theirs: explorer.restoring).
+// went to, replace theirs: explorer.restoring). Every event that moves the link ends here, so here too the
+// Timing tab's check follows the sidebar while that tab is open: a new link there sends the recheck port (a
+// change drawn in the browser on another tab sends nothing; opening the tab checks on its own).
 // Plotly writes colour-bar gradients and clip paths as url('<page address>#id') when the page has a
 // <base> element (Gradio's has), and keeps that address for later redraws: once the address changes
 // they point into another document and draw nothing (a blank colour bar). Both are moved to the new
 // address here.
 explorer.writeUrl = (q, tab) => {
+    if (tab === 'timing' && q !== explorer.linkWritten) explorer.send('recheck', '');
+    explorer.linkWritten = q;
     const before = window.location.href.split('#')[0];
     const u = new URL(window.location);
     u.search = q + (tab && tab !== 'mask' ? '&tab=' + encodeURIComponent(tab) : '')
@@ -373,6 +377,9 @@ explorer.drawPanel = (want, v, q) => {
 // The head dropdown's and the values radio's change.
 explorer.headPick = (head, v, q) => drawnOrServer(explorer.drawPanel({head: Number(head)}, v, q), 'head', head, q);
 explorer.valuesPick = (values, v, q) => drawnOrServer(explorer.drawPanel({values}, v, q), 'values', values, q);
+
+// presentation mode's ↑ ↓ drawn by the page (stepHead): the head sent through the head port, written into the link
+explorer.headKey = (head, q) => explorer.withParam(q, 'head', head);
 
 // presentation mode's PgUp PgDn in the every-head grid or a one-head view that holds the other layers: the
 // layer stepped on the page (stops at the ends)

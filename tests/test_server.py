@@ -181,9 +181,36 @@ def test_every_page_event_comes_from_a_control_a_visitor_sees_or_from_a_declared
             assert block.visible is True and block.elem_id not in hidden_ids, name
             if isinstance(block, gr.HTML):
                 assert block.elem_id.removeprefix("port-") in ports and event == "submit", name
-    scripts = "\n".join(p.read_text() for p in sorted(app.STATIC.glob("*.js"))) + app.RECHECK_TIMING
+    scripts = "\n".join(p.read_text() for p in sorted(app.STATIC.glob("*.js")))
     sent = set(re.findall(r"explorer\.send\('(\w+)'", scripts))
     assert sent == set(ports), (sent, set(ports))
+
+
+def test_every_event_script_is_one_call_of_a_function_the_pages_scripts_define():
+    """Issue 36, item 3: no JS in Python strings. An event's js (Gradio runs it in the browser) is app.page_call's
+    one call of `explorer.<function>` with the event's inputs, in order, and static/*.js defines that function
+    (`explorer.name = ` in page.js, `P.name = ` on explorer.present in present.js): a renamed or removed
+    function fails here, not silently in a visitor's browser. The timing recheck was a snippet of its own
+    (`if (tab === 'timing') ...`) on the link box's change; the head key's reordered its inputs."""
+    import re
+
+    import app
+    scripts = {p.name: p.read_text() for p in app.STATIC.glob("*.js")}
+    defined = set(re.findall(r"^\s*explorer\.(\w+) = ", scripts["page.js"], re.M)) \
+        | {f"present.{m}" for m in re.findall(r"^\s*P\.(\w+) = ", scripts["present.js"], re.M)}
+    assert {"writeUrl", "present.enter"} <= defined
+    demo = app.build_app()
+    called = set()
+    for dep in demo.fns.values():
+        if not dep.js:
+            continue
+        call = re.fullmatch(r"\(([\w, ]*)\) => explorer\.([\w.]+)\(([\w, ]*)\)", dep.js)
+        assert call and call[1] == call[3], (dep.api_name, dep.js)
+        names = [a for a in call[1].split(", ") if a]
+        assert len(names) == len(dep.inputs), (dep.api_name, dep.js, len(dep.inputs))
+        assert call[2] in defined, (dep.api_name, call[2])
+        called.add(call[2])
+    assert {"writeUrl", "queryRow", "recolour", "present.done"} <= called
 
 
 def test_a_view_drawn_for_the_same_settings_is_answered_from_what_is_kept_outside_the_model_lanes(monkeypatch):
