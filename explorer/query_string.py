@@ -10,7 +10,7 @@ from urllib.parse import parse_qsl, urlencode
 
 from .families import defaults, preset_family
 from .schema import Settings, ValidationError
-from .settings import RETIRED_FIELDS, all_values, parse_settings, view_controls
+from .settings import RETIRED_FIELDS, all_values, parse_settings
 
 
 def retired_note(keys) -> str:
@@ -21,8 +21,7 @@ def retired_note(keys) -> str:
 def to_query(s: Settings) -> str:
     """Only what differs from the preset, so links stay short; the preset always comes first, the views' own
     controls last (explorer.settings.view_controls)."""
-    base = {**Settings().to_dict(), **{c.name: c.default for c in view_controls()}, **defaults(s.preset, s.family),
-            "family": preset_family(s.preset)}
+    base = {**all_values(Settings()), **defaults(s.preset, s.family), "family": preset_family(s.preset)}
     diff = {k: val for k, val in all_values(s).items() if k != "preset" and val != base[k]}
     return urlencode({"preset": s.preset, **{k: link_value(val) for k, val in diff.items()}})
 
