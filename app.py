@@ -25,8 +25,8 @@ from explorer import export, gpu_results, lesson, runs, timing, views
 from explorer.controls import CONTROL_FIELDS, LABELS, NUMBER_FIELDS
 from explorer.controls import INFO as CONTROL_INFO
 from explorer.families import FAMILIES, XREX_ROPE
-from explorer.page_contract import link_defaults
-from explorer.query_string import to_query
+from explorer.page_contract import FIGURE_TEXT
+from explorer.query_string import link_defaults, to_query
 from explorer.schema import Control, Settings
 from explorer.settings import COLOR_SCALES, VALUE_KINDS, ZOOMS, parse_settings
 from explorer.views import VIEWS, drawn_views
@@ -70,11 +70,11 @@ CHECKED_BY_SETTINGS = (gr.Number, gr.Dropdown, gr.Radio, gr.CheckboxGroup)
 STATIC = Path(__file__).resolve().parent / "static"
 # The lesson (explorer/lesson.py) goes first, as data for static/present.js; "</" escaped inside the script;
 # with it the Settings field order and the defaults of the fields page.js writes (explorer.page_contract), so it
-# writes a link as the server does.
+# writes a link as the server does, and the figure text it rewrites (page_contract.FIGURE_TEXT).
 LESSON_DATA = json.dumps({"steps": lesson.as_data(), "main": lesson.MAIN_FIGURE}).replace("</", "<\\/")
 HEAD = (f"<script>\nwindow.explorer = window.explorer || {{}};\nexplorer.lessonData = {LESSON_DATA};\n"
         f"explorer.fields = {json.dumps(CONTROL_FIELDS)};\nexplorer.linkDefaults = {json.dumps(link_defaults())};\n"
-        "</script>\n"
+        f"explorer.figureText = {json.dumps(FIGURE_TEXT)};\n</script>\n"
         + "".join(f"<script>\n{p.read_text()}\n</script>\n" for p in sorted(STATIC.glob("*.js"))))
 CSS_PATHS = sorted(STATIC.glob("*.css"))
 

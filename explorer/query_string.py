@@ -9,6 +9,7 @@ from typing import Any, Mapping, Optional
 from urllib.parse import parse_qsl, urlencode
 
 from .families import defaults, preset_family
+from .page_contract import LINK_WRITTEN
 from .schema import Settings, ValidationError
 from .settings import RETIRED_FIELDS, all_values, parse_settings
 
@@ -29,6 +30,12 @@ def to_query(s: Settings) -> str:
 def link_value(val: Any) -> str:
     """A field's value as a link writes it."""
     return repr(val) if isinstance(val, float) else str(val)
+
+
+def link_defaults() -> dict[str, str]:
+    """{field: its default as a link writes it} for the fields the page writes into links itself
+    (explorer.page_contract.LINK_WRITTEN; no preset sets these: tests/test_page_contract.py)."""
+    return {f: link_value(getattr(Settings(), f)) for f in LINK_WRITTEN}
 
 
 def parse_query(query: str, *, uploaded: Optional[Mapping[str, Mapping[str, Any]]] = None,

@@ -245,11 +245,14 @@ const colourUpdate = (gd, kind, traces) => {
     const bar = {...((first && first.colorbar) || {}), title: {text: meta.bar + scale.suffix, side: 'right'}};
     if (scale.tickvals) Object.assign(bar, {tickvals: scale.tickvals, ticktext: scale.ticktext, tickmode: 'array'});
     else Object.assign(bar, {tickvals: null, ticktext: null, tickmode: 'auto'});
-    const hover = traces.map(([t]) => t.hovertemplate.replace(/%\{(customdata|z):\.6g\}/,
-                                                                scale.transform ? '%{customdata:.6g}' : '%{z:.6g}'));
+    // the hover's value: the raw one (customdata) under a transformed colour, else z (explorer.figureText)
+    const text = explorer.figureText;
+    const [was, now] = scale.transform ? [text.hover_raw, text.hover_customdata] : [text.hover_customdata, text.hover_raw];
+    const hover = traces.map(([t]) => t.hovertemplate.replace(was, now));
     // a small panel's printed values (meta.text: their format) while the colour is the value itself
-    const printed = traces.map(([t]) => (t.meta && t.meta.text ? (scale.transform ? '' : `%{z:${t.meta.text}}`)
-                                                                : undefined));
+    const printed = traces.map(([t]) => (t.meta && t.meta.text
+                                         ? (scale.transform ? '' : explorer.fill(text.cell_text, {format: t.meta.text}))
+                                         : undefined));
     return [{z, customdata: scale.transform ? raws : traces.map(() => null), zmin: scale.lo, zmax: scale.hi,
              hovertemplate: hover, texttemplate: printed, colorbar: traces.map(() => bar)},
             {'title.text': meta.title + (scale.note ? `<br><sup>${scale.note}</sup>` : '')},
@@ -270,6 +273,14 @@ explorer.recolour = (kind, q) => {
     }
     return explorer.withParam(q, 'color', kind);
 };
+
+// A template of the figure text (explorer.figureText: explorer.page_contract.FIGURE_TEXT) with its {name}s set, as
+// page_contract.fill sets them; `templated`: the pattern of its text at the start of a string, each {name} matching
+// the pattern `wild` gives it.
+explorer.fill = (template, values) => Object.entries(values).reduce((t, [k, v]) => t.split(`{${k}}`).join(String(v)),
+                                                                     template);
+const templated = (template, wild) => new RegExp('^' + template.split(/(\{\w+\})/).map(
+    (part, i) => (i % 2 ? wild[part.slice(1, -1)] : part.replace(/[.*+?^${}()|[\]\\]/g, '\\$&'))).join(''));
 
 const escapeHtml = (s) => String(s).replace(/[&<>"]/g, (ch) => ({'&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;'}[ch]));
 
@@ -305,8 +316,9 @@ explorer.drawQueryRow = (v, layer, outline = true) => {
     if (outline) Plotly.relayout(gd, {shapes});
     const title = (bars.layout.title && bars.layout.title.text) || '';
     Plotly.update(bars, {y: [probs], text: [bars.data[0].text ? probs.map((p) => explorer.fmtG(p, 3)) : null]},
-                  {'title.text': title.replace(/^Where query .*? attends \(layer \d+, head \d+\)/,
-                                               `Where query ${labels[pos]} attends (layer ${L}, head ${meta.head})`)},
+                  {'title.text': title.replace(
+                      templated(explorer.figureText.bars_title, {label: '.*?', layer: '\\d+', head: '\\d+'}),
+                      explorer.fill(explorer.figureText.bars_title, {label: labels[pos], layer: L, head: meta.head}))},
                   [0]);
     meta.layer = L;
     const top = probs.map((p, i) => i).sort((a, b) => probs[b] - probs[a]).slice(0, 3);   // stable: ties by position
