@@ -134,7 +134,7 @@ def test_a_page_change_is_split_from_its_inputs_once_and_its_answer_names_each_c
     app's wiring is held to both: each input and output named by the control it is, not by an offset."""
     import app
     from explorer.controls import CONTROL_FIELDS, LABELS
-    from server.endpoints import CHANGE_HEAD, CHANGE_OUTPUTS, PageChange, control_slot
+    from server.endpoints import CHANGE_HEAD, CHANGE_OUTPUTS, LINK_HEAD, LINK_OUTPUTS, PageChange, control_slot
     values = tuple(f"v{i}" for i in range(len(CONTROL_FIELDS)))
     change = PageChange.of((*values, "attention", "preset=lecture"))
 
@@ -154,6 +154,15 @@ def test_a_page_change_is_split_from_its_inputs_once_and_its_answer_names_each_c
         assert outputs[CHANGE_HEAD.index("query")].elem_id == inputs[-1].elem_id == "query"
         for i, f in enumerate(CONTROL_FIELDS):
             assert inputs[before + i].label == outputs[control_slot(f)].label == LABELS[f], f
+    # the other redraws that set every control (a preset, a family, Reset, presentation keys; Back and Forward)
+    for api, head, n in (("render_after_preset", CHANGE_HEAD, CHANGE_OUTPUTS), ("render_after_family", CHANGE_HEAD,
+                         CHANGE_OUTPUTS), ("render_after_reset", CHANGE_HEAD, CHANGE_OUTPUTS),
+                         ("render_after_key", CHANGE_HEAD, CHANGE_OUTPUTS), ("render_after_history", LINK_HEAD, LINK_OUTPUTS)):
+        outputs = wired[api].outputs
+        assert len(outputs) == n and outputs[head.index("query")].elem_id == "query", api
+        assert [o.label for o in outputs[len(head):len(head) + len(CONTROL_FIELDS)]] == \
+            [outputs[control_slot(f, head)].label for f in CONTROL_FIELDS] == [LABELS[f] for f in CONTROL_FIELDS], api
+    assert type(wired["render_after_history"].outputs[LINK_HEAD.index("tabs")]).__name__ == "Tabs"
 
 
 def test_every_page_event_comes_from_a_control_a_visitor_sees_or_from_a_declared_port():
