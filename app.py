@@ -25,8 +25,8 @@ from explorer import export, gpu_results, lesson, runs, timing, views
 from explorer.controls import CONTROL_FIELDS, LABELS, NUMBER_FIELDS
 from explorer.controls import INFO as CONTROL_INFO
 from explorer.families import FAMILIES, XREX_ROPE
-from explorer.page_contract import link_defaults
-from explorer.query_string import to_query
+from explorer.page_contract import FIGURE_TEXT
+from explorer.query_string import link_defaults, to_query
 from explorer.schema import Control, Settings
 from explorer.settings import COLOR_SCALES, VALUE_KINDS, ZOOMS, parse_settings
 from explorer.views import VIEWS, drawn_views
@@ -70,25 +70,34 @@ CHECKED_BY_SETTINGS = (gr.Number, gr.Dropdown, gr.Radio, gr.CheckboxGroup)
 STATIC = Path(__file__).resolve().parent / "static"
 # The lesson (explorer/lesson.py) goes first, as data for static/present.js; "</" escaped inside the script;
 # with it the Settings field order and the defaults of the fields page.js writes (explorer.page_contract), so it
-# writes a link as the server does.
+# writes a link as the server does, and the figure text it rewrites (page_contract.FIGURE_TEXT).
 LESSON_DATA = json.dumps({"steps": lesson.as_data(), "main": lesson.MAIN_FIGURE}).replace("</", "<\\/")
 HEAD = (f"<script>\nwindow.explorer = window.explorer || {{}};\nexplorer.lessonData = {LESSON_DATA};\n"
         f"explorer.fields = {json.dumps(CONTROL_FIELDS)};\nexplorer.linkDefaults = {json.dumps(link_defaults())};\n"
-        "</script>\n"
+        f"explorer.figureText = {json.dumps(FIGURE_TEXT)};\n</script>\n"
         + "".join(f"<script>\n{p.read_text()}\n</script>\n" for p in sorted(STATIC.glob("*.js"))))
 CSS_PATHS = sorted(STATIC.glob("*.css"))
-WRITE_URL = "(q, tab) => explorer.writeUrl(q, tab)"
-PICK_ROW = "() => explorer.pickRow()"
-COPY_LINK = "() => explorer.copyLink()"
+
+
+def page_call(function: str, *inputs: str) -> str:
+    """An event's js: the page's own `explorer.<function>` (static/*.js) called with the event's inputs, named
+    `inputs` in order, nothing else in Python (tests/test_server.py: every event's js is one, of a function the
+    scripts define)."""
+    return f"({', '.join(inputs)}) => explorer.{function}({', '.join(inputs)})"
+
+
+WRITE_URL = page_call("writeUrl", "q", "tab")
+PICK_ROW = page_call("pickRow")
+COPY_LINK = page_call("copyLink")
 # display changes the page draws itself from the data it holds: control -> the page.js call (new link)
-IN_BROWSER = {"color": "(kind, q) => explorer.recolour(kind, q)"}
+IN_BROWSER = {"color": page_call("recolour", "kind", "q")}
 # the query row, drawn by the page where the attention tab holds its row (else it sends the redraw port)
-QUERY_ROW = "(v, q) => explorer.queryRow(v, q)"
-LAYER = "(layer, v, q) => explorer.layerPick(layer, v, q)"              # likewise, the layer
-HEAD_PICK = "(head, v, q) => explorer.headPick(head, v, q)"              # another head of a one-head view
-VALUES_PICK = "(values, v, q) => explorer.valuesPick(values, v, q)"      # another value kind of one
-HEAD_KEY = "(head, q) => explorer.withParam(q, 'head', head)"           # a head stepHead drew
-RECHECK_TIMING = "(tab) => { if (tab === 'timing') explorer.send('recheck', ''); }"
+QUERY_ROW = page_call("queryRow", "v", "q")
+LAYER = page_call("layerPick", "layer", "v", "q")            # likewise, the layer
+HEAD_PICK = page_call("headPick", "head", "v", "q")          # another head of a one-head view
+VALUES_PICK = page_call("valuesPick", "values", "v", "q")    # another value kind of one
+HEAD_KEY = page_call("headKey", "head", "q")                 # a head stepHead drew
+
 # A port: an event the page's own script sends with its payload (static/page.js explorer.send). A gr.HTML that
 # draws nothing; as it mounts, its js_on_load registers a function that sets its value to the payload and fires
 # its `submit` (Gradio 6's custom HTML components: js_on_load, props, trigger). Its events read the payload as
@@ -415,8 +424,8 @@ def wire_presentation(page: SimpleNamespace, c: dict) -> None:
     page.keys.submit(present_key_on_page, [page.query, page.keys, page.tab_state], outputs, api_name="render_after_key",
                      **figures_of(outputs), **HIDDEN, **page_redraw(work_of_keys), **RAW) \
         .then(None, [page.query, page.tab_state], None, js=WRITE_URL, **STEP) \
-        .then(None, None, None, js="() => explorer.present.done()", **STEP)
-    page.present.click(None, None, None, js="() => explorer.present.enter()", api_name="present", **STEP)
+        .then(None, None, None, js=page_call("present.done"), **STEP)
+    page.present.click(None, None, None, js=page_call("present.enter"), api_name="present", **STEP)
     # ↑ ↓ where the page holds the head's panel: drawn by the page, then the link, the dropdown and the address
     page.head_key.submit(None, [page.head_key, page.query], page.query, js=HEAD_KEY, api_name="head_key_in_browser",
                          **STEP, **RAW) \
@@ -455,9 +464,8 @@ def wire_timing(page: SimpleNamespace, t: SimpleNamespace) -> None:
     # .change, not .input: Gradio's textbox sends no input event when characters are deleted, so an emptied
     # box would keep the last message and Run enabled
     gr.on([t.lengths.change, t.backends.input], api_name="timing_check", trigger_mode="always_last", **check)
-    # the sidebar sets the shapes, mask, cap and candidates: the message follows it while the tab is open (a
-    # change drawn in the browser on another tab sends nothing: the page sends the recheck port only here)
-    page.query.change(None, [page.tab_state], None, js=RECHECK_TIMING, api_name="timing_recheck_in_browser", **STEP)
+    # the sidebar sets the shapes, mask, cap and candidates: the message follows it while the tab is open (the page
+    # sends the recheck port as it writes a new link there: static/page.js explorer.writeUrl)
     t.recheck.submit(api_name="timing_check_after_query", trigger_mode="always_last", **check)
     page.tab["timing"].select(timing_recorded, [page.query, t.geometry, t.dtype, t.figures[0]], t.figures,
                               api_name="timing_recorded", **{**quiet, "queue": True}, **CONTROL)

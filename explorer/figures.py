@@ -26,6 +26,7 @@ from _plotly_utils.utils import plotlyjsShortTypes, to_typed_array_spec
 from plotly.io.json import to_json_plotly
 
 from .budget import nbytes
+from .page_contract import FIGURE_TEXT, fill
 
 # Okabe-Ito: distinguishable with every common colour-vision deficiency
 OKABE_ITO = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
@@ -380,7 +381,7 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
         ax = "" if alternatives or k == 1 else str(k)
         raw = p.z.astype(np.uint8) if discrete else p.z       # a mask's 0/1 (a tile map's 0..3): a byte each
         z = raw if hidden else scale.transform(raw)
-        shown_value = "%{customdata:.6g}" if z is not raw else "%{z:.6g}"
+        shown_value = FIGURE_TEXT["hover_customdata"] if z is not raw else FIGURE_TEXT["hover_raw"]
         if discrete:
             shown_value = "%{z} (" + ", ".join(f"{v:g} = {n}" for v, n in discrete.items()) + ")"
         hover = (f"{row_title} %{{y}}<br>{col_title} %{{x}}<br>{own['value_name']} {shown_value}"
@@ -395,7 +396,7 @@ def heatmap_figure(panels: Sequence[Panel | None], *, title: str, cols: int = 1,
         # under a log or quantile colour none); meta.text keeps the format for the page's own recolouring
         printed = cell_text and max(raw.shape) <= MAX_TEXT_CELLS
         fmt = ".2f" if own["value_name"] == "weight" else ".1f"
-        meta_text = dict(texttemplate=f"%{{z:{fmt}}}" if z is raw else "") if printed else {}
+        meta_text = dict(texttemplate=fill(FIGURE_TEXT["cell_text"], format=fmt) if z is raw else "") if printed else {}
         if printed and meta is not None:
             meta["text"] = fmt
         data.append(dict(type="heatmap", z=z, x=p.col_labels, y=p.row_labels, meta=meta, **meta_text,

@@ -1,17 +1,15 @@
 """What a figure tells the page, declared once: the `meta` of a figure's layout and of its traces, which
 static/page.js reads to redraw in the browser without asking the server (the colour scale, another query
-row, layer, head or value kind of a one-head view, a click on a heatmap cell). The figure builders write it
-(explorer.figures.heatmap_figure, explorer.views.attention.query_meta); tests/test_page_contract.py checks
-every drawn view's figures against it and that the page's scripts read no key it does not declare.
+row, layer, head or value kind of a one-head view, a click on a heatmap cell), and the figure text the page
+rewrites as it redraws (FIGURE_TEXT). The figure builders write it (explorer.figures.heatmap_figure,
+explorer.views.attention.query_meta, query_row_view); tests/test_page_contract.py checks every drawn view's
+figures against it and that the page's scripts read no key it does not declare.
 
 A spec is a dict of key -> type (or a nested spec, or [type] for a list of that type); a key absent from a
 figure's meta is allowed (the page then asks the server), a key not declared is not."""
 from __future__ import annotations
 
 from typing import Any
-
-from .query_string import link_value
-from .schema import Settings
 
 OPTIONAL_NUMBER = (int, float, type(None))      # None: the colour scale's own range (plotly's autoscale)
 
@@ -34,13 +32,25 @@ TRACE = {"rows": [int], "layer": int, "head": int, "values": str, "masked": bool
 
 # the fields page.js writes into the link itself after drawing a change on the page (explorer.withParam), left out
 # where they hold their default as the server's link leaves them out (explorer.query_string.to_query); app.py
-# gives the page these defaults (explorer.linkDefaults), so the two links read the same
+# gives the page these defaults (explorer.query_string.link_defaults: explorer.linkDefaults), so the two links read
+# the same
 LINK_WRITTEN = ("query", "layer", "head", "values", "color")
 
+# The figure text the page rewrites as it redraws (app.py gives it the page as explorer.figureText; the figure
+# builders write it from here): a heatmap's hover shows the value under the pointer by `hover_raw` (z, a linear
+# colour) or `hover_customdata` (the raw value kept in customdata, under a log or quantile colour: page.js
+# colourUpdate swaps them); a panel's printed values are `cell_text` of its meta.text format; the query row's
+# bars are titled `bars_title` (page.js drawQueryRow writes another row's, layer's or head's).
+FIGURE_TEXT = {"hover_raw": "%{z:.6g}", "hover_customdata": "%{customdata:.6g}", "cell_text": "%{z:{format}}",
+               "bars_title": "Where query {label} attends (layer {layer}, head {head})"}
 
-def link_defaults() -> dict[str, str]:
-    """{field: its default as a link writes it} for LINK_WRITTEN (no preset sets these: tests/test_page_contract.py)."""
-    return {f: link_value(getattr(Settings(), f)) for f in LINK_WRITTEN}
+
+def fill(template: str, **values) -> str:
+    """A FIGURE_TEXT template with its {name}s set (as page.js explorer.fill does; the template's other braces,
+    plotly's own, kept)."""
+    for name, value in values.items():
+        template = template.replace("{" + name + "}", str(value))
+    return template
 
 
 def problems(meta: Any, spec: dict, where: str) -> list[str]:

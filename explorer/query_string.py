@@ -9,8 +9,9 @@ from typing import Any, Mapping, Optional
 from urllib.parse import parse_qsl, urlencode
 
 from .families import defaults, preset_family
+from .page_contract import LINK_WRITTEN
 from .schema import Settings, ValidationError
-from .settings import RETIRED_FIELDS, all_values, parse_settings, view_controls
+from .settings import RETIRED_FIELDS, all_values, parse_settings
 
 
 def retired_note(keys) -> str:
@@ -21,8 +22,7 @@ def retired_note(keys) -> str:
 def to_query(s: Settings) -> str:
     """Only what differs from the preset, so links stay short; the preset always comes first, the views' own
     controls last (explorer.settings.view_controls)."""
-    base = {**Settings().to_dict(), **{c.name: c.default for c in view_controls()}, **defaults(s.preset, s.family),
-            "family": preset_family(s.preset)}
+    base = {**all_values(Settings()), **defaults(s.preset, s.family), "family": preset_family(s.preset)}
     diff = {k: val for k, val in all_values(s).items() if k != "preset" and val != base[k]}
     return urlencode({"preset": s.preset, **{k: link_value(val) for k, val in diff.items()}})
 
@@ -30,6 +30,12 @@ def to_query(s: Settings) -> str:
 def link_value(val: Any) -> str:
     """A field's value as a link writes it."""
     return repr(val) if isinstance(val, float) else str(val)
+
+
+def link_defaults() -> dict[str, str]:
+    """{field: its default as a link writes it} for the fields the page writes into links itself
+    (explorer.page_contract.LINK_WRITTEN; no preset sets these: tests/test_page_contract.py)."""
+    return {f: link_value(getattr(Settings(), f)) for f in LINK_WRITTEN}
 
 
 def parse_query(query: str, *, uploaded: Optional[Mapping[str, Mapping[str, Any]]] = None,

@@ -131,7 +131,7 @@ def _merged(raw: Mapping[str, Any] | None) -> tuple[str, str, dict, tuple[Contro
         raise ValidationError("settings", unknown[0], "one of " + ", ".join(names))
     preset = _choice("preset", raw.get("preset", Settings.preset), PRESETS)
     family = _choice("family", preset_family(preset) if raw.get("family") is None else raw["family"], tuple(FAMILIES))
-    merged = {**Settings().to_dict(), **{c.name: c.default for c in own}, **defaults(preset, family),
+    merged = {**all_values(Settings()), **defaults(preset, family),
               **{k: v for k, v in raw.items() if v is not None}}
     return preset, family, merged, own
 

@@ -102,12 +102,14 @@ VIEW_OUTPUTS = sum(len(v.outputs) for v in drawn_views())
 CHANGE_HEAD = ("query", "note")
 CHANGE_OUTPUTS = len(CHANGE_HEAD) + len(CONTROL_FIELDS) + VIEW_OUTPUTS
 SOURCE_OUTPUTS = CHANGE_OUTPUTS                                 # a preset, a family, presentation keys, Reset
-LINK_OUTPUTS = 4 + len(CONTROL_FIELDS) + VIEW_OUTPUTS           # Back / Forward: link, tab, tabs, note, ...
+# Back / Forward's answer (app.wire_navigation): these, then every control, then the views
+LINK_HEAD = ("query", "tab", "tabs", "note")
+LINK_OUTPUTS = len(LINK_HEAD) + len(CONTROL_FIELDS) + VIEW_OUTPUTS
 
 
-def control_slot(field: str) -> int:
-    """Where the update of `field`'s control sits in a page redraw's answer (CHANGE_HEAD, then CONTROL_FIELDS)."""
-    return len(CHANGE_HEAD) + CONTROL_FIELDS.index(field)
+def control_slot(field: str, head: tuple = CHANGE_HEAD) -> int:
+    """Where the update of `field`'s control sits in a page redraw's answer (`head`, then CONTROL_FIELDS)."""
+    return len(head) + CONTROL_FIELDS.index(field)
 
 
 class PageChange(NamedTuple):

@@ -15,12 +15,16 @@ explorer.send = (name, payload) => {
 
 // The address bar follows the controls and the open tab, so a copied link reopens the same view; each change
 // is an entry of the browser's history, so Back undoes it (the page's first address, and one Back or Forward
-// went to, replace theirs: explorer.restoring).
+// went to, replace theirs: explorer.restoring). Every event that moves the link ends here, so here too the
+// Timing tab's check follows the sidebar while that tab is open: a new link there sends the recheck port (a
+// change drawn in the browser on another tab sends nothing; opening the tab checks on its own).
 // Plotly writes colour-bar gradients and clip paths as url('<page address>#id') when the page has a
 // <base> element (Gradio's has), and keeps that address for later redraws: once the address changes
 // they point into another document and draw nothing (a blank colour bar). Both are moved to the new
 // address here.
 explorer.writeUrl = (q, tab) => {
+    if (tab === 'timing' && q !== explorer.linkWritten) explorer.send('recheck', '');
+    explorer.linkWritten = q;
     const before = window.location.href.split('#')[0];
     const u = new URL(window.location);
     u.search = q + (tab && tab !== 'mask' ? '&tab=' + encodeURIComponent(tab) : '')
@@ -241,11 +245,14 @@ const colourUpdate = (gd, kind, traces) => {
     const bar = {...((first && first.colorbar) || {}), title: {text: meta.bar + scale.suffix, side: 'right'}};
     if (scale.tickvals) Object.assign(bar, {tickvals: scale.tickvals, ticktext: scale.ticktext, tickmode: 'array'});
     else Object.assign(bar, {tickvals: null, ticktext: null, tickmode: 'auto'});
-    const hover = traces.map(([t]) => t.hovertemplate.replace(/%\{(customdata|z):\.6g\}/,
-                                                                scale.transform ? '%{customdata:.6g}' : '%{z:.6g}'));
+    // the hover's value: the raw one (customdata) under a transformed colour, else z (explorer.figureText)
+    const text = explorer.figureText;
+    const [was, now] = scale.transform ? [text.hover_raw, text.hover_customdata] : [text.hover_customdata, text.hover_raw];
+    const hover = traces.map(([t]) => t.hovertemplate.replace(was, now));
     // a small panel's printed values (meta.text: their format) while the colour is the value itself
-    const printed = traces.map(([t]) => (t.meta && t.meta.text ? (scale.transform ? '' : `%{z:${t.meta.text}}`)
-                                                                : undefined));
+    const printed = traces.map(([t]) => (t.meta && t.meta.text
+                                         ? (scale.transform ? '' : explorer.fill(text.cell_text, {format: t.meta.text}))
+                                         : undefined));
     return [{z, customdata: scale.transform ? raws : traces.map(() => null), zmin: scale.lo, zmax: scale.hi,
              hovertemplate: hover, texttemplate: printed, colorbar: traces.map(() => bar)},
             {'title.text': meta.title + (scale.note ? `<br><sup>${scale.note}</sup>` : '')},
@@ -266,6 +273,14 @@ explorer.recolour = (kind, q) => {
     }
     return explorer.withParam(q, 'color', kind);
 };
+
+// A template of the figure text (explorer.figureText: explorer.page_contract.FIGURE_TEXT) with its {name}s set, as
+// page_contract.fill sets them; `templated`: the pattern of its text at the start of a string, each {name} matching
+// the pattern `wild` gives it.
+explorer.fill = (template, values) => Object.entries(values).reduce((t, [k, v]) => t.split(`{${k}}`).join(String(v)),
+                                                                     template);
+const templated = (template, wild) => new RegExp('^' + template.split(/(\{\w+\})/).map(
+    (part, i) => (i % 2 ? wild[part.slice(1, -1)] : part.replace(/[.*+?^${}()|[\]\\]/g, '\\$&'))).join(''));
 
 const escapeHtml = (s) => String(s).replace(/[&<>"]/g, (ch) => ({'&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;'}[ch]));
 
@@ -301,8 +316,9 @@ explorer.drawQueryRow = (v, layer, outline = true) => {
     if (outline) Plotly.relayout(gd, {shapes});
     const title = (bars.layout.title && bars.layout.title.text) || '';
     Plotly.update(bars, {y: [probs], text: [bars.data[0].text ? probs.map((p) => explorer.fmtG(p, 3)) : null]},
-                  {'title.text': title.replace(/^Where query .*? attends \(layer \d+, head \d+\)/,
-                                               `Where query ${labels[pos]} attends (layer ${L}, head ${meta.head})`)},
+                  {'title.text': title.replace(
+                      templated(explorer.figureText.bars_title, {label: '.*?', layer: '\\d+', head: '\\d+'}),
+                      explorer.fill(explorer.figureText.bars_title, {label: labels[pos], layer: L, head: meta.head}))},
                   [0]);
     meta.layer = L;
     const top = probs.map((p, i) => i).sort((a, b) => probs[b] - probs[a]).slice(0, 3);   // stable: ties by position
@@ -373,6 +389,9 @@ explorer.drawPanel = (want, v, q) => {
 // The head dropdown's and the values radio's change.
 explorer.headPick = (head, v, q) => drawnOrServer(explorer.drawPanel({head: Number(head)}, v, q), 'head', head, q);
 explorer.valuesPick = (values, v, q) => drawnOrServer(explorer.drawPanel({values}, v, q), 'values', values, q);
+
+// presentation mode's ↑ ↓ drawn by the page (stepHead): the head sent through the head port, written into the link
+explorer.headKey = (head, q) => explorer.withParam(q, 'head', head);
 
 // presentation mode's PgUp PgDn in the every-head grid or a one-head view that holds the other layers: the
 // layer stepped on the page (stops at the ends)

@@ -13,7 +13,7 @@ import pytest
 from explorer import page_contract
 from explorer.query_string import parse_query
 from explorer.settings import VALUE_KINDS
-from explorer.views import drawn_views
+from explorer.views import VIEWS, drawn_views
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = [ROOT / "static" / "page.js", ROOT / "static" / "present.js"]
@@ -66,6 +66,46 @@ def test_the_pages_scripts_read_what_the_contract_declares_and_nothing_else():
     assert page_contract.declared_keys() - read == set()       # no key declared for nothing
 
 
+@pytest.mark.parametrize("link", LINKS)
+def test_the_figure_text_the_page_rewrites_is_written_as_the_contract_declares(link):
+    """page_contract.FIGURE_TEXT, the figure's own text page.js rewrites as it redraws (the hover's value, a panel's
+    printed values, the query row's bars' title), against every drawn figure: a heatmap the page may recolour (one
+    of a figure whose layout meta holds its colour) shows its value by exactly one of the two hover forms
+    (customdata's where it keeps the raw values), its printed values in its meta.text format, and the attention
+    view's bars are titled from the template."""
+    from dataclasses import replace
+    text = page_contract.FIGURE_TEXT
+    hovers = (text["hover_raw"], text["hover_customdata"])
+    recoloured = [(name, fig) for name, _, fig in figures(link) if "colour" in (fig.layout.meta or {})]
+    assert recoloured, link
+    for name, fig in recoloured:
+        for trace in fig.data:
+            meta = trace.meta or {}
+            if trace.type != "heatmap" or "rows" not in meta:
+                continue
+            assert [h for h in hovers if h in trace.hovertemplate] == \
+                [hovers[trace.customdata is not None]], (name, link, trace.hovertemplate)
+            if meta.get("text") and trace.texttemplate:
+                assert trace.texttemplate == page_contract.fill(text["cell_text"], format=meta["text"]), (name, link)
+    s = parse_query(link)
+    if "query" in (VIEWS["attention"].draw(s)[0].layout.meta or {}):
+        head = max(s.head, 0)
+        _, bars, _ = VIEWS["attention"].draw(replace(s, head=head) if s.head < 0 else s)
+        assert bars.layout.title.text.startswith(page_contract.fill(
+            text["bars_title"], label=s.layout.token_labels()[s.query_position], layer=s.layer, head=head)), link
+
+
+def test_the_pages_scripts_hold_no_copy_of_the_figure_text():
+    """The figure text page.js rewrites comes from page_contract.FIGURE_TEXT (app.py: explorer.figureText), not from
+    a copy in the scripts: no template's fixed text appears in them. page.js held the hover forms and the bars'
+    title as its own regular expressions."""
+    source = "\n".join(p.read_text() for p in SCRIPTS)
+    for key, template in page_contract.FIGURE_TEXT.items():
+        fixed = [part for part in re.split(r"\{\w+\}", template) if len(part) > 3]
+        assert not any(part in source for part in fixed), key
+    assert ".6g" not in source and "Where query" not in source
+
+
 # --- the rules the page computes itself, against the server's on the same cases ---------------------------
 
 def page_scripts(playwright):
@@ -74,12 +114,14 @@ def page_scripts(playwright):
     import json
 
     from explorer.controls import CONTROL_FIELDS
+    from explorer.query_string import link_defaults
     from harness.localhost import launch_browser
     browser = launch_browser(playwright)
     page = browser.new_page()
     page.set_content("<html><body></body></html>")
     page.add_script_tag(content=f"window.explorer = {{fields: {json.dumps(CONTROL_FIELDS)}, "
-                                f"linkDefaults: {json.dumps(page_contract.link_defaults())}}};")
+                                f"linkDefaults: {json.dumps(link_defaults())}, "
+                                f"figureText: {json.dumps(page_contract.FIGURE_TEXT)}}};")
     page.add_script_tag(content=(ROOT / "static" / "page.js").read_text())
     return browser, page
 

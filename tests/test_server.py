@@ -134,7 +134,7 @@ def test_a_page_change_is_split_from_its_inputs_once_and_its_answer_names_each_c
     app's wiring is held to both: each input and output named by the control it is, not by an offset."""
     import app
     from explorer.controls import CONTROL_FIELDS, LABELS
-    from server.endpoints import CHANGE_HEAD, CHANGE_OUTPUTS, PageChange, control_slot
+    from server.endpoints import CHANGE_HEAD, CHANGE_OUTPUTS, LINK_HEAD, LINK_OUTPUTS, PageChange, control_slot
     values = tuple(f"v{i}" for i in range(len(CONTROL_FIELDS)))
     change = PageChange.of((*values, "attention", "preset=lecture"))
 
@@ -154,6 +154,15 @@ def test_a_page_change_is_split_from_its_inputs_once_and_its_answer_names_each_c
         assert outputs[CHANGE_HEAD.index("query")].elem_id == inputs[-1].elem_id == "query"
         for i, f in enumerate(CONTROL_FIELDS):
             assert inputs[before + i].label == outputs[control_slot(f)].label == LABELS[f], f
+    # the other redraws that set every control (a preset, a family, Reset, presentation keys; Back and Forward)
+    for api, head, n in (("render_after_preset", CHANGE_HEAD, CHANGE_OUTPUTS), ("render_after_family", CHANGE_HEAD,
+                         CHANGE_OUTPUTS), ("render_after_reset", CHANGE_HEAD, CHANGE_OUTPUTS),
+                         ("render_after_key", CHANGE_HEAD, CHANGE_OUTPUTS), ("render_after_history", LINK_HEAD, LINK_OUTPUTS)):
+        outputs = wired[api].outputs
+        assert len(outputs) == n and outputs[head.index("query")].elem_id == "query", api
+        assert [o.label for o in outputs[len(head):len(head) + len(CONTROL_FIELDS)]] == \
+            [outputs[control_slot(f, head)].label for f in CONTROL_FIELDS] == [LABELS[f] for f in CONTROL_FIELDS], api
+    assert type(wired["render_after_history"].outputs[LINK_HEAD.index("tabs")]).__name__ == "Tabs"
 
 
 def test_every_page_event_comes_from_a_control_a_visitor_sees_or_from_a_declared_port():
@@ -181,9 +190,36 @@ def test_every_page_event_comes_from_a_control_a_visitor_sees_or_from_a_declared
             assert block.visible is True and block.elem_id not in hidden_ids, name
             if isinstance(block, gr.HTML):
                 assert block.elem_id.removeprefix("port-") in ports and event == "submit", name
-    scripts = "\n".join(p.read_text() for p in sorted(app.STATIC.glob("*.js"))) + app.RECHECK_TIMING
+    scripts = "\n".join(p.read_text() for p in sorted(app.STATIC.glob("*.js")))
     sent = set(re.findall(r"explorer\.send\('(\w+)'", scripts))
     assert sent == set(ports), (sent, set(ports))
+
+
+def test_every_event_script_is_one_call_of_a_function_the_pages_scripts_define():
+    """Issue 36, item 3: no JS in Python strings. An event's js (Gradio runs it in the browser) is app.page_call's
+    one call of `explorer.<function>` with the event's inputs, in order, and static/*.js defines that function
+    (`explorer.name = ` in page.js, `P.name = ` on explorer.present in present.js): a renamed or removed
+    function fails here, not silently in a visitor's browser. The timing recheck was a snippet of its own
+    (`if (tab === 'timing') ...`) on the link box's change; the head key's reordered its inputs."""
+    import re
+
+    import app
+    scripts = {p.name: p.read_text() for p in app.STATIC.glob("*.js")}
+    defined = set(re.findall(r"^\s*explorer\.(\w+) = ", scripts["page.js"], re.M)) \
+        | {f"present.{m}" for m in re.findall(r"^\s*P\.(\w+) = ", scripts["present.js"], re.M)}
+    assert {"writeUrl", "present.enter"} <= defined
+    demo = app.build_app()
+    called = set()
+    for dep in demo.fns.values():
+        if not dep.js:
+            continue
+        call = re.fullmatch(r"\(([\w, ]*)\) => explorer\.([\w.]+)\(([\w, ]*)\)", dep.js)
+        assert call and call[1] == call[3], (dep.api_name, dep.js)
+        names = [a for a in call[1].split(", ") if a]
+        assert len(names) == len(dep.inputs), (dep.api_name, dep.js, len(dep.inputs))
+        assert call[2] in defined, (dep.api_name, call[2])
+        called.add(call[2])
+    assert {"writeUrl", "queryRow", "recolour", "present.done"} <= called
 
 
 def test_a_view_drawn_for_the_same_settings_is_answered_from_what_is_kept_outside_the_model_lanes(monkeypatch):

@@ -14,6 +14,7 @@ import torch
 
 from .. import runs
 from ..figures import DIVERGING, SEQUENTIAL, bar_figure, heatmap_figure
+from ..page_contract import FIGURE_TEXT, fill
 from ..schema import VALUE_KINDS, Settings
 from .panels import (GRID_MAX_CELLS, SINGLE_MAX_CELLS, cells, layout_mask, layout_panel, mask_dense, masked_over,
                      row_note, zoom_note)
@@ -144,7 +145,7 @@ def query_row_view(s: Settings, layer: int, head: int) -> tuple[go.Figure, str]:
     q = s.query_position
     probs = runs.forward(s).trunk.layers[layer].probs[s.row, head, q].float().cpu().numpy()
     labels, seg = s.layout.token_labels(), s.layout.segments()
-    fig = bar_figure(labels, probs, title=f"Where query {labels[q]} attends (layer {layer}, head {head})",
+    fig = bar_figure(labels, probs, title=fill(FIGURE_TEXT["bars_title"], label=labels[q], layer=layer, head=head),
                      value_name="weight", segments=seg)
     top = np.argsort(-probs, kind="stable")[:3]          # ties in position order, as the page breaks them
     text = (f"Query **{labels[q]}** puts " + ", ".join(f"{probs[i]:.4f} on {labels[i]}" for i in top)
