@@ -139,7 +139,7 @@ class Answer(NamedTuple):
         """This answer gzip-compressed, or None where it is encoded already. The page and its config are
         plain JSON and script (340 and 250 KB; Gradio compresses only paths with a file extension): about a
         seventh as many bytes, compressed once when kept — a class of 30 loading the page at once on one
-        university link fetches 2.6 MB instead of 18."""
+        university link fetches 1.4 MB of page instead of 10 (the page embeds its config)."""
         headers = self.start["headers"]
         if any(k.lower() == b"content-encoding" for k, _ in headers):
             return None
