@@ -212,12 +212,14 @@ def charge_every_event(demo: gr.Blocks, admission) -> None:
             return await process(events, batch, begin_time, fn)
         finally:
             ended = time.monotonic()
-            for key in {visitor_of(event)[0] for event in events}:
+            keys = [visitor_of(event)[0] for event in events]
+            for key in set(keys):
                 admission.served(key, ended - started)
             if log_file is not None:
                 log_file.write("".join(json.dumps(dict(
-                    key=visitor_of(event)[0], api=getattr(fn, "api_name", None), lane=event.concurrency_id,
-                    queued=getattr(event, "_queued_at", None), started=started, ended=ended)) + "\n" for event in events))
+                    key=key, api=getattr(fn, "api_name", None), lane=event.concurrency_id,
+                    queued=getattr(event, "_queued_at", None), started=started, ended=ended)) + "\n"
+                    for key, event in zip(keys, events)))
     queue.process_events = process_events
 
 
