@@ -108,9 +108,9 @@ def _initialised(s: Settings, for_file: bool = False) -> RecsysModel | XrexRecsy
     """The settings' family's ranker with `s.weights` ("random" seeded by `s.seed`, or grok.py's "zeros"),
     on the CPU (the seeded generator is the CPU's: the same weights on any device). Every parameter is
     written by the init, so the memory starts unfilled. `for_file`: about to load a weight file — grok.py's
-    family draws only its hash tables (the file writes the rest, a file without tables keeps these: the same
-    weights after the load; phoenix-nano's upload check took 0.41 s of CPU, now 0.18, medians of 5);
-    production's draws all, since its input layer keeps its draws, which follow the trunk's from one generator."""
+    family draws only its hash tables (the file writes the rest, whose draws would be thrown away; a file
+    without tables keeps these: the same weights after the load); production's draws all, since its input
+    layer keeps its draws, which follow the trunk's from one generator."""
     model = _unfilled(s).to_empty(device="cpu")
     if s.family == "xrex":
         return init_params(model, s.weights, s.seed)
