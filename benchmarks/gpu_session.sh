@@ -32,17 +32,20 @@
 #         every view at every GPU preset included, TESTS_SHARE % of the budget left at most; each outcome (and
 #         the measured softcap tanh error) is streamed to $OUT/gpu-tests.jsonl as it finishes, the log and
 #         JUnit file beside it;
-#      f. every explorer view timed at five presets (first call and warm, figure JSON included), then the whole
-#         trunk forward per backend at phoenix-prod (grok, tanh cap and none) and phoenix-2026 (xrex), with
-#         attention's share and the error against the fp32 trunk: VIEWS_S and TRUNK_S seconds at most; then
-#         every view at phoenix-prod and phoenix-2026 split into the model's build, its forward and each view's
-#         first and warm calls (benchmarks/view_cost.py --production, repeats while VIEW_COST_S lasts) to
-#         $OUT/results/view-cost-production-<device>-<date>.json, rewritten after each repeat;
-#      g. the attention presets until the budget is spent (phoenix-prod, phoenix-2026, phoenix-prod-b256, long),
-#         every point checked against the fp32 reference computed in pieces (naive fitting or not); a wrong
-#         kernel fails the run. f and g write each record to $OUT/results/<device>-<date>.json as measured.
+#      f. the attention at phoenix-prod, the Flash tab's headline, every point checked against the fp32 reference
+#         computed in pieces (naive fitting or not; a wrong kernel fails the run): first, because on 2026-11-27
+#         (gpu-run-2026-11-27-2) the tests took 218 of their 225 s and the views and trunk before it left it no
+#         time, so the kernels needed a second call;
+#      g. the whole trunk forward per backend at phoenix-prod (grok, tanh cap and none) and phoenix-2026 (xrex),
+#         with attention's share and the error against the fp32 trunk, then every explorer view timed at five
+#         presets (first call and warm, figure JSON included): TRUNK_S and VIEWS_S seconds at most, less where the
+#         call has less left; then every view at phoenix-prod and phoenix-2026 split into the model's build, its
+#         forward and each view's first and warm calls (benchmarks/view_cost.py --production, repeats while
+#         VIEW_COST_S lasts) to $OUT/results/view-cost-production-<device>-<date>.json, rewritten after each repeat;
+#      h. the other attention presets until the budget is spent (phoenix-2026, phoenix-prod-b256, long).
+#         f to h write each record to $OUT/results/<device>-<date>.json as measured.
 #      The whole call is budgeted from its start: CALL_BUDGET_S (default 540 of the 600 s limit) less a margin
-#      for a FlexAttention / CuTe compile, which cannot be interrupted. "tests" runs e alone and "bench" f and g
+#      for a FlexAttention / CuTe compile, which cannot be interrupted. "tests" runs e alone and "bench" f to h
 #      (after a to d); "install" runs b alone. DRY_RUN=1 prints each step's command and budget instead.
 #   3. Back here: copy $OUT's results JSON into benchmarks/results/, then
 #        python -m benchmarks.attention --replot benchmarks/results/<file>.json && python scripts/readme_tables.py
@@ -172,28 +175,44 @@ benchmark() {   # $1: its budget in seconds, then benchmarks.attention's argumen
         --budget-s "$b" --note "gpu_session.sh, $(date -u +%FT%TZ)" "$@"
 }
 
-model_timing() {   # every view, then the trunk forward per backend (what flash buys the model)
-    local l; l=$(left)
-    echo "== views at $VIEW_PRESETS ($VIEWS_S s)"
-    benchmark "$VIEWS_S" --parts= --views "$VIEW_PRESETS"
-    echo "== trunk forward at ${TRUNK_PRESETS[*]} ($TRUNK_S s)"
-    benchmark "$TRUNK_S" --parts trunk "${TRUNK_PRESETS[@]/#/--preset=}"
-    l=$(( $(left) - 120 ))          # the attention presets keep a start
-    local b=$(( l < VIEW_COST_S ? l : VIEW_COST_S ))
+capped() {   # $1: a step's own cap in seconds: what is left of the call for it (a start and a write kept), or 0
+    local l=$(( $(left) - 60 )); echo $(( l < $1 ? (l > 20 ? l : 0) : $1 ))
+}
+
+model_timing() {   # the trunk forward per backend (what flash buys the model), then every view
+    local b
+    b=$(capped "$TRUNK_S")
+    if [ "$b" -gt 0 ]; then
+        echo "== trunk forward at ${TRUNK_PRESETS[*]} ($b s)"
+        benchmark "$b" --parts trunk "${TRUNK_PRESETS[@]/#/--preset=}"
+    else echo "no time left for the trunk forward"; fi
+    b=$(capped "$VIEWS_S")
+    if [ "$b" -gt 0 ]; then
+        echo "== views at $VIEW_PRESETS ($b s)"
+        benchmark "$b" --parts= --views "$VIEW_PRESETS"
+    else echo "no time left for the views"; fi
+    local l=$(( $(left) - 120 ))          # the attention presets keep a start
+    b=$(( l < VIEW_COST_S ? l : VIEW_COST_S ))
     [ "$b" -gt 30 ] || { echo "no time left for the view cost ($l s)"; return 0; }
     echo "== view cost at the production presets ($b s)"    # the step's limit: a repeat past the budget
     step $(( b * 3 / 2 )) python3 -m benchmarks.view_cost --production --device cuda --repeats 5 --budget-s "$b" \
         --out-dir "$out/results"
 }
 
-bench() {   # attention presets until the call's budget is spent
+bench() {   # $@: attention presets, until the call's budget is spent
     local margin=90               # one uninterruptible compile, and the time to write what was measured
-    for p in "${BENCH_PRESETS[@]}"; do
+    for p in "$@"; do
         local l; l=$(left)
         [ "$l" -gt $(( margin + 30 )) ] || { echo "no time left for $p ($l s)"; break; }
         echo "== benchmark $p ($(( l - margin )) s)"
         benchmark $(( l - margin )) --parts attention --preset "$p"
     done
+}
+
+timings() {   # the Flash tab's evidence first (the kernels at phoenix-prod, then the trunk), the rest as time allows
+    bench "${BENCH_PRESETS[0]}"
+    model_timing
+    bench "${BENCH_PRESETS[@]:1}"
 }
 
 case "$step" in
@@ -213,9 +232,9 @@ all|tests|bench)
     export ATTN_REQUIRE_BACKENDS=fa4      # fa4 not loading, or loading and never run, fails the tests
     python3 -c "from models.attention import fa4_missing; print('fa4:', fa4_missing() or 'available')"
     case "$step" in
-    all) gpu_tests $(( $(left) * TESTS_SHARE / 100 )); model_timing; bench ;;
+    all) gpu_tests $(( $(left) * TESTS_SHARE / 100 )); timings ;;
     tests) gpu_tests $(( $(left) - 15 )) ;;
-    bench) model_timing; bench ;;
+    bench) timings ;;
     esac
     echo "== done in $(( $(date +%s) - start )) s; in \$OUT: $(cd "$out" && find . -type f | tr '\n' ' ')" ;;
 *)

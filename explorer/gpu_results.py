@@ -85,8 +85,23 @@ def gpu_run(results_dir: Path = RESULTS_DIR) -> Optional[GpuRun]:
     name, data = files[-1]
     long = next((dict(name=n, records=d["records"], peak=d["matmul_tflops"]) for n, d in reversed(files)
                  if any(r["preset"] == LONG for r in d["records"])), None)
-    return GpuRun(name, data, trunk_timings(name, data, results_dir), _capprobe(str(results_dir), data["device_name"]),
+    return GpuRun(name, data, _trunk(name, data, results_dir), _capprobe(str(results_dir), data["device_name"]),
                   long, _tests(str(results_dir), str(data.get("commit")), data["device_name"]))
+
+
+def _trunk(name: str, data: dict, results_dir: Path) -> Optional[TrunkTimings]:
+    """The run's trunk timings: its own file's when it timed the trunk, else the newest file of the same commit
+    on the same device that did (a session's calls can split the parts: one times the trunk, the next the
+    kernels, with the trunk's budget spent), else what trunk_timings finds."""
+    def timed(d: dict) -> bool:
+        return any(isinstance(r, dict) and r.get("status") == Status.OK.value for r in d.get("trunk") or ())
+    if not timed(data):
+        same = sorted(((n, d) for n, d in load_results(results_dir) if timed(d) and on_gpu(d)
+                       and (d.get("commit"), d.get("device_name")) == (data.get("commit"), data.get("device_name"))),
+                      key=lambda f: run_order(*f))
+        if same:
+            return trunk_timings(*same[-1], results_dir)
+    return trunk_timings(name, data, results_dir)
 
 
 def session_order(folder: Path) -> tuple:
@@ -222,6 +237,11 @@ def forward_tflop(preset: str, B: int) -> float:
     s = preset_settings(preset)
     attention = s.num_layers * useful_flops(s.mask_kind, B, s.num_q_heads, s.key_size, s.seq_len, s.num_candidates)
     return (2 * B * s.seq_len * trunk_params(s) + attention) / 1e12
+
+
+def trunk_peak(run: GpuRun) -> float:
+    """The matmul peak of the run that timed the trunk (another call of the session, where it was split)."""
+    return float(run.trunk.peak or run.peak)
 
 
 def trunk_points(run: GpuRun, preset: str = SHAPE["preset"]) -> dict[str, list[dict]]:
@@ -369,7 +389,7 @@ def trunk_figure(run: Optional[GpuRun]) -> go.Figure:
         return Figure(dict(data=[], layout=_layout(why, 300)), _validate=False)
     data, notes, layout = [], [], {}
     first = next(iter(pts.values()))[0]
-    floor = forward_tflop(first["preset"], first["B"]) / run.peak * 1e3        # ms at the peak
+    floor = forward_tflop(first["preset"], first["B"]) / trunk_peak(run) * 1e3        # ms at the peak
     width = 1.0 / len(pts)
     top = max(r["median_ms"] for rs in pts.values() for r in rs)
     for i, (cap, rs) in enumerate(pts.items()):
@@ -459,8 +479,10 @@ def cap_probe_line(run: GpuRun) -> str:
         return ""
     base, tanh = rows["none"]["ms_median"], rows["torch.tanh"]["ms_median"]
     polys = sorted((v for k, v in rows.items() if k.startswith("poly")), key=lambda v: -v["fit_abs_err_tanh"])
-    same = run.capprobe["source"].startswith(f"gpu-run-{run.data.get('date')}/")
-    line = (f"Why the cap costs: in {'the same' if same else 'an earlier'} session on this device, FlexAttention "
+    session = run.tests.source.split("/")[0] if run.tests else None          # the folder of the run's own session
+    same = session is not None and run.capprobe["source"].startswith(f"{session}/")
+    which = "the same" if same else "an earlier" if session else "a"        # no session.json: which is unknown
+    line = (f"Why the cap costs: in {which} session on this device, FlexAttention "
             f"alone at this shape ran {base:.3g} ms uncapped and "
             f"{tanh:.3g} ms with `30·tanh(s/30)` ({base / tanh:.2f}× the uncapped throughput)")
     if polys:
@@ -499,7 +521,7 @@ def trunk_table(run: GpuRun) -> str:
             rows.append(f"| {CAP_WORDS[cap]} | {r['backend']} | {_ms(r)} | {r['speedup']:.2g}× | "
                         f"{r['attention']:.3g} ({r['attention'] / r['median_ms']:.0%}) | "
                         f"{r['median_ms'] - r['attention']:.3g} | {flops / r['median_ms'] * 1e3:.0f} "
-                        f"({flops / r['median_ms'] * 1e3 / run.peak:.0%}) |")
+                        f"({flops / r['median_ms'] * 1e3 / trunk_peak(run):.0%}) |")
     layers = PRESETS[first["preset"]].geometry.num_layers
     how = (f"attention = the kernel's median in the results file at the same shape (B {first['B']}, T {first['T']}, "
            f"{first['mask']}, same cap, no padding) × {layers} layers — derived, not timed inside the forward"
@@ -507,7 +529,7 @@ def trunk_table(run: GpuRun) -> str:
     return (f"**What flash buys the model** — the whole {first['preset']} trunk forward (B {first['B']}, "
             f"T {first['T']}, {first['dtype']}, mask {first['mask']}) per backend, from `{run.trunk.source}` "
             f"({run.trunk.method}); {how}. The forward's useful work is {flops:.1f} TFLOP: "
-            f"{flops / run.peak * 1e3:.0f} ms at the run's matmul peak.\n\n" + "\n".join(rows))
+            f"{flops / trunk_peak(run) * 1e3:.0f} ms at the run's matmul peak.\n\n" + "\n".join(rows))
 
 
 def evidence_markdown(run: Optional[GpuRun]) -> str:

@@ -927,6 +927,7 @@ class TrunkTimings:
     records: tuple
     source: str
     method: str
+    peak: Optional[float] = None        # the matmul TFLOP/s of the run that timed them: their shares' yardstick
 
 
 def trunk_timings(name: str, data: dict, results_dir: Path = RESULTS_DIR) -> Optional[TrunkTimings]:
@@ -936,13 +937,14 @@ def trunk_timings(name: str, data: dict, results_dir: Path = RESULTS_DIR) -> Opt
         records = tuple(with_status({**dict.fromkeys(TRUNK_KEYS), **r}) for r in data["trunk"] if isinstance(r, dict))
         repeats = sorted({r["repeats"] for r in records if r["repeats"]})
         return TrunkTimings(records, name, f"timed by the benchmark: median (min–max) of "
-                                           f"{'/'.join(map(str, repeats)) or 'its'} repeats per backend, backends interleaved")
+                                           f"{'/'.join(map(str, repeats)) or 'its'} repeats per backend, backends interleaved",
+                            data.get("matmul_tflops"))
     probe = Path(results_dir) / f"gpu-run-{data.get('date')}" / "probe.json"
     found = _probe_timings(probe, data)
     if not found or not found["trunk"]:
         return None
     return TrunkTimings(tuple(with_status(r) for r in found["trunk"]), f"{probe.parent.name}/{probe.name}",
-                        PROBE_METHOD)
+                        PROBE_METHOD, data.get("matmul_tflops"))     # the probe ran in the session that measured it
 
 
 _LEGACY = {"skipped: time budget spent": (Status.NOT_REACHED, "time budget spent"),

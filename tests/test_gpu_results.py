@@ -14,8 +14,10 @@ from models.runinfo import RESULTS_DIR
 
 FIRST = "nvidia-h100-80gb-hbm3-2026-11-26.json"          # the first H100 run: the whole grid, trunk in probe.json
 H100 = "nvidia-h100-80gb-hbm3-2026-11-26-2.json"         # the second: phoenix-prod, trunk and views in the file
-NEWEST = "nvidia-h100-80gb-hbm3-2026-11-27.json"         # the fourth session's, with its GPU tests at the same commit
+NEWEST = "nvidia-h100-80gb-hbm3-2026-11-27-4.json"       # the fifth session's kernels (its second call, "bench")
+TRUNK = "nvidia-h100-80gb-hbm3-2026-11-27-3.json"        # the same session's first call ("all"): the trunk and views
 RAW = json.loads((RESULTS_DIR / NEWEST).read_text())
+RAW_TRUNK = json.loads((RESULTS_DIR / TRUNK).read_text())
 RAW_FIRST = json.loads((RESULTS_DIR / FIRST).read_text())
 PROBE = json.loads((RESULTS_DIR / "gpu-run-2026-11-26" / "probe.json").read_text())
 
@@ -43,7 +45,7 @@ def test_the_newest_gpu_file_is_the_evidence():
     its own matmul peak."""
     run = gpu_results.gpu_run()
     assert run.name == NEWEST and run.device == RAW["device_name"] == "NVIDIA H100 80GB HBM3" and run.gpu == "H100"
-    assert run.peak == RAW["matmul_tflops"] and run.data["commit"] == "a9a8211"
+    assert run.peak == RAW["matmul_tflops"] and run.data["commit"] == "3a15b7e"
     assert run.long["name"] == FIRST and run.long["peak"] == RAW_FIRST["matmul_tflops"]
     assert [gpu_results.run_order(n, {"date": "2026-11-26"}) for n in (FIRST, H100)] == [("2026-11-26", 1),
                                                                                           ("2026-11-26", 2)]
@@ -58,6 +60,22 @@ def test_a_later_file_without_kernels_at_the_evidence_shape_is_not_the_evidence(
     assert gpu_results.gpu_run(tmp_path).name == H100
     (tmp_path / "nvidia-h100-80gb-hbm3-2026-11-26-3.json").write_text(json.dumps(dict(later, records=RAW["records"])))
     assert gpu_results.gpu_run(tmp_path).data["commit"] == "later"
+
+
+def test_a_split_session_reads_the_trunk_from_its_other_call(tmp_path):
+    """The fifth session timed the trunk in one call and the kernels in the next, whose trunk records are all
+    'not reached': the trunk shown is the same commit's on the same device, with that call's matmul peak; a
+    file of another commit never supplies it."""
+    for name in (NEWEST, TRUNK):
+        (tmp_path / name).write_text((RESULTS_DIR / name).read_text())
+    assert not any(r["status"] == "ok" for r in RAW["trunk"])
+    run = gpu_results.gpu_run(tmp_path)
+    assert run.name == NEWEST and run.trunk.source == TRUNK and run.trunk.peak == RAW_TRUNK["matmul_tflops"]
+    assert gpu_results.trunk_points(run)["tanh"][0]["backend"] == "naive"
+    (tmp_path / TRUNK).write_text(json.dumps(dict(RAW_TRUNK, commit="another")))
+    run = gpu_results.gpu_run(tmp_path)
+    assert run.trunk.source == NEWEST and gpu_results.trunk_points(run) == {}
+    assert "No whole-forward timings are committed" in gpu_results.trunk_figure(run).layout.title.text
 
 
 def test_every_kernel_number_shown_equals_the_committed_file():
@@ -75,7 +93,7 @@ def test_every_kernel_number_shown_equals_the_committed_file():
             share = r["tflops"] / RAW["matmul_tflops"]
             assert x == naive / r["median_ms"]
             assert text == f"{naive / r['median_ms']:.3g}× · {r['median_ms']:.3g} ms · {share:.0%}"
-    assert "28.7× · 0.667 ms · 36%" in [t for _, t in bars.values()]         # fa4's headline, from the file
+    assert "27.4× · 0.703 ms · 36%" in [t for _, t in bars.values()]         # fa4's headline, from the file
     none, tanh = raw(cap_method="none"), raw(cap_method="tanh")
     heading = fig.layout.annotations[0].text
     for b in ("flex", "fa4"):
@@ -95,11 +113,15 @@ def test_every_kernel_number_shown_equals_the_committed_file():
 
 
 def test_every_forward_number_shown_equals_the_committed_file():
-    """The newest file times attention inside the forward: the figure draws its attention_ms and the rest."""
+    """The session's trunk file times attention inside the forward: the figure draws its attention_ms and the
+    rest, and its dotted line is the forward's useful work at that call's own matmul peak."""
     run = gpu_results.gpu_run()
     fig = gpu_results.trunk_figure(run)
+    floor = gpu_results.forward_tflop("phoenix-prod", 32) / RAW_TRUNK["matmul_tflops"] * 1e3
+    assert {s.x0 for s in fig.layout.shapes} == {floor} and floor != gpu_results.forward_tflop("phoenix-prod", 32) \
+        / RAW["matmul_tflops"] * 1e3
     for i, cap in ((0, "tanh"), (2, "none")):
-        rec = {r["backend"]: r for r in RAW["trunk"] if (r["preset"], r["cap_method"], r["B"], r["status"])
+        rec = {r["backend"]: r for r in RAW_TRUNK["trunk"] if (r["preset"], r["cap_method"], r["B"], r["status"])
                == ("phoenix-prod", cap, 32, "ok")}
         attention, rest = fig.data[i], fig.data[i + 1]
         assert set(attention.y) == set(rec)
@@ -207,7 +229,7 @@ def test_captions_are_generated_from_the_files(first_run_dir):
     for caption in (gpu_results.kernel_caption(run), gpu_results.trunk_caption(run)):
         assert RAW["device_name"] in caption and RAW["date"] in caption and f"commit {RAW['commit']}" in caption
         assert "nothing was measured for this export" in caption
-    assert f"benchmarks/results/{NEWEST};" in gpu_results.trunk_caption(run)
+    assert f"benchmarks/results/{TRUNK};" in gpu_results.trunk_caption(run)
     assert "gpu-run-2026-11-26/probe.json" in gpu_results.trunk_caption(gpu_results.gpu_run(first_run_dir))
 
 
@@ -226,10 +248,10 @@ def test_the_forwards_useful_work_is_its_matmuls_and_its_masked_attention(first_
     assert expect / fastest * 1e3 / RAW_FIRST["matmul_tflops"] < 0.30
     assert re.search(r"\| fa4 \| 107 \| 2\.4× \| .* \| 232 \(29%\) \|",
                      gpu_results.trunk_table(gpu_results.gpu_run(first_run_dir)))
-    fa4 = next(r for r in RAW["trunk"] if (r["preset"], r["cap_method"], r["backend"]) == ("phoenix-prod", "none", "fa4"))
+    fa4 = next(r for r in RAW_TRUNK["trunk"] if (r["preset"], r["cap_method"], r["backend"]) == ("phoenix-prod", "none", "fa4"))
     rate = gpu_results.forward_tflop("phoenix-prod", 32) / fa4["median_ms"] * 1e3
-    assert rate / RAW["matmul_tflops"] < 0.35
-    assert f"| {rate:.0f} ({rate / RAW['matmul_tflops']:.0%}) |" in gpu_results.trunk_table(gpu_results.gpu_run())
+    assert rate / RAW_TRUNK["matmul_tflops"] < 0.35
+    assert f"| {rate:.0f} ({rate / RAW_TRUNK['matmul_tflops']:.0%}) |" in gpu_results.trunk_table(gpu_results.gpu_run())
 
 
 def test_why_the_cap_costs_is_read_from_the_sessions_cap_probe():
@@ -244,7 +266,8 @@ def test_why_the_cap_costs_is_read_from_the_sessions_cap_probe():
 
 def test_the_cap_probe_of_an_earlier_session_on_the_device_says_so(tmp_path):
     """The newest file's session ran no cap probe: the newest probe on the same device is shown, named as an
-    earlier session's with its path; a probe of another device is not."""
+    earlier session's with its path; a probe of another device is not. The run's session is the folder of its
+    tests (session.json: its commit, its device), not its date: a day can hold two sessions."""
     assert "in an earlier session on this device" in gpu_results.cap_probe_line(gpu_results.gpu_run())
     assert "`gpu-run-2026-11-26/capprobe.json`" in gpu_results.cap_probe_line(gpu_results.gpu_run())
     (tmp_path / NEWEST).write_text((RESULTS_DIR / NEWEST).read_text())
@@ -254,6 +277,10 @@ def test_the_cap_probe_of_an_earlier_session_on_the_device_says_so(tmp_path):
     assert gpu_results.cap_probe_line(gpu_results.gpu_run(tmp_path)) == ""
     (tmp_path / "gpu-run-2026-11-27").mkdir()
     (tmp_path / "gpu-run-2026-11-27" / "capprobe.json").write_text(json.dumps(probe))
+    assert "in a session on this device" in gpu_results.cap_probe_line(gpu_results.gpu_run(tmp_path))  # no tests
+    session_dir(tmp_path, "gpu-run-2026-11-27-2/all", RAW["commit"], [("t::a", "call", "passed", "")])
+    assert "in an earlier session on this device" in gpu_results.cap_probe_line(gpu_results.gpu_run(tmp_path))
+    (tmp_path / "gpu-run-2026-11-27-2" / "capprobe.json").write_text(json.dumps(probe))
     assert "in the same session on this device" in gpu_results.cap_probe_line(gpu_results.gpu_run(tmp_path))
 
 
@@ -272,13 +299,13 @@ def test_the_gpu_tests_shown_are_those_of_the_files_commit_on_its_device():
     """The committed session's outcomes, counted from its streamed file: each test once (its call, or its setup
     where it went no further), the skips' reasons once each, and the tab says it finished."""
     run = gpu_results.gpu_run()
-    lines = [json.loads(x) for x in (RESULTS_DIR / "gpu-run-2026-11-27" / "all" / "gpu-tests.jsonl").read_text()
+    lines = [json.loads(x) for x in (RESULTS_DIR / "gpu-run-2026-11-27-2" / "all" / "gpu-tests.jsonl").read_text()
              .splitlines()]
     outcome = {x["nodeid"]: x["outcome"] for x in lines}
     line = gpu_results.tests_line(run)
     assert (f"{sum(o == 'passed' for o in outcome.values())} passed, 0 failed, "
             f"{sum(o == 'skipped' for o in outcome.values())} skipped (flash-attn not installed;") in line
-    assert "`gpu-run-2026-11-27/all/`" in line and "ran out" not in line
+    assert "`gpu-run-2026-11-27-2/all/`" in line and "ran out" not in line
     assert line in gpu_results.evidence_markdown(run)
 
 
