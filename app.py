@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import threading
-from dataclasses import fields
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -27,7 +26,7 @@ from explorer.controls import INFO as CONTROL_INFO
 from explorer.families import FAMILIES, XREX_ROPE
 from explorer.page_contract import FIGURE_TEXT
 from explorer.query_string import link_defaults, to_query
-from explorer.schema import Control, Settings
+from explorer.schema import FIELD_TYPES, Control, Settings
 from explorer.settings import COLOR_SCALES, VALUE_KINDS, ZOOMS, parse_settings
 from explorer.views import VIEWS, drawn_views
 from server import disk, front_door, gradio_patches, memory, uploads
@@ -50,7 +49,6 @@ from models.grok import ROPE_MODES
 from models.masks import PREFIX_MODES
 
 log = logging.getLogger("explorer")
-FIELD_TYPES = {f.name: f.type for f in fields(Settings)}
 
 
 # --- controls whose values reach the endpoints as sent ------------------------------------------

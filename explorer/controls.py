@@ -9,20 +9,19 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Any, Mapping, Optional
 
 from explorer.limits import MAX_BATCH
-from explorer.schema import Settings, ValidationError
+from explorer.schema import FIELD_TYPES, FIELDS, Settings, ValidationError
 from explorer.settings import control_value, parse_settings, view_controls
 
 # Every control of the page, in the order links write them and the API's events take them: the Settings
 # fields, then the views' own controls (each declared in its view's module: explorer.settings.view_controls).
 # Read once, as this module is imported: a view registered after that is not on the page.
-_FIELDS = [f for f in fields(Settings) if f.name != "view"]
 _OWN = view_controls()
-CONTROL_FIELDS = [f.name for f in _FIELDS] + [c.name for c in _OWN]
-NUMBER_FIELDS = {f.name for f in _FIELDS if f.type in ("int", "float")} | {c.name for c in _OWN if c.number}
+CONTROL_FIELDS = [*FIELDS] + [c.name for c in _OWN]
+NUMBER_FIELDS = {f for f in FIELDS if FIELD_TYPES[f] in ("int", "float")} | {c.name for c in _OWN if c.number}
 
 # every control's label on the page (app.py builds the controls with these): the sidebar's and the shared view
 # fields' here, each view's own from its record

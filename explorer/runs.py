@@ -1,10 +1,10 @@
 """Models and forwards, cached by settings: a control change re-runs only what it changed.
 
-``build_model(s)`` depends on the model options only (view options are reset first), and the weights
+``build_model(s)`` depends on the model options only (``s.model``), and the weights
 underneath on the geometry and weight source only: they are made once, put on the device once, and every
 model over them (one per mask, RoPE mode, cap ...) reads the same tensors, so another model option costs
 no copy and no memory. ``forward(s)`` runs the ranking model once with ``record=True`` and every view
-reads the same traces. Both are memoised on the frozen Settings, in explorer.budget's byte-bounded caches.
+reads the same traces. Both are memoised on the frozen ``s.model``, in explorer.budget's byte-bounded caches.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from models.xrex import XrexRecsys
 from .budget import MEMORY, ByteCache
 from .families import FAMILIES
 from .limits import device, estimate_params
-from .schema import VIEW_FIELDS, WEIGHT_GEOMETRY, Settings, ValidationError
+from .schema import WEIGHT_GEOMETRY, ModelSettings, Settings, ValidationError
 
 log = logging.getLogger("explorer")
 
@@ -70,7 +70,7 @@ MODELS_PER_WEIGHTS = 16
 def _weights(geometry: tuple) -> Weights:
     """The weights for a geometry and a weight source, moved to the device once; shared by every
     attention option."""
-    s = Settings(**dict(geometry))
+    s = ModelSettings(**dict(geometry))
     if s.weights == "demo":             # explorer.settings refused "demo" already if the file is missing
         state = (demo.load_xrex_demo_model() if s.family == "xrex" else demo.load_demo_model()).state_dict()
     elif s.weights in ("random", "zeros"):
@@ -95,7 +95,7 @@ class _NoRandomFills(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _unfilled(s: Settings) -> RecsysModel | XrexRecsys:
+def _unfilled(s: ModelSettings) -> RecsysModel | XrexRecsys:
     """The settings' family's ranker built on the meta device: its modules and parameter shapes, no memory
     yet (its constructors' zeros and default inits would all be overwritten)."""
     with torch.device("meta"), _NoRandomFills():
@@ -104,7 +104,7 @@ def _unfilled(s: Settings) -> RecsysModel | XrexRecsys:
         return RecsysModel(s.recsys_config())
 
 
-def _initialised(s: Settings, for_file: bool = False) -> RecsysModel | XrexRecsys:
+def _initialised(s: ModelSettings, for_file: bool = False) -> RecsysModel | XrexRecsys:
     """The settings' family's ranker with `s.weights` ("random" seeded by `s.seed`, or grok.py's "zeros"),
     on the CPU (the seeded generator is the CPU's: the same weights on any device). Every parameter is
     written by the init, so the memory starts unfilled. `for_file`: about to load a weight file — grok.py's
@@ -139,7 +139,7 @@ def check_upload(s: Settings, path: str, room: Callable[[int], None] = lambda nb
     # seeded first: a file exported from the original has no hash tables (production's: no input layer
     # this port models), and the model keeps these
     with MEMORY.reserve(2 * expected):          # the model, and the file's tensors while they are copied in
-        model = _initialised(replace(s, weights="random"), for_file=True)
+        model = _initialised(replace(s.model, weights="random"), for_file=True)
         try:
             load_weights(model.ranker if isinstance(model, XrexRecsys) else model, path, max_bytes=MAX_UPLOAD_BYTES)
         except WrongFamily as e:
@@ -163,7 +163,10 @@ def action_names(s: Settings) -> tuple[str, ...]:
 def build_model(s: Settings) -> RecsysModel | XrexRecsys:
     """The ranking model for these settings, in eval mode, on the explorer's device: built once per model
     settings over the geometry's shared weights (no copy: a new mask or RoPE mode takes milliseconds)."""
-    m = model_settings(s)
+    return _built(s.model)
+
+
+def _built(m: ModelSettings) -> RecsysModel | XrexRecsys:
     weights = _weights(tuple((k, getattr(m, k)) for k in _GEOMETRY))
     with weights.lock:
         if m not in weights.models:
@@ -177,16 +180,9 @@ def build_model(s: Settings) -> RecsysModel | XrexRecsys:
 
 
 _GEOMETRY = (*WEIGHT_GEOMETRY, "weights", "seed")
-_VIEW_DEFAULTS = {f: getattr(Settings(), f) for f in VIEW_FIELDS}        # what model_settings resets them to
 
 
-def model_settings(s: Settings) -> Settings:
-    """The settings with the view fields (explorer.schema.VIEW_FIELDS, every view's own controls among them)
-    reset: two settings that differ only in what is shown share one model and one forward."""
-    return replace(s, **_VIEW_DEFAULTS)
-
-
-def make_batch(s: Settings, seed: int) -> RecsysBatch:
+def make_batch(s: ModelSettings, seed: int) -> RecsysBatch:
     """Inputs for these settings drawn with `seed`: the demo world's for demo weights, else random
     hashes in the model's vocabulary. Uncached; views use batch_for."""
     if s.weights == "demo":
@@ -195,25 +191,25 @@ def make_batch(s: Settings, seed: int) -> RecsysBatch:
 
 
 @ByteCache
-def _batch_for(s: Settings) -> RecsysBatch:
-    return make_batch(s, s.seed)
+def _batch_for(m: ModelSettings) -> RecsysBatch:
+    return make_batch(m, m.seed)
 
 
 def batch_for(s: Settings) -> RecsysBatch:
-    return _batch_for(model_settings(s))
+    return _batch_for(s.model)
 
 
 @ByteCache
-def _forward(s: Settings) -> RecsysOutput:
-    model = build_model(s)
-    batch = _to_device(batch_for(s))
+def _forward(m: ModelSettings) -> RecsysOutput:
+    model = _built(m)
+    batch = _to_device(_batch_for(m))
     with torch.no_grad():
         return model(batch, record=True, backend="naive")
 
 
 def forward(s: Settings) -> RecsysOutput:
     """One recorded forward per model-relevant settings, reused by every view."""
-    return _forward(model_settings(s))
+    return _forward(s.model)
 
 
 # What a server builds and runs once at start-up (app.warm_up), so that no visitor's first call pays for it: the

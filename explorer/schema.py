@@ -3,10 +3,11 @@ layer above raises when a value will not do (a ValueError whose message names th
 is allowed; server/guard.py turns it into ``gr.Error``). The bottom of the settings modules: explorer.limits and
 explorer.families read these; explorer.settings parses raw values into them.
 
-Settings holds the model (its layout, geometry, weights and RoPE), the view fields every tab shares (the row,
-layer, head, query, zoom ...) and, in ``view``, the values of the views' own controls: each a ``Control``
-declared in the module of the view that owns it (explorer/views/), read with ``control.of(s)``. Also the
-scalar checks (``check_int``, ``check_float``, ``check_choice``) every control is parsed with.
+Settings holds two parts: ``model``, a ``ModelSettings`` (the model's layout, geometry, weights and RoPE: the key
+of the model caches), and ``shown``, a ``Shown`` (the view fields every tab shares: the row, layer, head, query,
+zoom ... and, in ``view``, the values of the views' own controls: each a ``Control`` declared in the module of the
+view that owns it (explorer/views/), read with ``control.of(s)``). Also the scalar checks (``check_int``,
+``check_float``, ``check_choice``) every control is parsed with.
 """
 from __future__ import annotations
 
@@ -101,10 +102,10 @@ class Control:
     """A control a view owns: declared in its view's module and named in its record's `controls`
     (explorer.views.records.View). From this record alone it is parsed and refused by name
     (explorer.settings), kept in links and the API (explorer.query_string, explorer.controls.CONTROL_FIELDS),
-    labelled and built on its tab (app.py), and left out of the model's cache key (explorer.runs.model_settings
-    resets Settings.view). A number (`number` int or float, within [lo, hi], `why` said in a refusal) or one of
-    `choices`; `check` replaces both where the allowed values depend on the settings parsed before it (the bug
-    zoo's bugs on the family): check(value, parsed) -> the value, or ValidationError."""
+    labelled and built on its tab (app.py), and left out of the model's cache key (its value is in
+    Settings.shown.view, not Settings.model). A number (`number` int or float, within [lo, hi], `why` said in a
+    refusal) or one of `choices`; `check` replaces both where the allowed values depend on the settings parsed
+    before it (the bug zoo's bugs on the family): check(value, parsed) -> the value, or ValidationError."""
     name: str                   # its key in links and the API, one name across the views
     default: Any
     label: str                  # on the page (explorer.controls.LABELS)
@@ -153,7 +154,10 @@ class ViewOptions:
 
 
 @dataclass(frozen=True)
-class Settings:
+class ModelSettings:
+    """What the model, its inputs and its weights depend on: the key of every model cache (explorer.runs,
+    the probes' caches in explorer/views/), so settings that differ only in what is shown share one model and
+    one recorded forward, with no list of fields to keep."""
     preset: str = "lecture"
     family: str = "grok"             # explorer.families.FAMILIES: grok.py's trunk or production's (2026)
     # sequence layout
@@ -163,7 +167,6 @@ class Settings:
     history_padding: int = 0
     candidate_padding: int = 0
     batch_size: int = 1              # rows of inputs generated and run together
-    row: int = 0                     # the batch row every view shows
     # model geometry and attention
     emb_size: int = 64
     key_size: int = 16
@@ -182,16 +185,6 @@ class Settings:
     rope_base: float = 10000.0
     rope_offset: int = 0
     rope_mode: str = "sequential"
-    # view options (part of the URL so a link reproduces the picture; VIEW_FIELDS below)
-    layer: int = 0
-    head: int = -1                   # -1: every head of the layer as a grid
-    values: str = "probabilities"
-    color: str = "linear"
-    query: int = -1                  # -1: the first candidate
-    zoom: str = "all"                # ZOOMS: the whole sequence, or one region at full resolution
-    candidate: int = 0               # candidate j of the probes (Isolation's control, Invariance's 'drop')
-    # each view's own controls (explorer/views/: each a Control in its view's module)
-    view: ViewOptions = ViewOptions()
 
     # --- what the models need --------------------------------------------------------
     @property
@@ -247,6 +240,52 @@ class Settings:
             return replace(demo_config(), transformer=self.transformer_config())
         return RecsysConfig(self.transformer_config(), num_user_tokens=self.num_user)
 
+
+@dataclass(frozen=True)
+class Shown:
+    """What is shown of the model's run, never the model, its inputs or its weights: the view fields every tab
+    shares (part of the URL so a link reproduces the picture) and, in `view`, each view's own controls."""
+    row: int = 0                     # the batch row every view shows
+    layer: int = 0
+    head: int = -1                   # -1: every head of the layer as a grid
+    values: str = "probabilities"
+    color: str = "linear"
+    query: int = -1                  # -1: the first candidate
+    zoom: str = "all"                # ZOOMS: the whole sequence, or one region at full resolution
+    candidate: int = 0               # candidate j of the probes (Isolation's control, Invariance's 'drop')
+    # each view's own controls (explorer/views/: each a Control in its view's module)
+    view: ViewOptions = ViewOptions()
+
+
+MODEL_FIELDS = tuple(f.name for f in fields(ModelSettings))
+VIEW_FIELDS = tuple(f.name for f in fields(Shown))
+# Every field but `view` in the order links and the API's positional controls write them (explorer.controls.
+# CONTROL_FIELDS; the views' own controls follow), each ModelSettings' or Shown's (tests/test_explorer_settings.py)
+FIELDS = ("preset", "family", "num_user", "num_history", "num_candidates", "history_padding", "candidate_padding",
+          "batch_size", "row", "emb_size", "key_size", "num_q_heads", "num_kv_heads", "num_layers", "widening_factor",
+          "multiplier", "cap_method", "logit_cap", "prefix", "weights", "seed", "rope_base", "rope_offset",
+          "rope_mode", "layer", "head", "values", "color", "query", "zoom", "candidate")
+FIELD_TYPES = {f.name: f.type for part in (ModelSettings, Shown) for f in fields(part) if f.name in FIELDS}
+
+
+@dataclass(frozen=True, init=False)
+class Settings:
+    """A configuration: the model's part and the shown part, each frozen and hashable, so Settings is too.
+    Made and changed by field name, `Settings(preset="phoenix-nano", head=0)` and `replace(s, head=2)` (which
+    calls this __init__ with model, shown and the changes); every field is read as `s.head`, as are the
+    model's layout and configs (`s.layout`, `s.recsys_config()`)."""
+    model: ModelSettings = ModelSettings()
+    shown: Shown = Shown()
+
+    def __init__(self, model: ModelSettings = ModelSettings(), shown: Shown = Shown(), **changes):
+        unknown = changes.keys() - {*MODEL_FIELDS, *VIEW_FIELDS}
+        if unknown:
+            raise TypeError(f"Settings has no field {', '.join(sorted(unknown))}")
+        to_model = {k: v for k, v in changes.items() if k in MODEL_FIELDS}
+        to_shown = {k: v for k, v in changes.items() if k in VIEW_FIELDS}
+        object.__setattr__(self, "model", replace(model, **to_model) if to_model else model)
+        object.__setattr__(self, "shown", replace(shown, **to_shown) if to_shown else shown)
+
     @property
     def query_position(self) -> int:
         return self.candidate_start_offset if self.query < 0 else self.query
@@ -258,14 +297,23 @@ class Settings:
     def to_dict(self) -> dict:
         """Every field's value by name, the views' own controls' among them where not at their default
         (explorer.settings.parse_settings takes it back)."""
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "view"}
+        out = {name: getattr(self, name) for name in FIELDS}
         return {**out, **dict(self.view.items)}
 
 
-# The fields that change only what is shown, never the model, its inputs or its weights: the view fields every
-# tab shares, the batch row shown, and `view`, every view's own controls. explorer.runs.model_settings resets
-# them, so settings that differ only here share one model and one recorded forward (a field missing here would
-# build and run the model again at each change of it; a view's own control is in `view`, nothing to list).
-# Every other field picks the model, its layout or its weights; tests/test_explorer_settings.py fails on a field
-# that is neither.
-VIEW_FIELDS = ("row", "layer", "head", "values", "color", "query", "zoom", "candidate", "view")
+class _ReadFrom:
+    """Settings.<name>, read from one part: `s.head` is `s.shown.head`; on the class, the default, as a
+    dataclass field reads (`Settings.preset`). Read-only, as Settings is frozen."""
+
+    def __init__(self, part: str, name: str):
+        self.part, self.name = part, name
+
+    def __get__(self, s: Optional[Settings], owner: type) -> Any:
+        return getattr(getattr(owner if s is None else s, self.part), self.name)
+
+
+for _name in (*MODEL_FIELDS, "layout", "mask_kind", "seq_len", "candidate_start_offset", "xrex_config", "attn_scale",
+              "transformer_config", "recsys_config"):
+    setattr(Settings, _name, _ReadFrom("model", _name))
+for _name in VIEW_FIELDS:
+    setattr(Settings, _name, _ReadFrom("shown", _name))

@@ -11,7 +11,6 @@ explorer.views.VIEWS name), so a view's control is declared in its module and no
 """
 from __future__ import annotations
 
-from dataclasses import fields
 from typing import Any, Mapping, Optional
 
 from models.attention import CAP_METHODS
@@ -22,7 +21,8 @@ from models.presets import PRESETS
 
 from .families import FAMILIES, GROK_COUNTERPART, XREX_FIXED, XREX_ROPE, defaults, demo_transformer, preset_family
 from .limits import MAX_BATCH, check_model_fits, limits_device, max_seq_len
-from .schema import COLOR_SCALES, VALUE_KINDS, WEIGHT_GEOMETRY, ZOOMS, Control, Settings, ValidationError, ViewOptions
+from .schema import (COLOR_SCALES, FIELDS, VALUE_KINDS, WEIGHT_GEOMETRY, ZOOMS, Control, Settings, ValidationError,
+                     ViewOptions)
 from .schema import check_choice as _choice
 from .schema import check_float as _float
 from .schema import check_int as _int
@@ -32,7 +32,6 @@ from .views.invariance_rope import INVARIANCE_OPS     # noqa: F401  (its control
 WEIGHT_SOURCES = ("random", "zeros", "demo", "upload")
 
 
-_FIELDS = {f.name: f for f in fields(Settings) if f.name != "view"}     # the model's and the shared view fields
 # The order links and the API's positional controls have always written these views' controls in (to_query,
 # explorer.controls.CONTROL_FIELDS): kept, so a link and an API call read as they did. Every other control
 # follows them in tab order: a new view's control needs nothing here.
@@ -46,7 +45,7 @@ def view_controls() -> tuple[Control, ...]:
     for view in VIEWS.values():
         for c in view.controls:
             if isinstance(c, Control):
-                if found.setdefault(c.name, c) != c or c.name in _FIELDS:
+                if found.setdefault(c.name, c) != c or c.name in FIELDS:
                     raise RuntimeError(f"two controls named {c.name!r}: each control has a name of its own")
     first = [found.pop(name) for name in _FIRST if name in found]
     return (*first, *found.values())
@@ -54,17 +53,17 @@ def view_controls() -> tuple[Control, ...]:
 
 def control_value(s: Settings, name: str) -> Any:
     """A control's value in `s`, by name: a Settings field's, or a view's own control's."""
-    if name in _FIELDS:
+    if name in FIELDS:
         return getattr(s, name)
     own = {c.name: c for c in view_controls()}
     if name not in own:
-        raise ValidationError("settings", name, "one of " + ", ".join([*_FIELDS, *own]))
+        raise ValidationError("settings", name, "one of " + ", ".join([*FIELDS, *own]))
     return own[name].of(s)
 
 
 def all_values(s: Settings) -> dict[str, Any]:
     """Every control's value in `s`, by name (the Settings fields', then the views' own controls')."""
-    return {**{f: getattr(s, f) for f in _FIELDS}, **{c.name: c.of(s) for c in view_controls()}}
+    return {**{f: getattr(s, f) for f in FIELDS}, **{c.name: c.of(s) for c in view_controls()}}
 
 
 # fields old links may still carry: dropped on parsing (links open), and named in a note on page load
@@ -125,7 +124,7 @@ def _merged(raw: Mapping[str, Any] | None) -> tuple[str, str, dict, tuple[Contro
     controls. Unknown fields are refused."""
     raw = {k: v for k, v in dict(raw or {}).items() if k not in RETIRED_FIELDS}
     own = view_controls()
-    names = [*_FIELDS, *(c.name for c in own)]
+    names = [*FIELDS, *(c.name for c in own)]
     unknown = sorted(k for k in raw if k not in names)
     if unknown:
         raise ValidationError("settings", unknown[0], "one of " + ", ".join(names))

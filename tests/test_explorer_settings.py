@@ -10,8 +10,8 @@ from explorer.controls import CONTROL_FIELDS
 from explorer.families import preset_defaults
 from explorer.limits import CPU_MAX_SEQ_LEN
 from explorer.query_string import parse_query, retired_note, to_query
-from explorer.runs import model_settings
-from explorer.schema import VIEW_FIELDS, Settings, ValidationError, ViewOptions
+from explorer.schema import (FIELDS, MODEL_FIELDS, VIEW_FIELDS, ModelSettings, Settings, Shown, ValidationError,
+                            ViewOptions)
 from explorer.settings import control_value, parse_settings, view_controls
 
 BAD = [
@@ -167,7 +167,7 @@ def test_production_family_in_the_link_and_its_fixed_values():
 def test_old_links_with_the_retired_backend_field_open():
     """The views have no backend field; a link that carries `backend=` opens (the field is dropped)
     instead of being refused as an unknown field."""
-    assert "backend" not in Settings.__dataclass_fields__
+    assert "backend" not in FIELDS
     for value in ("flash_attn", "sdpa", "nonsense"):
         s = parse_query(f"preset=lecture&backend={value}&head=1")
         assert s == parse_query("preset=lecture&head=1") and "backend" not in to_query(s)
@@ -229,31 +229,49 @@ def test_preset_and_family_stay_consistent_and_links_carry_both():
 
 
 
-# the fields that pick the model, its inputs or its weights, in Settings' groups: the preset and family, the
-# sequence layout and batch, the geometry and attention, the weights and data, RoPE
-MODEL_FIELDS = {"preset", "family",
-                "num_user", "num_history", "num_candidates", "history_padding", "candidate_padding", "batch_size",
-                "emb_size", "key_size", "num_q_heads", "num_kv_heads", "num_layers", "widening_factor", "multiplier",
-                "cap_method", "logit_cap", "prefix",
-                "weights", "seed",
-                "rope_base", "rope_offset", "rope_mode"}
+def changed(s: Settings, f) -> Settings:
+    """`s` with the field `f` (of ModelSettings or Shown) set to another value."""
+    value = (ViewOptions((("operation", "permute"),)) if f.name == "view" else "other" if f.type == "str"
+             else getattr(s, f.name) + 1)
+    return replace(s, **{f.name: value})
 
 
-def test_every_field_picks_the_model_or_is_a_declared_view_field():
-    """A new Settings field is a model field (above) or is listed in explorer.schema.VIEW_FIELDS, which
-    explorer.runs.model_settings resets: forgotten there, each change of it would miss the model cache and run
-    the model again. And model_settings keeps every model field and resets every view field, every view's own
-    control among them (Settings.view: a view's control needs no list)."""
-    names = [f.name for f in fields(Settings)]
-    neither = [n for n in names if n not in MODEL_FIELDS and n not in VIEW_FIELDS]
-    assert not neither, f"{neither}: list each in explorer.schema.VIEW_FIELDS or in MODEL_FIELDS here"
-    assert set(VIEW_FIELDS) <= set(names) and len(set(VIEW_FIELDS)) == len(VIEW_FIELDS)
-    assert not MODEL_FIELDS & set(VIEW_FIELDS) and MODEL_FIELDS <= set(names)
+def test_the_model_caches_key_on_the_model_part_alone():
+    """The model caches (explorer.runs and the probes') key on Settings.model: a change of any field of the shown
+    part (every view's own control among them, in Shown.view) keeps the key and reuses the recorded forward; a
+    change of any field of the model part changes it. Both lists are read from the dataclasses, so a new field
+    is covered; FIELDS, the link order, names each field of both parts but `view` once."""
+    from explorer import runs
+    assert sorted(FIELDS) == sorted({*MODEL_FIELDS, *VIEW_FIELDS} - {"view"}) and len(set(FIELDS)) == len(FIELDS)
     default = Settings()
-    for f in fields(Settings):
-        if f.name != "view":
-            other = replace(default, **{f.name: "other" if f.type == "str" else getattr(default, f.name) + 1})
-            assert (model_settings(other) == model_settings(default)) == (f.name in VIEW_FIELDS), f.name
+    for f in fields(Shown):
+        other = changed(default, f)
+        assert other != default and hash(other) != hash(default), f.name
+        assert other.model == default.model and runs.forward(other) is runs.forward(default), f.name
+    for f in fields(ModelSettings):
+        other = changed(default, f)
+        assert other.model != default.model and other.shown == default.shown, f.name
     for c in view_controls():
         other = replace(default, view=ViewOptions(((c.name, "other"),)))
-        assert other != default and model_settings(other) == model_settings(default), c.name
+        assert other != default and other.model == default.model, c.name
+
+
+def test_settings_are_made_and_changed_by_field_name():
+    """Settings(field=...) and replace(s, field=...) set the field in its part, leave every other as it was, and
+    refuse a name that is no field; settings made the same way are equal with one hash (the caches' keys)."""
+    s = Settings(preset="phoenix-nano", seed=3, head=1, view=ViewOptions((("operation", "drop"),)))
+    assert (s.model.preset, s.model.seed, s.shown.head, s.shown.view.get("operation", None)) == (
+        "phoenix-nano", 3, 1, "drop")
+    moved = replace(s, head=2, num_layers=3)
+    assert (moved.head, moved.num_layers) == (2, 3)
+    assert {n: getattr(moved, n) for n in FIELDS if n not in ("head", "num_layers")} == \
+        {n: getattr(s, n) for n in FIELDS if n not in ("head", "num_layers")}
+    assert Settings(s.model, s.shown) == s and hash(Settings(s.model, s.shown)) == hash(s)
+    assert hash(parse_query(to_query(s))) == hash(parse_query(to_query(s)))
+    assert Settings.preset == Settings().preset == "lecture"       # on the class: the default
+    with pytest.raises(TypeError, match="bogus"):
+        Settings(bogus=1)
+    with pytest.raises(TypeError, match="bogus"):
+        replace(s, bogus=1)
+    with pytest.raises(AttributeError):
+        s.head = 3

@@ -516,7 +516,7 @@ def test_production_bug_zoo_runs_its_own_quirks():
     from models.bugzoo import BUGS, bug_names
     s = parse_query(XREX + "&bug=serving-block-rounding")
     fig, text = views.bug_zoo_view(s)
-    rows = views.variants._bug_report(runs.model_settings(s), 0)
+    rows = views.variants._bug_report(s.model, 0)
     assert [r["bug"] for r in rows] == ["none", *bug_names("xrex")]
     for r in rows[1:]:
         assert BUGS[r["bug"]].probe in r["flagged"], r        # history padding and P+L = 6: both caught
@@ -530,7 +530,7 @@ def test_production_bug_zoo_on_a_capped_layout():
     shorter history, and its quirks are still caught."""
     from models.bugzoo import BUGS
     s = parse_query("preset=lecture&family=xrex&num_history=40&history_padding=3")
-    rows = views.variants._bug_report(runs.model_settings(s), 0)
+    rows = views.variants._bug_report(s.model, 0)
     assert rows[0]["probe_positions"]["causality"] < s.seq_len
     for r in rows[1:]:
         assert BUGS[r["bug"]].probe in r["flagged"], r

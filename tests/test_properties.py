@@ -239,8 +239,7 @@ def explorer():
 
 def field_names(explorer):
     """Every control's name: the Settings fields and the views' own controls (explorer.settings.view_controls)."""
-    from dataclasses import fields
-    return ([f.name for f in fields(explorer.schema.Settings) if f.name != "view"]
+    return (list(explorer.schema.FIELDS)
             + [c.name for c in explorer.settings.view_controls()])
 
 

@@ -125,9 +125,8 @@ def test_records_name_their_figures_once():
 
 def test_a_views_own_controls_only_change_what_is_shown():
     """A tab's controls are its own (Control records, held in Settings.view) or shared view fields
-    (explorer.schema.VIEW_FIELDS): explorer.runs.model_settings resets both, so moving one redraws from the
-    model and forward already cached."""
-    from explorer.runs import model_settings
+    (explorer.schema.VIEW_FIELDS): both are Settings.shown, outside the model caches' key, Settings.model, so
+    moving one redraws from the model and forward already cached."""
     from explorer.schema import Control
     shared = {c for v in VIEWS.values() for c in v.controls if not isinstance(c, Control)}
     assert shared <= set(VIEW_FIELDS) and "view" in VIEW_FIELDS
@@ -138,7 +137,7 @@ def test_a_views_own_controls_only_change_what_is_shown():
         values = c.choices or ([v for _, v in c.page_choices()] if c.page_choices else (c.lo, c.hi))
         other = next(x for x in values if x != c.default)
         moved = parse_query(f"preset=lecture&{c.name}={other}")
-        assert c.of(moved) != c.of(s) and model_settings(moved) == model_settings(s), c.name
+        assert c.of(moved) != c.of(s) and moved.model == s.model, c.name
 
 
 # a view's own module, as each of explorer/views/ is: its function, its cost, its Export's caption and its record
@@ -206,7 +205,7 @@ found["pack"] = [list(drawn["toy"][0].data[0].y), drawn["toy"][1], export.file_s
 found["readme"] = "| 8 · Toy | A toy view that draws two bars. |" in views_block()
 # its own control, declared in its module alone: on its tab, parsed and refused by name, in links and the API's
 # controls, labelled, and out of the model's cache key
-from explorer import controls, runs
+from explorer import controls
 from explorer.query_string import to_query
 from explorer.schema import ValidationError
 from server import links
@@ -221,7 +220,8 @@ except ValidationError as e:
     found["refused"] = [str(e), controls.on_screen(e)]
 found["page_link"] = controls.from_link({"preset": "lecture", "toy_shape": "cubes", "seed": "3"})[1]
 found["api"] = [controls.CONTROL_FIELDS[-1], links.control_values(dots)[-1], controls.LABELS["toy_shape"]]
-found["cache"] = runs.model_settings(dots) == runs.model_settings(parse_query("preset=lecture&seed=5")) != dots
+seeded = parse_query("preset=lecture&seed=5")
+found["cache"] = dots.model == seeded.model and dots != seeded
 print("FOUND" + json.dumps(found))
 '''
 

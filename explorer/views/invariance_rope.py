@@ -19,7 +19,7 @@ from models.xrex import right_anchored_positions
 from .. import budget, runs
 from ..figures import Panel, grouped_bar_figure, heatmap_figure, line_figure
 from ..limits import Cost, forward_cost
-from ..schema import Control, Settings
+from ..schema import Control, ModelSettings, Settings
 from .panels import row_note
 from .records import Export, Part, Plot, Text, View
 
@@ -44,7 +44,7 @@ def changed_batch(s: Settings, batch: RecsysBatch) -> tuple[RecsysBatch, list[tu
     if OPERATION.of(s) == "add":
         # one new candidate per row before the padded slots: the first candidate of a batch drawn the
         # same way from another seed, so its hashes are in this model's vocabulary (the demo world's too)
-        extra = runs.make_batch(s, s.seed + 1000)
+        extra = runs.make_batch(s.model, s.seed + 1000)
 
         def insert(field):
             t, row = getattr(new, field), getattr(extra, field)[:, :1]
@@ -57,12 +57,12 @@ def changed_batch(s: Settings, batch: RecsysBatch) -> tuple[RecsysBatch, list[tu
 
 def invariance(s: Settings) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]:
     """Scores before and after the operation for the kept candidates: ([N, A], [N, A], pairs)."""
-    return _invariance(runs.model_settings(s), OPERATION.of(s), s.candidate, s.row)
+    return _invariance(s.model, OPERATION.of(s), s.candidate, s.row)
 
 
 @budget.ByteCache
-def _invariance(s: Settings, operation: str, candidate: int, row: int):
-    s = replace(s, candidate=candidate, row=row).with_view({OPERATION: operation})
+def _invariance(m: ModelSettings, operation: str, candidate: int, row: int):
+    s = Settings(m, candidate=candidate, row=row).with_view({OPERATION: operation})
     batch = runs.batch_for(s)
     new, pairs = changed_batch(s, batch)
     # unrecorded: the other RoPE modes need no traces (a recorded forward per mode would hold 3x the memory)

@@ -15,7 +15,7 @@ from models.probes import PERTURBATIONS, other_candidates, perturb
 from .. import budget, runs
 from ..figures import Panel, grouped_bar_figure, heatmap_figure
 from ..limits import Cost, forward_cost, recorded_bytes
-from ..schema import Control, Settings
+from ..schema import Control, ModelSettings, Settings
 from .panels import SINGLE_MAX_CELLS, row_note
 from .records import Export, Part, Plot, Text, View, recorded_cost
 
@@ -75,12 +75,12 @@ def isolation_reading(s: Settings, mask_kind: str | None = None) -> IsolationRea
     """Run the model twice (as is, and with candidate j perturbed) under one mask kind."""
     kind = mask_kind or s.mask_kind
     probe = (s.row, s.candidate, PERTURBATION.of(s), DELTA.of(s), REPLACE_WITH.of(s))
-    return _isolation_reading(runs.model_settings(s), probe, kind)
+    return _isolation_reading(s.model, probe, kind)
 
 
 @budget.ByteCache
-def _isolation_reading(s: Settings, probe: tuple, kind: str) -> IsolationReading:
-    s = replace(s, row=probe[0], candidate=probe[1]).with_view(
+def _isolation_reading(m: ModelSettings, probe: tuple, kind: str) -> IsolationReading:
+    s = Settings(m, row=probe[0], candidate=probe[1]).with_view(
         {PERTURBATION: probe[2], DELTA: probe[3], REPLACE_WITH: probe[4]})
     r = slice(s.row, s.row + 1)          # the shown batch row, kept as a batch of one
     base_emb, pert_emb = runs.forward(s).embeddings[r], perturbed_embeddings(s)

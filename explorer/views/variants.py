@@ -22,7 +22,7 @@ from .. import budget, runs
 from ..figures import Panel, heatmap_figure, line_figure
 from ..limits import Cost, forward_cost, model_bytes, recorded_bytes
 from ..families import FAMILIES
-from ..schema import Control, Settings, ValidationError
+from ..schema import Control, ModelSettings, Settings, ValidationError
 from .panels import GRID_MAX_CELLS, SINGLE_MAX_CELLS, layout_panel, mask_dense
 from .records import Export, Part, Plot, Text, View, recorded_cost
 
@@ -216,7 +216,7 @@ def bug_zoo_view(s: Settings) -> tuple[go.Figure, str]:
     base, r = runs.forward(s), slice(s.row, s.row + 1)
     emb, valid, off = base.embeddings[r], base.valid[r], base.candidate_start_offset
     with torch.no_grad():
-        rows = _bug_report(runs.model_settings(s), s.row)
+        rows = _bug_report(s.model, s.row)
         trace = with_bug(model, bug)(emb, valid, off, record=True).layers[0]
     probs = trace.probs[0, 0].float().cpu().numpy()
     # masked: what the model's mask hides and the bug left at exactly 0 (a pair it lets through shows its weight)
@@ -251,7 +251,8 @@ def _capped_note(s: Settings, positions: dict) -> str:
 
 
 @budget.ByteCache
-def _bug_report(s: Settings, row: int):
+def _bug_report(m: ModelSettings, row: int):
+    s = Settings(m)
     base, r = runs.forward(s), slice(row, row + 1)
     capped = capped_layout(base.embeddings[r], base.valid[r], base.candidate_start_offset, BUG_ZOO_MAX_POSITIONS)
     return bug_report(runs.build_model(s).transformer, *capped)
