@@ -568,6 +568,8 @@ if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
     stop_on_sigterm()
     memory.configure_threads()          # once, before any worker thread runs a forward
+    memory.configure_malloc_arenas()    # before any thread but this one allocates
+    memory.configure_gil_switch()
     demo = build_app()
     memory.freeze_startup_objects()     # the idle trim's collections then skip the page and the imports
     memory.start_idle_trim()

@@ -201,16 +201,40 @@ def with_bug(model: nn.Module, bug: Optional[str]) -> nn.Module:
     return buggy
 
 
+class _OnTheInputOnce:
+    """`model` as the probes call a trunk, its output on the report's own input (these very tensors, unperturbed)
+    computed once: isolation's unperturbed pass and parity's pass of the same model are one forward, and parity's
+    reference (the correct trunk) is the faithful row's — 24 forwards of a grok report instead of 36, the same
+    numbers (the same model on the same tensors; scripts/same_figures.py: every case the same bytes). A lecture
+    report, median of 5, two interleaved pairs on a shared machine: 105 -> 76 and 70 -> 54 ms (demo weights),
+    148 -> 117 and 93 -> 70 ms (random, 30 history). Any other input (a perturbed copy, a capped layout) runs."""
+
+    def __init__(self, model: nn.Module, embeddings, mask, candidate_start_offset):
+        self.model, self.input = model, (embeddings, mask, candidate_start_offset)
+        self.output = None
+
+    def __call__(self, embeddings, mask, candidate_start_offset=None):
+        x, m, offset = self.input
+        if embeddings is x and mask is m and candidate_start_offset == offset:
+            if self.output is None:
+                self.output = self.model(embeddings, mask, candidate_start_offset)
+            return self.output
+        return self.model(embeddings, mask, candidate_start_offset)
+
+
 def bug_report(model: nn.Module, embeddings, mask, candidate_start_offset=None) -> list[dict]:
     """Every probe on the correct trunk and on each bug: one row per model, probe values and
     whether each is flagged — the table a lecturer shows (and the README's). Probes with a position
     cap (causality) look at a capped layout of long inputs; ``probe_positions`` says how long."""
     rows = []
+    correct = _OnTheInputOnce(model, embeddings, mask, candidate_start_offset)
     for bug in ("none", *bug_names(model_family(model))):
-        buggy = with_bug(model, bug)                          # one copy per bug, shared by every probe
-        # the reference for parity is `model` itself, the correct trunk: built once, not per bug
+        # one copy per bug, shared by every probe; the reference for parity is `model` itself, the correct
+        # trunk: built once, its pass on the input run once (the faithful row's)
+        buggy = correct if bug == "none" else _OnTheInputOnce(with_bug(model, bug), embeddings, mask,
+                                                              candidate_start_offset)
         results = [run_probe(p, buggy, embeddings, mask, candidate_start_offset,
-                             **({"reference": model} if p == "parity" else {})) for p in PROBES]
+                             **({"reference": correct} if p == "parity" else {})) for p in PROBES]
         rows.append({"bug": bug, "notebook": BUGS[bug].notebook if bug in BUGS else "",
                      "caught_by": BUGS[bug].probe if bug in BUGS else "",
                      **{r.probe: r.value for r in results}, "flagged": [r.probe for r in results if r.flagged],

@@ -225,6 +225,27 @@ def family_model(family):
     return model, x, mask, 8
 
 
+@pytest.mark.parametrize("family", ["grok", "xrex"])
+def test_bug_report_runs_each_models_pass_on_its_input_once(family):
+    """The report's numbers are each probe's own (run_probe on each bugged copy, parity against the model),
+    from 4 forwards a model instead of 6: isolation's unperturbed pass serves parity, and the faithful trunk's
+    serves every parity reference."""
+    from models.bugzoo import bug_report
+    model, x, mask, offset = family_model(family)
+    names = ["none", *bug_names(family)]
+    calls = []
+    hook = model.register_forward_hook(lambda *_: calls.append(1))      # copied into each bugged copy
+    rows = bug_report(model, x, mask, offset)
+    assert len(calls) == 4 * len(names)
+    hook.remove()
+    assert [r["bug"] for r in rows] == names
+    for row, bug in zip(rows, names):
+        buggy = with_bug(model, bug)
+        alone = {p: run_probe(p, buggy, x, mask, offset, **({"reference": model} if p == "parity" else {})).value
+                 for p in PROBES}
+        assert {p: row[p] for p in PROBES} == alone, bug
+
+
 @pytest.mark.parametrize("bug", list(BUGS))
 def test_a_planted_bug_shares_the_models_weights_and_leaves_the_model_as_it_was(bug):
     """with_bug copies the modules, not the weights (a production trunk's are 1.3 GB): every parameter of the

@@ -19,6 +19,74 @@ def test_threads_are_configured_once_from_the_environment(monkeypatch):
         torch.set_num_threads(before)
 
 
+def test_the_gil_switch_interval_is_configured_once_from_the_environment(monkeypatch):
+    import sys
+    before = sys.getswitchinterval()
+    try:
+        monkeypatch.delenv(memory.SWITCH_INTERVAL_ENV, raising=False)
+        assert memory.configure_gil_switch() == memory.SWITCH_INTERVAL_MS
+        assert sys.getswitchinterval() == pytest.approx(memory.SWITCH_INTERVAL_MS / 1000)
+        assert sys.getswitchinterval() < 0.005                      # below Python's default
+        monkeypatch.setenv(memory.SWITCH_INTERVAL_ENV, "5")
+        assert memory.configure_gil_switch() == 5 and sys.getswitchinterval() == pytest.approx(0.005)
+        for bad in ("soon", "0", "1000"):
+            monkeypatch.setenv(memory.SWITCH_INTERVAL_ENV, bad)
+            with pytest.raises(ValidationError, match=f"EXPLORER_SWITCH_INTERVAL_MS: got '{bad}'; allowed: milli"):
+                memory.configure_gil_switch()
+    finally:
+        sys.setswitchinterval(before)
+
+
+ARENAS_OF_EIGHT_THREADS = """
+import ctypes, os, sys, tempfile, threading
+sys.path.insert(0, os.getcwd())
+from server import memory
+print(memory.configure_malloc_arenas())
+go = threading.Barrier(8)
+def allocate():
+    go.wait()
+    kept = [bytearray(200_000) for _ in range(20)]      # past pymalloc: glibc's malloc, from this thread's arena
+libc = ctypes.CDLL("libc.so.6")
+threads = [threading.Thread(target=allocate) for _ in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+libc.fopen.restype = ctypes.c_void_p
+path = tempfile.mktemp()
+f = libc.fopen(path.encode(), b"w")
+libc.malloc_info(0, ctypes.c_void_p(f))
+libc.fclose(ctypes.c_void_p(f))
+print(open(path).read().count("<heap nr="))
+"""
+
+
+@pytest.mark.parametrize("arenas", ["0", "2"])
+def test_the_threads_share_at_most_the_configured_malloc_arenas(arenas):
+    """glibc gives each new thread an arena of its own up to 8 per core, each keeping pages the idle trim
+    cannot return; app.py sets at most EXPLORER_MALLOC_ARENAS (2 unless told) before its threads start."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", ARENAS_OF_EIGHT_THREADS], capture_output=True, text=True,
+                         timeout=120, cwd=root, env={**os.environ, memory.ARENAS_ENV: arenas})
+    assert out.returncode == 0, out.stderr
+    configured, heaps = map(int, out.stdout.split())
+    assert configured == int(arenas)
+    if arenas == "0":
+        assert heaps > 2, heaps                      # glibc's default: the threads spread over their own
+    else:
+        assert heaps <= 2, heaps
+    main = open(os.path.join(root, "app.py")).read()
+    assert main.index("memory.configure_malloc_arenas()") < main.index("build_app()\n")
+
+
+def test_the_malloc_arenas_setting_refuses_what_is_no_count(monkeypatch):
+    for bad in ("two", "-1", "65"):
+        monkeypatch.setenv(memory.ARENAS_ENV, bad)
+        with pytest.raises(ValidationError, match=f"EXPLORER_MALLOC_ARENAS: got '{bad}'; allowed: an integer"):
+            memory.configure_malloc_arenas()
+
+
 def test_a_running_sweep_yields_its_turn_to_other_pages_sweeps_waiting(monkeypatch):
     """A live run has its turn (explorer.limits.SWEEP_TURN_S): past it, the run ends once a sweep of
     another page waits in the timing lane; its own page's next sweep, or one pushed out, does not count."""
