@@ -52,10 +52,9 @@ def configure_gil_switch() -> float:
     """How long a thread holding the GIL keeps it while another asks for it (Python's default 5 ms), set once at
     start-up (app.py). Each torch op, socket wait or lock a thread releases it at costs it up to that long to
     take back while another thread runs Python (the event loop, the figures of four other draws): a lecture
-    model view of ~10 ms of server CPU spent ~0.65 s in the soak of issue 34. 1 ms hands it over 5x sooner.
-    Measured (quick soaks, 60 s, every mode, 2 cores shared with another helper's tests, main before / with this,
-    configure_malloc_arenas and models.bugzoo's shared passes after, interleaved): honest model views p95 23.0 / 20.2 / 18.9 s before, 15.7 / 15.9 / 12.0 s after;
-    classroom p95 19.7 / 19.7 / 18.9 s, 13.5 / 14.5 / 10.2 s. EXPLORER_SWITCH_INTERVAL_MS overrides (5: Python's)."""
+    model view of ~10 ms of server CPU spent ~0.65 s in the soak of issue 34. 1 ms hands it over 5x sooner (the
+    soaks before and after are in the commit that set it, d2d7d93; the soak of record in the README).
+    EXPLORER_SWITCH_INTERVAL_MS overrides (5: Python's)."""
     raw = os.environ.get(SWITCH_INTERVAL_ENV, str(SWITCH_INTERVAL_MS))
     try:
         ms = float(raw)
@@ -73,10 +72,9 @@ M_ARENA_MAX = -8                    # glibc's mallopt parameter (malloc.h)
 
 def configure_malloc_arenas() -> int:
     """At most this many glibc malloc arenas, set once at start-up before the server's threads run (app.py):
-    glibc gives new threads arenas of their own, up to 8 per core, each keeping freed pages until malloc_trim.
-    Measured (24 threads of honest lecture views for 40 s, twice each, interleaved): RSS after the warm-up
-    0.84 / 0.87 GB with 2 arenas, 0.92 / 0.96 with glibc's default; peak 1.02 / 1.08 against 1.13 / 1.28; after
-    the idle trim the same (0.64 / 0.68, 0.64 / 0.71). EXPLORER_MALLOC_ARENAS overrides (0: glibc's default).
+    glibc gives new threads arenas of their own, up to 8 per core, each keeping freed pages until malloc_trim:
+    fewer arenas, a lower working RSS under load (what the idle trim leaves is the same; d2d7d93 says how it was
+    measured). EXPLORER_MALLOC_ARENAS overrides (0: glibc's default).
     A no-op where libc is not glibc. -> the number set."""
     raw = os.environ.get(ARENAS_ENV, "2")
     try:
@@ -93,7 +91,8 @@ def configure_malloc_arenas() -> int:
     return n
 
 
-IDLE_TRIM_S = 10.0                  # no request for this long: the caches shrink to IDLE_KEEP_BYTES
+IDLE_TRIM_S = 5.0                   # no request for this long: the caches shrink to IDLE_KEEP_BYTES (10 s let the
+                                    # requests still queued when a load stops push the trim past 30 s after it)
 
 
 IDLE_KEEP_BYTES = 256 * 2**20       # the lecture preset's models and forwards fit many times over
