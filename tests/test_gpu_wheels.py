@@ -343,7 +343,7 @@ def view_cost_args(args: list[str], monkeypatch) -> dict:
 
 
 def test_the_session_plans_tests_the_evidence_then_the_rest_within_its_budget(tmp_path, monkeypatch):
-    """`all`, dry: the GPU tests (45 % of what is left), the attention at phoenix-prod (the Flash tab's headline:
+    """`all`, dry: the GPU tests (50 % of what is left), the attention at phoenix-prod (the Flash tab's headline:
     a session whose tests ran long once left it no time behind the views), the trunk at phoenix-prod and
     phoenix-2026, every view at five presets, every view at the production presets split into build, forward,
     first and warm calls (view_cost --production, into $OUT), then the other attention presets, each within the
@@ -353,7 +353,7 @@ def test_the_session_plans_tests_the_evidence_then_the_rest_within_its_budget(tm
     plan = session_plan(tmp_path)
     assert [cmd[2] for _, cmd in plan] == (["pytest"] + ["benchmarks.attention"] * 3 + ["benchmarks.view_cost"]
                                            + ["benchmarks.attention"] * 3)
-    assert "-m" in plan[0][1] and "gpu" in plan[0][1] and plan[0][0] <= 0.45 * 540
+    assert "-m" in plan[0][1] and "gpu" in plan[0][1] and plan[0][0] <= 0.50 * 540
     assert all(s <= 540 for s, _ in plan)
     (seconds, view_cost_cmd), = [(s, cmd) for s, cmd in plan if cmd[2] == "benchmarks.view_cost"]
     measured = view_cost_args(view_cost_cmd[3:], monkeypatch)
