@@ -65,6 +65,7 @@ TESTS_SHARE=${TESTS_SHARE:-50}     # % of what is left when the tests start: abo
                                    # the third's, with 35 % = 173 s, stopped 3 short on a slower CPU side
 VIEWS_S=${VIEWS_S:-60}            # every view at VIEW_PRESETS
 VIEW_COST_S=${VIEW_COST_S:-120}   # repeats of benchmarks/view_cost.py --production (one fresh process per preset each)
+KERNELS_S=${KERNELS_S:-150}       # the kernels at phoenix-prod (the sixth session's, uncapped, took the trunk's time)
 TRUNK_S=${TRUNK_S:-100}           # the trunk forward per backend at TRUNK_PRESETS
 VIEW_PRESETS=lecture,phoenix-nano,phoenix-2026-nano,phoenix-prod,phoenix-2026
 TRUNK_PRESETS=(phoenix-prod phoenix-2026)
@@ -199,20 +200,21 @@ model_timing() {   # the trunk forward per backend (what flash buys the model), 
         --out-dir "$out/results"
 }
 
-bench() {   # $@: attention presets, until the call's budget is spent
-    local margin=90               # one uninterruptible compile, and the time to write what was measured
+bench() {   # $1: the most seconds one preset gets; then attention presets, until the call's budget is spent
+    local cap=$1 margin=90        # margin: one uninterruptible compile, and the time to write what was measured
+    shift
     for p in "$@"; do
-        local l; l=$(left)
-        [ "$l" -gt $(( margin + 30 )) ] || { echo "no time left for $p ($l s)"; break; }
-        echo "== benchmark $p ($(( l - margin )) s)"
-        benchmark $(( l - margin )) --parts attention --preset "$p"
+        local l b; l=$(left); b=$(( l - margin < cap ? l - margin : cap ))
+        [ "$b" -gt 30 ] || { echo "no time left for $p ($l s)"; break; }
+        echo "== benchmark $p ($b s)"
+        benchmark "$b" --parts attention --preset "$p"
     done
 }
 
 timings() {   # the Flash tab's evidence first (the kernels at phoenix-prod, then the trunk), the rest as time allows
-    bench "${BENCH_PRESETS[0]}"
+    bench "$KERNELS_S" "${BENCH_PRESETS[0]}"
     model_timing
-    bench "${BENCH_PRESETS[@]:1}"
+    bench 100000 "${BENCH_PRESETS[@]:1}"
 }
 
 case "$step" in

@@ -355,6 +355,8 @@ def test_the_session_plans_tests_the_evidence_then_the_rest_within_its_budget(tm
                                            + ["benchmarks.attention"] * 3)
     assert "-m" in plan[0][1] and "gpu" in plan[0][1] and plan[0][0] <= 0.50 * 540
     assert all(s <= 540 for s, _ in plan)
+    kernels = plan[1][1]     # capped (150 s): the sixth session's, given all that was left, left the trunk 50 s
+    assert "--preset" in kernels and kernels[kernels.index("--budget-s") + 1] == "150"
     (seconds, view_cost_cmd), = [(s, cmd) for s, cmd in plan if cmd[2] == "benchmarks.view_cost"]
     measured = view_cost_args(view_cost_cmd[3:], monkeypatch)
     assert measured["presets"] == ["phoenix-prod", "phoenix-2026"] and measured["device"] == "cuda"
