@@ -15,17 +15,31 @@ the navigation's start (a link opened) to the frame with the heatmap.
 
 Each record names its control kind: "display" (what is shown of the same forward: colour, values, head,
 layer, query row), "model" (the model's inputs or weights: seed) or "preset" (a preset switch, a preset's
-link opened). `--before REF` measures that commit's app too (`git archive` into a temporary folder), in
-the same run, first: both versions' records are in the file, each with its version and commit. p50 /
-p95 / min / max go to benchmarks/results/browser-latency-<date>.json with device, date, commit and the
-machine's load average; scripts/readme_tables.py summarises the newest file in the README.
+link opened). `--before REF` measures that commit's app too (`git archive` into a temporary folder), in the
+same run and interleaved: both apps run at once on their own ports, one Chromium holds a page of each, and
+every control's repeat i is timed on one page then the other, the order alternating with i (A, B then B, A),
+so machine drift between minutes of a run cannot pass for a difference between versions. Each page's first
+change of each kind warms its caches and is not kept. Both versions' records are in the file, each with its
+version and commit. p50 / p95 / min / max go to benchmarks/results/browser-latency-<date>.json with device,
+date, commit, the machine's load average and `interleaved`; scripts/readme_tables.py summarises the newest
+file in the README.
+
+The driver stays within what one visitor may ask of an app (Pace: server.shares.WORK_SHARE, GFLOP of model
+views per 10 minutes): past it the server refuses the view, the page draws nothing new and only says so under
+its link box. A long run (--repeats 24: ~150 phoenix-nano views within minutes) waits off the clock until the
+next view fits; a refusal on the page all the same (a smaller share, a field refused) fails the run at once
+with the page's words (Refused), not after the 180 s timeout.
+
 Targets (issue 18): display change at lecture p95 < 100 ms (must: 150), model change at lecture < 250 ms,
 any control at phoenix-nano < 700 ms, preset switch < 1.5 s, first Attention paint at phoenix-2026-nano < 3 s.
 """
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import datetime as dt
+import functools
 import json
 import os
 import statistics
@@ -38,9 +52,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from explorer.controls import LABELS  # noqa: E402  (the labels the page shows, as the app builds them)
-from harness.localhost import launch_browser, running_app, wait_for_plot  # noqa: E402
+from explorer.settings import parse_settings  # noqa: E402
+from explorer.views import VIEWS  # noqa: E402
+from harness.localhost import launch_browser, running_app  # noqa: E402
 from harness.reports import checkout, percentile  # noqa: E402
 from models.runinfo import device_name, git_commit  # noqa: E402
+from server.shares import WORK_SHARE  # noqa: E402
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 TARGETS_MS = {("display", "lecture"): 100.0, ("model", "lecture"): 250.0, ("display", "phoenix-nano"): 700.0,
@@ -59,21 +76,74 @@ PLOT_STATE = """(id) => {
 }"""
 
 
+# what the page says when it refuses a request instead of drawing it (a work share spent, a field out of range):
+# Gradio's validation message under the event's first input, a pop-up, a control marked invalid. textContent,
+# not innerText: read every frame while a change is timed, it must not lay the page out.
+REFUSAL = """() => [...document.querySelectorAll('.validation-error, .toast-body, .invalid')]
+    .map((e) => e.textContent.trim().slice(0, 300)).filter(Boolean).join(' / ')"""
+
+
+class Refused(RuntimeError):
+    """The page answered a timed change or a load with a refusal, not a figure."""
+
+
 # the page's clock: the first input event after arming, and the first animation frame with a new state
+# (or, instead of one, a new refusal on the page: the change then fails at once with the page's words)
 ARM = """(id) => {
-    window.__input = null; window.__drawn = null;
+    window.__input = null; window.__drawn = null; window.__refused = null;
     const state = """ + PLOT_STATE + """;
     const before = state(id);
     const mark = () => { if (window.__input === null) window.__input = performance.now(); };
     for (const t of ['pointerdown', 'keydown', 'input']) document.addEventListener(t, mark, {capture: true, once: true});
+    const refusal = """ + REFUSAL + """, was = refusal();
     const poll = () => {
-        const now = state(id);
+        const now = state(id), said = refusal();
         if (now && (!before || now.length !== before.length || now.some((v, i) => v !== before[i]))) {
             window.__drawn = performance.now();
-        } else requestAnimationFrame(poll);
+        } else if (said && said !== was) window.__refused = said;
+        else requestAnimationFrame(poll);
     };
     requestAnimationFrame(poll);
 }"""
+
+
+class Pace:
+    """What one visitor may ask of one app: server.shares.WORK_SHARE, GFLOP of model views (each estimated
+    before it runs, as the server estimates it) within any window; past it the server refuses the view and the
+    page draws nothing new. Every timed change and load on the Attention tab counts as a view (those the page
+    draws itself too: an over-count, never an under-count); `ask` waits, off the clock, until the next fits in
+    9/10 of the share (the server counts from its admission, a little after the driver's ask)."""
+
+    def __init__(self, share: dict = WORK_SHARE, clock=time.monotonic, sleep=time.sleep):
+        self.limit, self.window_s = 0.9 * share["max_bytes"], share["window_s"]
+        self.asked: collections.deque = collections.deque()       # (when, GFLOP)
+        self.clock, self.sleep = clock, sleep
+
+    def ask(self, gflop: float) -> float:
+        """Wait until `gflop` more fits (a view under 1 GFLOP never counts, as on the server) -> seconds waited."""
+        if gflop < 1:
+            return 0.0
+        waited = 0.0
+        while True:
+            now = self.clock()
+            while self.asked and self.asked[0][0] <= now - self.window_s:
+                self.asked.popleft()
+            if sum(g for _, g in self.asked) + gflop <= self.limit or not self.asked:
+                break
+            wait = self.asked[0][0] + self.window_s - now + 0.5
+            print(f"  waiting {wait:.0f} s: one visitor's share of model views ({self.limit:g} of "
+                  f"{self.limit / 0.9:g} GFLOP per {self.window_s:g} s) is asked for", flush=True)
+            self.sleep(wait)
+            waited += wait
+        self.asked.append((self.clock(), gflop))
+        return waited
+
+
+@functools.lru_cache(maxsize=None)
+def view_gflop(tab: str, preset: str) -> float:
+    """The server's estimate of drawing `tab` at `preset`, in GFLOP (this tree's; a version before it costs
+    the same views the same, or the pace's over-count covers it)."""
+    return VIEWS[tab].estimate(parse_settings({"preset": preset})).flops / 1e9
 
 
 def time_change(page, plot_id: str, act, prepare=None, timeout_ms: float = 180_000) -> tuple[float, float]:
@@ -84,9 +154,12 @@ def time_change(page, plot_id: str, act, prepare=None, timeout_ms: float = 180_0
     page.evaluate(ARM, plot_id)
     t0 = time.perf_counter()
     act()
-    page.wait_for_function("() => window.__drawn !== null && window.__input !== null", timeout=timeout_ms,
-                           polling="raf")
+    page.wait_for_function("() => (window.__drawn !== null && window.__input !== null) || window.__refused !== null",
+                           timeout=timeout_ms, polling="raf")
     driver = (time.perf_counter() - t0) * 1000
+    refused = page.evaluate("() => window.__refused")
+    if refused is not None:
+        raise Refused(f"{page.url}: the page refused the change instead of drawing it: {refused}")
     return page.evaluate("() => window.__drawn - window.__input"), driver
 
 
@@ -125,89 +198,130 @@ def controls(page, rows: tuple[int, int]) -> dict:
     }
 
 
-def first_paint(page, url: str, preset: str, repeats: int) -> tuple[float, list[tuple[float, float]]]:
-    """(the cold first load, then `repeats` loads) of `preset`'s link on the Attention tab: ms from the
-    navigation's start to the frame that holds the heatmap."""
-    samples = []
+def load(page, url: str, plot_id: str) -> float:
+    """Open `url` and wait for `plot_id`'s figure (or a refusal: Refused, with the page's words) -> ms on the
+    page from the navigation's start to the frame that holds it."""
+    page.goto(url)
+    page.wait_for_function(f"""() => {{
+        if (({PLOT_STATE})('{plot_id}') !== null) return (window.__painted = window.__painted || performance.now());
+        return (window.__refused = ({REFUSAL})() || null);
+    }}""", timeout=120_000, polling="raf")
+    painted, refused = page.evaluate("() => [window.__painted || null, window.__refused || null]")
+    if painted is None:
+        raise Refused(f"{url}: the page refused to draw {plot_id}: {refused}")
+    return painted
+
+
+def first_paint(page, url: str, preset: str) -> tuple[float, float]:
+    """One load of `preset`'s link on the Attention tab: (ms on the page from the navigation's start to the
+    frame that holds the heatmap, ms the driver waited)."""
+    t0 = time.perf_counter()
+    painted = load(page, f"{url}?preset={preset}&tab=attention", "attention-plot")
+    return painted, (time.perf_counter() - t0) * 1000
+
+
+def interleave(paces: list[Pace], repeats: int, time_one, gflop: float) -> list[list[tuple[float, float]]]:
+    """`time_one(k, i)` for each repeat i (0 to `repeats`) and page k (one per pace), A then B on even repeats,
+    B then A on odd ones, each asking `gflop` of its app first (every pace asked before either page is timed: a
+    wait never splits a pair) -> each page's samples, its first (the warm-up of its caches) left out."""
+    samples = [[] for _ in paces]
     for i in range(repeats + 1):
-        t0 = time.perf_counter()
-        page.goto(f"{url}?preset={preset}&tab=attention")
-        page.wait_for_function(f"""() => ({PLOT_STATE})('attention-plot') !== null
-                                   && (window.__painted = window.__painted || performance.now())""",
-                               timeout=120_000, polling="raf")
-        samples.append((page.evaluate("() => window.__painted"), (time.perf_counter() - t0) * 1000))
-    return samples[0][0], samples[1:]
+        for pace in paces:
+            pace.ask(gflop)
+        for k in (range(len(paces)) if i % 2 == 0 else reversed(range(len(paces)))):
+            ms = time_one(k, i)
+            if i:
+                samples[k].append(ms)
+    return samples
 
 
-def measure(url: str, repeats: int, version: dict) -> list[dict]:
+def measure(sides: list[tuple[str, dict]], repeats: int) -> list[dict]:
+    """Every control timed on each version's app at once (`sides`: (url, version), one page each), interleaved:
+    each repeat times the change on one page then the other, the order alternating with the repeat, so both
+    versions see the machine in the same state. -> the records, the first version's first."""
     from playwright.sync_api import sync_playwright
-    records = []
+    records: list[list[dict]] = [[] for _ in sides]
 
-    def record(r):
-        records.append(r)
-        print(f"{version['version']:6s} {r['preset']:24s} {r['control']:30s} p50 {r['p50_ms']:6.0f} ms  "
+    def record(k, r):
+        records[k].append(r)
+        print(f"{r['version']:6s} {r['preset']:24s} {r['control']:30s} p50 {r['p50_ms']:6.0f} ms  "
               f"p95 {r['p95_ms']:6.0f} ms  (target {r['target_p95_ms']:g}; driver p95 {r['driver_p95_ms']:6.0f})",
               flush=True)
 
+    paces = [Pace() for _ in sides]
+    interleaved = functools.partial(interleave, paces, repeats)
+
     with sync_playwright() as p:
         browser = launch_browser(p)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        # a context each: both apps are on 127.0.0.1, whose cookies (the app's signed browser cookie) know no port
+        pages = [browser.new_context(viewport={"width": 1400, "height": 1000}).new_page() for _ in sides]
+        urls, versions = [u for u, _ in sides], [v for _, v in sides]
+
+        def open_each(query: str, plot_id: str, gflop: float) -> None:
+            for page, url, pace in zip(pages, urls, paces):
+                pace.ask(gflop)
+                load(page, f"{url}?{query}", plot_id)
+
         # two query rows outlined apart from each other and from the first candidate (the default), also
         # where phoenix-nano's rows are pooled in blocks of three
         for preset, rows in (("lecture", (7, 8)), ("phoenix-nano", (1040, 1080))):
-            for control, (kind, steps) in controls(page, rows).items():
+            steps = [controls(page, rows) for page in pages]
+            for control, (kind, _) in steps[0].items():
                 # each control from the preset's own view: an earlier series leaves its last value behind
                 # (capped logits shown would send the next query-row change to the server)
-                page.goto(f"{url}?preset={preset}&head=0&tab=attention")
-                wait_for_plot(page, "attention-plot", timeout=120_000)
-                page.wait_for_function(f"() => ({PLOT_STATE})('attention-plot') !== null", timeout=120_000)
-                samples = []
-                for i in range(repeats + 1):
-                    prepare, act = steps(i)
-                    ms = time_change(page, "attention-plot", act, prepare)
-                    if i:                               # the first of each kind warms its caches
-                        samples.append(ms)
-                record(summary(control, kind, preset, samples, version))
+                open_each(f"preset={preset}&head=0&tab=attention", "attention-plot", view_gflop("attention", preset))
+
+                def change(k, i):
+                    prepare, act = steps[k][control][1](i)
+                    return time_change(pages[k], "attention-plot", act, prepare)
+                samples = interleaved(change, view_gflop("attention", preset))
+                for k, got in enumerate(samples):
+                    record(k, summary(control, kind, preset, got, versions[k]))
         # preset switch on the Mask tab: lecture <-> phoenix-nano, the mask redrawn
-        page.goto(f"{url}?preset=lecture")
-        wait_for_plot(page, "mask-plot", timeout=120_000)
-        samples = []
-        for i in range(repeats + 1):
-            prepare, pick = option(page, "preset", ("phoenix-nano", "lecture")[i % 2])
-            ms = time_change(page, "mask-plot", pick, prepare)
-            if i:
-                samples.append(ms)
-        record(summary("preset switch", "preset", "lecture <-> phoenix-nano", samples, version))
-        cold, samples = first_paint(page, url, "phoenix-2026-nano", repeats)
-        record({**summary("first Attention paint (link opened)", "preset", "phoenix-2026-nano", samples, version),
-                "cold_ms": cold})
+        open_each("preset=lecture", "mask-plot", view_gflop("mask", "lecture"))
+
+        def switch(k, i):
+            prepare, pick = option(pages[k], "preset", ("phoenix-nano", "lecture")[i % 2])
+            return time_change(pages[k], "mask-plot", pick, prepare)
+        for k, got in enumerate(interleaved(switch, view_gflop("mask", "phoenix-nano"))):
+            record(k, summary("preset switch", "preset", "lecture <-> phoenix-nano", got, versions[k]))
+        cold = [None] * len(sides)
+
+        def paint(k, i):
+            ms = first_paint(pages[k], urls[k], "phoenix-2026-nano")
+            cold[k] = cold[k] if i else ms[0]          # the first load of each is its cold one
+            return ms
+        for k, got in enumerate(interleaved(paint, view_gflop("attention", "phoenix-2026-nano"))):
+            record(k, {**summary("first Attention paint (link opened)", "preset", "phoenix-2026-nano", got,
+                                 versions[k]), "cold_ms": cold[k]})
         browser.close()
-    return records
+    return [r for rs in records for r in rs]
 
 
-def measure_version(name: str, root: Path, commit: str, repeats: int) -> tuple[list[dict], dict]:
+def measure_versions(versions: list[tuple[dict, Path]], repeats: int) -> tuple[list[dict], dict]:
+    """Each (version, root)'s app started at once, on its own port, and measured interleaved (measure)."""
     load_before = os.getloadavg()[0]
-    with running_app(root=root) as url:
+    with contextlib.ExitStack() as apps:
+        urls = [apps.enter_context(running_app(root=root)) for _, root in versions]
         time.sleep(10)                           # let the start-up warm-up (lecture, phoenix-nano) finish
-        records = measure(url, repeats, dict(version=name, version_commit=commit))
+        records = measure([(url, version) for url, (version, _) in zip(urls, versions)], repeats)
     return records, dict(before=load_before, after=os.getloadavg()[0])
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=12)
-    ap.add_argument("--before", default=None, help="a commit to measure first, in the same run (e.g. 1b1412f)")
+    ap.add_argument("--before", default=None, help="a commit to measure beside this tree, interleaved, in the same run (e.g. 1b1412f)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
-    records, load = [], {}
-    if a.before:
-        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", a.before], check=True,
-                                capture_output=True, text=True).stdout.strip()
-        with checkout(a.before) as root:
-            got, load["before_version"] = measure_version("before", root, commit, a.repeats)
-            records += got
-    got, load["this_version"] = measure_version("after" if a.before else "this", ROOT, git_commit(), a.repeats)
-    records += got
+    with contextlib.ExitStack() as stack:
+        versions = []
+        if a.before:
+            commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", a.before], check=True,
+                                    capture_output=True, text=True).stdout.strip()
+            versions.append((dict(version="before", version_commit=commit), stack.enter_context(checkout(a.before))))
+        versions.append((dict(version="after" if a.before else "this", version_commit=git_commit()), ROOT))
+        records, load = measure_versions(versions, a.repeats)
     date = dt.date.today().isoformat()
     out = Path(a.out or RESULTS_DIR / f"browser-latency-{date}.json")
     out.write_text(json.dumps(dict(device=device_name("cpu"), date=date, commit=git_commit(), cores=os.cpu_count(),
@@ -216,9 +330,11 @@ def main(argv=None):
                                         "by reference, no copy of the data); "
                                         "driver_*: from the driver's action, its own checks included",
                                    # other processes on the machine slow every number: say how busy it was
-                                   load_average_1min=dict(before=min(v["before"] for v in load.values()),
-                                                          after=max(v["after"] for v in load.values())),
-                                   load_average_1min_per_version=load,
+                                   load_average_1min=load,
+                                   # measured at once, so each version's span is the whole run's
+                                   load_average_1min_per_version={"before_version" if v["version"] == "before" else "this_version": load
+                                                                  for v, _ in versions},
+                                   interleaved=True,
                                    records=records), indent=2) + "\n")
     print("wrote", out)
 

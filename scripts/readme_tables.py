@@ -405,7 +405,9 @@ def browser_latency_block(results_dir: Path = RESULTS_DIR) -> str:
                 f"{d['load_average_1min']['after']:.1f} after ({d.get('cores', '?')} cores)"
                 if "load_average_1min" in d else "") + "."]
     if len(versions) > 1:
-        lines[0] += (" Both versions in the same run, one after the other: " + ", ".join(
+        order = ("interleaved (each change timed on one version's page then the other's, the order alternating)"
+                 if d.get("interleaved") else "one after the other")
+        lines[0] += (f" Both versions in the same run, {order}: " + ", ".join(
             f"**{v}** = commit `{c}`" for v, c in versions.items()) + ".")
     driver = all("driver_p95_ms" in r for r in records)
     if driver:      # timed on the page's clock from the input event; the driver's own wait beside it

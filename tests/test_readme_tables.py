@@ -116,6 +116,11 @@ def test_browser_latency_block_shows_both_versions_and_each_control_kind(tmp_pat
     assert "| before | radio (colour) | display | `lecture` | 60 ms | 343 ms | < 100 ms (must 150) | **missed** |" in md
     assert "| after | radio (colour) | display | `lecture` | 60 ms | 90 ms | < 100 ms (must 150) | met |" in md
     assert "**before** = commit `1b1412f`" in md and "load average 3.0 before, 4.5 after" in md
+    assert "one after the other" in md and "interleaved" not in md
+    data = json.loads((tmp_path / "browser-latency-2026-11-23.json").read_text())
+    (tmp_path / "browser-latency-2026-11-23.json").write_text(json.dumps({**data, "interleaved": True}))
+    md = readme_tables.browser_latency_block(tmp_path)
+    assert "same run, interleaved" in md and "one after the other" not in md
 
 
 def test_the_readme_view_table_is_the_registry():
