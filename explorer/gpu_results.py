@@ -23,7 +23,7 @@ from models.runinfo import RESULTS_DIR
 
 from .figures import FONT, TEMPLATE, Figure
 from .limits import trunk_params
-from .measure import Status, TrunkTimings, file_stamps, load_results, on_gpu, trunk_timings, useful_flops
+from .measure import Status, TrunkTimings, file_stamps, load_results, on_gpu, run_order, trunk_timings, useful_flops
 from .families import preset_settings
 from .schema import ValidationError
 from .timing import BACKEND_COLORS, Sweep, short_device
@@ -65,14 +65,6 @@ class GpuRun:
         return f"{self.device}, {self.data.get('date')}, commit {self.data.get('commit')}"
 
 
-def run_order(name: str, data: dict) -> tuple:
-    """Newest last: by date, then by the run's number that day (<device>-<date>.json is the first run,
-    <device>-<date>-2.json the second)."""
-    date = str(data.get("date"))
-    m = re.search(rf"{re.escape(date)}-(\d+)\.json$", name)
-    return date, int(m.group(1)) if m else 1
-
-
 def gpu_run(results_dir: Path = RESULTS_DIR) -> Optional[GpuRun]:
     """The newest committed GPU results file (run_order) that timed the kernels at the evidence shape, or None
     when none did; its long-sequence grid from the newest file that has one. A later file that timed only other
@@ -85,23 +77,8 @@ def gpu_run(results_dir: Path = RESULTS_DIR) -> Optional[GpuRun]:
     name, data = files[-1]
     long = next((dict(name=n, records=d["records"], peak=d["matmul_tflops"]) for n, d in reversed(files)
                  if any(r["preset"] == LONG for r in d["records"])), None)
-    return GpuRun(name, data, _trunk(name, data, results_dir), _capprobe(str(results_dir), data["device_name"]),
+    return GpuRun(name, data, trunk_timings(name, data, results_dir), _capprobe(str(results_dir), data["device_name"]),
                   long, _tests(str(results_dir), str(data.get("commit")), data["device_name"]))
-
-
-def _trunk(name: str, data: dict, results_dir: Path) -> Optional[TrunkTimings]:
-    """The run's trunk timings: its own file's when it timed the trunk, else the newest file of the same commit
-    on the same device that did (a session's calls can split the parts: one times the trunk, the next the
-    kernels, with the trunk's budget spent), else what trunk_timings finds."""
-    def timed(d: dict) -> bool:
-        return any(isinstance(r, dict) and r.get("status") == Status.OK.value for r in d.get("trunk") or ())
-    if not timed(data):
-        same = sorted(((n, d) for n, d in load_results(results_dir) if timed(d) and on_gpu(d)
-                       and (d.get("commit"), d.get("device_name")) == (data.get("commit"), data.get("device_name"))),
-                      key=lambda f: run_order(*f))
-        if same:
-            return trunk_timings(*same[-1], results_dir)
-    return trunk_timings(name, data, results_dir)
 
 
 def session_order(folder: Path) -> tuple:

@@ -930,9 +930,30 @@ class TrunkTimings:
     peak: Optional[float] = None        # the matmul TFLOP/s of the run that timed them: their shares' yardstick
 
 
+def run_order(name: str, data: dict) -> tuple:
+    """Newest last: by date, then by the run's number that day (<device>-<date>.json is the first run,
+    <device>-<date>-2.json the second)."""
+    date = str(data.get("date"))
+    m = re.search(rf"{re.escape(date)}-(\d+)\.json$", name)
+    return date, int(m.group(1)) if m else 1
+
+
+def _trunk_timed(data: dict) -> bool:
+    return any(isinstance(r, dict) and r.get("status") == Status.OK.value for r in data.get("trunk") or ())
+
+
 def trunk_timings(name: str, data: dict, results_dir: Path = RESULTS_DIR) -> Optional[TrunkTimings]:
-    """The trunk timings of results file `name` (`data`, as load_results reads it): its own "trunk" list, else
-    the probe.json of its GPU session's folder (gpu-run-<date>/, the same device); None when neither."""
+    """The trunk timings of results file `name` (`data`, as load_results reads it): its own "trunk" list where
+    it timed the trunk; else the newest file of the same commit on the same device that did (a GPU session's
+    calls can split the parts: one times the kernels with the trunk's budget spent, the next the trunk); else
+    its own list as it is (nothing timed, each record's reason); else the probe.json of its GPU session's
+    folder (gpu-run-<date>/, the same device); None when none of them."""
+    if not _trunk_timed(data):
+        same = sorted(((n, d) for n, d in load_results(results_dir) if _trunk_timed(d) and on_gpu(d)
+                       and (d.get("commit"), d.get("device_name")) == (data.get("commit"), data.get("device_name"))),
+                      key=lambda f: run_order(*f))
+        if same:
+            name, data = same[-1]
     if data.get("trunk"):
         records = tuple(with_status({**dict.fromkeys(TRUNK_KEYS), **r}) for r in data["trunk"] if isinstance(r, dict))
         repeats = sorted({r["repeats"] for r in records if r["repeats"]})
