@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import torch
+from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from models import demo
+from models.bugzoo import with_bug
 from models.grok import init_params
 from models.recsys import RecsysBatch, RecsysModel, RecsysOutput, init_recsys, synthetic_batch
 from models.weights import EXTENSIONS, FAMILY_NAMES, WrongFamily, load_weights
@@ -57,9 +59,11 @@ class Weights:
     """One geometry's weights from one source, on the explorer's device, and the models built over them
     (build_model): they share these tensors, so the cache counts them once (explorer.budget.nbytes) and
     evicting the weights drops their models too. A model is modules only (~ms to build): the last
-    MODELS_PER_WEIGHTS used are kept."""
+    MODELS_PER_WEIGHTS used are kept, and beside each its trunk's bugged copies (bugged_trunk), which go
+    with it."""
     state: dict[str, torch.Tensor]
     models: OrderedDict = field(default_factory=OrderedDict)     # model settings -> the model over `state`
+    bugged: dict = field(default_factory=dict)     # (model settings, bug) -> its trunk with the bug, over `state`
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
@@ -174,9 +178,34 @@ def _built(m: ModelSettings) -> RecsysModel | XrexRecsys:
             model.load_state_dict(weights.state, assign=True)
             weights.models[m] = model.eval()
             while len(weights.models) > MODELS_PER_WEIGHTS:
-                weights.models.popitem(last=False)
+                evicted, _ = weights.models.popitem(last=False)
+                for key in [key for key in weights.bugged if key[0] == evicted]:
+                    del weights.bugged[key]
         weights.models.move_to_end(m)
         return weights.models[m]
+
+
+def bugged_trunk(s: Settings, bug: str) -> nn.Module:
+    """build_model(s).transformer with `bug` planted (models.bugzoo.with_bug): copied once per model and
+    kept beside it, for every bug report and bug zoo view of these settings (six copies a report, each a walk
+    of the module tree holding the GIL). A copy is modules only over the model's own tensors, so it costs the byte
+    account nothing more than the model (explorer.budget.nbytes counts a tensor once); the model's eviction
+    (_built) or its weights' takes its copies with it. "none": the trunk itself."""
+    return _bugged(s.model, bug)
+
+
+def _bugged(m: ModelSettings, bug: str) -> nn.Module:
+    trunk = _built(m).transformer
+    if bug in (None, "none"):
+        return trunk
+    weights = _weights(tuple((k, getattr(m, k)) for k in _GEOMETRY))
+    with weights.lock:
+        model = weights.models.get(m)
+        if model is None or model.transformer is not trunk:
+            return with_bug(trunk, bug)            # evicted (or rebuilt) since: nothing to keep it beside
+        if (m, bug) not in weights.bugged:
+            weights.bugged[(m, bug)] = with_bug(trunk, bug)
+        return weights.bugged[(m, bug)]
 
 
 _GEOMETRY = (*WEIGHT_GEOMETRY, "weights", "seed")

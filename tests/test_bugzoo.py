@@ -287,3 +287,43 @@ def test_bugs_are_planted_through_the_models_own_extension_points(bug, monkeypat
         buggy(x, mask, off)
     layers = [m for m in buggy.modules() if isinstance(m, source.DecoderLayer)]
     assert len(calls) == 2 * len(layers) > 0
+
+
+def _object_graph(root, known: dict) -> list:
+    """Every object reachable from `root` through modules' state and containers, in order: its path, type, and
+    which object it is (numbered in order of first sight, the numbers in `known` shared between walks), a tensor
+    with its storage where `known` had it already, else its values, any other leaf with its value."""
+    out, stack = [], [("", root)]
+    while stack:
+        path, obj = stack.pop()
+        seen = id(obj) in known
+        entry = (path, type(obj).__name__, known.setdefault(id(obj), len(known)))
+        if isinstance(obj, torch.Tensor):
+            out.append(entry + (obj.data_ptr() if seen else obj.tolist(), tuple(obj.shape)))
+            continue
+        items = (obj.__getstate__().items() if isinstance(obj, torch.nn.Module) else obj.items()
+                 if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else None)
+        out.append(entry if items is not None or callable(obj) else entry + (repr(obj),))
+        if items is not None and not seen:
+            stack += [(f"{path}/{k}", v) for k, v in reversed(list(items))]
+    return out
+
+
+@pytest.mark.parametrize("bug", list(BUGS))
+def test_with_bug_makes_the_objects_a_deep_copy_makes(bug):
+    """with_bug walks the module tree itself (copy.deepcopy took ~2-8 ms a copy, six a report): the copy is the
+    object graph deepcopy makes, object for object — the same objects shared with the model (its parameters,
+    functions, strings), the same ones new (modules, configs, hooks' dicts, RoPE's frequency cache, filled by a
+    forward), the same sharing among them — and the bug planted the same."""
+    import copy
+    model, x, mask, off = family_model(BUGS[bug].family)
+    with torch.no_grad():
+        model(x, mask, off)                               # RoPE's frequency cache filled: a tensor outside the state
+    model.register_forward_hook(lambda *_: None)          # a hook, carried into each copy
+    known = {}
+    original = _object_graph(model, known)
+    deep = copy.deepcopy(model, memo={id(t): t for t in (*model.parameters(), *model.buffers())})
+    BUGS[bug].patch(deep)
+    expected = _object_graph(deep, dict(known))
+    assert _object_graph(with_bug(model, bug), dict(known)) == expected
+    assert expected != original

@@ -696,3 +696,68 @@ def test_the_kernel_tile_map_draws_the_tile_grid_crosses_each_skipped_tile_and_w
     assert {_step_colour(TILE_SCALE, 1 / 3), _step_colour(TILE_SCALE, 1.0)} == {"#E69F00", "#CC79A7"}
     names = [t.name for t in fig.data if t.type == "scatter"]
     assert "skipped (×) / masked" in names
+
+
+def _count_plantings(monkeypatch) -> dict:
+    """Each bug's plantings (models.bugzoo.BUGS[bug].patch: once a copy), counted."""
+    import dataclasses
+    from models import bugzoo
+    planted = {}
+    for name, bug in list(bugzoo.BUGS.items()):
+        def patch(model, _name=name, _patch=bug.patch):
+            planted[_name] = planted.get(_name, 0) + 1
+            _patch(model)
+        monkeypatch.setitem(bugzoo.BUGS, name, dataclasses.replace(bug, patch=patch))
+    return planted
+
+
+def test_a_models_bug_reports_and_bug_zoo_views_copy_it_once_per_bug(monkeypatch):
+    """The bugged copies are kept beside the model (explorer.runs.bugged_trunk): two rows' reports and the view
+    of a bug plant each bug in one copy of the model, not one a report and one a request."""
+    from models.bugzoo import bug_names
+    s = parse_query(LECTURE + "&seed=4343&batch_size=2&bug=rope-interleaved")
+    planted = _count_plantings(monkeypatch)
+    views.variants._bug_report(s.model, 0)
+    views.variants._bug_report(s.model, 1)
+    views.bug_zoo_view(s)
+    views.bug_zoo_view(parse_query(LECTURE + "&seed=4343&batch_size=2&bug=rope-interleaved&row=1&head=2"))
+    assert planted == {bug: 1 for bug in bug_names("grok")}
+
+
+def test_a_kept_bugged_copy_goes_with_its_model(monkeypatch):
+    """A bugged copy lives as long as its model in the weights' models (runs.Weights): the same copy while the
+    model is kept, over the model's own tensors; evicting the model drops its copies, and nothing holds them."""
+    import gc
+    import weakref
+    monkeypatch.setattr(runs, "MODELS_PER_WEIGHTS", 1)
+    s = parse_query(LECTURE + "&seed=4344")
+    buggy = runs.bugged_trunk(s, "unmasked-decoder")
+    assert runs.bugged_trunk(s, "unmasked-decoder") is buggy
+    assert runs.bugged_trunk(s, "none") is runs.build_model(s).transformer
+    assert [p.data_ptr() for p in buggy.parameters()] == [p.data_ptr() for p in runs.build_model(s).transformer.parameters()]
+    weights = runs._weights(tuple((k, getattr(s.model, k)) for k in runs._GEOMETRY))
+    assert (s.model, "unmasked-decoder") in weights.bugged
+    gone = weakref.ref(buggy)
+    del buggy
+    runs.build_model(parse_query(LECTURE + "&seed=4344&prefix=bidirectional"))     # another model over the weights
+    gc.collect()
+    assert s.model not in weights.models and not weights.bugged and gone() is None
+
+
+def test_the_variant_view_is_drawn_once_per_variant_seed_and_training_report(monkeypatch, tmp_path):
+    """What variant_view draws depends on the variant, the seed and the training report only: another head,
+    layer or model draws nothing again (~30 ms of plotly a call); a changed report is drawn again."""
+    import json
+    drawn = []
+    real = views.variants.heatmap_figure
+    monkeypatch.setattr(views.variants, "heatmap_figure", lambda *a, **k: drawn.append(1) or real(*a, **k))
+    first = views.variant_view(parse_query(LECTURE + "&variant=mla&seed=7"))
+    again = views.variant_view(parse_query(LECTURE + "&variant=mla&seed=7&head=2&layer=1&prefix=bidirectional"))
+    assert len(drawn) == 1 and again == first
+    report = views.variant_training_report()
+    if report is not None:
+        steps = report["steps"] + 1
+        (tmp_path / "variants-training.json").write_text(json.dumps({**report, "steps": steps}))
+        monkeypatch.setattr(views.variants, "RESULTS_DIR", tmp_path)
+        changed = views.variant_view(parse_query(LECTURE + "&variant=mla&seed=7"))
+        assert len(drawn) == 2 and f"{steps} steps" in changed[1].layout.title.text

@@ -5,6 +5,7 @@ the chosen bug's layer-0 attention. Its functions, its cost, its exports' captio
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 
@@ -12,7 +13,7 @@ import numpy as np
 import plotly.graph_objects as go
 import torch
 
-from models.bugzoo import BUGS, bug_names, bug_report, with_bug
+from models.bugzoo import BUGS, bug_names, bug_report
 from models.probes import PROBES, capped_layout
 from models.recall import load_trained_variant, recall_example
 from models.runinfo import RESULTS_DIR
@@ -94,8 +95,13 @@ def _variant_run(name: str, seed: int) -> VariantRun:
 
 def variant_training_report() -> dict | None:
     """benchmarks/results/variants-training.json (python -m models.train_variants), or None."""
+    text = _training_report_text()
+    return None if text is None else json.loads(text)
+
+
+def _training_report_text() -> str | None:
     path = RESULTS_DIR / "variants-training.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    return path.read_text() if path.is_file() else None
 
 
 def _distinct(labels) -> list[str]:
@@ -109,14 +115,30 @@ def _distinct(labels) -> list[str]:
     return out
 
 
+# variant_view's outputs, frozen, by (variant, seed, the training report's digest, the run's id) -> (the run, outputs):
+# they depend on nothing else, and a lecture visitor's head, layer, mask or model change asks for them again
+# (~30 ms of plotly a call, holding the GIL: every loss curve and layer x head rebuilt). The run is in the key, and
+# the value holds it so that no other run takes its id while the entry lives: a run made again (its cache cleared,
+# e.g. the weights file replaced) is drawn again.
+_VARIANT_DRAWN = budget.ByteCache()
+
+
 def variant_view(s: Settings) -> tuple[go.Figure, go.Figure, str]:
     """One attention variant from the course notebooks, drawn by the same heatmap builder: every
     layer x head of the variant trained on associative recall (ticks are the task's tokens), and
     every variant's training loss."""
-    variant = VARIANT.of(s)
-    v = VARIANTS[variant]
+    variant, text = VARIANT.of(s), _training_report_text()
     run = _variant_run(variant, s.seed)
-    report = variant_training_report()
+    digest = None if text is None else hashlib.sha256(text.encode()).hexdigest()
+
+    def draw() -> tuple:
+        fig, loss, caption = _draw_variant(variant, run, None if text is None else json.loads(text))
+        return run, (fig.freeze(), loss.freeze(), caption)
+    return _VARIANT_DRAWN.get((variant, s.seed, digest, id(run)), draw)[1]
+
+
+def _draw_variant(variant: str, run: VariantRun, report: dict | None) -> tuple[go.Figure, go.Figure, str]:
+    v = VARIANTS[variant]
     queries, keys = _distinct(run.queries), _distinct(run.keys)
     panels = []
     for layer, trace in enumerate(run.out.layers):
@@ -212,13 +234,8 @@ def bug_zoo_view(s: Settings) -> tuple[go.Figure, str]:
     """The seed notebooks' bugs planted in the current trunk, each probe's verdict, and the chosen
     bug's layer-0 attention through the heatmap builder."""
     bug = BUG.of(s)
-    model = runs.build_model(s).transformer
-    base, r = runs.forward(s), slice(s.row, s.row + 1)
-    emb, valid, off = base.embeddings[r], base.valid[r], base.candidate_start_offset
-    with torch.no_grad():
-        rows = _bug_report(s.model, s.row)
-        trace = with_bug(model, bug)(emb, valid, off, record=True).layers[0]
-    probs = trace.probs[0, 0].float().cpu().numpy()
+    rows = _bug_report(s.model, s.row)
+    probs = _bug_attention(s.model, bug, s.row)
     # masked: what the model's mask hides and the bug left at exactly 0 (a pair it lets through shows its weight)
     masked = ~mask_dense(s, s.mask_kind) & (probs == 0)
     fig = heatmap_figure([layout_panel(s, probs, "", masked=masked)], title=f"Layer 0, head 0 with bug '{bug}'",
@@ -251,11 +268,25 @@ def _capped_note(s: Settings, positions: dict) -> str:
 
 
 @budget.ByteCache
+def _bug_attention(m: ModelSettings, bug: str, row: int) -> np.ndarray:
+    """[T, T] layer 0, head 0 of the trunk with `bug` on batch row `row`: the same for every zoom, head or query a
+    visitor picks (a recorded forward a request, else)."""
+    s = Settings(m)
+    base, r = runs.forward(s), slice(row, row + 1)
+    with torch.no_grad():
+        trace = runs.bugged_trunk(s, bug)(base.embeddings[r], base.valid[r], base.candidate_start_offset,
+                                          record=True).layers[0]
+    probs = trace.probs[0, 0].float().cpu().numpy()
+    probs.setflags(write=False)                      # shared by every request: a change in place would raise
+    return probs
+
+
+@budget.ByteCache
 def _bug_report(m: ModelSettings, row: int):
     s = Settings(m)
     base, r = runs.forward(s), slice(row, row + 1)
     capped = capped_layout(base.embeddings[r], base.valid[r], base.candidate_start_offset, BUG_ZOO_MAX_POSITIONS)
-    return bug_report(runs.build_model(s).transformer, *capped)
+    return bug_report(runs.build_model(s).transformer, *capped, planted=lambda bug: runs.bugged_trunk(s, bug))
 
 
 def _bug_zoo_cost(s: Settings) -> Cost:
