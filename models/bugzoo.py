@@ -14,7 +14,6 @@ model; ``BUGS[name].probe`` names the one that catches it.
 from __future__ import annotations
 
 import copy
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -197,44 +196,9 @@ def with_bug(model: nn.Module, bug: Optional[str]) -> nn.Module:
     if bug not in bug_names(family):
         raise ValueError(f"bug: got {bug!r}; allowed: none, {', '.join(bug_names(family))} (the bugs a {family} "
                          f"model can carry)")
-    buggy = _copy_modules(model, {id(t): t for t in (*model.parameters(), *model.buffers())})
+    buggy = copy.deepcopy(model, memo={id(t): t for t in (*model.parameters(), *model.buffers())})
     BUGS[bug].patch(buggy)
     return buggy
-
-
-_SHARED = (bool, int, float, str, type(None), type(_each), torch.dtype)     # immutable: deepcopy returns them as they are
-_EMPTY = (dict, OrderedDict, set)
-
-
-def _copy_modules(module: nn.Module, memo: dict) -> nn.Module:
-    """copy.deepcopy(module, memo), the same objects made, 4-15x faster (a lecture trunk 0.34 ms, not 1.6;
-    phoenix-2026-nano's 0.57, not 8.0): each module's state as deepcopy copies it (Module.__getstate__: its __dict__ but a compiled call;
-    Module.__setstate__ adds nothing to a full state): its submodules and its parameter and buffer dicts walked
-    here (the tensors from `memo`: shared), the hooks' empty dicts made new, values deepcopy returns as they are
-    shared, every other value (configs, RoPE's frequency cache) through copy.deepcopy with the same memo.
-    (tests/test_bugzoo.py compares the two object graphs.)"""
-    done = memo.get(id(module))
-    if done is not None:
-        return done
-    new = module.__class__.__new__(module.__class__)
-    memo[id(module)] = new
-    state = {}
-    for key, value in module.__dict__.items():
-        if key == "_compiled_call_impl":
-            continue
-        if key == "_modules":
-            value = {name: None if child is None else _copy_modules(child, memo) for name, child in value.items()}
-        elif key in ("_parameters", "_buffers"):
-            value = {name: copy.deepcopy(t, memo) for name, t in value.items()}
-        elif type(value) in _EMPTY and not value and id(value) not in memo:     # the hooks' dicts
-            empty = type(value)()
-            memo[id(value)] = empty
-            value = empty
-        elif type(value) not in _SHARED:
-            value = copy.deepcopy(value, memo)
-        state[key] = value
-    new.__dict__.update(state)
-    return new
 
 
 class _OnTheInputOnce:
