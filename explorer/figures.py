@@ -15,6 +15,7 @@ import base64
 import functools
 import itertools
 import math
+import threading
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
@@ -52,34 +53,139 @@ HELD_PER_CONTENT_BYTE, HELD_PER_FIGURE = 2.5, 200_000      # Figure.held_bytes
 
 
 class Figure(go.Figure):
-    """The builders' figure: a plotly Figure whose ``to_json`` (what Gradio sends on every redraw) writes
-    what plotly's writes without its deep copies of the whole figure and template (``Figure.to_dict``):
-    ~3.5 ms of a lecture attention figure's ~4 ms, holding the GIL."""
+    """The builders' figure: a plotly Figure built lazily, whose ``to_json`` (what Gradio sends on every
+    redraw) writes what plotly's writes without plotly's copies.
+
+    Built as the builders build it (``Figure(dict(data=..., layout=...), _validate=False)``), it keeps the
+    plain dicts, arranged as plotly's ``_data`` / ``_layout`` would hold them (``_as_plotly_holds``), and
+    builds plotly's state (a deep copy of everything, an object per trace, annotation and shape: ~18 % of
+    the server's GIL time under the soak, issue 34) only when something reads or changes it (``fig.layout``,
+    ``fig.data``, ``update_layout``, ``go.Figure(fig)``): ``__getattr__`` runs plotly's ``__init__`` on the
+    first private attribute missing (``_build``). Serving needs none of it: Gradio's gr.Plot calls
+    ``to_json`` and the cached views ``freeze`` / ``held_bytes``, which read the plain dicts. Once built,
+    the JSON is written from plotly's state, as it would have been. A plain dict a figure keeps is shared
+    with its builder: builders hand theirs over and never change them after."""
+
+    def __init__(self, data=None, *args, **kwargs):
+        held = _as_plotly_holds(data) if not args and kwargs == {"_validate": False} else None
+        if held is None:
+            super().__init__(data, *args, **kwargs)
+        else:
+            self._lazy = (data, *held)
+
+    def __getattr__(self, name: str):
+        # plotly keeps its state in private attributes only: a missing public or special name (copy's
+        # __deepcopy__, a hasattr check) is as missing in a built figure, and builds nothing
+        if name.startswith("_") and not name.startswith("__") and "_lazy" in self.__dict__:
+            with _BUILDING:
+                lazy = self.__dict__.get("_lazy")
+                if lazy is not None:
+                    self._build(lazy[0])
+        return object.__getattribute__(self, name)
+
+    def _build(self, spec: dict) -> None:
+        """Plotly's state, built aside and put in at once: a shared figure (explorer.views.records) read by
+        two threads never shows one of them half of it. Plotly's objects point back at their figure: here."""
+        built = go.Figure.__new__(Figure)
+        go.Figure.__init__(built, spec, _validate=False)
+        for obj in (*built._data_objs, built._layout_obj):
+            obj._parent = self
+        built._data_validator.set_uid = self._set_trace_uid
+        self.__dict__.update(built.__dict__)
+        del self.__dict__["_lazy"]
+
+    def _held(self) -> tuple[list, dict]:
+        """The traces and layout as plotly holds them: plotly's own once built, else the plain dicts."""
+        lazy = self.__dict__.get("_lazy")
+        return (self._data, self._layout) if lazy is None else lazy[1:]
 
     def to_json(self, *args, **kwargs) -> str:
         if args or kwargs:
             return super().to_json(*args, **kwargs)
-        frozen = getattr(self, "_frozen_json", None)
+        frozen = self.__dict__.get("_frozen_json")
         if frozen is not None:
             return frozen
-        data = [{k: v for k, v in trace.items() if k != "uid"} for trace in self._data]     # as plotly: no uids
-        return to_json_plotly({"data": _for_json(data), "layout": _for_json(self._layout)})
+        traces, layout = self._held()
+        data = [{k: v for k, v in trace.items() if k != "uid"} for trace in traces]     # as plotly: no uids
+        return to_json_plotly({"data": _for_json(data), "layout": _for_json(layout)})
 
     def freeze(self) -> "Figure":
         """This figure as it is from now on, shared (explorer.views.records keeps drawn views for every
         visitor): its JSON written once and sent as it is each time. Change a copy (go.Figure(fig)), never
         it: a change after freeze would not reach its JSON."""
-        if getattr(self, "_frozen_json", None) is None:
+        if self.__dict__.get("_frozen_json") is None:
             self._frozen_json = self.to_json()
         return self
 
     def held_bytes(self) -> int:
         """What a frozen figure holds (explorer.budget's count of a cache): plotly's objects over its arrays,
-        its JSON. Measured with tracemalloc over every drawn view at lecture, phoenix-nano and phoenix-2026-nano:
-        1.7-6x its arrays and JSON, and 25-170 kB a figure beside them; counted here as 2.5x and 200 kB, at or
-        above each (tests/test_view_registry.py)."""
-        content = nbytes(self._data) + len(getattr(self, "_frozen_json", None) or "")
+        its JSON. Measured with tracemalloc over every drawn view at lecture, phoenix-nano and phoenix-2026-nano
+        when every figure built plotly's objects: 1.7-6x its arrays and JSON, and 25-170 kB a figure beside
+        them; counted here as 2.5x and 200 kB, at or above each (tests/test_view_registry.py). A figure that
+        never built them holds less: the count stays an upper bound."""
+        content = nbytes(self._held()[0]) + len(self.__dict__.get("_frozen_json") or "")
         return int(HELD_PER_CONTENT_BYTE * content) + HELD_PER_FIGURE
+
+
+_BUILDING = threading.Lock()       # Figure._build: one thread builds a figure's plotly state
+
+
+@functools.cache
+def _plotly_props(cls) -> frozenset:
+    """The properties a plotly class (a trace type, Layout, a subplot's axis) knows."""
+    return frozenset(cls()._valid_props)
+
+
+def _plotly_order(d: dict, cls) -> dict:
+    """A trace's, layout's or subplot axis's top level as plotly's constructor leaves it: the properties
+    its class knows in alphabetical order, None left out, a trace's type after them, then the rest as
+    given (a layout's subplot axes, xaxis2 and on, last, each arranged as plotly's axis class arranges it).
+    Below that plotly keeps what it is given as it is."""
+    known, trace = _plotly_props(cls), cls in _TRACE_TYPES.values()
+    out = {k: d[k] for k in sorted(known.intersection(d)) if d[k] is not None and not (trace and k == "type")}
+    if cls is not go.Layout:
+        out.update({"type": d["type"]} if trace else {})
+        out.update((k, d[k]) for k in d if k not in known)
+        return out
+    rest = [k for k in d if k not in known]
+    axes = [k for k in rest if _subplot(k)]
+    out.update((k, d[k]) for k in rest if k not in axes)
+    out.update((k, _plotly_order(d[k], _SUBPLOT_AXES[_subplot(k)])) for k in axes)
+    return out
+
+
+def _subplot(key: str) -> str:
+    """'xaxis' for a layout's xaxis2, xaxis3, ... (what plotly's Layout builds an axis object for); else ''."""
+    return key.rstrip("0123456789") if go.Layout._subplotid_prop_re.match(key) else ""
+
+
+_SUBPLOT_AXES = {"xaxis": go.layout.XAxis, "yaxis": go.layout.YAxis}
+
+
+@functools.cache
+def _template_held() -> dict:
+    """TEMPLATE as plotly holds it in a layout (rebuilt and rearranged by its Template class)."""
+    return go.Figure(dict(layout=dict(template=TEMPLATE)), _validate=False)._layout["template"]
+
+
+def _as_plotly_holds(spec) -> Optional[tuple[list, dict]]:
+    """The traces and layout that ``go.Figure(spec, _validate=False)`` keeps as ``_data`` / ``_layout``
+    (less its copies and the uids, which no JSON carries), for the specs the builders write: a dict of
+    ``data`` (dicts, each with its type) and ``layout`` (with template TEMPLATE). None for any other spec
+    (plotly builds that one at once). scripts/same_figures.py checks the JSON is plotly's, byte for byte."""
+    if not isinstance(spec, dict) or set(spec) != {"data", "layout"}:
+        return None
+    data, layout = spec["data"], spec["layout"]
+    if not (isinstance(data, list) and isinstance(layout, dict) and layout.get("template") is TEMPLATE
+            and all(isinstance(t, dict) and t.get("type") in _TRACE_TYPES for t in data)
+            and all(_subplot(k) in _SUBPLOT_AXES and isinstance(v, dict) and not k.endswith("axis1")
+                    for k, v in layout.items() if _subplot(k))):       # (plotly renames an xaxis1)
+        return None
+    layout = _plotly_order({**layout, "template": _template_held()}, go.Layout)
+    return [_plotly_order(t, _TRACE_TYPES[t["type"]]) for t in data], layout
+
+
+_TRACE_TYPES = {"heatmap": go.Heatmap, "scatter": go.Scatter, "bar": go.Bar}     # what the builders draw
 
 
 _KEPT = {"geojson", "layer", "layers", "range"}      # keys plotly's to_dict never converts (is_skipped_key)

@@ -347,3 +347,77 @@ def test_every_figure_is_sent_as_plotly_writes_it(query):
         assert fig.to_json() == go.Figure.to_json(fig), name
         for trace in fig.data:
             assert fig.layout.template.data[trace.type] == pio.templates["plotly"].data[trace.type], (name, trace.type)
+
+
+def _built_plotly_objects(monkeypatch) -> list:
+    """Patch plotly's figure and object constructors (traces, layout, annotations, shapes) to count calls."""
+    from plotly import basedatatypes
+    built = []
+    for cls in (basedatatypes.BaseFigure, basedatatypes.BasePlotlyType):
+        init = cls.__init__
+
+        def counted(self, *args, _init=init, **kwargs):
+            built.append(type(self).__name__)
+            _init(self, *args, **kwargs)
+        monkeypatch.setattr(cls, "__init__", counted)
+    return built
+
+
+def test_drawing_and_sending_a_figure_builds_no_plotly_object(monkeypatch):
+    """A served figure is drawn, sent (to_json), kept (freeze, held_bytes) without plotly's objects: building
+    them was ~18 % of the server's GIL time under the soak (issue 34). Reading the figure builds them."""
+    from explorer.figures import bar_figure, line_figure
+    s = parse_query("preset=lecture&head=-1")
+    views.attention_view(s)                                 # the model's run and the lazy caches, uncounted
+    built = _built_plotly_objects(monkeypatch)
+    figs = [*(o for o in views.attention_view(s) if hasattr(o, "to_json")),
+            bar_figure(["a", "b"], [1.0, 2.0], title="bars", segments=["U", "H"]),
+            line_figure({"one": ([1, 2], [3.0, 4.0])}, title="lines", x_title="x", y_title="y")]
+    for fig in figs:
+        assert fig.to_json() and fig.freeze().held_bytes() > 0 and fig.freeze().to_json() == fig.to_json()
+    assert built == []
+    assert figs[0].layout.title.text and built                  # the patch counts what reading builds
+
+
+@pytest.mark.parametrize("query", ["preset=lecture&head=-1", NANO + "&head=0&query=5"])
+def test_a_lazily_built_figure_reads_and_changes_as_a_plotly_built_one(query):
+    """A figure whose plotly objects are built when first read or changed gives what one built at once does:
+    the same properties, the same JSON after the same changes, and that JSON is plotly's own writing of it."""
+    import plotly.graph_objects as go
+
+    from explorer.figures import lecture_theme
+    s = parse_query(query)
+    lazy, eager = (views.attention_view(s)[0] for _ in range(2))
+    assert isinstance(lazy, go.Figure) and "_lazy" in vars(lazy)
+    eager._data                                                 # builds plotly's state now
+    assert "_lazy" not in vars(eager)
+    assert lazy.to_json() == eager.to_json() == go.Figure.to_json(eager)
+    assert lazy.layout.title.text == eager.layout.title.text and len(lazy.data) == len(eager.data)
+    assert lecture_theme(lazy).to_json() == lecture_theme(eager).to_json()
+    for fig in (lazy, eager):
+        fig.update_layout(title_text="changed").update_traces(zmin=-1, selector=dict(type="heatmap"))
+        fig.data[0].name = "first"                              # through the trace object: reaches its figure
+        fig.add_trace(go.Scatter(x=[0], y=[0]))
+    assert lazy.to_json() == eager.to_json() == go.Figure.to_json(lazy)
+    assert '"text":"changed"' in lazy.to_json() and '"name":"first"' in lazy.to_json()
+
+
+def test_a_shared_figure_built_by_threads_at_once_is_built_once():
+    """Two threads reading a frozen figure (explorer.views.records shares it) build its plotly state once,
+    and neither reads it half built."""
+    import threading
+
+    from explorer.figures import bar_figure
+    for _ in range(20):
+        fig = bar_figure([str(i) for i in range(50)], list(range(50)), title="bars").freeze()
+        start, seen = threading.Barrier(4), []
+
+        def read():
+            start.wait()
+            seen.append((len(fig.data), fig.layout.title.text, id(fig.layout)))
+        threads = [threading.Thread(target=read) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(set(seen)) == 1 and seen[0][:2] == (1, "bars")
