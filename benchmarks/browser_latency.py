@@ -330,11 +330,8 @@ def main(argv=None):
                                         "by reference, no copy of the data); "
                                         "driver_*: from the driver's action, its own checks included",
                                    # other processes on the machine slow every number: say how busy it was
-                                   load_average_1min=load,
-                                   # measured at once, so each version's span is the whole run's
-                                   load_average_1min_per_version={"before_version" if v["version"] == "before" else "this_version": load
-                                                                  for v, _ in versions},
-                                   interleaved=True,
+                                   load_average_1min=load,      # the versions are measured at once: one span
+                                   interleaved=len(versions) > 1,
                                    records=records), indent=2) + "\n")
     print("wrote", out)
 

@@ -214,7 +214,7 @@ bench() {   # $1: the most seconds one preset gets; then attention presets, unti
 timings() {   # the Flash tab's evidence first (the kernels at phoenix-prod, then the trunk), the rest as time allows
     bench "$KERNELS_S" "${BENCH_PRESETS[0]}"
     model_timing
-    bench 100000 "${BENCH_PRESETS[@]:1}"
+    bench "$budget" "${BENCH_PRESETS[@]:1}"     # the rest: capped by what the call has left only
 }
 
 case "$step" in
