@@ -275,10 +275,13 @@ class ByteCache:
 # a small share of the cores: the abuse soak's lecture /mask took 0.55 s at its median (measured
 # from a separate process too, so not the clients' own load; py-spy: the GIL held under half the
 # time, so the cores, not the GIL). Requests above LARGE_REQUEST_FLOPS run on threads of a lower
-# OS priority (nice +10, Linux sets it per thread): alone they run as fast, beside small ones they
+# OS priority (nice +19, Linux sets it per thread): alone they run as fast, beside small ones they
 # yield. Threads of their own, because a thread cannot take its priority back without privileges,
-# and Gradio's worker threads serve every request.
-LOW_PRIORITY_NICE = 10
+# and Gradio's worker threads serve every request. +19 rather than +10: in the all-modes soak, three
+# alternated pairs of runs, honest model views p95 8.8-10.0 s against 10.9-13.0 s at +10, classroom
+# 7.9-9.2 s against 10.0-11.5 s, 20 % more honest requests served
+# (benchmarks/results/load-soak-ab-nice-2026-11-27.json).
+LOW_PRIORITY_NICE = 19
 
 
 def _lower_this_threads_priority() -> None:

@@ -390,7 +390,7 @@ def test_an_idle_server_shrinks_its_caches_and_returns_the_memory(monkeypatch):
 
 @pytest.mark.skipif(not hasattr(os, "setpriority"), reason="per-thread priority is Linux's")
 def test_large_views_run_at_a_lower_cpu_priority_and_small_ones_do_not(monkeypatch):
-    """A large view (phoenix-nano, tens of GFLOP) runs on a thread of nice +10 so that small ones
+    """A large view (phoenix-nano, tens of GFLOP) runs on a thread of nice +19 so that small ones
     (lecture, a few MFLOP) keep their share of a 2-core Space's CPU; its result and errors come
     back unchanged, and a view nested in it does not reserve memory twice."""
     seen = {}
