@@ -364,8 +364,15 @@ def _cap_probe(results_dir: Path = RESULTS_DIR) -> str:
 
 
 
+def dated(path: Path) -> tuple:
+    """A results file's place in time: <what>-<date>[-<n>].json by its date, then its number (a day's second file,
+    -2, after its first, which has none; by name alone "-27-2.json" sorts before "-27.json")."""
+    m = re.search(r"(\d{4}-\d{2}-\d{2})(?:-(\d+))?\.json$", path.name)
+    return (m.group(1), int(m.group(2) or 1), path.name) if m else ("", 0, path.name)
+
+
 def _newest(pattern: str, results_dir: Path = RESULTS_DIR) -> Optional[tuple[str, dict]]:
-    paths = sorted(results_dir.glob(pattern))
+    paths = sorted(results_dir.glob(pattern), key=dated)
     return (paths[-1].name, json.loads(paths[-1].read_text())) if paths else None
 
 

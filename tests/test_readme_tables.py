@@ -73,6 +73,21 @@ def test_load_test_block_reports_failures_from_the_file(tmp_path):
     assert "**10 requests, 1 failed**" in md and "| mask | 10 | 1 | 0.20 s | 0.90 s |" in md
 
 
+def test_a_days_second_results_file_is_newer_than_its_first(tmp_path):
+    """<what>-<date>-2.json is the day's second file: the README quotes it, not the first (by name alone "-2.json"
+    sorts before ".json"); the next day's first file is newer than both."""
+    for name, commit in (("load-2026-11-21.json", "first00"), ("load-2026-11-21-2.json", "second0"),
+                         ("load-2026-11-20-3.json", "older00")):
+        data = dict(date="2026-11-21T13:00:00+00:00", git_commit=commit, device=dict(cpu="AMD EPYC", cores=2),
+                    parameters=dict(sessions=20, duration_s=60.0), views={},
+                    total=dict(requests=10, failures=0, requests_per_s=0.2))
+        (tmp_path / name).write_text(json.dumps(data))
+    assert "`second0`" in readme_tables.load_test_block(tmp_path)
+    first = (tmp_path / "load-2026-11-21.json").read_text()
+    (tmp_path / "load-2026-11-22.json").write_text(first.replace("first00", "next000"))
+    assert "`next000`" in readme_tables.load_test_block(tmp_path)
+
+
 def test_load_abuse_block_says_which_targets_were_missed(tmp_path):
     kinds = {k: dict(clients=1, requests=10, failures=0, refused_by_name=0, p50_s=0.1, p95_s=0.2, max_s=0.3)
              for k in ("lecture /mask", "uploads")}
