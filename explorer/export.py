@@ -321,10 +321,10 @@ def _browser_yields() -> None:
     """Every thread of every process this server started (the export browser: kaleido's Chromium and
     the renderers it spawns, which set their own priorities) at budget.LOW_PRIORITY_NICE, so a render
     (about a core while it draws) yields to the views. Linux (/proc); elsewhere a no-op.
-    kaleido starts the browser in a session of its own, and where the kernel groups the scheduler by session
-    (autogroup, /proc/sys/kernel/sched_autogroup_enabled) a thread's nice only weighs inside its group: the
-    browser's group took as much CPU as the server's whole group (measured in the all-modes soak: 33 s of
-    CPU in a 60 s run at thread nice 19). So its group's nice is set too (_group_yields)."""
+    kaleido starts the browser in a session of its own, and where the kernel schedules by session group
+    (autogroup, /proc/sys/kernel/sched_autogroup_enabled) a thread's nice weighs only inside its group: at thread
+    nice 19 the browser's group still weighed as much as the server's whole group. So its group's nice is set too
+    (_group_yields; the soaks before and after: benchmarks/results/load-soak-ab-autogroup-2026-11-27.json)."""
     parents = {}
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
         try:
