@@ -28,7 +28,8 @@ alone once (``--mode-duration`` s), then ``--runs`` runs with every mode (``--du
 own client machine, so no client's GIL slows another's timing. The file keeps every run, min / median / max of
 the figures over the full runs and the worst run, which the README quotes:
 ``benchmarks/results/load-soak-<date>.json``. ``--soak`` runs once (a quick look, not the record;
-``--records`` keeps every request).
+``--records`` keeps every request); ``--soak --before REF`` soaks commit REF and this tree, run by run alternated
+(``--pairs``), into ``benchmarks/results/load-soak-ab-<date>.json``.
 
     python -m benchmarks.load_test --suite --duration 90 --mode-duration 30     # about 40 minutes on 2 cores
 """
@@ -1192,15 +1193,18 @@ def run_soak(url: str, honest_n: int, duration_s: float, seed: int, processes: i
     return result
 
 
-def soak_once(a, attacks: list, duration_s: float, after_s: float = SOAK_TARGETS["after_s"]) -> dict:
-    """A fresh app (Space mode: one trusted proxy; its own temp dir) soaked once with `attacks`."""
+def soak_once(a, attacks: list, duration_s: float, after_s: float = SOAK_TARGETS["after_s"],
+              root: Optional[Path] = None) -> dict:
+    """A fresh app (Space mode: one trusted proxy; its own temp dir; of checkout `root`, by default this one)
+    soaked once with `attacks`."""
     import tempfile
     from server.visitors import TRUSTED_PROXIES_ENV
     from server.gradio_patches import EVENT_LOG_ENV
     with tempfile.TemporaryDirectory(prefix="soak-gradio-") as temp, \
             tempfile.TemporaryDirectory(prefix="soak-events-") as logs:
         event_log = Path(logs) / "events.jsonl"
-        with running_app(env={TRUSTED_PROXIES_ENV: "1", "GRADIO_TEMP_DIR": temp, EVENT_LOG_ENV: str(event_log)}) as url:
+        with running_app(root=root, env={TRUSTED_PROXIES_ENV: "1", "GRADIO_TEMP_DIR": temp,
+                                         EVENT_LOG_ENV: str(event_log)}) as url:
             return run_soak(url, a.sessions, duration_s, a.seed, a.client_processes, a.records, attacks, after_s,
                             event_log)
 
@@ -1230,15 +1234,55 @@ def worst_run(runs: list) -> int:
     return max(range(len(runs)), key=lambda i: badness(runs[i]))
 
 
+def spread_of(figures: list) -> dict:
+    """Min / median / max of every figure (SUITE_FIGURES) over runs' figures (figures_of), where a run has it."""
+    import statistics
+    return {name: dict(min=min(v), median=statistics.median(v), max=max(v)) for name in SUITE_FIGURES
+            if (v := [f[name] for f in figures if f.get(name) is not None])}
+
+
+def ab_order(pairs: int) -> list[str]:
+    """The versions' order over `pairs` pairs: before, after; after, before; ... (a slow spell of the machine
+    falls on both)."""
+    return [v for p in range(pairs) for v in (("before", "after") if p % 2 == 0 else ("after", "before"))]
+
+
+def main_soak_ab(a) -> dict:
+    """--soak --before REF: soak runs of commit REF and of this tree alternated (ab_order), a fresh app each. One
+    all-modes run spreads too far for one pair to say anything: the file keeps every run and each version's
+    min / median / max."""
+    import subprocess
+    from harness.reports import checkout
+    when = dt.datetime.now(dt.timezone.utc)
+    before = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", a.before], check=True,
+                            capture_output=True, text=True).stdout.strip()
+    out = a.out or RESULTS_DIR / f"load-soak-ab-{when.date().isoformat()}.json"
+    report = dict(kind="soak-ab", date=when.isoformat(timespec="seconds"), device=machine(),
+                  before=dict(commit=before), after=dict(commit=git_commit(), tree="this checkout, as it is"),
+                  parameters=dict(duration_s=a.duration, honest_visitors=a.sessions, pairs=a.pairs,
+                                  modes=[m.label for m in a.attacks], order=ab_order(a.pairs), conditions=a.conditions),
+                  runs=[])
+    with checkout(a.before) as before_root:
+        for version in ab_order(a.pairs):
+            load = os.getloadavg()[0]
+            r = soak_once(a, a.attacks, a.duration, root=before_root if version == "before" else None)
+            report["runs"].append(dict(version=version, load_average_before=round(load, 2),
+                                       honest_requests=r["honest_total"]["requests"], cpu_seconds=r["cpu_seconds"],
+                                       **figures_of(r)))
+            report["summary"] = {v: spread_of([x for x in report["runs"] if x["version"] == v])
+                                 for v in ("before", "after")}
+            out.write_text(json.dumps(report, indent=1) + "\n")
+            print(f"  {version}: model views p95 {r['honest_model_views_p95_s']}, classroom "
+                  f"{r['classroom_views_p95_s']}, mask {r['honest_mask_p95_s']}, honest requests "
+                  f"{r['honest_total']['requests']}", flush=True)
+    print(f"-> {out}")
+    return report
+
+
 def summarise_suite(baseline: dict, alone: dict, runs: list) -> dict:
     """Min / median / max of every figure over the full runs, the worst run and its targets, and what each
     mode alone cost the honest visitors against the baseline."""
-    import statistics
-    spread = {}
-    for name in SUITE_FIGURES:
-        values = [figures_of(r)[name] for r in runs if figures_of(r)[name] is not None]
-        if values:
-            spread[name] = dict(min=min(values), median=statistics.median(values), max=max(values))
+    spread = spread_of([figures_of(r) for r in runs])
     worst = worst_run(runs)
     cost = {label: {**figures_of(run), "attacker_refused_by_name": sum(
         v["refused_by_name"] for v in run["attacker"].values()), "targets_missed": sorted(
@@ -1360,6 +1404,9 @@ def main(argv=None) -> dict:
                     "in the file")
     ap.add_argument("--attacks", default="", help="--soak, --suite: the modes to run, by number (e.g. 7,15; none: "
                     "honest visitors alone; default all)")
+    ap.add_argument("--before", default=None, help="--soak: a commit to soak beside this tree, run by run alternated "
+                    "(--pairs pairs), into load-soak-ab-<date>.json")
+    ap.add_argument("--pairs", type=int, default=3, help="--soak --before: pairs of runs (at least 3 for a claim)")
     a = ap.parse_args(argv)
     numbers = {a_.label.split()[0]: a_ for a_ in ATTACKS}
     chosen = [n.strip() for n in a.attacks.split(",") if n.strip() and n.strip() != "none"]
@@ -1375,8 +1422,12 @@ def main(argv=None) -> dict:
     if a.suite and (a.runs < 1 or not 0 < a.mode_duration <= 120):
         ap.error(f"--runs / --mode-duration: got {a.runs} / {a.mode_duration}; allowed: >= 1 (3 for the record) / "
                  "(0, 120] seconds")
+    if a.before is not None and (not a.soak or not 1 <= a.pairs <= 20):
+        ap.error(f"--before: got {a.before!r} with --pairs {a.pairs}; allowed: with --soak, 1..20 pairs")
     if a.suite:
         return main_suite(a)
+    if a.soak and a.before is not None:
+        return main_soak_ab(a)
     if a.soak:
         return main_soak(a)
     if a.abuse:
@@ -1402,6 +1453,8 @@ def main(argv=None) -> dict:
 
 if __name__ == "__main__":
     report = main()
+    if report.get("kind") == "soak-ab":
+        sys.exit(1 if any(r["honest failures"] for r in report["runs"]) else 0)
     failed = report["summary"]["worst_targets_met"] if report.get("kind") == "soak-suite" else None
     sys.exit(1 if (failed is not None and not all(failed.values())) or
              (failed is None and (report.get("total") or report["honest_total"])["failures"]) else 0)

@@ -1,0 +1,47 @@
+"""The soak's A/B (benchmarks/load_test.py --soak --before REF): the two versions alternate run by run, each run
+is a fresh app of its own checkout, and the file keeps every run and each version's spread."""
+import json
+import types
+
+import pytest
+
+from benchmarks import load_test
+
+
+def fake_run(views_p95: float) -> dict:
+    return dict(honest_mask_p95_s=0.5, honest_model_views_p95_s=views_p95, classroom_views_p95_s=views_p95 - 1,
+                honest_total=dict(requests=1000, failures=0, refused_by_name=0), cpu_seconds=dict(server_s=90.0),
+                memory=dict(peak_rss_gb=4.0, rss_after_gb=1.2))
+
+
+def test_the_versions_alternate_so_a_slow_spell_falls_on_both():
+    assert load_test.ab_order(3) == ["before", "after", "after", "before", "before", "after"]
+    assert load_test.ab_order(1) == ["before", "after"]
+
+
+def test_the_ab_soaks_each_version_from_its_own_checkout_and_keeps_every_run(tmp_path, monkeypatch):
+    roots, p95 = [], iter([9.0, 7.0, 6.0, 10.0, 8.0, 5.0])     # before, after, after, before, before, after
+
+    def soak_once(a, attacks, duration_s, after_s=30.0, root=None):
+        roots.append(root)
+        if root is not None:                    # the before version: the commit's files, not this tree's
+            assert (root / "app.py").is_file() and root != load_test.ROOT
+        return fake_run(next(p95))
+    monkeypatch.setattr(load_test, "soak_once", soak_once)
+    out = tmp_path / "ab.json"
+    a = types.SimpleNamespace(before="HEAD", pairs=3, duration=60.0, sessions=30, attacks=[], conditions="test",
+                              out=out)
+    report = load_test.main_soak_ab(a)
+    assert [r is None for r in roots] == [False, True, True, False, False, True]
+    assert report == json.loads(out.read_text())
+    assert [r["version"] for r in report["runs"]] == load_test.ab_order(3)
+    after, before = report["summary"]["after"], report["summary"]["before"]
+    assert after["honest_model_views_p95_s"] == dict(min=5.0, median=6.0, max=7.0)
+    assert before["honest_model_views_p95_s"] == dict(min=8.0, median=9.0, max=10.0)
+    assert before["classroom_views_p95_s"]["median"] == 8.0 and report["before"]["commit"]
+
+
+def test_before_without_soak_or_with_no_pairs_is_refused_by_name():
+    for argv in (["--before", "HEAD"], ["--soak", "--before", "HEAD", "--pairs", "0"]):
+        with pytest.raises(SystemExit):
+            load_test.main(argv)
