@@ -43,7 +43,6 @@ import functools
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -55,7 +54,7 @@ from explorer.controls import LABELS  # noqa: E402  (the labels the page shows, 
 from explorer.settings import parse_settings  # noqa: E402
 from explorer.views import VIEWS  # noqa: E402
 from harness.localhost import launch_browser, running_app  # noqa: E402
-from harness.reports import checkout, percentile  # noqa: E402
+from harness.reports import checkout, percentile, short_commit  # noqa: E402
 from models.runinfo import device_name, git_commit  # noqa: E402
 from server.shares import WORK_SHARE  # noqa: E402
 
@@ -317,8 +316,7 @@ def main(argv=None):
     with contextlib.ExitStack() as stack:
         versions = []
         if a.before:
-            commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", a.before], check=True,
-                                    capture_output=True, text=True).stdout.strip()
+            commit = short_commit(a.before)
             versions.append((dict(version="before", version_commit=commit), stack.enter_context(checkout(a.before))))
         versions.append((dict(version="after" if a.before else "this", version_commit=git_commit()), ROOT))
         records, load = measure_versions(versions, a.repeats)

@@ -1251,11 +1251,9 @@ def main_soak_ab(a) -> dict:
     """--soak --before REF: soak runs of commit REF and of this tree alternated (ab_order), a fresh app each. One
     all-modes run spreads too far for one pair to say anything: the file keeps every run and each version's
     min / median / max."""
-    import subprocess
-    from harness.reports import checkout
+    from harness.reports import checkout, short_commit
     when = dt.datetime.now(dt.timezone.utc)
-    before = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", a.before], check=True,
-                            capture_output=True, text=True).stdout.strip()
+    before = short_commit(a.before)
     out = a.out or RESULTS_DIR / f"load-soak-ab-{when.date().isoformat()}.json"
     report = dict(kind="soak-ab", date=when.isoformat(timespec="seconds"), device=machine(),
                   before=dict(commit=before), after=dict(commit=git_commit(), tree="this checkout, as it is"),

@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.reports import checkout  # noqa: E402
+from harness.reports import checkout, short_commit  # noqa: E402
 from models.runinfo import RESULTS_DIR, cpu_model, device_name, git_commit  # noqa: E402
 
 # case -> (link, view function in explorer.views)
@@ -245,9 +245,7 @@ def main(argv=None):
     unpacked = contextlib.nullcontext(Path(a.before_dir).resolve()) if a.before_dir else None
     with (unpacked or (checkout(a.before) if a.before else contextlib.nullcontext())) as before_root:
         if a.before:
-            commit = a.before if a.before_dir else subprocess.run(
-                ["git", "-C", str(ROOT), "rev-parse", "--short", a.before], check=True, capture_output=True,
-                text=True).stdout.strip()
+            commit = a.before if a.before_dir else short_commit(a.before)
             versions = {"before": (before_root, commit), **versions}
             runs = {"before": [], **runs}
         longest = 0.0

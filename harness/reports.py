@@ -1,5 +1,6 @@
-"""What the benchmarks' reports share: an earlier commit's files, for a before/after run interleaved in one
-process tree (``checkout``), and the nearest-rank ``percentile`` their latencies are quoted by."""
+"""What the benchmarks' reports share: an earlier commit's files and its short name, for a before/after run
+interleaved in one process tree (``checkout``, ``short_commit``), and the nearest-rank ``percentile`` their
+latencies are quoted by."""
 from __future__ import annotations
 
 import contextlib
@@ -19,6 +20,12 @@ def checkout(ref: str):
         archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref], check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
         yield Path(tmp)
+
+
+def short_commit(ref: str) -> str:
+    """Commit `ref`'s short hash, as a report names the version it measured."""
+    return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", ref], check=True, capture_output=True,
+                          text=True).stdout.strip()
 
 
 def percentile(values: Sequence[float], p: float) -> float:
