@@ -1404,7 +1404,7 @@ def main(argv=None) -> dict:
                     "honest visitors alone; default all)")
     ap.add_argument("--before", default=None, help="--soak: a commit to soak beside this tree, run by run alternated "
                     "(--pairs pairs), into load-soak-ab-<date>.json")
-    ap.add_argument("--pairs", type=int, default=3, help="--soak --before: pairs of runs (at least 3 for a claim)")
+    ap.add_argument("--pairs", type=int, default=5, help="--soak --before: pairs of runs (at least 5 for a claim)")
     a = ap.parse_args(argv)
     numbers = {a_.label.split()[0]: a_ for a_ in ATTACKS}
     chosen = [n.strip() for n in a.attacks.split(",") if n.strip() and n.strip() != "none"]
