@@ -46,10 +46,17 @@ def write_results(records: list[dict], device: str, matmul: float, out_dir: Path
     for r in records:
         if r["status"] != Status.NOT_REACHED or point_key(r) not in merged:
             merged[point_key(r)] = r
+    # each part's shares are over the peak of the call that measured it: a GPU session's steps are calls of their
+    # own, each measuring the peak again, and the last (the views, which quote none) wrote its own over the
+    # kernels' until 2026-11-27 (gpu-run-2026-11-27-4)
+    measured = lambda part: any(r["status"] != Status.NOT_REACHED for r in part)     # noqa: E731
     data = dict(device_name=device_name(device), torch=torch.__version__, cuda=torch.version.cuda,
-                commit=git_commit(), date=date, matmul_tflops=matmul,
+                commit=git_commit(), date=date,
+                matmul_tflops=matmul if measured(records) or "matmul_tflops" not in before else before["matmul_tflops"],
                 matmul_dtype="bfloat16" if device == "cuda" else "float32",
                 conditions=conditions or {}, records=list(merged.values()))
+    if measured(trunk) or before.get("trunk_matmul_tflops"):
+        data["trunk_matmul_tflops"] = matmul if measured(trunk) else before["trunk_matmul_tflops"]
     for key, new, point in (("trunk", trunk, TRUNK_KEYS[:7]), ("views", views, VIEW_KEYS[:2])):
         kept = {tuple(r.get(k) for k in point): r for r in [*before.get(key, []), *new]}
         if kept:

@@ -930,6 +930,12 @@ class TrunkTimings:
     peak: Optional[float] = None        # the matmul TFLOP/s of the run that timed them: their shares' yardstick
 
 
+def trunk_peak(data: dict) -> Optional[float]:
+    """The matmul TFLOP/s of the call that timed a results file's trunk: its own where the file keeps it (a
+    session's trunk step is a call of its own), else the file's one peak (files written before 2026-11-27)."""
+    return data.get("trunk_matmul_tflops") or data.get("matmul_tflops")
+
+
 def run_order(name: str, data: dict) -> tuple:
     """Newest last: by date, then by the run's number that day (<device>-<date>.json is the first run,
     <device>-<date>-2.json the second)."""
@@ -959,13 +965,13 @@ def trunk_timings(name: str, data: dict, results_dir: Path = RESULTS_DIR) -> Opt
         repeats = sorted({r["repeats"] for r in records if r["repeats"]})
         return TrunkTimings(records, name, f"timed by the benchmark: median (min–max) of "
                                            f"{'/'.join(map(str, repeats)) or 'its'} repeats per backend, backends interleaved",
-                            data.get("matmul_tflops"))
+                            trunk_peak(data))
     probe = Path(results_dir) / f"gpu-run-{data.get('date')}" / "probe.json"
     found = _probe_timings(probe, data)
     if not found or not found["trunk"]:
         return None
     return TrunkTimings(tuple(with_status(r) for r in found["trunk"]), f"{probe.parent.name}/{probe.name}",
-                        PROBE_METHOD, data.get("matmul_tflops"))     # the probe ran in the session that measured it
+                        PROBE_METHOD, trunk_peak(data))     # the probe ran in the session that measured it
 
 
 _LEGACY = {"skipped: time budget spent": (Status.NOT_REACHED, "time budget spent"),

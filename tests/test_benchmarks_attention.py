@@ -32,6 +32,26 @@ def test_results_merge_point_by_point(tmp_path):
     assert all(kept[bench.point_key(r)]["status"] == r["status"] for r in first)   # not overwritten
 
 
+def test_each_part_keeps_the_peak_of_the_call_that_measured_it(tmp_path):
+    """A GPU session's kernels, trunk and views are three calls, each measuring the matmul peak again: the
+    kernels' shares stay over the kernels' call's peak and the trunk's over its own (the seventh session's file
+    carried the views call's peak, 0.5 % off both); a call that measured neither leaves both as they were."""
+    kernels = list(bench.sweep("lecture", "cpu", seq_lens=[9], backends=["naive"], min_block_ms=0.0))
+    trunk = [dict(dict.fromkeys(bench.TRUNK_KEYS), preset="lecture", backend="naive", B=1, T=9, dtype="float32",
+                  cap_method="none", mask="recsys", status=bench.Status.OK, median_ms=1.0)]
+    views = [dict(preset="lecture", view="mask", cold_ms=1.0, warm_ms=0.5, repeats=3)]
+    cli.write_results(kernels, "cpu", 1.0, tmp_path)
+    path = cli.write_results([], "cpu", 2.0, tmp_path, trunk=trunk)
+    data = json.loads(path.read_text())
+    assert (data["matmul_tflops"], data["trunk_matmul_tflops"], bench.trunk_peak(data)) == (1.0, 2.0, 2.0)
+    data = json.loads(cli.write_results([], "cpu", 3.0, tmp_path, views=views).read_text())
+    assert (data["matmul_tflops"], data["trunk_matmul_tflops"]) == (1.0, 2.0) and data["views"] == views
+    not_reached = [dict(r, status=bench.Status.NOT_REACHED, reason="time budget spent") for r in trunk]
+    data = json.loads(cli.write_results(kernels, "cpu", 4.0, tmp_path, trunk=not_reached).read_text())
+    assert (data["matmul_tflops"], data["trunk_matmul_tflops"]) == (4.0, 2.0)
+    assert bench.trunk_peak({"matmul_tflops": 5.0}) == 5.0          # files written before: their one peak
+
+
 def test_each_record_is_on_disk_as_it_is_measured(tmp_path, monkeypatch):
     """A run killed mid-sweep (a device call's time limit) keeps every record measured before it."""
     real = list(bench.sweep("lecture", "cpu", seq_lens=[9], backends=["naive"], min_block_ms=0.0))
