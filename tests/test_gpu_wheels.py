@@ -300,7 +300,7 @@ def test_the_stand_ins_and_the_session_follow_the_real_fa4_wheel(fa4_wheel):
         assert f'os.getenv("{name}"' in cache and f"{name}=" in script, name
 
 
-def session_plan(tmp_path, step="all") -> list[tuple[int, list[str]]]:
+def session_plan(tmp_path, step="all", **env) -> list[tuple[int, list[str]]]:
     """`gpu_session.sh <step>` with DRY_RUN=1 here (a stand-in nvidia-smi, this interpreter as python3): the
     commands it would run on the device, in order, each with the seconds it would be given."""
     import shlex
@@ -311,11 +311,23 @@ def session_plan(tmp_path, step="all") -> list[tuple[int, list[str]]]:
     for tool in ("nvidia-smi", "python3"):
         (bin_dir / tool).chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(tmp_path / "out"), "DRY_RUN": "1",
-           "CALL_BUDGET_S": "540", "GPU_SESSION_DIR": str(tmp_path / "park"), "WHL_DIR": str(tmp_path / "no-wheels")}
+           "CALL_BUDGET_S": "540", "GPU_SESSION_DIR": str(tmp_path / "park"), "WHL_DIR": str(tmp_path / "no-wheels"), **env}
     done = session(step, env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     plan = [re.match(r"DRY RUN \((\d+) s\): (.*)", line) for line in done.stdout.splitlines()]
     return [(int(m[1]), shlex.split(m[2])) for m in plan if m]
+
+
+def test_a_bench_call_can_time_one_trunk_preset_alone(tmp_path):
+    """The seventh session's trunk step spent its 100 s on phoenix-prod and never reached phoenix-2026: a second
+    call names the presets (TRUNK_PRESETS) and skips the steps it does not want (their seconds at 0)."""
+    plan = session_plan(tmp_path, "bench", TRUNK_PRESETS="phoenix-2026", KERNELS_S="0", VIEWS_S="0",
+                        VIEW_COST_S="0", TRUNK_S="150", CALL_BUDGET_S="250")
+    (seconds, trunk), *rest = plan
+    assert trunk[trunk.index("--parts") + 1] == "trunk" and seconds <= 250
+    assert [a for a in trunk if a.startswith("--preset")] == ["--preset=phoenix-2026"]
+    assert all(cmd[2] == "benchmarks.attention" and cmd[cmd.index("--parts") + 1] == "attention"      # what is left:
+               and cmd[cmd.index("--preset") + 1] != "phoenix-prod" for _, cmd in rest)            # other presets
 
 
 def view_cost_args(args: list[str], monkeypatch) -> dict:
