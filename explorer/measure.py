@@ -851,7 +851,8 @@ def _read_results(stamps: tuple) -> list[tuple[str, dict]]:
 
 def load_model_timings(results_dir: Path = RESULTS_DIR, tab_of: Optional[dict] = None) -> list[tuple[str, dict]]:
     """(file name, data) for every results file (load_results) with a "trunk" or "views" list: the file's
-    device_name, date, commit, torch, cuda and matmul_tflops, "source" (what was read), and "trunk" / "views"
+    device_name, date, commit, torch, cuda, matmul_tflops and trunk_matmul_tflops (None in files written before
+    2026-11-27: trunk_peak), "source" (what was read), and "trunk" / "views"
     (both always there) whose records hold exactly TRUNK_KEYS / VIEW_KEYS (an absent key is None); a trunk
     record whose status is not one of TRUNK_STATUSES reads as "error" with that status as its reason. The first
     GPU run timed them apart (probe.py, gpu-run-<date>/probe.json beside a results file of the same device and
@@ -869,7 +870,8 @@ def load_model_timings(results_dir: Path = RESULTS_DIR, tab_of: Optional[dict] =
             if r["status"] not in TRUNK_STATUSES:
                 r.update(status="error", reason=r["reason"] or f"status {r['status']!r}")
         views = [{k: r.get(k) for k in VIEW_KEYS} for r in data.get("views") or [] if isinstance(r, dict)]
-        head = {k: data.get(k) for k in ("device_name", "date", "commit", "torch", "cuda", "matmul_tflops")}
+        head = {k: data.get(k) for k in ("device_name", "date", "commit", "torch", "cuda", "matmul_tflops",
+                                         "trunk_matmul_tflops")}
         out.append((name, dict(head, source=source, trunk=trunk, views=views)))
     return out
 

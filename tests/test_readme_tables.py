@@ -167,6 +167,22 @@ def test_the_gpu_blocks_come_from_the_committed_h100_files():
     assert "| phoenix-prod | 61 / 67 | 3673 / 677 |" in readme_tables.device_views_block()
 
 
+def test_the_trunk_table_puts_the_forward_at_the_trunk_calls_own_peak(tmp_path):
+    """A session's trunk is a call of its own with its own matmul peak (trunk_matmul_tflops): the trunk table's
+    'at the matmul rate' is the forward's FLOPs at that peak, not at the kernels' call's."""
+    from explorer.measure import TRUNK_KEYS
+    T = 24
+    trunk = [dict(dict.fromkeys(TRUNK_KEYS), preset="lecture", B=1, T=T, dtype="float32", cap_method="none",
+                  mask="recsys", backend=b, status="ok", median_ms=ms, repeats=5) for b, ms in (("naive", 4.0), ("flex", 2.0))]
+    (tmp_path / "nvidia-h100-80gb-hbm3-2026-11-27.json").write_text(json.dumps(dict(
+        device_name="NVIDIA H100 80GB HBM3", torch="2.11", cuda="13.0", commit="abc", date="2026-11-27",
+        matmul_tflops=1e-3, trunk_matmul_tflops=2e-3, records=[], trunk=trunk)))
+    flops = readme_tables.trunk_flops("lecture", 1, T)
+    block = readme_tables.trunk_block(tmp_path)
+    assert f"= {flops / 2e9 * 1e3:.0f} ms at the matmul rate" in block
+    assert f"= {flops / 1e9 * 1e3:.0f} ms at the matmul rate" not in block
+
+
 def test_numerics_block_sets_naive_beside_the_best_fused_kernel(tmp_path):
     def row(backend, median):
         return dict(preset="phoenix-prod", B=1, T=1087, Hq=20, Hkv=4, head_dim=128, dtype="bfloat16", mask="recsys",
