@@ -23,7 +23,7 @@ from models.runinfo import RESULTS_DIR
 
 from .figures import FONT, TEMPLATE, Figure
 from .limits import trunk_params
-from .measure import Status, TrunkTimings, file_stamps, load_results, on_gpu, run_order, trunk_timings, useful_flops
+from .measure import Status, TrunkTimings, day_order, file_stamps, load_results, on_gpu, run_order, trunk_timings, useful_flops
 from .families import preset_settings
 from .schema import ValidationError
 from .timing import BACKEND_COLORS, Sweep, short_device
@@ -81,16 +81,10 @@ def gpu_run(results_dir: Path = RESULTS_DIR) -> Optional[GpuRun]:
                   long, _tests(str(results_dir), str(data.get("commit")), data["device_name"]))
 
 
-def session_order(folder: Path) -> tuple:
-    """Newest last: gpu-run-<date>, then gpu-run-<date>-2, ... (the sessions' folders)."""
-    m = re.fullmatch(r"gpu-run-(\d{4}-\d{2}-\d{2})(?:-(\d+))?", folder.name)
-    return (m.group(1), int(m.group(2) or 1)) if m else ("", 0)
-
-
 def _stamps(results_dir: str, pattern: str) -> tuple:
     """measure.file_stamps of the files matching `pattern`, newest session first."""
     root = Path(results_dir)
-    return file_stamps(sorted(root.glob(pattern), key=lambda p: (session_order(p.relative_to(root).parents[-2]),
+    return file_stamps(sorted(root.glob(pattern), key=lambda p: (day_order(p.relative_to(root).parents[-2].name),
                                                                  str(p)), reverse=True))
 
 

@@ -938,6 +938,13 @@ def trunk_peak(data: dict) -> Optional[float]:
     return data.get("trunk_matmul_tflops") or data.get("matmul_tflops")
 
 
+def day_order(name: str) -> tuple:
+    """Newest last, by name: <what>-<date>[-<n>][.json] by its date, then its number that day (the first has none,
+    the second is -2; by name alone "-27-2.json" sorts before "-27.json"); ("", 0) without a date."""
+    m = re.search(r"(\d{4}-\d{2}-\d{2})(?:-(\d+))?(?:\.json)?$", name)
+    return (m.group(1), int(m.group(2) or 1)) if m else ("", 0)
+
+
 def run_order(name: str, data: dict) -> tuple:
     """Newest last: by date, then by the run's number that day (<device>-<date>.json is the first run,
     <device>-<date>-2.json the second)."""
