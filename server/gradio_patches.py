@@ -116,6 +116,26 @@ def skip_queue_analytics(demo: gr.Blocks) -> None:
     demo._queue.ANALYTICS_MAX_EVENTS = QUEUE_MAX
 
 
+# Gradio's queue, left to itself, wakes its event loop for nothing: its reader looks for an event to start every
+# 1 ms while none can start (nothing waits, or every waiting lane is full: the whole of a busy spell), and its
+# progress sender every 10 ms (this app reports no progress). Each wake-up takes the GIL back from the threads
+# drawing views. Here they look every QUEUE_POLL_S and PROGRESS_POLL_S: an event arriving at an idle queue starts
+# at most QUEUE_POLL_S later.
+QUEUE_POLL_S, PROGRESS_POLL_S = 0.01, 0.1
+# The queue's status (a waiting event's place and estimated wait): Gradio's default ("auto") sends every waiting
+# event of a lane a new estimate each time an event of that lane starts, a message per waiting event per start
+# (with a class waiting on 4 slots, hundreds a second, each a write on the event loop and a parse in a browser).
+# app.py passes this as the queue's status_update_rate: every waiting event's status every QUEUE_STATUS_S.
+QUEUE_STATUS_S = 2.0
+
+
+def poll_less(demo: gr.Blocks) -> None:
+    """The queue's reader and progress sender look every QUEUE_POLL_S and PROGRESS_POLL_S instead of 1 ms and
+    10 ms (Queue.sleep_when_free, progress_update_sleep_when_free: set when the queue is made, read each time)."""
+    demo._queue.sleep_when_free = QUEUE_POLL_S
+    demo._queue.progress_update_sleep_when_free = PROGRESS_POLL_S
+
+
 def skip_absent_matplotlib() -> None:
     """Gradio tries `import matplotlib` on entering and leaving every event (to switch its backend).
     Where it is not installed, each try searches sys.path again, on the event loop: marking it absent

@@ -625,6 +625,35 @@ def test_the_queue_builds_no_analytics_summary_per_event(monkeypatch):
     assert queue.ANALYTICS_MAX_EVENTS <= app.QUEUE_MAX
 
 
+def test_the_queue_wakes_the_event_loop_seldom_while_no_event_can_start(monkeypatch):
+    """Gradio's queue reader looks for an event to start every 1 ms while none can (and its progress sender every
+    10 ms), each wake-up taking the GIL from the threads drawing views: the app's queue, idle for 0.5 s, wakes
+    the loop at most once per QUEUE_POLL_S and PROGRESS_POLL_S; and the queue's status goes out every
+    QUEUE_STATUS_S, not to every waiting event at each start (Gradio's "auto")."""
+    import asyncio
+    import app
+    from server import gradio_patches
+    queue = app.build_app()._queue
+    assert not queue.live_updates and queue.update_intervals == gradio_patches.QUEUE_STATUS_S
+    queue.active_jobs = [None] * queue.max_thread_count
+    real_sleep, naps = asyncio.sleep, []
+
+    async def counted(seconds, *args, **kwargs):
+        naps.append(seconds)
+        return await real_sleep(seconds, *args, **kwargs)
+
+    async def idle_for(seconds):
+        monkeypatch.setattr(asyncio, "sleep", counted)
+        tasks = [asyncio.ensure_future(queue.start_processing()), asyncio.ensure_future(queue.start_progress_updates())]
+        await real_sleep(seconds)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(idle_for(0.5))
+    assert len(naps) <= 0.5 / gradio_patches.QUEUE_POLL_S + 0.5 / gradio_patches.PROGRESS_POLL_S + 4, len(naps)
+
+
 def test_skipped_outputs_are_answered_as_gradio_answers_them_without_building_a_component(monkeypatch):
     """A page redraw's skipped outputs (most of its 64) and its controls' marks (a message and classes each) are
     passed by (server.gradio_patches.skip_unchanged_outputs): the answer is the one Gradio's own postprocessing
