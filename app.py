@@ -521,6 +521,7 @@ def build_app() -> gr.Blocks:
     gradio_patches.keep_queue_alive(demo)
     gradio_patches.skip_queue_analytics(demo)
     gradio_patches.poll_less(demo)
+    gradio_patches.stop_abandoned_work(demo)
     gradio_patches.keep_outputs_out_of_session_state()
     gradio_patches.skip_unchanged_outputs(demo)
     gradio_patches.skip_absent_matplotlib()

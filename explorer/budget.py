@@ -10,6 +10,7 @@ first. Work above LARGE_REQUEST_FLOPS runs on threads of lower OS priority, so s
 from __future__ import annotations
 
 import concurrent.futures
+import contextvars
 import ctypes
 import dataclasses
 import functools
@@ -296,15 +297,41 @@ LOW_PRIORITY = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_
 
 
 def on_low_priority(fn: Callable, *args, **kwargs):
-    """fn(*args, **kwargs) on a low-priority thread; this thread waits (using no CPU) and returns its
-    result or raises its exception. The memory reservation of the caller holds for the call."""
+    """fn(*args, **kwargs) on a low-priority thread, in this thread's context (check_wanted asks about the same
+    request); this thread waits (using no CPU) and returns its result or raises its exception. The memory
+    reservation of the caller holds for the call."""
     def run():
         MEMORY._held.depth = 1                  # already admitted: nested views do not reserve again
         try:
             return fn(*args, **kwargs)
         finally:
             MEMORY._held.depth = 0
-    return LOW_PRIORITY.submit(run).result()
+    return LOW_PRIORITY.submit(contextvars.copy_context().run, run).result()
+
+
+# --- Abandoned work: long work stops between its steps once its requester has gone ----------------
+# A lecture pack draws and renders every figure (tens of seconds on a busy Space); a requester whose page closed
+# or whose connection dropped is answered nothing, yet the work ran to its end: in the soak of issue 34 a
+# botnet's pack rendered on for 17 s after its client left, holding the export browser's memory
+# (benchmarks/results/load-soak-rss-after-2026-11-27.json).
+class Abandoned(Exception):
+    """The requester of the work running has gone: the work stops at its next step and nothing is answered."""
+
+
+_still_wanted: Callable[[], bool] = lambda: True
+
+
+def answer_wanted(still_wanted: Callable[[], bool]) -> None:
+    """Install how long work asks whether its requester still waits (server.gradio_patches.stop_abandoned_work:
+    its event alive in the server's queue). Until then, and in a direct call, it always does."""
+    global _still_wanted
+    _still_wanted = still_wanted
+
+
+def check_wanted() -> None:
+    """Between the steps of long work: Abandoned once its requester has gone."""
+    if not _still_wanted():
+        raise Abandoned("the requester has gone")
 
 
 def within_budget(cost, fn: Callable):

@@ -174,6 +174,7 @@ def all_figures(s: Settings) -> tuple[dict[str, tuple[go.Figure, str]], dict[str
     outputs, drawn, left_out = {}, {}, {}
     spent = 0.0
     for name, spec in FIGURES.items():
+        budget.check_wanted()                   # (outside the try: a requester gone is no figure's failure)
         key = (spec.view.name, spec.part, spec.adjust(s))
         try:
             if spec.model:
@@ -574,7 +575,8 @@ reset; the page needs no network, and the numbers drawn are in the pack's <code>
 def lecture_pack(s: Settings, out_dir: str | None = None, aspect: str = "16:9") -> str:
     """A zip: every figure that can be drawn here as PNG, SVG and NPZ (the numbers drawn), named for
     what it shows; captions.md (with what was left out and why), config.json and lesson.html. The same
-    settings and slide again are the same pack (PACKS), unless a figure failed (an internal error: drawn again)."""
+    settings and slide again are the same pack (PACKS), unless a figure failed (an internal error: drawn again).
+    Once its requester has gone it stops between figures and renders (budget.Abandoned), keeping nothing."""
     check_aspect(aspect)
     data, _ = PACKS.get((s, aspect), lambda: _pack(s, aspect), keep=lambda made: made[1])
     out = Path(out_dir) if out_dir else new_export_folder()
@@ -593,6 +595,7 @@ def _pack(s: Settings, aspect: str) -> tuple[bytes, bool]:
             stem = file_stem(s, name)
             digest = figure_digest(fig)                 # its JSON written once for every format
             for f in FORMATS:
+                budget.check_wanted()
                 z.writestr(f"figures/{stem}.{f}", _rendered(fig, f, 3, aspect, digest)[1])
             z.writestr(f"data/{stem}.npz", npz_bytes(fig))
             captions.append(f"- **{FIGURES[name].title}** (`figures/{stem}.png`, numbers in `data/{stem}.npz`): {text}")

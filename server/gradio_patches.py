@@ -21,6 +21,7 @@ from gradio.utils import LRUCache
 from gradio_client.utils import is_file_obj_with_meta
 from pydantic import model_validator
 
+from explorer import budget
 from explorer.schema import ValidationError
 
 from .admission import QUEUE_MAX
@@ -134,6 +135,23 @@ def poll_less(demo: gr.Blocks) -> None:
     10 ms (Queue.sleep_when_free, progress_update_sleep_when_free: set when the queue is made, read each time)."""
     demo._queue.sleep_when_free = QUEUE_POLL_S
     demo._queue.progress_update_sleep_when_free = PROGRESS_POLL_S
+
+
+def stop_abandoned_work(demo: gr.Blocks) -> None:
+    """Long work stops between its steps once its requester has gone (explorer.budget.check_wanted asks here):
+    Gradio marks a running event not alive when its page's stream closes (Queue.clean_events, on the
+    disconnect) but runs its function to the end, answering no one."""
+    queue = demo._queue
+
+    def still_wanted() -> bool:
+        from gradio.context import LocalContext
+        event_id = LocalContext.event_id.get(None)
+        for job in list(queue.active_jobs) if event_id is not None else ():
+            for event in job or ():
+                if event._id == event_id:
+                    return event.alive
+        return True             # a direct call, or an event Gradio no longer holds as running
+    budget.answer_wanted(still_wanted)
 
 
 def skip_absent_matplotlib() -> None:

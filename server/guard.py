@@ -13,7 +13,7 @@ from typing import Mapping, Optional
 import gradio as gr
 import torch
 
-from explorer import runs
+from explorer import budget, runs
 from explorer.query_string import parse_query
 from explorer.limits import Cost, check_model_fits, device
 from explorer.schema import Settings, ValidationError
@@ -85,6 +85,9 @@ def guarded(fn):
             raise
         except ValidationError as e:
             raise gr.Error(as_text(str(e)), print_exception=False) from None
+        except budget.Abandoned:            # its requester has gone: Gradio answers no one; not a bug
+            log.info("%s stopped: its requester has gone", fn.__name__)
+            raise gr.Error("stopped: the page that asked for this has gone", print_exception=False) from None
         except torch.OutOfMemoryError:
             runs.clear_caches()
             raise gr.Error("out of GPU memory for this configuration; caches were freed — try a shorter "

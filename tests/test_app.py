@@ -654,6 +654,31 @@ def test_the_queue_wakes_the_event_loop_seldom_while_no_event_can_start(monkeypa
     assert len(naps) <= 0.5 / gradio_patches.QUEUE_POLL_S + 0.5 / gradio_patches.PROGRESS_POLL_S + 4, len(naps)
 
 
+def test_long_work_asks_gradio_whether_its_requester_still_waits():
+    """budget.check_wanted reads the running event in Gradio's queue: nothing while its page waits; Abandoned once
+    Gradio cleaned the session's events (what it does when the page's stream closes); nothing in a direct call
+    or for an event Gradio no longer runs. Reads Gradio's queue for real: if its internals move, this fails."""
+    import asyncio
+    import types
+    import app
+    from gradio.context import LocalContext
+    from explorer import budget
+    queue = app.build_app()._queue
+    event = types.SimpleNamespace(_id="event-1", session_hash="page-1", alive=True)
+    queue.active_jobs = [None, [event], None]
+    budget.check_wanted()                               # a direct call: no event
+    token = LocalContext.event_id.set("event-1")
+    try:
+        budget.check_wanted()
+        asyncio.run(queue.clean_events(session_hash="page-1"))
+        with pytest.raises(budget.Abandoned):
+            budget.check_wanted()
+        LocalContext.event_id.set("event-2")
+        budget.check_wanted()
+    finally:
+        LocalContext.event_id.reset(token)
+
+
 def test_skipped_outputs_are_answered_as_gradio_answers_them_without_building_a_component(monkeypatch):
     """A page redraw's skipped outputs (most of its 64) and its controls' marks (a message and classes each) are
     passed by (server.gradio_patches.skip_unchanged_outputs): the answer is the one Gradio's own postprocessing

@@ -420,3 +420,18 @@ def test_large_views_run_at_a_lower_cpu_priority_and_small_ones_do_not(monkeypat
     assert seen["lecture"] == base
     assert seen["phoenix-nano"] == seen["nested"] == min(19, base + budget.LOW_PRIORITY_NICE)
     assert budget.MEMORY.reserved == 0
+
+
+def test_low_priority_work_runs_in_its_callers_context():
+    """A view moved to a low-priority thread asks about its own request (budget.check_wanted reads the caller's
+    context, Gradio's event id): a context variable the caller set is seen there, and the caller's stays."""
+    import contextvars
+    from explorer import budget
+    request = contextvars.ContextVar("request")
+    token = request.set("mine")
+    try:
+        assert budget.on_low_priority(request.get, None) == "mine"
+        assert budget.on_low_priority(lambda: request.set("theirs") and request.get()) == "theirs"
+        assert request.get() == "mine"
+    finally:
+        request.reset(token)

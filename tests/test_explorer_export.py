@@ -434,6 +434,27 @@ def test_a_pack_made_again_is_the_pack_made_once_and_takes_no_render_share(s, tm
     assert export.pack_is_kept(s)
 
 
+def test_a_pack_stops_between_its_steps_once_its_requester_has_gone(s, tmp_path, monkeypatch):
+    """A lecture pack asks between figures and between renders whether its requester still waits
+    (budget.check_wanted): gone before the first figure, nothing is drawn; gone once the figures are drawn,
+    nothing is rendered; either way budget.Abandoned, no file, and no pack kept."""
+    from explorer import budget
+    export.PACKS.cache_clear()
+    drawn, rendered = [], []
+    real_all, real_rendered = export.all_figures, export._rendered
+    monkeypatch.setattr(export, "all_figures", lambda t: drawn.append(t) or real_all(t))
+    monkeypatch.setattr(export, "_rendered", lambda *a, **k: rendered.append(a) or real_rendered(*a, **k))
+    monkeypatch.setattr(budget, "_still_wanted", lambda: False)
+    with pytest.raises(budget.Abandoned):
+        export.lecture_pack(s, str(tmp_path))
+    assert len(drawn) == 1 and not rendered and not export.pack_is_kept(s) and not list(tmp_path.iterdir())
+    asked = []                                  # wanted while its figures are drawn, gone at the first render
+    monkeypatch.setattr(budget, "_still_wanted", lambda: asked.append(1) or len(asked) <= len(export.FIGURES))
+    with pytest.raises(budget.Abandoned):
+        export.lecture_pack(s, str(tmp_path))
+    assert len(asked) == len(export.FIGURES) + 1 and not rendered and not export.pack_is_kept(s)
+
+
 def test_an_export_made_again_takes_no_render_share(s, tmp_path):
     """renders_of_export: 1 for a figure not rendered yet, 0 once the same settings, figure, format and slide
     were exported and the file is kept; 1 again when memory pressure dropped it."""
