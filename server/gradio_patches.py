@@ -120,8 +120,10 @@ def skip_queue_analytics(demo: gr.Blocks) -> None:
 # Gradio's queue, left to itself, wakes its event loop for nothing: its reader looks for an event to start every
 # 1 ms while none can start (nothing waits, or every waiting lane is full: the whole of a busy spell), and its
 # progress sender every 10 ms (this app reports no progress). Each wake-up takes the GIL back from the threads
-# drawing views. Here they look every QUEUE_POLL_S and PROGRESS_POLL_S: an event arriving at an idle queue starts
-# at most QUEUE_POLL_S later.
+# drawing views. Here they look every QUEUE_POLL_S and PROGRESS_POLL_S: an event arriving at an idle queue, or
+# waiting for a slot of its lane, starts at most QUEUE_POLL_S after it could (5 ms on average). With the status
+# below, under every mode of the soak: honest model views p95 7.48 -> 6.02 s, the median of five alternated pairs
+# (benchmarks/results/load-soak-ab-poll-2026-11-27.json).
 QUEUE_POLL_S, PROGRESS_POLL_S = 0.01, 0.1
 # The queue's status (a waiting event's place and estimated wait): Gradio's default ("auto") sends every waiting
 # event of a lane a new estimate each time an event of that lane starts, a message per waiting event per start
