@@ -947,10 +947,8 @@ def day_order(name: str) -> tuple:
 
 def run_order(name: str, data: dict) -> tuple:
     """Newest last: by date, then by the run's number that day (<device>-<date>.json is the first run,
-    <device>-<date>-2.json the second)."""
-    date = str(data.get("date"))
-    m = re.search(rf"{re.escape(date)}-(\d+)\.json$", name)
-    return date, int(m.group(1)) if m else 1
+    <device>-<date>-2.json the second): day_order of its name, which carries its date."""
+    return day_order(name)
 
 
 def _trunk_timed(data: dict) -> bool:
