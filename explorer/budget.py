@@ -37,6 +37,9 @@ def nbytes(value, seen: set | None = None) -> int:
     return sum(footprint(value, seen))
 
 
+_SCALARS = (str, int, float, type(None))
+
+
 def footprint(value, seen: set | None = None) -> tuple[int, int]:
     """nbytes(value) as (host bytes, bytes in a GPU's own memory): its tensors by where they are."""
     seen = set() if seen is None else seen
@@ -55,10 +58,10 @@ def footprint(value, seen: set | None = None) -> tuple[int, int]:
         return value.held_bytes(), 0
     if isinstance(value, nn.Module):
         parts = [footprint(t, seen) for t in (*value.parameters(), *value.buffers())]
-    elif isinstance(value, dict):
-        parts = [footprint(v, seen) for v in value.values()]
+    elif isinstance(value, dict):       # scalars hold nothing counted: skipped without a call (a figure's labels)
+        parts = [footprint(v, seen) for v in value.values() if not isinstance(v, _SCALARS)]
     elif isinstance(value, (list, tuple)):
-        parts = [footprint(v, seen) for v in value]
+        parts = [footprint(v, seen) for v in value if not isinstance(v, _SCALARS)]
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
         parts = [footprint(getattr(value, f.name), seen) for f in dataclasses.fields(value)]
     else:

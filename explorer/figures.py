@@ -122,9 +122,17 @@ class Figure(go.Figure):
         its JSON. Measured with tracemalloc over every drawn view at lecture, phoenix-nano and phoenix-2026-nano
         when every figure built plotly's objects: 1.7-6x its arrays and JSON, and 25-170 kB a figure beside
         them; counted here as 2.5x and 200 kB, at or above each (tests/test_view_registry.py). A figure that
-        never built them holds less: the count stays an upper bound."""
-        content = nbytes(self._held()[0]) + len(self.__dict__.get("_frozen_json") or "")
-        return int(HELD_PER_CONTENT_BYTE * content) + HELD_PER_FIGURE
+        never built them holds less: the count stays an upper bound. A frozen figure's count is kept (the caches
+        ask at each get and put)."""
+        kept = self.__dict__.get("_held_bytes")
+        if kept is not None:
+            return kept
+        frozen = self.__dict__.get("_frozen_json")
+        content = nbytes(self._held()[0]) + len(frozen or "")
+        held = int(HELD_PER_CONTENT_BYTE * content) + HELD_PER_FIGURE
+        if frozen is not None:
+            self._held_bytes = held
+        return held
 
 
 _BUILDING = threading.Lock()       # Figure._build: one thread builds a figure's plotly state

@@ -196,9 +196,22 @@ def with_bug(model: nn.Module, bug: Optional[str]) -> nn.Module:
     if bug not in bug_names(family):
         raise ValueError(f"bug: got {bug!r}; allowed: none, {', '.join(bug_names(family))} (the bugs a {family} "
                          f"model can carry)")
-    buggy = copy.deepcopy(model, memo={id(t): t for t in (*model.parameters(), *model.buffers())})
+    buggy = _module_copy(model)
     BUGS[bug].patch(buggy)
     return buggy
+
+
+def _module_copy(module: nn.Module) -> nn.Module:
+    """`module` and its submodules copied, every other attribute shared: each module a new object whose
+    attribute containers (its parameters, buffers and hooks dicts among them) are new, over the same tensors
+    and values. A bug's patch sets attributes of the copy's modules (Bug.patch), so the original never
+    changes. A seventh of copy.deepcopy's time (which walks every attribute's values): six copies a report."""
+    new = object.__new__(type(module))
+    new.__dict__.update({name: value.copy() if isinstance(value, (dict, list, set)) else value
+                         for name, value in vars(module).items()})
+    for name, child in module._modules.items():
+        new._modules[name] = None if child is None else _module_copy(child)
+    return new
 
 
 class _OnTheInputOnce:

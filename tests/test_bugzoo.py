@@ -261,6 +261,15 @@ def test_a_planted_bug_shares_the_models_weights_and_leaves_the_model_as_it_was(
         BUGS[bug].patch(deep)
         assert_bit_exact(buggy(x, mask, off).embeddings, deep(x, mask, off).embeddings, "same computation")
         assert_bit_exact(model(x, mask, off).embeddings, before, "same computation")
+        # every module is the copy's own, its containers too: a hook on the copy never runs in the model
+        assert not {id(m) for m in buggy.modules()} & {id(m) for m in model.modules()}
+        seen = []
+        for m in buggy.modules():
+            m.register_forward_hook(lambda module, *a: seen.append(id(module)))
+        model(x, mask, off)
+        assert not seen
+        buggy(x, mask, off)
+        assert seen
 
 
 @pytest.mark.parametrize("bug", list(BUGS))
