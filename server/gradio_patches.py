@@ -16,6 +16,7 @@ from collections import OrderedDict
 from typing import Optional
 
 import gradio as gr
+from gradio.components.plot import PlotData
 from gradio.data_classes import FileData
 from gradio.utils import LRUCache
 from gradio_client.utils import is_file_obj_with_meta
@@ -154,6 +155,51 @@ def stop_abandoned_work(demo: gr.Blocks) -> None:
                     return event.alive
         return True             # a direct call, or an event Gradio no longer holds as running
     budget.answer_wanted(still_wanted)
+
+
+# The components whose preprocess and postprocess are pure and take microseconds on what this app passes them
+# (a str, a number, a choice, a markdown table, a figure whose JSON is written already). Gradio runs each in a worker
+# thread, one round trip per input and output: seven for an /attention call (its admission's process_api and its
+# own), each a wake-up of a worker, a hand-back to the event loop, and two waits for the GIL under load.
+INLINE_PROCESSING = (gr.Textbox, gr.Number, gr.Radio, gr.Dropdown, gr.CheckboxGroup, gr.Markdown, gr.HTML,
+                     gr.Button, gr.State, gr.Plot)
+
+
+def _cheap(fn, args) -> bool:
+    """Whether `fn(*args)` is one of INLINE_PROCESSING's pre- or postprocessing (a gr.Plot's only where its
+    figure's JSON is written: explorer.figures.Figure.freeze; else plotly writes it, milliseconds)."""
+    owner, name = getattr(fn, "__self__", None), getattr(fn, "__name__", None)
+    if name not in ("preprocess", "postprocess") or not isinstance(owner, INLINE_PROCESSING):
+        return False
+    if isinstance(owner, gr.Plot) and name == "postprocess" and args and args[0] is not None:
+        value = args[0]
+        return isinstance(value, PlotData) or getattr(value, "__dict__", {}).get("_frozen_json") is not None
+    return True
+
+
+class _InlineAnyio:
+    """gradio.blocks' `anyio`, whose to_thread.run_sync runs _cheap work where it is asked, on the event loop;
+    everything else is anyio's own."""
+
+    def __init__(self, anyio):
+        self._anyio = anyio
+        self.to_thread = self
+
+    async def run_sync(self, fn, *args, **kwargs):
+        if _cheap(fn, args):
+            return fn(*args)
+        return await self._anyio.to_thread.run_sync(fn, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._anyio, name)
+
+
+def process_cheap_components_inline() -> None:
+    """Gradio's pre- and postprocessing of INLINE_PROCESSING's components runs on the event loop instead of a
+    worker thread (gradio.blocks calls anyio.to_thread.run_sync for each input and output, and for the function)."""
+    import gradio.blocks as gradio_blocks
+    if not isinstance(gradio_blocks.anyio, _InlineAnyio):
+        gradio_blocks.anyio = _InlineAnyio(gradio_blocks.anyio)
 
 
 def skip_absent_matplotlib() -> None:

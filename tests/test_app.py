@@ -8,6 +8,7 @@ import urllib.error
 import urllib.request
 from urllib.parse import parse_qs
 
+import gradio as gr
 import numpy as np
 import pytest
 import torch
@@ -652,6 +653,37 @@ def test_the_queue_wakes_the_event_loop_seldom_while_no_event_can_start(monkeypa
 
     asyncio.run(idle_for(0.5))
     assert len(naps) <= 0.5 / gradio_patches.QUEUE_POLL_S + 0.5 / gradio_patches.PROGRESS_POLL_S + 4, len(naps)
+
+
+def test_an_events_cheap_components_are_processed_on_the_event_loop(monkeypatch):
+    """Gradio hands each input's preprocessing and each output's postprocessing to a worker thread and back, one
+    round trip each (issue 34's soak: a third fewer honest requests served with them). An /attention call hands
+    over only its function: its query box in, its figures (their JSON written once) and text out run where Gradio
+    asks. A figure whose JSON is still to write, a file, or any other function still goes to a thread."""
+    import asyncio
+    import types
+    import app
+    import gradio.blocks
+    from gradio.state_holder import SessionState
+    from explorer.figures import bar_figure
+    demo = app.build_app()
+    shim, handed = gradio.blocks.anyio, []
+
+    async def to_thread(fn, *args, **kwargs):
+        handed.append(getattr(fn, "__name__", fn))
+        return fn(*args)
+    monkeypatch.setattr(shim, "_anyio", types.SimpleNamespace(to_thread=types.SimpleNamespace(run_sync=to_thread)))
+    fn = next(f for f in demo.fns.values() if f.api_name == "attention")
+    out = asyncio.run(demo.process_api(fn, [LECTURE], state=SessionState(demo)))
+    assert handed == ["attention_endpoint"]
+    assert [type(o) for o in out["data"]] == [dict, dict, str] and json.loads(out["data"][0]["plot"])["data"]
+    plot, figure = gr.Plot(), bar_figure(["a", "b"], [1.0, 2.0], title="bars", segments=["U", "H"])
+    asyncio.run(shim.to_thread.run_sync(plot.postprocess, figure))
+    asyncio.run(shim.to_thread.run_sync(gr.File().preprocess, None))
+    asyncio.run(shim.to_thread.run_sync(sorted, [2, 1]))
+    assert handed[1:] == ["postprocess", "preprocess", "sorted"]
+    asyncio.run(shim.to_thread.run_sync(plot.postprocess, figure.freeze()))
+    assert len(handed) == 4
 
 
 def test_long_work_asks_gradio_whether_its_requester_still_waits():
