@@ -655,6 +655,19 @@ def test_the_queue_wakes_the_event_loop_seldom_while_no_event_can_start(monkeypa
     assert len(naps) <= 0.5 / gradio_patches.QUEUE_POLL_S + 0.5 / gradio_patches.PROGRESS_POLL_S + 4, len(naps)
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads the server's memory map in /proc")
+def test_the_server_parses_http_and_runs_its_event_loop_in_c(server):
+    """requirements.txt installs httptools and uvloop, and uvicorn (as Gradio launches it) uses them by itself:
+    the server's one interpreter spends less on each request (load-soak-ab-uvloop-2026-11-27.json). If a Gradio
+    release passes its own loop or parser to uvicorn, this fails."""
+    from benchmarks.load_test import server_pid
+    pid = server_pid(server)
+    assert pid is not None
+    with open(f"/proc/{pid}/maps") as f:
+        loaded = f.read()
+    assert "uvloop" in loaded and "httptools" in loaded
+
+
 def test_an_events_cheap_components_are_processed_on_the_event_loop(monkeypatch):
     """Gradio hands each input's preprocessing and each output's postprocessing to a worker thread and back, one
     round trip each (issue 34's soak: a third fewer honest requests served with them). An /attention call hands
