@@ -13,7 +13,6 @@ model; ``BUGS[name].probe`` names the one that catches it.
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Callable, Optional
 
