@@ -518,11 +518,14 @@ class RawClient:
     """Joins and reads Gradio's queue over plain HTTP with any session hash, as the page's own client does
     (one POST, then the event stream) and as a hostile client can, from `address` (as the Space's proxy
     forwards it). It keeps the cookies the server sets, as a browser does. It parses what a browser parses
-    and nothing more, so a client process beside the server takes little of the CPU it measures."""
+    and nothing more, so a client process beside the server takes little of the CPU it measures. As a browser
+    does (`browser`), it reads each event stream to its end (Gradio's close_stream follows the last answer at
+    once), so its connections are kept alive and reused; `browser=False` drops the connection as soon as the
+    answer is read (the attacker's client: a new connection, accepted by the server's event loop, per event)."""
 
-    def __init__(self, url: str, address: str, fn: Optional[dict] = None):
+    def __init__(self, url: str, address: str, fn: Optional[dict] = None, browser: bool = True):
         import httpx
-        self.url, self.address = url, address
+        self.url, self.address, self.browser = url, address, browser
         self.fn = fn if fn is not None else api_functions(url, address)
         self.http = httpx.Client(timeout=120)
 
@@ -547,7 +550,7 @@ class RawClient:
         Gradio starts the event), run (the function, as Gradio times it) and rest (until the answer is read)."""
         t0 = time.perf_counter()
         code, text = self.join(api, data, session)
-        t_join = t_start = time.perf_counter()
+        t_join = t_start = t_end = time.perf_counter()
         error, run = "stream ended", None
         if code != 200:
             error = f"HTTP {code}: {text}"
@@ -568,10 +571,11 @@ class RawClient:
                         if answer is not None:
                             answer.append(out.get("data"))
                         run = out.get("duration")
-                        break
+                        t_end = time.perf_counter()
+                        if not self.browser:
+                            break
         if not timed:
             return error
-        t_end = time.perf_counter()
         return dict(error=error, join_s=t_join - t0, wait_s=t_start - t_join, run_s=run,
                     rest_s=t_end - t_start - (run or 0.0))
 
@@ -598,7 +602,7 @@ class RawClient:
                         answers[msg["event_id"]] = (None if msg.get("success") and (out.get("data") or [None])[0]
                                                     else str(out.get("error") or "empty answer")[:300])
                         waiting.discard(msg["event_id"])
-                        if not waiting:
+                        if not waiting and not self.browser:
                             break
         return list(answers.values())
 
@@ -650,7 +654,7 @@ def attacker(attack: Attack, k: int, url: str, stop_at: list, records: list, loc
     """Thread `k` of a mode, in a loop until `stop_at`; every answer recorded (a refusal naming its field
     apart from an error)."""
     import uuid
-    raw = RawClient(url, ATTACKER, fn)
+    raw = RawClient(url, ATTACKER, fn, browser=attack.side == "honest")
     fresh = lambda: uuid.uuid4().hex[:11]       # noqa: E731
     side = {"honest": "fairness" if attack is Attack.PAGE_VS_API else "classroom"}.get(attack.side, "attacker")
     if attack is Attack.UPLOAD_STORE:
@@ -1327,7 +1331,9 @@ def main_suite(a) -> dict:
                                   clients=f"{a.client_processes} processes of honest visitors, one of the attacker's "
                                           "modes, one of the honest modes (classroom, page visitors), one of the "
                                           "probe and the uploader, each with its own GIL, on the server's machine; "
-                                          "every client speaks the page's protocol over plain HTTP",
+                                          "every client speaks the page's protocol over plain HTTP; the honest ones "
+                                          "keep their connections alive as a browser does, the attacker's drop "
+                                          "theirs at each answer",
                                   rss="VmRSS of the server process and the processes it started (the export "
                                       "browser), sampled every 0.2 s; 'after' 30 s after the load stops",
                                   addresses="every client sends X-Forwarded-For; the server trusts one proxy hop "

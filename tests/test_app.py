@@ -780,6 +780,22 @@ def test_the_soak_client_speaks_the_pages_protocol(server):
     assert timed["error"] is None and all(timed[k] >= 0 for k in ("join_s", "wait_s", "run_s")), timed
 
 
+def test_the_soak_clients_keep_their_connections_as_a_browser_does(server, monkeypatch):
+    """An honest visitor of the soak reads each event stream to its end (Gradio's close_stream) and reuses one
+    connection for its joins and streams, as a browser does; the attacker's client drops the connection once it
+    has its answer, so each of its events is a new connection the server accepts."""
+    import socket
+    from benchmarks.load_test import RawClient, api_functions
+    opened, connect = [], socket.create_connection
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: opened.append(a[0]) or connect(*a, **k))
+    fns = api_functions(server)
+    for browser, address in ((True, "10.9.0.2"), (False, "10.9.0.3")):
+        raw, before = RawClient(server, address, fns, browser=browser), len(opened)
+        for n in range(3):
+            assert raw.call("mask", [LECTURE], f"keepalive{browser:d}{n}") is None
+        assert len(opened) - before == (1 if browser else 3), (browser, opened[before:])
+
+
 def test_every_computing_endpoint_refuses_one_session_over_its_share_at_the_http_layer(monkeypatch):
     """One-input endpoints too (Gradio reads a 1-tuple of verdicts as a valid answer). With every view
     held running, one session joins each view endpoint 12 times: only its share is queued, the rest
