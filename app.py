@@ -526,6 +526,7 @@ def build_app() -> gr.Blocks:
     gradio_patches.skip_unchanged_outputs(demo)
     gradio_patches.skip_absent_matplotlib()
     gradio_patches.process_cheap_components_inline()
+    gradio_patches.asyncio_event_loop()
     return demo
 
 

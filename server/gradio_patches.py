@@ -202,6 +202,18 @@ def process_cheap_components_inline() -> None:
         gradio_blocks.anyio = _InlineAnyio(gradio_blocks.anyio)
 
 
+def asyncio_event_loop() -> None:
+    """uvicorn, as Gradio launches it, runs asyncio's own event loop even where uvloop is installed (its "auto"
+    loop takes uvloop when it can: uvicorn[standard], some Space images). libuv accepts one connection per turn of
+    its loop (libuv#3696), and under every mode of the soak a turn took ~35 ms: the accept queue held 20-30
+    connections (ss) and a new one waited 0.5 s (p50) before the server read it. asyncio accepts every waiting
+    connection at each turn. Five alternated pairs of all-modes soaks (benchmarks/results/load-soak-ab-loop-2026-11-28.json):
+    honest model views p95 4.03 -> 3.56 s, classroom 3.03 -> 2.76 s, a class's page loads 2.82 -> 1.97 s (p50),
+    /mask p95 the same (1.73 -> 1.70 s)."""
+    import uvicorn.config
+    uvicorn.config.LOOP_FACTORIES["auto"] = uvicorn.config.LOOP_FACTORIES["asyncio"]
+
+
 def skip_absent_matplotlib() -> None:
     """Gradio tries `import matplotlib` on entering and leaving every event (to switch its backend).
     Where it is not installed, each try searches sys.path again, on the event loop: marking it absent

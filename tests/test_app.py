@@ -656,16 +656,27 @@ def test_the_queue_wakes_the_event_loop_seldom_while_no_event_can_start(monkeypa
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads the server's memory map in /proc")
-def test_the_server_parses_http_and_runs_its_event_loop_in_c(server):
-    """requirements.txt installs httptools and uvloop, and uvicorn (as Gradio launches it) uses them by itself:
-    the server's one interpreter spends less on each request (load-soak-ab-uvloop-2026-11-27.json). If a Gradio
-    release passes its own loop or parser to uvicorn, this fails."""
+def test_the_server_parses_http_in_c_and_runs_asyncios_own_event_loop(server):
+    """requirements.txt installs httptools, and uvicorn (as Gradio launches it) uses it by itself: the server's one
+    interpreter spends less on each request (load-soak-ab-uvloop-2026-11-27.json). uvloop, which accepts one new
+    connection per turn of the loop, is not loaded even where it is installed (load-soak-ab-loop-2026-11-28.json).
+    If a Gradio release passes its own loop or parser to uvicorn, this fails."""
     from benchmarks.load_test import server_pid
     pid = server_pid(server)
     assert pid is not None
     with open(f"/proc/{pid}/maps") as f:
         loaded = f.read()
-    assert "uvloop" in loaded and "httptools" in loaded
+    assert "httptools" in loaded
+    assert "uvloop" not in loaded, "the server runs uvloop's event loop"
+    import asyncio
+    import uvicorn
+    from server import gradio_patches
+    gradio_patches.asyncio_event_loop()         # (app.build_app's) what uvicorn makes where uvloop is installed too
+    loop = uvicorn.Config(app=None).get_loop_factory()()
+    try:
+        assert type(loop).__module__.startswith("asyncio."), type(loop)
+    finally:
+        loop.close()
 
 
 def test_an_events_cheap_components_are_processed_on_the_event_loop(monkeypatch):
