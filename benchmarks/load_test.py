@@ -550,7 +550,8 @@ class RawClient:
         Gradio starts the event), run (the function, as Gradio times it) and rest (until the answer is read)."""
         t0 = time.perf_counter()
         code, text = self.join(api, data, session)
-        t_join = t_start = t_end = time.perf_counter()
+        t_join = t_start = time.perf_counter()
+        t_end = None
         error, run = "stream ended", None
         if code != 200:
             error = f"HTTP {code}: {text}"
@@ -576,6 +577,7 @@ class RawClient:
                             break
         if not timed:
             return error
+        t_end = t_end or time.perf_counter()            # the answer's arrival, or the stream's end without one
         return dict(error=error, join_s=t_join - t0, wait_s=t_start - t_join, run_s=run,
                     rest_s=t_end - t_start - (run or 0.0))
 

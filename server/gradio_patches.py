@@ -1,7 +1,7 @@
 """Where the app meets Gradio's internals: what its session state keeps (no deep-link copy, no output
 values), its queue's analytics, its matplotlib probe, a file input that names what it refuses, and its
-queue (one charge per event, per-session tables bounded, its loop restarted rather than stopped for good).
-tests/test_app.py fails if the internals these touch move."""
+queue (one charge per event, per-session tables bounded, its loop restarted rather than stopped for good),
+and the event loop uvicorn serves it on. tests/test_app.py fails if the internals these touch move."""
 from __future__ import annotations
 
 import asyncio
