@@ -657,8 +657,8 @@ def test_the_queue_wakes_the_event_loop_seldom_while_no_event_can_start(monkeypa
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads the server's memory map in /proc")
 def test_the_server_parses_http_in_c_and_runs_asyncios_own_event_loop(server):
-    """requirements.txt installs httptools, and uvicorn (as Gradio launches it) uses it by itself: the server's one
-    interpreter spends less on each request (load-soak-ab-uvloop-2026-11-27.json). uvloop, which accepts one new
+    """requirements.txt installs httptools, and uvicorn (as Gradio launches it) uses it by itself (its gain was measured
+    together with uvloop's: load-soak-ab-uvloop-2026-11-27.json). uvloop, which accepts one new
     connection per turn of the loop, is not loaded even where it is installed (load-soak-ab-loop-2026-11-28.json).
     If a Gradio release passes its own loop or parser to uvicorn, this fails."""
     from benchmarks.load_test import server_pid
