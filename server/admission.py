@@ -54,15 +54,13 @@ def address_bound(lane: Lane, weight: int) -> int:
     return min(lane.per_address + lane.per_visitor * (weight - 1), lane.waiting * 3 // 4)
 
 
-# Small forwards at once: 4 on a GPU; on a CPU three per core, up to 6 (each runs one torch thread, see
-# server.memory.configure_threads). A lecture-size view spends most of its slot waiting: for the GIL (building
-# figures, Gradio's postprocessing), for the event loop (its pre- and postprocessing, its messages) and for a
-# core, about 0.23 s held for 6-13 ms of its own CPU under every mode of the soak. One per core left a core idle
-# (in the soak, honest model views p95 3.5 s with 2 slots, 2.6 s with 4); with 6, five alternated pairs of
-# all-modes soaks, 4 -> 6: honest model views p95 3.95 -> 3.38 s, classroom 2.89 -> 2.29 s (medians), /mask
-# p95 about the same (1.81 -> 1.89 s), peak RSS the same (benchmarks/results/load-soak-ab-slots-2026-11-28.json).
-# Heavy views have their own lane of one.
-FORWARDS_AT_ONCE = 4 if torch.cuda.is_available() else max(1, min(6, 3 * (os.cpu_count() or 1)))
+# Small forwards at once: 4 on a GPU; on a CPU two per core, up to 4 (each runs one torch thread, see
+# server.memory.configure_threads). A lecture-size view spends much of its slot on Python (building figures,
+# Gradio's postprocessing) waiting for the GIL, so one per core left a core idle: in the soak (30 visitors and
+# the attacker on 2 cores), honest model views p95 3.5 s with 2 slots, 2.6 s with 4. Six (three per core) bettered
+# the model views under every mode at once but slowed /mask, the honest visitors alone and raised peak RSS by ~1 GB
+# (benchmarks/results/load-soak-ab-rejected-2026-11-28.json). Heavy views have their own lane of one.
+FORWARDS_AT_ONCE = 4 if torch.cuda.is_available() else max(1, min(4, 2 * (os.cpu_count() or 1)))
 
 LANES: dict[str, Lane] = {lane.name: lane for lane in (
     # room for a class's thirty, as many lone visitors and the page visitors beside them waiting at once (the soak
