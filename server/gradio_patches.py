@@ -179,7 +179,9 @@ def _cheap(fn, args) -> bool:
 
 class _InlineAnyio:
     """gradio.blocks' `anyio`, whose to_thread.run_sync runs _cheap work where it is asked, on the event loop;
-    everything else is anyio's own."""
+    everything else is anyio's own. An event's function stays in a thread even where it only answers a kept view
+    (milliseconds of parsing): on the loop that was worse, honest model views p95 3.89 -> 5.08 s in every pair
+    (benchmarks/results/load-soak-ab-kept-inline-2026-12-01.json)."""
 
     def __init__(self, anyio):
         self._anyio = anyio
