@@ -29,7 +29,7 @@ from explorer.query_string import link_defaults, to_query
 from explorer.schema import FIELD_TYPES, Control, Settings
 from explorer.settings import COLOR_SCALES, VALUE_KINDS, ZOOMS, parse_settings
 from explorer.views import VIEWS, drawn_views
-from server import disk, front_door, gradio_patches, memory, uploads
+from server import disk, drawing, front_door, gradio_patches, memory, uploads
 from server.admission import ADMISSION, QUEUE_MAX
 from server.endpoints import (VIEW_ENDPOINTS, control_change, control_change_on_page, export_endpoint,
                               export_preview_endpoint, family_on_page, lecture_pack_endpoint, link_on_page, page_gone,
@@ -575,6 +575,7 @@ if __name__ == "__main__":
     memory.configure_threads()          # once, before any worker thread runs a forward
     memory.configure_malloc_arenas()    # before any thread but this one allocates
     memory.configure_gil_switch()
+    drawing.draw_processes(), drawing.process_memory_bytes(), drawing.idle_exit_s()   # a bad value stops the start, named
     demo = build_app()
     memory.freeze_startup_objects()     # the idle trim's collections then skip the page and the imports
     memory.start_idle_trim()

@@ -1209,8 +1209,10 @@ def soak_once(a, attacks: list, duration_s: float, after_s: float = SOAK_TARGETS
     with tempfile.TemporaryDirectory(prefix="soak-gradio-") as temp, \
             tempfile.TemporaryDirectory(prefix="soak-events-") as logs:
         event_log = Path(logs) / "events.jsonl"
-        with running_app(root=root, env={TRUSTED_PROXIES_ENV: "1", "GRADIO_TEMP_DIR": temp,
-                                         EVENT_LOG_ENV: str(event_log)}) as url:
+        # a Space's defaults: the last forwarding address trusted, model views drawn beside the server
+        # (server.drawing; a commit before it ignores the variable)
+        with running_app(root=root, env={TRUSTED_PROXIES_ENV: "1", "EXPLORER_DRAW_PROCESSES": "1",
+                                         "GRADIO_TEMP_DIR": temp, EVENT_LOG_ENV: str(event_log)}) as url:
             return run_soak(url, a.sessions, duration_s, a.seed, a.client_processes, a.records, attacks, after_s,
                             event_log)
 
@@ -1299,6 +1301,7 @@ def main_suite(a) -> dict:
     """The soak of record (issue 34): honest visitors alone once, each mode alone once, then --runs runs with
     every mode; the file keeps every run and quotes the worst."""
     from server.memory import memory_budget
+    os.environ["EXPLORER_DRAW_PROCESSES"] = "1"         # memory_budget() as the soaked app's (soak_once's env)
     when = dt.datetime.now(dt.timezone.utc)
     after = SOAK_TARGETS["after_s"]
     plan = [("baseline", [], a.mode_duration, after)] + [(m.label, [m], a.mode_duration, ALONE_AFTER_S)
@@ -1359,6 +1362,7 @@ ALONE_AFTER_S = 5.0         # a mode alone shows its cost during the load; the 3
 def main_soak(a) -> dict:
     """One soak run with the chosen modes (a quick look; the record is --suite)."""
     from server.memory import memory_budget
+    os.environ["EXPLORER_DRAW_PROCESSES"] = "1"         # memory_budget() as the soaked app's (soak_once's env)
     when = dt.datetime.now(dt.timezone.utc)
     report = dict(kind="soak", date=when.isoformat(timespec="seconds"), git_commit=git_commit(), device=machine(),
                   parameters=dict(duration_s=a.duration, honest_visitors=a.sessions,

@@ -128,10 +128,10 @@ def sweep_turn_s() -> float:
 def memory_ceiling() -> int:
     """Bytes the explorer's caches and running requests may hold together (env EXPLORER_MEMORY_BYTES); on
     a GPU, in host memory beside the GPU's own (device_memory_ceiling)."""
-    return _bytes_from_env(MEMORY_CEILING_ENV, DEFAULT_MEMORY_CEILING)
+    return bytes_from_env(MEMORY_CEILING_ENV, DEFAULT_MEMORY_CEILING)
 
 
-def _bytes_from_env(name: str, default: int) -> int:
+def bytes_from_env(name: str, default: int) -> int:
     raw = os.environ.get(name, "")
     try:
         value = int(float(raw)) if raw.strip() else default
@@ -169,7 +169,7 @@ def _cuda_total_memory() -> int:
 def device_memory_ceiling() -> int:
     """Bytes the explorer's caches and running requests may hold in the GPU's memory together (env
     EXPLORER_DEVICE_MEMORY_BYTES; default DEVICE_MEMORY_SHARE of its total)."""
-    return _bytes_from_env(DEVICE_MEMORY_ENV, max(2**28, int(DEVICE_MEMORY_SHARE * device_total_memory())))
+    return bytes_from_env(DEVICE_MEMORY_ENV, max(2**28, int(DEVICE_MEMORY_SHARE * device_total_memory())))
 
 
 def request_bytes(cost: "Cost") -> tuple[int, int]:

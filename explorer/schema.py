@@ -43,6 +43,10 @@ class ValidationError(ValueError):
             shown = shown[:57] + "..."
         super().__init__(f"{field}: got {shown}; allowed: {allowed}")
 
+    def __reduce__(self):
+        # as made, not from its message: a refusal drawn in another process (server.drawing) arrives whole
+        return type(self), (self.field, self.value, self.allowed, self.also)
+
 
 # --- scalar checks: each raises ValidationError naming the field ------------------------
 

@@ -22,10 +22,12 @@ from explorer.query_string import to_query
 from explorer.schema import Settings, ValidationError
 from explorer.settings import parse_settings
 from explorer.views import VIEWS, Text, View, check_view, drawn_views
+from explorer.views.records import DRAWN, _shareable
 
 from . import uploads
 from .admission import ADMISSION, KEPT_MAX_BYTES, check_drawn
 from .browsers import browser_of
+from .drawing import DRAWING, NotDrawnThere
 from .visitors import visitor_of
 from .gradio_patches import NotAFile
 from .guard import (Read, admitted_read, as_markdown_text, current_request, gpu, guarded, limit_note, model_limit,
@@ -57,6 +59,11 @@ def view_draw(view: View):
         current = VIEWS[name]                   # the record as it is now (a test may stand one in)
         cost = cost if cost is not None else view_cost(current, s)
         check_drawn(getattr(getattr(request, "request", None), "state", None), cost.flops if cost else 0.0)
+        if current is view and DRAWING.takes(current, s, cost):
+            try:
+                return DRAWN.get((current, s), lambda: DRAWING.draw(name, s, cost), keep=_shareable)
+            except NotDrawnThere:
+                pass                            # drawn here; the next view starts the process again
         return current.draw(s, cost)
     draw.__name__ = draw.__qualname__ = f"{view.name}_draw"
     drawn = gpu(draw) if view.gpu else draw

@@ -19,7 +19,7 @@ from explorer.budget import MEMORY
 from explorer.limits import memory_ceiling
 from explorer.schema import ValidationError
 
-from . import uploads
+from . import drawing, uploads
 from .admission import KEPT_MAX_BYTES, LANES
 
 log = logging.getLogger("explorer")
@@ -124,12 +124,14 @@ SESSION_CAPACITY = 2000
 SESSION_STATE_BYTES = 32 * 2**10        # one SessionState of this page: 7 KiB with tracemalloc (no deep-link
                                         # config, app.keep_outputs_out_of_session_state), its gr.State values on top
 PROCESS_BASE_BYTES = 1_100_000_000      # interpreter, torch, gradio, plotly, the demo models: RSS at start
+DRAWING_PROCESS_BASE_BYTES = 300_000_000    # server.drawing's: interpreter, torch, plotly, explorer (242 MB measured)
 
 
 def memory_budget() -> dict[str, int]:
     """What the server process may hold, part by part (bytes): the ceiling of caches and running
     requests (figures on their way out included, explorer.views.View.estimate), small requests let
-    past it, every visitor's uploads, Gradio's session states, and the process itself."""
+    past it, every visitor's uploads, Gradio's session states, and the process itself; and, where model
+    views are drawn beside it (server.drawing), that process's ceiling and itself."""
     parts = {"caches and running requests (EXPLORER_MEMORY_BYTES)": memory_ceiling(),
              "small requests past the ceiling (mask lane)": LANES["light"].running * budget.small_request_bytes(),
              # pinned while they wait (the cache may let them go meanwhile), each serialised on its way out
@@ -138,4 +140,7 @@ def memory_budget() -> dict[str, int]:
              "uploaded weights (every visitor)": uploads.MAX_UPLOAD_STORE_BYTES,
              "Gradio session states": SESSION_CAPACITY * SESSION_STATE_BYTES,
              "the process at start": PROCESS_BASE_BYTES}
+    if drawing.draw_processes():
+        parts["the drawing process: its caches and views (EXPLORER_DRAW_MEMORY_BYTES)"] = drawing.process_memory_bytes()
+        parts["the drawing process at start"] = DRAWING_PROCESS_BASE_BYTES
     return {**parts, "total": sum(parts.values())}
