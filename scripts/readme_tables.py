@@ -535,7 +535,7 @@ def soak_suite_block(name: str, d: dict) -> str:
               f"{ok('classroom_views_p95_s')} |",
               f"| honest requests failed or refused | {t['honest_failures']} | {h['failures'] + h['refused_by_name']} "
               f"of {h['requests']} | {spread('honest failures', n)} | {ok('honest_failures')} |",
-              f"| peak RSS, server and its export browser | < {t['peak_rss_gb']:g} GB (budget "
+              f"| peak RSS, the server and its children (export browser, drawing process) | < {t['peak_rss_gb']:g} GB (budget "
               f"{p['memory_budget_bytes']['total'] / 1e9:.2f} GB) | {gb(worst['memory']['peak_rss_gb'])} | "
               f"{spread('peak_rss_gb', gb)} | {ok('peak_rss_gb')} |",
               f"| RSS {t['after_s']:g} s after the load | < {t['rss_after_gb']:g} GB | "
@@ -588,7 +588,7 @@ def soak_run_block(name: str, d: dict) -> str:
     lines += [f"| {part} | {n / 1e9:.2f} GB |" for part, n in budget.items() if part != "total"]
     lines += [f"| **total** | **{budget['total'] / 1e9:.2f} GB** |", "",
               "| what | target | measured | |", "|---|---|---|---|",
-              f"| peak RSS, server and its export browser | < {t['peak_rss_gb']:g} GB (budget {budget['total'] / 1e9:.2f} GB) | "
+              f"| peak RSS, the server and its children (export browser, drawing process) | < {t['peak_rss_gb']:g} GB (budget {budget['total'] / 1e9:.2f} GB) | "
               f"{m['peak_rss_gb']:.2f} GB | {met('peak_rss_gb')} |",
               f"| RSS {m['after_s']:g} s after the load | < {t['rss_after_gb']:g} GB | {m['rss_after_gb']:.2f} GB "
               f"(start {m['rss_start_gb']:.2f}) | {met('rss_after_gb')} |",

@@ -43,7 +43,6 @@ _HEADER = struct.Struct("<Q")
 READY = "ready"                         # the process's first message: its imports done, it draws from now on
 IDLE_EXIT_S = 10.0                      # no view asked for this long: the process ends (its memory with it) and
                                         # the next view starts it again (the soak measures RSS 30 s after its load)
-AT_ONCE = 4                             # views drawn at once in the process: as many as the forward lane runs
 
 
 def draw_processes() -> int:
@@ -184,14 +183,15 @@ class Drawing:
 
 
 def _zero_gpu() -> bool:
-    """A ZeroGPU Space: the device is lent to the server's own calls (spaces.GPU), not to another process."""
-    return "spaces" in sys.modules or bool(os.environ.get("SPACES_ZERO_GPU"))
+    """A ZeroGPU Space (SPACES_ZERO_GPU=true, as the `spaces` package reads it): the device is lent to the
+    server's own calls (spaces.GPU), not to another process. A CPU Space has `spaces` installed too."""
+    return os.environ.get("SPACES_ZERO_GPU", "").strip().lower() in ("1", "t", "true")
 
 
 DRAWING = Drawing()
 
 
-def serve(requests, answers, idle_s: float, at_once: int = AT_ONCE) -> None:
+def serve(requests, answers, idle_s: float, at_once: int) -> None:
     """The drawing process: each request (key, view name, settings, cost) drawn on one of `at_once` threads,
     answered (key, ok, outputs or the exception) as each is done; it returns when the server's pipe closes or
     nothing has been asked for `idle_s`."""
@@ -241,7 +241,8 @@ def main() -> None:
     configure_malloc_arenas()
     start_idle_trim()
     import explorer.views                               # noqa: F401 — imported before it says it is ready
-    serve(sys.stdin.buffer, answers, idle_exit_s())
+    from server.admission import LANES
+    serve(sys.stdin.buffer, answers, idle_exit_s(), LANES["forward"].running)   # as many at once as the lane runs
 
 
 if __name__ == "__main__":

@@ -85,6 +85,9 @@ def test_what_the_process_takes(monkeypatch):
     assert not DRAWING.takes(view, s, replace(cost, flops=2 * LARGE_REQUEST_FLOPS))  # the heavy lane's
     assert not DRAWING.takes(view, replace(s, weights="upload:mine"), cost)         # a visitor's own weights
     assert not DRAWING.takes(view, s, replace(cost, peak_bytes=drawing.process_memory_bytes()))   # past its half
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    assert not DRAWING.takes(view, s, cost)                                         # ZeroGPU lends the server its GPU
+    monkeypatch.delenv("SPACES_ZERO_GPU")
     monkeypatch.setenv(PROCESSES_ENV, "2")
     with pytest.raises(ValidationError, match="EXPLORER_DRAW_PROCESSES: got '2'; allowed: 0"):
         DRAWING.takes(view, s, cost)
