@@ -138,7 +138,7 @@ class Drawing:
     def _start(self) -> None:
         env = {**os.environ, "EXPLORER_MEMORY_BYTES": str(process_memory_bytes())}
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        process = subprocess.Popen([sys.executable, "-m", "server.drawing"], stdin=subprocess.PIPE,
+        process = subprocess.Popen([sys.executable, "-m", "server.drawing_process"], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, env=env, cwd=root)
         self._process, self._ready = process, threading.Event()
         threading.Thread(target=self._read, args=(process,), name="drawing-answers", daemon=True).start()
@@ -231,19 +231,3 @@ def serve(requests, answers, idle_s: float, at_once: int) -> None:
                 running[0] += 1
                 last[0] = time.monotonic()
             pool.submit(answer, *request)
-
-
-def main() -> None:
-    answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())   # a stray print goes to the log, not into the answers
-    from server.memory import configure_malloc_arenas, configure_threads, start_idle_trim
-    configure_threads()
-    configure_malloc_arenas()
-    start_idle_trim()
-    import explorer.views                               # noqa: F401 — imported before it says it is ready
-    from server.admission import LANES
-    serve(sys.stdin.buffer, answers, idle_exit_s(), LANES["forward"].running)   # as many at once as the lane runs
-
-
-if __name__ == "__main__":
-    main()
