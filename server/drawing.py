@@ -6,14 +6,14 @@ busy ~0.7 of the time (benchmarks/results/load-soak-send-2026-12-01.json), a thi
 Which views go there (DRAWING.takes): a drawn view of the forward lane (its estimate at most LARGE_REQUEST_FLOPS:
 the heavy lane's stay in the server, on its low-priority threads) with a model the process makes from the settings
 alone (preset, demo or random weights: an upload is the server's, for its visitor only), on a CPU (on a GPU and
-ZeroGPU the device is the server's). The process draws one view at a time, as explorer.views.View.draw does in
-the server (its own caches under its own ceiling, EXPLORER_DRAW_MEMORY_BYTES; its idle trim as the server's), and
-answers the outputs pickled: frozen figures travel as their dicts and JSON (explorer.figures.Figure.__reduce__),
+ZeroGPU the device is the server's). The process draws as many at once as the forward lane runs, with
+explorer.views.View.draw as the server would (its own caches under its own ceiling, EXPLORER_DRAW_MEMORY_BYTES;
+its idle trim as the server's), and answers the outputs pickled: frozen figures travel as their dicts and JSON (explorer.figures.Figure.__reduce__),
 a refusal as the ValidationError it is. The server keeps what comes back in its own DRAWN (the kept lane answers
 from it) and its admission, lanes and accounts are as before.
 
-EXPLORER_DRAW_PROCESSES: 1 (the default on a Space) starts the process in the background at start-up or at the
-first view it takes, the server drawing until it is ready; 0 (the default elsewhere) draws in the server. The
+EXPLORER_DRAW_PROCESSES: 1 (the default on a Space) starts the process in the background at the first view it
+takes, the server drawing until it is ready; 0 (the default elsewhere) draws in the server. The
 process ends after IDLE_EXIT_S without a view (EXPLORER_DRAW_IDLE_S), and its memory with it; where it is starting, has ended or dies,
 the view is drawn in the server and the next one starts it again."""
 from __future__ import annotations
@@ -167,8 +167,8 @@ class Drawing:
             future.set_result((False, NotDrawnThere("the drawing process ended before it answered")))
 
     def start(self, wait_s: float = 0.0) -> bool:
-        """Start the process where it is not running (app.py, at start-up: the first visitors' views go there);
-        wait up to `wait_s` for it to be ready. -> whether it is."""
+        """Start the process where it is not running (a view asking starts it too, and is drawn in the server
+        meanwhile); wait up to `wait_s` for it to be ready. -> whether it is."""
         with self._lock:
             if self._process is None:
                 self._start()

@@ -22,7 +22,6 @@ from explorer.query_string import to_query
 from explorer.schema import Settings, ValidationError
 from explorer.settings import parse_settings
 from explorer.views import VIEWS, Text, View, check_view, drawn_views
-from explorer.views.records import DRAWN, _shareable
 
 from . import uploads
 from .admission import ADMISSION, KEPT_MAX_BYTES, check_drawn
@@ -61,7 +60,7 @@ def view_draw(view: View):
         check_drawn(getattr(getattr(request, "request", None), "state", None), cost.flops if cost else 0.0)
         if current is view and DRAWING.takes(current, s, cost):
             try:
-                return DRAWN.get((current, s), lambda: DRAWING.draw(name, s, cost), keep=_shareable)
+                return current.draw(s, cost, elsewhere=lambda: DRAWING.draw(name, s, cost))
             except NotDrawnThere:
                 pass                            # drawn here; the next view starts the process again
         return current.draw(s, cost)

@@ -101,15 +101,16 @@ class View:
         cost = self.cost(s).holding(plots * FIGURE_PEAK_BYTES)
         return cost.holding(model_bytes(s), on_device=True) if self.needs_model else cost
 
-    def draw(self, s: Settings, cost: Optional[Cost] = None) -> tuple:
+    def draw(self, s: Settings, cost: Optional[Cost] = None, elsewhere: Optional[Callable[[], tuple]] = None) -> tuple:
         """Every output, refused by name past this device's budget and run once its memory fits. `cost`:
         this view's estimate for `s` where the caller made it already (the server's admission), not made
         again. A view is a function of its settings: drawn once per settings while memory allows (DRAWN),
         its figures frozen and shared — a class on one lecture step asks for the same views again and
-        again, and thirty asking at once wait for one drawing."""
+        again, and thirty asking at once wait for one drawing. `elsewhere()`: the outputs drawn, frozen,
+        by another process (server.drawing), kept here the same way."""
         checked = check_budget(s, self.name, self._estimate(s, cost))
-        return DRAWN.get((self, s), lambda: _frozen(budget.within_budget(
-            checked, lambda: tuple(out for p in self.parts for out in p.draw(s)))), keep=_shareable)
+        return DRAWN.get((self, s), elsewhere or (lambda: _frozen(budget.within_budget(
+            checked, lambda: tuple(out for p in self.parts for out in p.draw(s))))), keep=_shareable)
 
     def kept(self, s: Settings, max_bytes: Optional[int] = None) -> Optional[tuple]:
         """Every output as drawn for `s` and kept (draw() answers from them) in at most `max_bytes`, else None:
