@@ -31,6 +31,7 @@ import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import plotly.graph_objects as go
@@ -318,36 +319,60 @@ def _stop_browser() -> None:
     budget.MEMORY.release("export browser")
 
 
+# Processes this server started that keep its priority (the drawing process, server.drawing: the visitors'
+# model views), whatever _browser_yields lowers; their pids, recorded as they start (under the lock the
+# walk holds, so no walk finds one before it is recorded).
+_KEEP_PRIORITY: set[int] = set()
+_keep_priority_lock = threading.Lock()
+
+
+def start_keeping_priority(start: Callable[[], Any]) -> Any:
+    """start() (a subprocess.Popen) with its process kept out of _browser_yields' lowering until
+    `priority_released(its pid)`."""
+    with _keep_priority_lock:
+        process = start()
+        _KEEP_PRIORITY.add(process.pid)
+    return process
+
+
+def priority_released(pid: int) -> None:
+    """Process `pid` (of start_keeping_priority) has ended: its pid, reused, is another process's."""
+    with _keep_priority_lock:
+        _KEEP_PRIORITY.discard(pid)
+
+
 def _browser_yields() -> None:
     """Every thread of every process this server started (the export browser: kaleido's Chromium and
     the renderers it spawns, which set their own priorities) at budget.LOW_PRIORITY_NICE, so a render
-    (about a core while it draws) yields to the views. Linux (/proc); elsewhere a no-op.
+    (about a core while it draws) yields to the views; not the processes started to keep the server's
+    priority (start_keeping_priority) nor theirs. Linux (/proc); elsewhere a no-op.
     kaleido starts the browser in a session of its own, and where the kernel schedules by session group
     (autogroup, /proc/sys/kernel/sched_autogroup_enabled) a thread's nice weighs only inside its group: at thread
     nice 19 the browser's group still weighed as much as the server's whole group. So its group's nice is set too
     (_group_yields; the soaks before and after: benchmarks/results/load-soak-ab-autogroup-2026-11-27.json)."""
-    parents = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-    frontier = {os.getpid()}
-    while frontier:
-        frontier = {pid for pid, parent in parents.items() if parent in frontier}
-        for pid in frontier:
-            _group_yields(pid)
+    with _keep_priority_lock:       # a process started to keep its priority is recorded before this walk reads /proc
+        parents = {}
+        for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
             try:
-                tasks = os.listdir(f"/proc/{pid}/task")
-            except OSError:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
                 continue
-            for tid in tasks:
+        frontier = {os.getpid()}
+        while frontier:
+            frontier = {pid for pid, parent in parents.items() if parent in frontier and pid not in _KEEP_PRIORITY}
+            for pid in frontier:
+                _group_yields(pid)
                 try:
-                    if os.getpriority(os.PRIO_PROCESS, int(tid)) < budget.LOW_PRIORITY_NICE:
-                        os.setpriority(os.PRIO_PROCESS, int(tid), budget.LOW_PRIORITY_NICE)
-                except OSError:         # gone, or not ours to change
+                    tasks = os.listdir(f"/proc/{pid}/task")
+                except OSError:
                     continue
+                for tid in tasks:
+                    try:
+                        if os.getpriority(os.PRIO_PROCESS, int(tid)) < budget.LOW_PRIORITY_NICE:
+                            os.setpriority(os.PRIO_PROCESS, int(tid), budget.LOW_PRIORITY_NICE)
+                    except OSError:         # gone, or not ours to change
+                        continue
 
 
 def _group_yields(pid: int) -> None:

@@ -30,6 +30,7 @@ import time
 from concurrent.futures import Future
 from typing import Optional
 
+from explorer.export import priority_released, start_keeping_priority
 from explorer.limits import LARGE_REQUEST_FLOPS, Cost, bytes_from_env, limits_device
 from explorer.schema import Settings, ValidationError
 
@@ -138,8 +139,10 @@ class Drawing:
     def _start(self) -> None:
         env = {**os.environ, "EXPLORER_MEMORY_BYTES": str(process_memory_bytes())}
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        process = subprocess.Popen([sys.executable, "-m", "server.drawing_process"], stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, env=env, cwd=root)
+        # at the server's priority: the export browser's lowering (explorer.export) is for renders, not the views
+        process = start_keeping_priority(lambda: subprocess.Popen(
+            [sys.executable, "-m", "server.drawing_process"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            env=env, cwd=root))
         self._process, self._ready = process, threading.Event()
         threading.Thread(target=self._read, args=(process,), name="drawing-answers", daemon=True).start()
         log.info("drawing process %d starting", process.pid)
@@ -163,6 +166,7 @@ class Drawing:
             gone, self._waiting = self._waiting, {}
         process.kill()
         process.wait()
+        priority_released(process.pid)
         for future in gone.values():
             future.set_result((False, NotDrawnThere("the drawing process ended before it answered")))
 

@@ -6,6 +6,8 @@ import json
 import os
 import pickle
 import signal
+import subprocess
+import sys
 import time
 from dataclasses import replace
 
@@ -138,6 +140,26 @@ def test_a_refusal_in_the_process_names_its_field(process):
     with pytest.raises(ValidationError) as refused:                                 # past the process's own ceiling
         process.draw("attention", s, replace(cost, peak_bytes=2**40, host_bytes=2**40))
     assert refused.value.field and str(refused.value).startswith(f"{refused.value.field}: got ")
+
+
+def _nices(pid: int) -> set:
+    return {os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir(f"/proc/{pid}/task")}
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads thread priorities from /proc (Linux)")
+def test_the_process_keeps_the_servers_priority_when_the_export_browser_is_lowered(process):
+    """The export browser's lowering (every process this server started, at budget.LOW_PRIORITY_NICE) passes over
+    the drawing process: the visitors' model views drawn there run at the server's priority, not at the heavy
+    lane's and the renders'."""
+    from explorer import budget, export
+    browser = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])     # stands for the browser
+    try:
+        export._browser_yields()
+        assert _nices(browser.pid) == {budget.LOW_PRIORITY_NICE}
+        assert _nices(process._process.pid) == {os.getpriority(os.PRIO_PROCESS, 0)}
+    finally:
+        browser.kill()
+        browser.wait()
 
 
 def test_a_dead_process_is_noticed_and_replaced(process):
