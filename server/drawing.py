@@ -8,8 +8,8 @@ the heavy lane's stay in the server, on its low-priority threads) with a model t
 alone (preset, demo or random weights: an upload is the server's, for its visitor only), on a CPU (on a GPU and
 ZeroGPU the device is the server's). The process draws as many at once as the forward lane runs, with
 explorer.views.View.draw as the server would (its own caches under its own ceiling, EXPLORER_DRAW_MEMORY_BYTES;
-its idle trim as the server's), and answers the outputs pickled: frozen figures travel as their dicts and JSON (explorer.figures.Figure.__reduce__),
-a refusal as the ValidationError it is. The server keeps what comes back in its own DRAWN (the kept lane answers
+its idle trim as the server's), and answers the outputs pickled: frozen figures travel as their dicts and JSON
+(explorer.figures.Figure.__reduce__), a refusal as the ValidationError it is. The server keeps what comes back in its own DRAWN (the kept lane answers
 from it) and its admission, lanes and accounts are as before.
 
 EXPLORER_DRAW_PROCESSES: 1 (the default on a Space) starts the process in the background at the first view it
