@@ -460,7 +460,7 @@ def test_a_refusal_of_the_visitors_own_bound_counts_toward_its_backoff_and_a_ful
     network is the one holding most of the lane (a botnet's own addresses filling it)."""
     from server import backoff, lanes
     from server.admission import Held, LaneFull
-    gate, record = Admission(), backoff.Backoff()
+    gate, record = Admission(), backoff.Backoff(clock=lambda: 0.0)   # no decay between refusal and reading
     monkeypatch.setattr(lanes, "ADMISSION", gate)
     monkeypatch.setattr(lanes, "BACKOFF", record)
     WatchedQueue("forward", gate), WatchedQueue("heavy", gate)
