@@ -203,11 +203,19 @@ def rss_bytes(pid: int) -> int:
 
 def family_rss_bytes(pid: int) -> int:
     """Resident memory of `pid` and every process below it (the export browser counts: it is the server's)."""
-    total = 0
-    for p in (pid, *descendants(pid)):
+    return sum(family_rss_by_role(pid).values())
+
+
+def family_rss_by_role(pid: int, family: Optional[list] = None) -> dict:
+    """family_rss_bytes split by what holds it: the server itself, its drawing process (server.drawing) and the
+    export browser (every other process below it)."""
+    roles = dict(server=0, drawing=0, browser=0)
+    for p in family or (pid, *descendants(pid)):
         with contextlib.suppress(OSError):
-            total += rss_bytes(p)
-    return total
+            role = "server" if p == pid else (
+                "drawing" if b"server.drawing_process" in Path(f"/proc/{p}/cmdline").read_bytes() else "browser")
+            roles[role] += rss_bytes(p)
+    return roles
 
 
 def cpu_seconds(pid: int) -> float:
@@ -238,7 +246,7 @@ class RssSampler:
     second."""
 
     def __init__(self, pid: int):
-        self.pid, self.samples, self.done = pid, [], threading.Event()
+        self.pid, self.samples, self.roles, self.done = pid, [], [], threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.first: dict[int, float] = {}
         self.last: dict[int, float] = {}
@@ -262,11 +270,9 @@ class RssSampler:
             if n % 5 == 0:
                 family = [self.pid, *descendants(self.pid)]
                 self._read_cpu()
-            total = 0
-            for pid in family:
-                with contextlib.suppress(OSError):
-                    total += rss_bytes(pid)
-            self.samples.append((time.monotonic(), total))
+            roles = family_rss_by_role(self.pid, family)
+            self.samples.append((time.monotonic(), sum(roles.values())))
+            self.roles.append(roles)
             n += 1
             time.sleep(0.2)
 
@@ -1112,7 +1118,8 @@ def run_soak(url: str, honest_n: int, duration_s: float, seed: int, processes: i
             if p.is_alive():                # requests left behind: they stop with their process
                 p.terminate()
         time.sleep(after_s)
-        rss_after = family_rss_bytes(pid)
+        after_by_role = family_rss_by_role(pid)
+        rss_after = sum(after_by_role.values())
         sampler.stop()
         health.stop()
         final = health.read()
@@ -1155,7 +1162,11 @@ def run_soak(url: str, honest_n: int, duration_s: float, seed: int, processes: i
                                                    "the server cannot"),
         memory=dict(rss_start_gb=round(rss_start / 1e9, 3), peak_rss_gb=round(max(during, default=0) / 1e9, 3),
                     rss_after_gb=round(rss_after / 1e9, 3), after_s=after_s,
-                    timeline_gb=[(round(t - t0, 1), round(r / 1e9, 3)) for t, r in samples[::25]]),
+                    rss_after_by_process_gb={k: round(v / 1e9, 3) for k, v in after_by_role.items()},
+                    timeline_gb=[(round(t - t0, 1), round(r / 1e9, 3)) for t, r in samples[::25]],
+                    timeline_by_process_gb=[(round(t - t0, 1), *(round(v / 1e9, 3) for v in roles.values()))
+                                            for (t, _), roles in list(zip(samples, sampler.roles))[::25]],
+                    timeline_by_process_columns=["t_s", "server", "drawing", "browser"]),
         stores=dict(most={k: health.most.get(k, 0) for k in limits}, bounds=limits,
                     queue_restarts=(final or {}).get("restarts"), health_not_ok=health.down),
         queue_alive_at_end=bool(final) and final.get("queue") == "running",

@@ -45,3 +45,25 @@ def test_before_without_soak_or_with_no_pairs_is_refused_by_name():
     for argv in (["--before", "HEAD"], ["--soak", "--before", "HEAD", "--pairs", "0"]):
         with pytest.raises(SystemExit):
             load_test.main(argv)
+
+
+def test_the_servers_memory_is_split_by_the_process_holding_it():
+    """family_rss_by_role: the server's own RSS, its drawing process's (by its command line) and every other
+    child's as the export browser's; together family_rss_bytes."""
+    import os
+    import subprocess
+    import sys
+    import time
+    children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "server.drawing_process"]),
+                subprocess.Popen(["sleep", "30"])]
+    try:
+        time.sleep(0.5)
+        roles = load_test.family_rss_by_role(os.getpid())
+        assert abs(roles["server"] - load_test.rss_bytes(os.getpid())) < 16 * 2**20       # read twice: it moves
+        assert roles["drawing"] >= load_test.rss_bytes(children[0].pid) > 0
+        assert roles["browser"] >= load_test.rss_bytes(children[1].pid) > 0
+        assert abs(sum(roles.values()) - load_test.family_rss_bytes(os.getpid())) < 64 * 2**20
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
