@@ -206,16 +206,23 @@ def family_rss_bytes(pid: int) -> int:
     return sum(family_rss_by_role(pid).values())
 
 
-def family_rss_by_role(pid: int, family: Optional[list] = None) -> dict:
-    """family_rss_bytes split by what holds it: the server itself, its drawing process (server.drawing) and the
-    export browser (every other process below it)."""
-    roles = dict(server=0, drawing=0, browser=0)
-    for p in family or (pid, *descendants(pid)):
+def family_roles(pid: int) -> dict[int, str]:
+    """`pid` and every process below it now, each with what it is: the server itself, its drawing process
+    (server.drawing, by its command line) or the export browser (every other one)."""
+    roles = {pid: "server"}
+    for p in descendants(pid):
         with contextlib.suppress(OSError):
-            role = "server" if p == pid else (
-                "drawing" if b"server.drawing_process" in Path(f"/proc/{p}/cmdline").read_bytes() else "browser")
-            roles[role] += rss_bytes(p)
+            roles[p] = "drawing" if b"server.drawing_process" in Path(f"/proc/{p}/cmdline").read_bytes() else "browser"
     return roles
+
+
+def family_rss_by_role(pid: int, family: Optional[dict] = None) -> dict:
+    """family_rss_bytes split by what holds it (family_roles; `family`: as it read a moment ago)."""
+    totals = dict(server=0, drawing=0, browser=0)
+    for p, role in (family or family_roles(pid)).items():
+        with contextlib.suppress(OSError):
+            totals[role] += rss_bytes(p)
+    return totals
 
 
 def cpu_seconds(pid: int) -> float:
@@ -251,9 +258,9 @@ class RssSampler:
         self.first: dict[int, float] = {}
         self.last: dict[int, float] = {}
 
-    def _read_cpu(self) -> None:
+    def _read_cpu(self, family: dict) -> None:
         at_start = not self.first           # processes there at the start count from then, later ones from 0
-        for pid in (self.pid, *descendants(self.pid)):
+        for pid in family:
             with contextlib.suppress(OSError):
                 self.last[pid] = cpu_seconds(pid)
                 self.first.setdefault(pid, self.last[pid] if at_start else 0.0)
@@ -265,11 +272,11 @@ class RssSampler:
                     export_browser_s=round(sum(v for pid, v in used.items() if pid != self.pid), 1))
 
     def _run(self) -> None:
-        n, family = 0, [self.pid]
+        n, family = 0, {self.pid: "server"}
         while not self.done.is_set():
             if n % 5 == 0:
-                family = [self.pid, *descendants(self.pid)]
-                self._read_cpu()
+                family = family_roles(self.pid)
+                self._read_cpu(family)
             roles = family_rss_by_role(self.pid, family)
             self.samples.append((time.monotonic(), sum(roles.values())))
             self.roles.append(roles)
