@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
+LOGS: dict[str, Path] = {}      # url of a running app: its log (wait_for_plot quotes it when a plot never comes)
 
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
@@ -51,6 +52,7 @@ def running_app(startup_timeout_s: float = 120.0, log: Optional[Path] = None,
     with open(log_path, "wb") as out:
         proc = subprocess.Popen([sys.executable, str(root / "app.py")], cwd=root, env=env,
                                 stdout=out, stderr=subprocess.STDOUT)
+    LOGS[url] = log_path
     try:
         deadline = time.monotonic() + startup_timeout_s
         while True:
@@ -64,6 +66,7 @@ def running_app(startup_timeout_s: float = 120.0, log: Optional[Path] = None,
                 time.sleep(0.1)
         yield url
     finally:
+        LOGS.pop(url, None)
         proc.terminate()
         try:
             proc.wait(10)
@@ -85,4 +88,31 @@ def launch_browser(playwright):
 def wait_for_plot(page, elem_id: str, timeout: float = 90_000):
     """Wait until the plot in the element `elem_id` has drawn. A page's first plot on a fresh 2-core machine waits
     for the model's build and first forward behind the start-up warm-up (a fresh clone's run failed at 30 s)."""
-    page.wait_for_selector(f"#{elem_id} .js-plotly-plot .main-svg", timeout=timeout, state="attached")
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    try:
+        page.wait_for_selector(f"#{elem_id} .js-plotly-plot .main-svg", timeout=timeout, state="attached")
+    except PlaywrightTimeout as e:
+        raise PlaywrightTimeout(f"{e}\n{why_no_plot(page, elem_id)}") from None
+
+
+# What a page shows that can say why a plot never came: the tab it is on, its notices and the element's text
+PAGE_STATE = """(id) => {
+    const shown = (sel) => [...document.querySelectorAll(sel)].map((el) => el.innerText.trim()).filter(Boolean);
+    const net = window.__explorerNet;
+    return {tab: shown('[role=tab][aria-selected=true]'), notices: shown('.toast-body, .validation-error, .error'),
+            element: (document.getElementById(id) || {innerText: '(no such element)'}).innerText.slice(0, 400),
+            waiting: net ? net.waiting() : null};
+}"""
+
+
+def why_no_plot(page, elem_id: str, lines: int = 25) -> str:
+    """The page's state (PAGE_STATE) and the server log's last refusals, errors and tracebacks."""
+    try:
+        state = page.evaluate(PAGE_STATE, elem_id)
+    except Exception as e:                          # a closed or crashed page says so instead
+        state = f"(page state unreadable: {e})"
+    log = next((path for url, path in LOGS.items() if page.url.startswith(url)), None)
+    words = ("refused", "pushed out", "error", "traceback", "exception")
+    tail = [line for line in (log.read_text(errors="replace").splitlines() if log and log.exists() else [])
+            if any(w in line.lower() for w in words)][-lines:]
+    return f"page {page.url}: {state}\nserver log ({log}), last refusals and errors:\n" + "\n".join(tail)

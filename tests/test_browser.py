@@ -6,7 +6,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from harness.localhost import wait_for_plot
+from harness.localhost import LOGS, wait_for_plot, why_no_plot
 from explorer.timing import BACKEND_COLORS
 from served import figure
 from tolerances import assert_bit_exact
@@ -118,6 +118,42 @@ def open_attention(page, query="preset=lecture&head=0", presenting=False):
     wait_for_plot(page, "attention-plot")
     page.wait_for_function(f"({HEATMAP_Z})() !== null")
     wait_settled(page)        # a page load's redraw can draw this tab before the tab's own redraw is sent
+
+
+def test_a_plot_that_never_comes_is_reported_with_the_pages_state_and_the_servers_log(page):
+    """A browser test that times out waiting for a plot says what the page showed (its tab, notices, the
+    element's text, what it still waited for) and quotes the server log's refusals and errors."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    page.goto(page.base_url + "?preset=lecture&seed=-1")
+    wait_for_plot(page, "mask-plot")
+    with pytest.raises(PlaywrightTimeout) as raised:
+        wait_for_plot(page, "attention-plot", timeout=300)
+    said = str(raised.value)
+    assert "'tab': ['" in said and "Mask" in said.split("'tab': ['")[1].split("'")[0], said
+    assert "'waiting': " in said and "'element': " in said and "link: seed: got '-1'" in said, said
+    assert f"server log ({LOGS[page.base_url]})" in said, said
+
+
+def test_a_missing_plots_report_quotes_only_the_logs_refusals_and_errors(tmp_path):
+    log = tmp_path / "app.log"
+    log.write_text("INFO: started\nINFO refused at admission (forward): queue: got 7 model views\n"
+                   "Traceback (most recent call last):\n  File app.py\nValueError: a bad thing\nINFO: answered\n")
+
+    class ClosedPage:
+        url = "http://127.0.0.1:1/?preset=lecture"
+
+        def evaluate(self, *args):
+            raise RuntimeError("Target page has been closed")
+
+    LOGS["http://127.0.0.1:1/"] = log
+    try:
+        said = why_no_plot(ClosedPage(), "attention-plot")
+    finally:
+        LOGS.pop("http://127.0.0.1:1/")
+    assert "(page state unreadable: Target page has been closed)" in said, said
+    quoted = said.split("last refusals and errors:\n")[1].splitlines()
+    assert quoted == ["INFO refused at admission (forward): queue: got 7 model views",
+                      "Traceback (most recent call last):", "ValueError: a bad thing"], said
 
 
 def test_control_change_redraws_heatmap_with_new_data(page, tmp_path):
