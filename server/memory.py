@@ -1,5 +1,5 @@
 """The process's memory and threads: what it may hold, part by part (memory_budget: the caches' ceiling, Gradio's
-session states, the uploads, the process), and its policy set once at start-up (app.py): torch's threads, the
+session states, the process), and its policy set once at start-up (app.py): torch's threads, the
 start-up objects out of the collector's reach, and the idle janitor that shrinks explorer.budget's caches when
 no request runs."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ from explorer.budget import MEMORY
 from explorer.limits import memory_ceiling
 from explorer.schema import ValidationError
 
-from . import drawing, uploads
+from . import drawing
 from .admission import KEPT_MAX_BYTES, LANES
 
 log = logging.getLogger("explorer")
@@ -130,14 +130,14 @@ DRAWING_PROCESS_BASE_BYTES = 300_000_000    # server.drawing's: interpreter, tor
 def memory_budget() -> dict[str, int]:
     """What the server process may hold, part by part (bytes): the ceiling of caches and running
     requests (figures on their way out included, explorer.views.View.estimate), small requests let
-    past it, every visitor's uploads, Gradio's session states, and the process itself; and, where model
-    views are drawn beside it (server.drawing), that process's ceiling and itself."""
+    past it, Gradio's session states, and the process itself (visitors' uploads are on disk, server.uploads:
+    a model built from one is in the caches); and, where model views are drawn beside it (server.drawing),
+    that process's ceiling and itself."""
     parts = {"caches and running requests (EXPLORER_MEMORY_BYTES)": memory_ceiling(),
              "small requests past the ceiling (mask lane)": LANES["light"].running * budget.small_request_bytes(),
              # pinned while they wait (the cache may let them go meanwhile), each serialised on its way out
              "kept views past the ceiling (kept lane)": (LANES["kept"].waiting + 3 * LANES["kept"].running)
              * KEPT_MAX_BYTES,
-             "uploaded weights (every visitor)": uploads.MAX_UPLOAD_STORE_BYTES,
              "Gradio session states": SESSION_CAPACITY * SESSION_STATE_BYTES,
              "the process at start": PROCESS_BASE_BYTES}
     if drawing.draw_processes():

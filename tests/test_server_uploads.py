@@ -23,8 +23,10 @@ LECTURE = "preset=lecture&weights=random"
 
 
 @pytest.fixture(autouse=True)
-def empty_store(monkeypatch):
+def empty_store(monkeypatch, tmp_path):
     monkeypatch.setattr(runs, "upload_state", uploads.state_of)       # what app.build_app sets at start-up
+    (tmp_path / "store").mkdir()
+    monkeypatch.setattr(uploads, "_STORE", tmp_path / "store")
     monkeypatch.setattr(uploads, "_UPLOADS", {})
     monkeypatch.setattr(uploads, "_GONE", {})
     monkeypatch.setattr(uploads, "_FORGOTTEN", {})
@@ -48,6 +50,47 @@ def test_an_upload_is_its_sessions_alone(tmp_path):
         assert_bit_exact(a, b, "no rounding")
     with pytest.raises(ValidationError, match=f"weights: got 'upload:{name}'; allowed: random"):
         parse_query(query, uploaded=uploads.uploads("bob"))
+
+
+def test_an_upload_is_kept_on_disk_and_read_back_memory_mapped(tmp_path):
+    """The store keeps each name's checked state in one file of its own directory, not in the server's
+    memory: a model built from it reads the file's bits memory-mapped (the mapping shows in /proc/self/maps
+    while the tensors live), and the file goes when no session holds the name any more."""
+    path, model = weight_file(tmp_path)
+    name = uploads.load_upload(parse_query(LECTURE), str(path), "alice")
+    uploads.load_upload(parse_query(LECTURE), str(path), "bob")         # the same file: one copy on disk
+    stored = uploads.store_dir() / f"{name}.pt"
+    assert sorted(p.name for p in uploads.store_dir().iterdir()) == [stored.name]
+    state = uploads.state_of(f"upload:{name}")
+    assert str(stored) in Path("/proc/self/maps").read_text()
+    for (k, a), (j, b) in zip(state.items(), model.state_dict().items()):
+        assert k == j and a.dtype == torch.float32
+        assert_bit_exact(a, b, "no rounding", k)       # the file holds the checked fp32 state
+    del state
+    uploads._forget("alice", "a test")
+    assert stored.exists()                              # bob still holds the name
+    uploads._forget("bob", "a test")
+    assert list(uploads.store_dir().iterdir()) == []
+
+
+def test_a_store_cleared_under_the_server_forgets_the_upload_by_name(tmp_path):
+    path = weight_file(tmp_path)[0]
+    name = uploads.load_upload(parse_query(LECTURE), str(path), "alice")
+    (uploads.store_dir() / f"{name}.pt").unlink()       # e.g. the machine's /tmp cleaned
+    with pytest.raises(ValidationError, match="upload it again"):
+        uploads.state_of(f"upload:{name}")
+    assert uploads.uploads("alice") == {}
+    assert uploads.forgotten("alice", name) == "when the server's store of uploads was cleared"
+
+
+def test_a_disk_without_room_refuses_the_upload_by_name(tmp_path, monkeypatch):
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(uploads.torch, "save", full)
+    with pytest.raises(ValidationError, match=r"weights file: got '[\d,]+ bytes of weights'; allowed: room on "
+                                              r"the server's disk \(No space left on device\)"):
+        uploads.load_upload(parse_query(LECTURE), str(weight_file(tmp_path)[0]), "alice")
+    assert uploads.uploads("alice") == {} and list(uploads.store_dir().iterdir()) == []
 
 
 def test_one_sessions_uploads_never_evict_anothers(tmp_path):
