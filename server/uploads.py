@@ -48,12 +48,31 @@ PAGE_GONE_GRACE_S = 600.0
 _STORE: Optional[Path] = None
 
 
+STORE_PREFIX = "explorer-uploads-"
+
+
 def store_dir() -> Path:
+    """This process's directory of uploads (made at first use, named by its pid). A server killed rather
+    than stopped leaves its directory behind: making one first removes those of processes no longer alive."""
     global _STORE
     if _STORE is None or not _STORE.is_dir():
-        _STORE = Path(tempfile.mkdtemp(prefix="explorer-uploads-"))
+        _remove_dead_stores()
+        _STORE = Path(tempfile.mkdtemp(prefix=f"{STORE_PREFIX}{os.getpid()}-"))
         atexit.register(shutil.rmtree, _STORE, True)
     return _STORE
+
+
+def _remove_dead_stores() -> None:
+    for path in Path(tempfile.gettempdir()).glob(f"{STORE_PREFIX}*"):
+        pid = path.name[len(STORE_PREFIX):].partition("-")[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:                 # alive, another user's
+            pass
 
 
 def _file_of(name: str) -> Path:

@@ -73,6 +73,22 @@ def test_an_upload_is_kept_on_disk_and_read_back_memory_mapped(tmp_path):
     assert list(uploads.store_dir().iterdir()) == []
 
 
+def test_a_new_store_removes_the_stores_of_servers_no_longer_alive(tmp_path, monkeypatch):
+    """A server killed (not stopped) cannot remove its directory: the next one made removes it, and keeps a
+    live process's."""
+    monkeypatch.setattr(uploads.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(uploads, "_STORE", None)
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = tmp_path / f"{uploads.STORE_PREFIX}{int(ended.stdout)}-abc"
+    alive = tmp_path / f"{uploads.STORE_PREFIX}1-abc"                  # init: always running
+    for d in (dead, alive):
+        d.mkdir()
+        (d / "0123456789abcdef.pt").write_bytes(b"weights")
+    made = uploads.store_dir()
+    assert made.parent == tmp_path and made.name.startswith(f"{uploads.STORE_PREFIX}{uploads.os.getpid()}-")
+    assert not dead.exists() and alive.exists()
+
+
 def test_a_store_cleared_under_the_server_forgets_the_upload_by_name(tmp_path):
     path = weight_file(tmp_path)[0]
     name = uploads.load_upload(parse_query(LECTURE), str(path), "alice")
