@@ -46,8 +46,6 @@ PAGE_GONE_GRACE_S = 600.0
 # exit. On disk they leave the memory a Space's visitors share: measured in the soak, the store held 0.36 GB
 # of a server's 1.3 GB 30 s after the load, for the hour an upload is kept.
 _STORE: Optional[Path] = None
-
-
 STORE_PREFIX = "explorer-uploads-"
 
 
@@ -111,6 +109,7 @@ _uploads_lock = threading.Lock()
 
 
 def _expire_uploads(now: float) -> None:
+    dropped = False
     for session in list(_UPLOADS):
         mine = _UPLOADS[session]
         gone = _GONE.get(session)
@@ -123,6 +122,7 @@ def _expire_uploads(now: float) -> None:
         for name in expired:
             del mine[name]
         if expired:
+            dropped = True
             names, _ = _FORGOTTEN.get(session, (set(), ""))
             _FORGOTTEN[session] = (names | set(expired), why)
         if not mine:
@@ -130,7 +130,8 @@ def _expire_uploads(now: float) -> None:
             _GONE.pop(session, None)
     while len(_FORGOTTEN) > 10_000:                 # notes for sessions that never came back
         _FORGOTTEN.pop(next(iter(_FORGOTTEN)))
-    _drop_unheld_files()
+    if dropped:                     # it runs at every page's ask (uploads()): the directory is listed only then
+        _drop_unheld_files()
 
 
 def uploads(session: str) -> dict[str, dict[str, Any]]:
@@ -223,7 +224,8 @@ def _forget(session: str, why: str, names: Optional[set] = None) -> None:
     if not mine:
         _UPLOADS.pop(session, None)
         _GONE.pop(session, None)
-    _drop_unheld_files()
+    if gone:
+        _drop_unheld_files()
 
 
 def adopt(session: str, visitor: str, name: str) -> bool:

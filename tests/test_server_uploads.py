@@ -148,6 +148,7 @@ def test_uploads_expire_from_their_upload_and_closing_the_page_forgets_them(tmp_
     clock[0] += uploads.PAGE_GONE_GRACE_S + 1
     uploads._expire_uploads(clock[0])
     assert uploads._UPLOADS == {}
+    assert list(uploads.store_dir().iterdir()) == []          # and their file with them
 
 
 def test_one_visitors_sessions_share_one_part_of_the_store(tmp_path, monkeypatch):
