@@ -257,19 +257,25 @@ class RssSampler:
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.first: dict[int, float] = {}
         self.last: dict[int, float] = {}
+        self.role: dict[int, str] = {}
 
     def _read_cpu(self, family: dict) -> None:
         at_start = not self.first           # processes there at the start count from then, later ones from 0
-        for pid in family:
+        for pid, role in family.items():
             with contextlib.suppress(OSError):
                 self.last[pid] = cpu_seconds(pid)
                 self.first.setdefault(pid, self.last[pid] if at_start else 0.0)
+                self.role[pid] = role
 
     @property
     def cpu(self) -> dict:
-        used = {pid: self.last[pid] - self.first[pid] for pid in self.last}
-        return dict(server_s=round(used.get(self.pid, 0.0), 1),
-                    export_browser_s=round(sum(v for pid, v in used.items() if pid != self.pid), 1))
+        """CPU seconds by role (family_roles): the server's own process, its drawing process (every one it
+        started: one ends when idle) and the export browser with its renderers."""
+        used = collections.Counter()
+        for pid in self.last:
+            used[self.role.get(pid, "browser")] += self.last[pid] - self.first[pid]
+        return dict(server_s=round(used["server"], 1), drawing_process_s=round(used["drawing"], 1),
+                    export_browser_s=round(used["browser"], 1))
 
     def _run(self) -> None:
         n, family = 0, {self.pid: "server"}

@@ -67,3 +67,34 @@ def test_the_servers_memory_is_split_by_the_process_holding_it():
         for child in children:
             child.kill()
             child.wait()
+
+
+def test_the_servers_cpu_is_split_by_the_process_using_it():
+    """RssSampler.cpu: a busy child named as the drawing process counts as drawing_process_s, a busy other child
+    as export_browser_s, an idle one as neither, and this process (the "server", idle here) as server_s: the
+    soak's record no longer files the drawing process's CPU under the export browser."""
+    import os
+    import subprocess
+    import sys
+    import time
+    busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.5: pass\ntime.sleep(30)"
+    sampler = load_test.RssSampler(os.getpid())
+    sampler.start()                     # first: the children, started after, count from their first second
+    children = [subprocess.Popen([sys.executable, "-c", busy, "server.drawing_process"]),
+                subprocess.Popen([sys.executable, "-c", busy]),
+                subprocess.Popen(["sleep", "30"])]
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not all(                 # both busy loops done, read after
+                load_test.cpu_seconds(p.pid) >= 1.5 for p in children[:2]):
+            time.sleep(0.2)
+        time.sleep(1.5)
+        sampler.stop()
+        cpu = sampler.cpu
+        assert 1.4 <= cpu["drawing_process_s"] <= 2.5, cpu
+        assert 1.4 <= cpu["export_browser_s"] <= 2.5, cpu
+        assert cpu["server_s"] < 1.0, cpu
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()

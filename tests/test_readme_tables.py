@@ -242,3 +242,12 @@ def test_the_soak_block_claims_the_worst_of_several_runs_and_each_modes_cost(tmp
     assert "| 3.50 GB | 3.00 GB / 3.50 GB / 6.20 GB | **not met** in run 3 |" in md
     assert "| none (honest visitors alone) | 0.40 s | 1.50 s | 1.40 s | 0 | — | — |" in md
     assert "| 17 botnet | 0.80 s | 2.60 s | 2.20 s | 0 | 40 | none |" in md
+
+
+def test_a_soaks_cpu_is_named_for_who_used_it_in_old_and_new_files():
+    """Files from before the drawing process had its own CPU tally filed it under export_browser_s: the README
+    names that sum for both; newer files name each."""
+    old = readme_tables._cpu_parts(dict(server_s=150.0, export_browser_s=58.0, honest_clients_s=18.0, why="x"))
+    assert old == "server 150, drawing process and export browser 58, honest clients 18"
+    new = readme_tables._cpu_parts(dict(server_s=150.0, drawing_process_s=40.0, export_browser_s=18.0, why="x"))
+    assert new == "server 150, drawing process 40, export browser 18"
