@@ -10,8 +10,8 @@ from explorer.controls import CONTROL_FIELDS
 from explorer.families import preset_defaults
 from explorer.limits import CPU_MAX_SEQ_LEN
 from explorer.query_string import parse_query, retired_note, to_query
-from explorer.schema import (FIELDS, MODEL_FIELDS, VIEW_FIELDS, ModelSettings, Settings, Shown, ValidationError,
-                            ViewOptions)
+from explorer.schema import (FIELDS, MODEL_FIELDS, VIEW_FIELDS, WEIGHT_GEOMETRY, ModelSettings, Settings, Shown,
+                            ValidationError, ViewOptions)
 from explorer.settings import control_value, parse_settings, view_controls
 
 BAD = [
@@ -275,3 +275,31 @@ def test_settings_are_made_and_changed_by_field_name():
         replace(s, bogus=1)
     with pytest.raises(AttributeError):
         s.head = 3
+
+
+def test_a_link_read_again_is_the_same_settings_and_its_checks_still_apply(monkeypatch):
+    """parse_query keeps what it read (a server reads each event's query twice): the same link gives the same
+    Settings object; the model's limits are checked at every read (a lower limit refuses a kept link), the
+    layout's by the device whose limits apply; a refusal is raised at every read, and a link naming an upload
+    is read against the visitor's uploads each time (percent-encoded too)."""
+    from explorer import limits
+    from explorer.query_string import _parsed_before
+    q = "preset=lecture&seed=11&head=1"
+    first = parse_query(q)
+    assert parse_query(q) is first and parse_query(q) == parse_settings(dict(preset="lecture", seed=11, head=1))
+    monkeypatch.setattr(limits, "max_params", lambda: 1)
+    with pytest.raises(ValidationError, match="emb_size: got"):
+        parse_query(q)
+    assert parse_query(q, need_model=False) is first                # the layout alone: no model to fit
+    monkeypatch.undo()
+    hits = _parsed_before.cache_info().hits
+    for _ in range(2):
+        with pytest.raises(ValidationError, match="num_history"):
+            parse_query(f"preset=lecture&num_history={CPU_MAX_SEQ_LEN + 1}")
+    assert _parsed_before.cache_info().hits == hits                 # a refusal is never kept
+    lecture = parse_query("preset=lecture")
+    mine = {"mine": {f: getattr(lecture, f) for f in WEIGHT_GEOMETRY}}
+    for link in ("preset=lecture&weights=upload:mine", "preset=lecture&weights=upl%6Fad%3Amine"):
+        with pytest.raises(ValidationError, match="weights"):
+            parse_query(link, uploaded={})
+        assert parse_query(link, uploaded=mine).weights == "upload:mine"
