@@ -1360,7 +1360,7 @@ def test_a_head_change_through_the_queue_reads_its_settings_once_and_estimates_i
         data = page_change_data(LECTURE + "&head=1", "attention", LECTURE)
         counts = count_reads(monkeypatch)
         assert raw.call("render_on_change", data, "headonce") is None
-        assert counts == {"parse_settings": 2, "page_change": 1, "estimate": 1}, counts
+        assert counts == {"parse_settings": 2, "parse_query": 1, "page_change": 1, "estimate": 1}, counts
     finally:
         demo.close()
 

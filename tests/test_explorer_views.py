@@ -780,3 +780,21 @@ def test_the_variant_view_is_drawn_once_per_variant_seed_and_training_report(mon
         monkeypatch.setattr(views.variants, "RESULTS_DIR", tmp_path)
         changed = views.variant_view(parse_query(LECTURE + "&variant=mla&seed=7"))
         assert len(drawn) == 2 and f"{steps} steps" in changed[1].layout.title.text
+
+
+def test_a_views_estimate_is_kept_and_is_what_its_parts_cost():
+    """View.estimate keeps what it worked out per (view, settings) — a server estimates each event's view at
+    its admission and where it draws — and what it keeps is the parts' cost, every figure and the model
+    counted: the same object for the same settings, another for other settings."""
+    from dataclasses import replace
+    from explorer import limits
+    from explorer.views.records import Plot
+    s = parse_query("preset=lecture&weights=random&num_history=9")
+    for name in ("attention", "isolation", "invariance", "variants", "mask"):
+        view = views.VIEWS[name]
+        plots = sum(isinstance(o, Plot) for o in view.outputs)
+        own = view.cost(s).holding(plots * limits.FIGURE_PEAK_BYTES)
+        own = own.holding(limits.model_bytes(s), on_device=True) if view.needs_model else own
+        assert view.estimate(s) == own and view.estimate(s) is view.estimate(s), name
+        longer = view.estimate(replace(s, num_history=s.num_history + 40))
+        assert longer.flops > own.flops and longer == view.estimate(replace(s, num_history=s.num_history + 40)), name

@@ -6,6 +6,7 @@ several views share in their records: the recorded forward's cost and the words 
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -97,9 +98,7 @@ class View:
 
     def estimate(self, s: Settings) -> Cost:
         """What one request costs: the parts' work and memory, every figure on its way out, the model."""
-        plots = sum(isinstance(o, Plot) for o in self.outputs)
-        cost = self.cost(s).holding(plots * FIGURE_PEAK_BYTES)
-        return cost.holding(model_bytes(s), on_device=True) if self.needs_model else cost
+        return _estimated(self, s)
 
     def draw(self, s: Settings, cost: Optional[Cost] = None, elsewhere: Optional[Callable[[], tuple]] = None) -> tuple:
         """Every output, refused by name past this device's budget and run once its memory fits. `cost`:
@@ -144,6 +143,19 @@ def _frozen(outputs: tuple) -> tuple:
 def _shareable(outputs: tuple) -> bool:
     """Whether drawn outputs may be kept for everyone: frozen figures and texts (what the cache can count)."""
     return all(isinstance(o, (Figure, str)) for o in outputs)
+
+
+# A server estimates each event's view at its admission (on the event loop) and again where it is drawn: 0.1-0.4 ms
+# each for a lecture view (variants, isolation the most). The estimate is a function of the view and its settings
+# alone (both frozen, Cost too), so one serves every ask; ESTIMATES_KEPT of them.
+ESTIMATES_KEPT = 1024
+
+
+@functools.lru_cache(maxsize=ESTIMATES_KEPT)
+def _estimated(view: View, s: Settings) -> Cost:
+    plots = sum(isinstance(o, Plot) for o in view.outputs)
+    cost = view.cost(s).holding(plots * FIGURE_PEAK_BYTES)
+    return cost.holding(model_bytes(s), on_device=True) if view.needs_model else cost
 
 
 def recorded_cost(s: Settings) -> Cost:
