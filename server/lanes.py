@@ -18,10 +18,10 @@ its waiting ones. Every other event runs outside the queue (queue=False), bounde
 door's request rates."""
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Optional
 
-import anyio
 import gradio as gr
 
 from explorer import export, timing
@@ -147,10 +147,13 @@ def answer_superseded(request, page: tuple) -> None:
                                           "render_config": None, "changed_state_ids": []}, success=True)
 
 
+_TAKING_OUT: set = set()         # the tasks of take_out, held until they end (the loop keeps only weak references)
+
+
 def take_out(request, event, output: dict, success: bool) -> None:
-    """Take a waiting `event` (marked `_pushed_out`: it counts no more) out of Gradio's queue on the event loop,
-    under the queue's own lock (its reader removes entries there), and answer it with `output`. If it started
-    meanwhile, it runs (and counts again)."""
+    """Take a waiting `event` (marked `_pushed_out`: it counts no more) out of Gradio's queue, in a task of the
+    event loop that admission runs on (admit_to), under the queue's own lock (its reader removes entries there),
+    and answer it with `output`. If it started meanwhile, it runs (and counts again)."""
     from gradio.server_messages import ProcessCompletedMessage
     queue = request.request.app.get_blocks()._queue
 
@@ -163,7 +166,9 @@ def take_out(request, event, output: dict, success: bool) -> None:
                 return
             queue.event_ids_to_events.pop(event._id, None)
         queue.send_message(event, ProcessCompletedMessage(output=output, success=success))
-    anyio.from_thread.run(drop)
+    task = asyncio.get_running_loop().create_task(drop())
+    _TAKING_OUT.add(task)
+    task.add_done_callback(_TAKING_OUT.discard)
 
 
 def admit_to(lane_name: str, units=1, work=None, redraw: bool = False, route=None):
@@ -173,8 +178,12 @@ def admit_to(lane_name: str, units=1, work=None, redraw: bool = False, route=Non
     against the visitor's share; what was admitted is written on the request (`admitted_flops`: the view
     checks it before drawing; `read`: what `work` read, where it returns a Read, for the handler to draw). A
     page redraw (`redraw`) is numbered: the page's older waiting ones then run as no-ops. In the timing lane
-    a new Run replaces the visitor's running sweep (which stops within one timed block)."""
-    def admit(request: gr.Request, *inputs):
+    a new Run replaces the visitor's running sweep (which stops within one timed block).
+    A coroutine, so Gradio awaits it on the event loop instead of handing it to a worker thread: where the link
+    was read before (explorer.query_string and View.estimate keep their answers) its reading takes microseconds,
+    and the worker's round trip cost the loop more than that, and the event one more turn of the loop, which
+    every mode of the soak keeps saturated."""
+    def check(request: gr.Request, *inputs):
         chosen, flops, read, kept = lane_name, 0.0, None, None
         http = getattr(request, "request", None)
         visitor = visitor_of(request)
@@ -215,6 +224,9 @@ def admit_to(lane_name: str, units=1, work=None, redraw: bool = False, route=Non
         if lane_name == "timing":           # in either lane: the visitor stops watching what it watched
             TIMING_RUNS.cancel(session_of(request))
         return refused(None, len(inputs)) if inputs else []
+
+    async def admit(request: gr.Request, *inputs):
+        return check(request, *inputs)
     admit.__name__ = f"admit_{lane_name}"
     return admit
 

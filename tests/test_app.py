@@ -851,9 +851,10 @@ def test_every_computing_endpoint_refuses_one_session_over_its_share_at_the_http
 
 def test_every_event_passes_admission_before_it_is_queued(monkeypatch):
     """Any event can be pushed by its index, also the page's own steps and the unload: every one carries a
-    lane's admission check (a Stop only cancels), none runs through /run/<name> past its lane, and one
-    session pushing the committed timing curves (a queued page step that skipped admission before) 12 times
-    while the first runs gets its share, the rest refused by name."""
+    lane's admission check (a Stop only cancels), awaited on the event loop, none runs through /run/<name> past
+    its lane, and one session pushing the committed timing curves (a queued page step that skipped admission
+    before) 12 times while the first runs gets its share, the rest refused by name."""
+    import inspect
     import threading
 
     import app
@@ -864,6 +865,9 @@ def test_every_event_passes_admission_before_it_is_queued(monkeypatch):
     unchecked = [fn.api_name for fn in demo.fns.values()
                  if not fn.cancels and (fn.validator is None or fn.concurrency_id not in admission.LANES)]
     assert unchecked == [] and not demo.api_open
+    threaded = [fn.api_name for fn in demo.fns.values()      # Gradio hands a plain function to a worker thread
+                if fn.validator is not None and not inspect.iscoroutinefunction(fn.validator)]
+    assert threaded == []
     gate = threading.Event()
     monkeypatch.setattr(timing, "timing_view", lambda *a, **k: gate.wait(60))
     _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=None, quiet=True)

@@ -1,5 +1,7 @@
 """server/'s process policy and live-run bookkeeping: torch's threads set once from the environment,
 a live timing sweep's turn, a page's superseded redraws."""
+import asyncio
+
 import pytest
 import torch
 
@@ -179,7 +181,7 @@ def test_a_head_change_on_the_page_reads_its_settings_once_and_estimates_its_vie
                                   session_hash="lecturer", headers={}, client=None, username=None)
         token = LocalContext.request.set(request)
         try:
-            verdict, at_admission = counted(lambda: lanes.admit_to("forward", work=work, redraw=True)(request, *inputs))
+            verdict, at_admission = counted(lambda: asyncio.run(lanes.admit_to("forward", work=work, redraw=True)(request, *inputs)))
             assert all(v["is_valid"] for v in verdict)
             drawn, in_handler = counted(lambda: handler(request, *inputs))
         finally:
@@ -325,7 +327,7 @@ def test_a_view_drawn_for_the_same_settings_is_answered_from_what_is_kept_outsid
                                   session_hash=f"student{len(draws)}", headers={}, client=None, username=None)
         token = LocalContext.request.set(request)
         try:
-            verdict = lanes.admit_to("forward", work=lanes.work_of_page_change, redraw=True)(request, *inputs)
+            verdict = asyncio.run(lanes.admit_to("forward", work=lanes.work_of_page_change, redraw=True)(request, *inputs))
             assert all(v["is_valid"] for v in verdict)
             if evict:
                 records.DRAWN.cache_clear()

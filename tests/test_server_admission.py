@@ -1,5 +1,6 @@
 """Admission: who a visitor is (what the client cannot mint), the lanes' bounds checked atomically, and
 per-visitor byte / rate shares."""
+import asyncio
 import threading
 
 import pytest
@@ -250,7 +251,10 @@ def test_a_heavy_model_view_is_admitted_to_the_heavy_lane_and_queued_there(monke
     gate = Admission()
     monkeypatch.setattr(lanes, "ADMISSION", gate)
     forward_q, heavy_q = WatchedQueue("forward", gate), WatchedQueue("heavy", gate)
-    admit = lanes.admit_to("forward", work=lambda query, request=None: 1e12 if "big" in query else 1e6)
+    validator = lanes.admit_to("forward", work=lambda query, request=None: 1e12 if "big" in query else 1e6)
+
+    def admit(*args):               # as Gradio awaits it, on an event loop
+        return asyncio.run(validator(*args))
 
     def request():
         http = type("Http", (), {"state": type("State", (), {})(), "headers": {}, "client": None})()
@@ -464,7 +468,10 @@ def test_a_refusal_of_the_visitors_own_bound_counts_toward_its_backoff_and_a_ful
     monkeypatch.setattr(lanes, "ADMISSION", gate)
     monkeypatch.setattr(lanes, "BACKOFF", record)
     WatchedQueue("forward", gate), WatchedQueue("heavy", gate)
-    admit = lanes.admit_to("forward", work=lambda query, request=None: 1e12 if "big" in query else 1e6)
+    validator = lanes.admit_to("forward", work=lambda query, request=None: 1e12 if "big" in query else 1e6)
+
+    def admit(*args):               # as Gradio awaits it, on an event loop
+        return asyncio.run(validator(*args))
 
     def request(address):
         headers = {"x-forwarded-for": address}
