@@ -514,6 +514,42 @@ ATTACKS = list(Attack)
 # check holds them
 ANSWERED_ATTACKS = {Attack.FRESH_SESSIONS, Attack.HUGE_RESULTS, Attack.PAGE_COPIES, Attack.SMALLER, Attack.DISK}
 HONEST_SIDES = ("honest", "classroom", "fairness", "probe")
+
+
+def answered_within_bound(attack: Attack, duration_s: float) -> Optional[int]:
+    """How many requests of `attack` its tightest bound answers in a run of `duration_s`, for the attacks whose
+    requests a saturated server answers too slowly to pass it (a 50 MB body, a pack, a 45 MB upload take seconds
+    each): a run that sent no more was never past it, and is not asked to be refused. None: the others, refused
+    within their first requests (a lane's share per visitor)."""
+    from explorer import export
+    from server import front_door, shares, uploads
+    if attack is Attack.GET_FLOOD:
+        return int(front_door.PAGE_RATE["burst"] + front_door.PAGE_RATE["per_s"] * duration_s)
+    if attack is Attack.RAW_UPLOAD_ROUTE:       # 50 MiB bodies
+        share = front_door.UPLOAD_ROUTE_SHARE
+        return min(share["max_calls"], share["max_bytes"] // (50 * 2**20))
+    if attack is Attack.UPLOAD_STORE:           # phoenix-nano's weights, held in the store
+        return uploads.UPLOAD_SHARE_BYTES // _nano_weights_bytes()
+    if attack is Attack.PACK_LOOP:
+        return shares.EXPORT_SHARE["max_calls"] // (len(export.FIGURES) * len(export.FORMATS))
+    if attack is Attack.EXPORT_LOOP:
+        return shares.EXPORT_SHARE["max_calls"]
+    return None
+
+
+def _nano_weights_bytes() -> int:
+    """The bytes of phoenix-nano's weights (fp32), what mode 4 uploads."""
+    from explorer.query_string import parse_query
+    from models.recsys import RecsysModel
+    model = RecsysModel(parse_query("preset=phoenix-nano&weights=random").recsys_config())
+    return sum(t.numel() * t.element_size() for t in model.state_dict().values())
+
+
+def refused_past_bound(attack: Attack, answer: dict, duration_s: float) -> bool:
+    """Whether the attacker's `attack` (its figures `answer`) was refused by name, or never sent more than its
+    bound answers (answered_within_bound)."""
+    bound = answered_within_bound(attack, duration_s)
+    return answer["refused_by_name"] > 0 or bound is not None and answer["requests"] <= bound
 CHECK_FAILED = "check failed: "                 # a mode's record whose expectation of the server did not hold
 
 
@@ -1212,8 +1248,9 @@ def run_soak(url: str, honest_n: int, duration_s: float, seed: int, processes: i
         honest_uploads_taken=uploads["requests"] > 0 and result["honest_uploads"]["taken"] == uploads["requests"],
         queue_alive_at_end=result["queue_alive_at_end"],
         mode_checks=not checks_failed,
-        # the attacks answered within their bounds are not refused; every other attack of the attacker is
-        attacker_refused_by_name=all(sides["attacker"][a.label]["refused_by_name"] > 0 for a in attacks
+        # the attacks answered within their bounds are not refused; every other attack of the attacker is, once
+        # past its bound
+        attacker_refused_by_name=all(refused_past_bound(a, sides["attacker"][a.label], duration_s) for a in attacks
                                      if a.side == "attacker" and a not in ANSWERED_ATTACKS))
     if after_s >= SOAK_TARGETS["after_s"]:
         met["rss_after_gb"] = m["rss_after_gb"] < SOAK_TARGETS["rss_after_gb"]
