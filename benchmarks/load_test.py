@@ -518,8 +518,8 @@ HONEST_SIDES = ("honest", "classroom", "fairness", "probe")
 
 def answered_within_bound(attack: Attack, duration_s: float) -> Optional[int]:
     """How many requests of `attack` its tightest bound answers in a run of `duration_s`, for the attacks whose
-    requests a saturated server answers too slowly to pass it (a 50 MB body, a pack, a 45 MB upload take seconds
-    each): a run that sent no more was never past it, and is not asked to be refused. None: the others, refused
+    requests a saturated server answers too slowly to pass it (a 50 MB body, a pack, a 45 MB upload, a 550 GFLOP
+    view take seconds each): a run that sent no more was never past it, and is not asked to be refused. None: the others, refused
     within their first requests (a lane's share per visitor)."""
     from explorer import export
     from server import front_door, shares, uploads
@@ -530,6 +530,10 @@ def answered_within_bound(attack: Attack, duration_s: float) -> Optional[int]:
         return min(share["max_calls"], share["max_bytes"] // (50 * 2**20))
     if attack is Attack.UPLOAD_STORE:           # phoenix-nano's weights, held in the store
         return uploads.UPLOAD_SHARE_BYTES // _nano_weights_bytes()
+    if attack is Attack.HEAVY_WORK:             # two threads, one view each at a time: the work share's views
+        from explorer.query_string import parse_query
+        from server.lanes import view_work
+        return int(shares.WORK_SHARE["max_bytes"] * 1e9 // view_work(parse_query(HEAVY_INVARIANCE), "invariance"))
     if attack is Attack.PACK_LOOP:
         return shares.EXPORT_SHARE["max_calls"] // (len(export.FIGURES) * len(export.FORMATS))
     if attack is Attack.EXPORT_LOOP:
