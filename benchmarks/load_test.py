@@ -514,14 +514,16 @@ ATTACKS = list(Attack)
 # check holds them
 ANSWERED_ATTACKS = {Attack.FRESH_SESSIONS, Attack.HUGE_RESULTS, Attack.PAGE_COPIES, Attack.SMALLER, Attack.DISK}
 HONEST_SIDES = ("honest", "classroom", "fairness", "probe")
+CHECK_FAILED = "check failed: "                 # a mode's record whose expectation of the server did not hold
 
 
 def answered_within_bound(attack: Attack, duration_s: float) -> Optional[int]:
     """How many requests of `attack` its tightest bound answers in a run of `duration_s`, for the attacks whose
     requests a saturated server answers too slowly to pass it (a 50 MB body, a pack, a 45 MB upload, a 550 GFLOP
-    view take seconds each): a run that sent no more was never past it, and is not asked to be refused. None: the others, refused
-    within their first requests (a lane's share per visitor)."""
-    from explorer import export
+    view take seconds each): a run that sent no more was never past it, and is not asked to be refused. None:
+    the others, refused within their first requests (a lane's share per visitor)."""
+    from explorer import export, limits
+    from explorer.query_string import parse_query
     from server import front_door, shares, uploads
     if attack is Attack.GET_FLOOD:
         return int(front_door.PAGE_RATE["burst"] + front_door.PAGE_RATE["per_s"] * duration_s)
@@ -529,9 +531,8 @@ def answered_within_bound(attack: Attack, duration_s: float) -> Optional[int]:
         share = front_door.UPLOAD_ROUTE_SHARE
         return min(share["max_calls"], share["max_bytes"] // (50 * 2**20))
     if attack is Attack.UPLOAD_STORE:           # phoenix-nano's weights, held in the store
-        return uploads.UPLOAD_SHARE_BYTES // _nano_weights_bytes()
+        return uploads.UPLOAD_SHARE_BYTES // limits.model_bytes(parse_query("preset=phoenix-nano&weights=random"))
     if attack is Attack.HEAVY_WORK:             # two threads, one view each at a time: the work share's views
-        from explorer.query_string import parse_query
         from server.lanes import view_work
         return int(shares.WORK_SHARE["max_bytes"] * 1e9 // view_work(parse_query(HEAVY_INVARIANCE), "invariance"))
     if attack is Attack.PACK_LOOP:
@@ -541,20 +542,11 @@ def answered_within_bound(attack: Attack, duration_s: float) -> Optional[int]:
     return None
 
 
-def _nano_weights_bytes() -> int:
-    """The bytes of phoenix-nano's weights (fp32), what mode 4 uploads."""
-    from explorer.query_string import parse_query
-    from models.recsys import RecsysModel
-    model = RecsysModel(parse_query("preset=phoenix-nano&weights=random").recsys_config())
-    return sum(t.numel() * t.element_size() for t in model.state_dict().values())
-
-
 def refused_past_bound(attack: Attack, answer: dict, duration_s: float) -> bool:
     """Whether the attacker's `attack` (its figures `answer`) was refused by name, or never sent more than its
     bound answers (answered_within_bound)."""
     bound = answered_within_bound(attack, duration_s)
     return answer["refused_by_name"] > 0 or bound is not None and answer["requests"] <= bound
-CHECK_FAILED = "check failed: "                 # a mode's record whose expectation of the server did not hold
 
 
 def _refusal(text: str) -> bool:

@@ -181,7 +181,8 @@ def test_a_head_change_on_the_page_reads_its_settings_once_and_estimates_its_vie
                                   session_hash="lecturer", headers={}, client=None, username=None)
         token = LocalContext.request.set(request)
         try:
-            verdict, at_admission = counted(lambda: asyncio.run(lanes.admit_to("forward", work=work, redraw=True)(request, *inputs)))
+            admit = lanes.admit_to("forward", work=work, redraw=True)
+            verdict, at_admission = counted(lambda: asyncio.run(admit(request, *inputs)))
             assert all(v["is_valid"] for v in verdict)
             drawn, in_handler = counted(lambda: handler(request, *inputs))
         finally:
@@ -327,7 +328,8 @@ def test_a_view_drawn_for_the_same_settings_is_answered_from_what_is_kept_outsid
                                   session_hash=f"student{len(draws)}", headers={}, client=None, username=None)
         token = LocalContext.request.set(request)
         try:
-            verdict = asyncio.run(lanes.admit_to("forward", work=lanes.work_of_page_change, redraw=True)(request, *inputs))
+            admit = lanes.admit_to("forward", work=lanes.work_of_page_change, redraw=True)
+            verdict = asyncio.run(admit(request, *inputs))
             assert all(v["is_valid"] for v in verdict)
             if evict:
                 records.DRAWN.cache_clear()
