@@ -525,6 +525,7 @@ def build_app() -> gr.Blocks:
     gradio_patches.keep_outputs_out_of_session_state()
     gradio_patches.skip_unchanged_outputs(demo)
     gradio_patches.skip_absent_matplotlib()
+    gradio_patches.resolve_annotations(demo)
     gradio_patches.process_cheap_components_inline()
     gradio_patches.asyncio_event_loop()
     return demo

@@ -22,7 +22,7 @@ from explorer.schema import ValidationError
 
 from .backoff import BACKOFF
 from .shares import RateShare
-from .visitors import check_session_hash, network_of, visitor_key
+from .visitors import check_session_hash, network_of, scope_visitor_key
 from .browsers import BROWSERS, SIGNER, cookie_value, set_cookie_header
 from .disk import RAW_UPLOADS, RawUploads
 
@@ -222,7 +222,7 @@ class FrontDoor:
             return await self.app(scope, receive, send)
         path, method, route = scope.get("path", ""), scope.get("method"), route_of(scope)
         headers = scope.get("headers", [])
-        visitor = visitor_key(headers, (scope.get("client") or (None,))[0])
+        visitor = scope_visitor_key(scope)
         browser = SIGNER.browser(cookie_value(headers))
         BROWSERS.asked(visitor, browser)
         page = method in ("GET", "HEAD") and route in PAGE_ROUTES

@@ -27,7 +27,7 @@ from explorer.schema import ValidationError
 
 from .admission import QUEUE_MAX
 from .backoff import BACKOFF
-from .visitors import check_session_hash, visitor_key, visitor_of
+from .visitors import check_session_hash, scope_visitor_key, visitor_of
 from .browsers import BROWSERS, SIGNER, cookie_value
 
 log = logging.getLogger("explorer")
@@ -216,6 +216,26 @@ def asyncio_event_loop() -> None:
     uvicorn.config.LOOP_FACTORIES["auto"] = uvicorn.config.LOOP_FACTORIES["asyncio"]
 
 
+def resolve_annotations(demo: gr.Blocks) -> None:
+    """Gradio reads the type hints of an event's function (and of its admission check) at every call, to find
+    a gr.Request parameter: typing.get_type_hints compiles each annotation written as a string (this codebase's
+    `from __future__ import annotations`) anew, on the event loop. Each function's annotations are evaluated
+    once here, to what get_type_hints gives, so every later call reads them as they are."""
+    import typing
+    for block_fn in demo.fns.values():
+        for fn in (block_fn.fn, getattr(block_fn, "validator", None)):
+            if fn is None or not callable(fn):
+                continue
+            target = fn if hasattr(fn, "__code__") or hasattr(fn, "__func__") else getattr(fn, "__call__", None)
+            target = getattr(target, "__func__", target)
+            if not isinstance(getattr(target, "__annotations__", None), dict):
+                continue
+            try:
+                target.__annotations__ = typing.get_type_hints(target)
+            except (NameError, TypeError):      # Gradio reads these as no hints at all; so do we
+                continue
+
+
 def skip_absent_matplotlib() -> None:
     """Gradio tries `import matplotlib` on entering and leaving every event (to switch its backend).
     Where it is not installed, each try searches sys.path again, on the event loop: marking it absent
@@ -376,7 +396,7 @@ def bound_sessions(demo: gr.Blocks, capacity: Optional[int] = None) -> None:
 
     async def checked_push(body, request, username):
         session = body.session_hash                 # None from /call/<api>: Gradio makes one per call
-        key = visitor_key(request.headers, getattr(request.client, "host", None), username)
+        key = scope_visitor_key(request.scope, username)
         try:
             if session is not None:
                 check_session_hash(session)

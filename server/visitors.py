@@ -54,6 +54,7 @@ def client_address(headers, peer: Optional[str], hops: int) -> str:
     return peer or "unknown"
 
 
+@functools.lru_cache(maxsize=65536)
 def normalised_address(address: str) -> str:
     """An IPv6 address as its /64 (one subscriber's network: its 2^64 addresses are one visitor's to
     choose from), an IPv4 (or IPv4-mapped) address as itself, anything else as written, cut to 64 characters."""
@@ -89,6 +90,21 @@ def visitor_key(headers, peer: Optional[str], username: Optional[str] = None,
     return f"addr:{normalised_address(client_address(headers, peer, trusted_proxies() if hops is None else hops))}"
 
 
+VISITOR_MEMO = "explorer.visitor"      # an ASGI scope's key: ((hops, username), the visitor key worked out)
+
+
+def scope_visitor_key(scope: dict, username: Optional[str] = None) -> str:
+    """visitor_key of one HTTP request (its ASGI scope), worked out once and kept in the scope: the front door,
+    the push, admission's count of each lane and the fair queue's order ask it of one request many times."""
+    hops = trusted_proxies()
+    memo = scope.get(VISITOR_MEMO)
+    if memo is not None and memo[0] == (hops, username):
+        return memo[1]
+    key = visitor_key(scope.get("headers", []), (scope.get("client") or (None,))[0], username, hops)
+    scope[VISITOR_MEMO] = ((hops, username), key)
+    return key
+
+
 SESSION_HASH = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
@@ -111,6 +127,9 @@ def visitor_of(request: Any) -> tuple[str, str]:
         http = inner
     else:
         http = request
+    scope = getattr(http, "scope", None)
+    if isinstance(scope, dict) and scope.get("type") == "http":
+        return scope_visitor_key(scope, getattr(request, "username", None)), session
     headers = getattr(http, "headers", None) or {}
     client = getattr(http, "client", None)
     peer = getattr(client, "host", None) if client is not None else None

@@ -6,6 +6,7 @@ import re
 import time
 import urllib.error
 import urllib.request
+from unittest import mock
 from urllib.parse import parse_qs
 
 import gradio as gr
@@ -847,6 +848,33 @@ def test_every_computing_endpoint_refuses_one_session_over_its_share_at_the_http
     finally:
         gate.set()
         demo.close()
+
+
+def test_no_event_function_has_its_annotations_compiled_at_each_call():
+    """Gradio reads each event function's type hints at every call (to pass a gr.Request): none is left as a
+    string for typing to compile again, and each reads as it did, the admission checks' gr.Request among them."""
+    import typing
+
+    import app
+    from gradio.utils import get_type_hints
+    before = {}
+    with mock.patch("server.gradio_patches.resolve_annotations"):
+        for fn in app.build_app().fns.values():
+            for f in (fn.fn, fn.validator):
+                if f is not None:
+                    before.setdefault((fn.api_name, f is fn.validator), get_type_hints(f))
+    demo = app.build_app()
+    after, strings = {}, []
+    for fn in demo.fns.values():
+        for f in (fn.fn, fn.validator):
+            if f is None:
+                continue
+            after.setdefault((fn.api_name, f is fn.validator), get_type_hints(f))
+            target = getattr(f, "__func__", f)
+            strings += [(fn.api_name, name) for name, hint in getattr(target, "__annotations__", {}).items()
+                        if isinstance(hint, (str, typing.ForwardRef))]
+    assert strings == [] and after == before
+    assert all(hints.get("request") is gr.Request for (_, validator), hints in after.items() if validator)
 
 
 def test_every_event_passes_admission_before_it_is_queued(monkeypatch):

@@ -243,6 +243,27 @@ def test_every_x_forwarded_for_line_counts_and_the_rightmost_hop_decides_everywh
     assert visitor_key(Headers(raw=raw), "10.0.0.1", hops=3) == "addr:203.0.113.1"
 
 
+def test_one_request_is_keyed_once_and_as_visitor_key_keys_it(monkeypatch):
+    """The front door, the push, admission and the fair queue ask one request's visitor many times: its scope
+    keeps the key visitor_key gives, worked out once, and a signed-in user or another count of trusted proxies
+    is keyed anew."""
+    from starlette.requests import Request
+    raw = [(b"x-forwarded-for", b"203.0.113.1, 198.51.100.7")]
+    scope = {"type": "http", "headers": raw, "client": ("10.0.0.1", 5000)}
+    calls = []
+    real = visitors.visitor_key
+    monkeypatch.setattr(visitors, "visitor_key", lambda *a, **k: calls.append(a) or real(*a, **k))
+    monkeypatch.setenv(visitors.TRUSTED_PROXIES_ENV, "1")
+    request = Request(scope)
+    keys = {visitors.scope_visitor_key(scope), visitors.visitor_of(request)[0], visitors.visitor_of(Request(scope))[0]}
+    assert keys == {real(raw, "10.0.0.1", hops=1)} == {"addr:198.51.100.7"} and len(calls) == 1
+    assert visitors.scope_visitor_key(scope, "alice") == "user:alice"
+    monkeypatch.setenv(visitors.TRUSTED_PROXIES_ENV, "2")
+    assert visitors.visitor_of(request)[0] == "addr:203.0.113.1"
+    monkeypatch.setenv(visitors.TRUSTED_PROXIES_ENV, "0")
+    assert visitors.visitor_of(request)[0] == "addr:10.0.0.1" and len(calls) == 4
+
+
 def test_a_heavy_model_view_is_admitted_to_the_heavy_lane_and_queued_there(monkeypatch):
     """A view estimated over LARGE_REQUEST_FLOPS takes the heavy lane's bounds (one per visitor), counts
     against the visitor's work share, and waits in the heavy lane's queue whatever event asked for it;
