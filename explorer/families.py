@@ -5,6 +5,7 @@ runs on it. explorer.settings fills left-out fields from it; its ``with_family``
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, replace
 from typing import Optional
 
@@ -35,17 +36,26 @@ def preset_family(name: str) -> str:
 
 
 def preset_defaults(name: str) -> dict:
-    """Every field a preset sets, its family included."""
+    """Every field a preset sets, its family included (a new dict each call)."""
     if name not in PRESETS:
         raise ValidationError("preset", name, ", ".join(PRESETS))
+    values = _preset_values(name, id(PRESETS[name]))
+    if PRESETS[name].family == "xrex":
+        return dict(values)
+    return dict(values, weights="demo" if name == "lecture" and DEMO_WEIGHTS.exists() else "random")
+
+
+@functools.lru_cache(maxsize=64)
+def _preset_values(name: str, preset_id: int) -> dict:
+    """preset_defaults less the weights of a grok.py preset (whether the demo's file is here), kept per preset
+    object: every request's settings start from it (admission parses each on the event loop)."""
     p = PRESETS[name]
     shape = dict(preset=name, family=p.family, **asdict(p.layout), **asdict(p.geometry))
     if p.family == "xrex":
         return {**shape, **_xrex_settings(p.xrex_config())}
     t = p.transformer
     return dict(shape, multiplier=t.attn_output_multiplier, cap_method=t.cap_method, logit_cap=t.logit_cap,
-                prefix=t.prefix, rope_base=t.rope_base, rope_offset=t.rope_offset, rope_mode=t.rope_mode,
-                weights="demo" if name == "lecture" and demo_transformer() is not None else "random")
+                prefix=t.prefix, rope_base=t.rope_base, rope_offset=t.rope_offset, rope_mode=t.rope_mode)
 
 
 def _xrex_settings(c: XrexConfig) -> dict:
