@@ -528,7 +528,6 @@ def build_app() -> gr.Blocks:
     gradio_patches.resolve_annotations(demo)
     gradio_patches.process_cheap_components_inline()
     gradio_patches.asyncio_event_loop()
-    gradio_patches.run_login_check_inline()
     return demo
 
 

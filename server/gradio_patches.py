@@ -204,30 +204,6 @@ def process_cheap_components_inline() -> None:
         gradio_blocks.anyio = _InlineAnyio(gradio_blocks.anyio)
 
 
-def _is_login_check(func) -> bool:
-    return getattr(func, "__module__", None) == "gradio.routes" and \
-        getattr(func, "__qualname__", "").endswith("create_app.<locals>.login_check")
-
-
-def run_login_check_inline() -> None:
-    """Gradio's login check, a dependency of every queue join, event stream and upload, is a plain function
-    (it reads two attributes and a value the route resolved already), so FastAPI runs it in a worker thread: a
-    wake-up, a wait for the GIL and a hand-back to the event loop, one more turn of the loop per request. It runs
-    where it is asked, on the loop (an unauthorised request is refused by it as before); every other plain
-    dependency stays in FastAPI's threads."""
-    import fastapi.dependencies.utils as fastapi_dependencies
-    original = fastapi_dependencies.run_in_threadpool
-    if getattr(original, "_login_check_inline", False):
-        return
-
-    async def run_in_threadpool(func, *args, **kwargs):
-        if _is_login_check(func):
-            return func(*args, **kwargs)
-        return await original(func, *args, **kwargs)
-    run_in_threadpool._login_check_inline = True
-    fastapi_dependencies.run_in_threadpool = run_in_threadpool
-
-
 def asyncio_event_loop() -> None:
     """uvicorn, as Gradio launches it, runs asyncio's own event loop even where uvloop is installed (its "auto"
     loop takes uvloop when it can: uvicorn[standard], some Space images). libuv accepts one connection per turn of

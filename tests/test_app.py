@@ -711,44 +711,6 @@ def test_an_events_cheap_components_are_processed_on_the_event_loop(monkeypatch)
     assert len(handed) == 4
 
 
-def test_gradios_login_check_runs_on_the_event_loop_and_still_refuses(monkeypatch):
-    """Every queue join, event stream and upload depends on Gradio's login check, a plain function FastAPI hands
-    to a worker thread: it runs on the loop, no request hands it over, and behind a login it still refuses a
-    request without one (401) and lets a signed-in one through. Any other plain dependency still goes to a
-    thread. If Gradio renames the check or FastAPI its thread hand-over, this fails."""
-    import asyncio
-    import fastapi.dependencies.utils as fastapi_dependencies
-    import httpx
-    from server import gradio_patches
-    handed = []
-
-    async def to_thread(func, *args, **kwargs):
-        handed.append(getattr(func, "__qualname__", func))
-        return func(*args, **kwargs)
-    monkeypatch.setattr(fastapi_dependencies, "run_in_threadpool", to_thread)
-    gradio_patches.run_login_check_inline()
-    gradio_patches.run_login_check_inline()             # once is once: a second build wraps nothing again
-    with gr.Blocks() as demo:
-        box = gr.Textbox()
-        box.submit(lambda x: x, box, box, api_name="echo")
-    demo.queue()
-    _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=None, quiet=True,
-                            auth=("teacher", "lesson"))
-    try:
-        with httpx.Client(base_url=url, timeout=30) as http:
-            join = dict(data=["hi"], fn_index=0, session_hash="s0000000001", event_data=None, trigger_id=None)
-            assert http.post("gradio_api/queue/join", json=join).status_code == 401
-            assert http.post("login", data=dict(username="teacher", password="lesson")).status_code == 200
-            assert http.post("gradio_api/queue/join", json=join).status_code == 200
-            with http.stream("GET", "gradio_api/queue/data", params={"session_hash": "s0000000001"}) as stream:
-                assert any('"process_completed"' in line for line in stream.iter_lines())
-        assert not [h for h in handed if "login_check" in str(h)]
-        asyncio.run(fastapi_dependencies.run_in_threadpool(sorted, [2, 1]))
-        assert handed[-1] == "sorted"
-    finally:
-        demo.close()
-
-
 def test_long_work_asks_gradio_whether_its_requester_still_waits():
     """budget.check_wanted reads the running event in Gradio's queue: nothing while its page waits; Abandoned once
     Gradio cleaned the session's events (what it does when the page's stream closes); nothing in a direct call
