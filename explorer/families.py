@@ -39,16 +39,16 @@ def preset_defaults(name: str) -> dict:
     """Every field a preset sets, its family included (a new dict each call)."""
     if name not in PRESETS:
         raise ValidationError("preset", name, ", ".join(PRESETS))
-    values = _preset_values(name, id(PRESETS[name]))
-    if PRESETS[name].family == "xrex":
+    values = _preset_values(name)
+    if "weights" in values:                     # a production preset's: random
         return dict(values)
     return dict(values, weights="demo" if name == "lecture" and DEMO_WEIGHTS.exists() else "random")
 
 
-@functools.lru_cache(maxsize=64)
-def _preset_values(name: str, preset_id: int) -> dict:
-    """preset_defaults less the weights of a grok.py preset (whether the demo's file is here), kept per preset
-    object: every request's settings start from it (admission parses each on the event loop)."""
+@functools.lru_cache(maxsize=None)
+def _preset_values(name: str) -> dict:
+    """preset_defaults less the weights of a grok.py preset (whether the demo's file is here), worked out once
+    per preset (the registry is fixed): every request's settings start from it, admission's on the event loop."""
     p = PRESETS[name]
     shape = dict(preset=name, family=p.family, **asdict(p.layout), **asdict(p.geometry))
     if p.family == "xrex":
