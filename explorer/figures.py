@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import base64
 import functools
+import io
 import itertools
 import math
+import pickle
 import threading
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence
@@ -76,9 +78,10 @@ class Figure(go.Figure):
     def __getattr__(self, name: str):
         # plotly keeps its state in private attributes only: a missing public or special name (copy's
         # __deepcopy__, a hasattr check) is as missing in a built figure, and builds nothing
-        if name.startswith("_") and not name.startswith("__") and "_lazy" in self.__dict__:
+        if name.startswith("_") and not name.startswith("__") and ("_lazy" in self.__dict__
+                                                                    or "_packed" in self.__dict__):
             with _BUILDING:
-                lazy = self.__dict__.get("_lazy")
+                lazy = self._unpacked()
                 if lazy is not None:
                     self._build(lazy[0])
         return object.__getattribute__(self, name)
@@ -96,8 +99,20 @@ class Figure(go.Figure):
 
     def _held(self) -> tuple[list, dict]:
         """The traces and layout as plotly holds them: plotly's own once built, else the plain dicts."""
+        if "_packed" in self.__dict__:
+            with _BUILDING:
+                self._unpacked()
         lazy = self.__dict__.get("_lazy")
         return (self._data, self._layout) if lazy is None else lazy[1:]
+
+    def _unpacked(self) -> Optional[tuple]:
+        """The plain dicts (``_lazy``), out of the bytes a figure that came pickled keeps them in (``_packed``,
+        _thawed) where it has not read them yet. Under _BUILDING."""
+        packed = self.__dict__.get("_packed")
+        if packed is not None:
+            self.__dict__["_lazy"] = _unpack(packed)
+            del self.__dict__["_packed"]
+        return self.__dict__.get("_lazy")
 
     def to_json(self, *args, **kwargs) -> str:
         if args or kwargs:
@@ -112,20 +127,34 @@ class Figure(go.Figure):
     def freeze(self) -> "Figure":
         """This figure as it is from now on, shared (explorer.views.records keeps drawn views for every
         visitor): its JSON written once and sent as it is each time. Change a copy (go.Figure(fig)), never
-        it: a change after freeze would not reach its JSON."""
+        it: a change after freeze would not reach its JSON. Its dicts are packed in bytes from now on, out of the
+        garbage collector's reach (a full collection stops every thread, and walks each container it holds:
+        hundreds a view), and unpacked only when something reads them (serving reads none)."""
         if self.__dict__.get("_frozen_json") is None:
             self._frozen_json = self.to_json()
+            self.held_bytes()                               # counted from the dicts, before they are packed
+            with _BUILDING:
+                lazy = self.__dict__.get("_lazy")
+                if lazy is not None:
+                    self.__dict__["_packed"] = _pack(lazy)
+                    del self.__dict__["_lazy"]
         return self
 
     def __reduce__(self):
-        """A frozen figure pickles as what it holds: its traces, layout and JSON (a drawing process hands it to the
-        server so: server.drawing), unpickled in microseconds where plotly's builds its objects (5-18 ms a view)
-        and leaves the JSON to be written again. Any other pickles as plotly's."""
+        """A frozen figure pickles as what it holds: its JSON, its count (held_bytes) and its traces and layout
+        packed in bytes of their own (a drawing process hands it to the server so: server.drawing). The server
+        unpickles it in microseconds where plotly's builds its objects (5-18 ms a view) and leaves the JSON to
+        be written again, and it keeps the dicts packed until something reads them (serving reads none): bytes
+        are no work for the garbage collector, where a view's dicts and lists are hundreds of containers it
+        scans at every full collection, which stops every thread. Any other figure pickles as plotly's."""
         frozen = self.__dict__.get("_frozen_json")
         if frozen is None:
             return super().__reduce__()
-        traces, layout = self._held()
-        return _thawed, (self.__dict__.get("_lazy") or ({"data": traces, "layout": layout}, traces, layout), frozen)
+        packed = self.__dict__.get("_packed")
+        if packed is None:
+            traces, layout = self._held()
+            packed = _pack(self.__dict__.get("_lazy") or ({"data": traces, "layout": layout}, traces, layout))
+        return _thawed, (packed, frozen, self.held_bytes())
 
     def held_bytes(self) -> int:
         """What a frozen figure holds (explorer.budget's count of a cache): plotly's objects over its arrays,
@@ -186,11 +215,43 @@ def _template_held() -> dict:
     return go.Figure(dict(layout=dict(template=TEMPLATE)), _validate=False)._layout["template"]
 
 
-def _thawed(lazy: tuple, frozen_json: str) -> Figure:
-    """A frozen Figure as it was pickled (Figure.__reduce__): nothing built, nothing written again."""
+def _thawed(packed: bytes, frozen_json: str, held_bytes: int) -> Figure:
+    """A frozen Figure as it was pickled (Figure.__reduce__): nothing built, nothing written again, its dicts
+    left packed."""
     figure = Figure.__new__(Figure)
-    figure.__dict__.update(_lazy=lazy, _frozen_json=frozen_json)
+    figure.__dict__.update(_packed=packed, _frozen_json=frozen_json, _held_bytes=held_bytes)
     return figure
+
+
+class _Pickler(pickle.Pickler):
+    """A figure's dicts, the template they share (TEMPLATE, and as plotly holds it) written as a name: it is
+    the same object in every figure, and unpacked as that object again."""
+
+    def persistent_id(self, obj):
+        if obj is TEMPLATE:
+            return "template"
+        if obj is _template_held():
+            return "template held"
+        return None
+
+
+class _Unpickler(pickle.Unpickler):
+    def persistent_load(self, pid):
+        if pid == "template":
+            return TEMPLATE
+        if pid == "template held":
+            return _template_held()
+        raise pickle.UnpicklingError(f"unknown shared object {pid!r}")
+
+
+def _pack(lazy: tuple) -> bytes:
+    out = io.BytesIO()
+    _Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(lazy)
+    return out.getvalue()
+
+
+def _unpack(packed: bytes) -> tuple:
+    return _Unpickler(io.BytesIO(packed)).load()
 
 
 def _as_plotly_holds(spec) -> Optional[tuple[list, dict]]:

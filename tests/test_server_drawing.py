@@ -2,6 +2,7 @@
 a refusal arriving as the ValidationError it is, what it takes and what it leaves, a dead process noticed and
 replaced, and the pickles its answers travel as (frozen figures, refusals)."""
 import concurrent.futures
+import gc
 import json
 import os
 import pickle
@@ -14,6 +15,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from explorer import figures
 from explorer.figures import Figure
 from explorer.limits import LARGE_REQUEST_FLOPS
 from explorer.schema import ValidationError
@@ -62,6 +64,28 @@ def test_a_frozen_figure_pickles_as_its_dicts_and_json():
                 assert theirs == ours
     plain = Figure(dict(data=[dict(type="bar", y=[1, 2])], layout={}), _validate=False)     # not frozen: plotly's
     assert json.loads(pickle.loads(pickle.dumps(plain)).to_json())["data"][0]["y"] == [1, 2]
+
+
+def test_a_figure_that_came_pickled_gives_the_collector_nothing_to_scan_until_read():
+    """The server keeps the views a drawing process sends (DRAWN) and serves them as their JSON: their dicts stay
+    packed in bytes, so a full collection (which stops every thread) has no container of theirs to walk. Read,
+    they are the dicts that were sent, the template shared as in a figure drawn here; sent on again unread,
+    they travel as they came."""
+    MEMORY.clear()
+    DRAWN.cache_clear()                 # drawn anew: a kept view another test read has built plotly's objects
+    s = parse_settings(LECTURE)
+    for name in ("mask", "attention", "isolation"):
+        for ours in (o for o in VIEWS[name].draw(s) if isinstance(o, Figure)):
+            back = pickle.loads(pickle.dumps(ours, protocol=pickle.HIGHEST_PROTOCOL))
+            assert [type(v).__name__ for v in back.__dict__.values() if gc.is_tracked(v)] == [], name
+            again = pickle.loads(pickle.dumps(back, protocol=pickle.HIGHEST_PROTOCOL))
+            assert again.__dict__["_packed"] == back.__dict__["_packed"]          # not unpacked to be sent on
+            assert back.to_json() == ours.to_json() and back.held_bytes() == ours.held_bytes()
+            traces, layout = back._held()
+            assert layout["template"] is figures._template_held()
+            assert figures._for_json(traces) == figures._for_json(ours._held()[0])
+            assert figures._for_json(layout) == figures._for_json(ours._held()[1])
+            assert again.layout.to_plotly_json() == ours.layout.to_plotly_json()   # plotly's objects still build
 
 
 def test_a_refusal_pickles_whole():
