@@ -66,16 +66,17 @@ def test_a_frozen_figure_pickles_as_its_dicts_and_json():
     assert json.loads(pickle.loads(pickle.dumps(plain)).to_json())["data"][0]["y"] == [1, 2]
 
 
-def test_a_figure_that_came_pickled_gives_the_collector_nothing_to_scan_until_read():
-    """The server keeps the views a drawing process sends (DRAWN) and serves them as their JSON: their dicts stay
-    packed in bytes, so a full collection (which stops every thread) has no container of theirs to walk. Read,
-    they are the dicts that were sent, the template shared as in a figure drawn here; sent on again unread,
-    they travel as they came."""
+def test_a_frozen_figure_gives_the_collector_nothing_to_scan_until_read():
+    """The server keeps the views it draws and those a drawing process sends (DRAWN) and serves them as their
+    JSON: once frozen, their dicts stay packed in bytes, so a full collection (which stops every thread) has no
+    container of theirs to walk. Read, they are the dicts that were sent, the template shared as in a figure
+    drawn here; sent on again unread, they travel as they came."""
     MEMORY.clear()
     DRAWN.cache_clear()                 # drawn anew: a kept view another test read has built plotly's objects
     s = parse_settings(LECTURE)
     for name in ("mask", "attention", "isolation"):
         for ours in (o for o in VIEWS[name].draw(s) if isinstance(o, Figure)):
+            assert [type(v).__name__ for v in ours.__dict__.values() if gc.is_tracked(v)] == [], name  # frozen here
             back = pickle.loads(pickle.dumps(ours, protocol=pickle.HIGHEST_PROTOCOL))
             assert [type(v).__name__ for v in back.__dict__.values() if gc.is_tracked(v)] == [], name
             again = pickle.loads(pickle.dumps(back, protocol=pickle.HIGHEST_PROTOCOL))
