@@ -231,6 +231,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def low_priority_cpu_seconds(pid: int) -> dict[int, float]:
+    """CPU seconds so far of each thread of `pid` running at a lower priority than normal (nice > 0: the
+    server's large-request threads, explorer.budget.LOW_PRIORITY) -> {thread id: seconds}."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[16]) > 0:
+                out[int(task.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
 def descendants(pid: int) -> list[int]:
     """The processes below `pid` now (the export browser and its renderers, for the server)."""
     children: dict[int, list[int]] = {}
@@ -258,6 +270,8 @@ class RssSampler:
         self.first: dict[int, float] = {}
         self.last: dict[int, float] = {}
         self.role: dict[int, str] = {}
+        self.low_first: dict[int, float] = {}
+        self.low_last: dict[int, float] = {}
 
     def _read_cpu(self, family: dict) -> None:
         at_start = not self.first           # processes there at the start count from then, later ones from 0
@@ -266,16 +280,22 @@ class RssSampler:
                 self.last[pid] = cpu_seconds(pid)
                 self.first.setdefault(pid, self.last[pid] if at_start else 0.0)
                 self.role[pid] = role
+        with contextlib.suppress(OSError):      # the same for the server's low-priority threads
+            for tid, seconds in low_priority_cpu_seconds(self.pid).items():
+                self.low_last[tid] = seconds
+                self.low_first.setdefault(tid, seconds if at_start else 0.0)
 
     @property
     def cpu(self) -> dict:
-        """CPU seconds by role (family_roles): the server's own process, its drawing process (every one it
-        started: one ends when idle) and the export browser with its renderers."""
+        """CPU seconds by role (family_roles): the server's own process (and, of it, its threads at a lower
+        priority: what yields to the rest), its drawing process (every one it started: one ends when idle) and
+        the export browser with its renderers."""
         used = collections.Counter()
         for pid in self.last:
             used[self.role.get(pid, "browser")] += self.last[pid] - self.first[pid]
-        return dict(server_s=round(used["server"], 1), drawing_process_s=round(used["drawing"], 1),
-                    export_browser_s=round(used["browser"], 1))
+        low = sum(self.low_last[tid] - self.low_first[tid] for tid in self.low_last)
+        return dict(server_s=round(used["server"], 1), server_low_priority_s=round(low, 1),
+                    drawing_process_s=round(used["drawing"], 1), export_browser_s=round(used["browser"], 1))
 
     def _run(self) -> None:
         n, family = 0, {self.pid: "server"}

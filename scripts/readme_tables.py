@@ -578,7 +578,9 @@ def _cpu_parts(cpu: dict) -> str:
     parts = {k[:-2].replace("_", " "): v for k, v in cpu.items() if k.endswith("_s")}
     if "drawing process" not in parts and "export browser" in parts:
         parts = {("drawing process and export browser" if k == "export browser" else k): v for k, v in parts.items()}
-    return ", ".join(f"{k} {v:.0f}" for k, v in parts.items())
+    low = parts.pop("server low priority", None)            # of the server's: its threads that yield
+    return ", ".join(f"{k} {v:.0f}" + (f" ({low:.0f} of it at low priority)" if k == "server" and low is not None
+                                       else "") for k, v in parts.items())
 
 
 def soak_run_block(name: str, d: dict) -> str:

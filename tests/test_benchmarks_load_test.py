@@ -1,7 +1,9 @@
 """The soak's A/B (benchmarks/load_test.py --soak --before REF): the two versions alternate run by run, each run
 is a fresh app of its own checkout, and the file keeps every run and each version's spread."""
 import json
+import os
 import types
+from pathlib import Path
 
 import pytest
 
@@ -98,6 +100,36 @@ def test_the_servers_cpu_is_split_by_the_process_using_it():
         for child in children:
             child.kill()
             child.wait()
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority") or not Path("/proc/self/task").is_dir(),
+                    reason="per-thread priority and /proc are Linux's")
+def test_the_servers_low_priority_threads_cpu_is_counted_apart():
+    """RssSampler.cpu: a thread of the server at nice 19 that burns ~1 s counts in server_low_priority_s, one at
+    the normal priority that burns as long does not; both count in server_s."""
+    import threading
+    import time
+    sampler = load_test.RssSampler(os.getpid())
+    sampler.start()
+    time.sleep(0.3)
+
+    def burn(nice):
+        if nice:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        t = time.thread_time()
+        while time.thread_time() - t < 1.0:
+            pass
+        time.sleep(2.5)             # alive while the sampler reads it once more (once a second)
+
+    workers = [threading.Thread(target=burn, args=(nice,)) for nice in (19, 0)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    sampler.stop()
+    cpu = sampler.cpu
+    assert 0.9 <= cpu["server_low_priority_s"] <= 1.5, cpu
+    assert cpu["server_s"] >= 1.9, cpu
 
 
 def test_an_attack_must_be_refused_once_past_its_bound_and_not_before():

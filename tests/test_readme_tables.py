@@ -251,3 +251,6 @@ def test_a_soaks_cpu_is_named_for_who_used_it_in_old_and_new_files():
     assert old == "server 150, drawing process and export browser 58, honest clients 18"
     new = readme_tables._cpu_parts(dict(server_s=150.0, drawing_process_s=40.0, export_browser_s=18.0, why="x"))
     assert new == "server 150, drawing process 40, export browser 18"
+    split = readme_tables._cpu_parts(dict(server_s=150.0, server_low_priority_s=30.0, drawing_process_s=40.0,
+                                          why="x"))
+    assert split == "server 150 (30 of it at low priority), drawing process 40"      # a part, not a sum
