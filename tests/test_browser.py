@@ -805,3 +805,32 @@ def test_a_query_row_or_layer_the_page_does_not_hold_is_drawn_by_the_server(page
         expect = "'Where query C0 attends (layer 1'"
     page.wait_for_function(f"() => ({QUERY_DRAWN})().title.startsWith({expect})", timeout=30_000)
     assert requests and f"{field}=" in page.url
+
+
+# every word of the page's title whose letters lie on more than one line: [word, lines]
+BROKEN_TITLE_WORDS = """() => {
+    const h1 = document.querySelector('#page-title h1');
+    const text = h1.firstChild;
+    const out = [];
+    for (const m of text.textContent.matchAll(/\\S+/g)) {
+        const range = document.createRange();
+        range.setStart(text, m.index);
+        range.setEnd(text, m.index + m[0].length);
+        const tops = new Set([...range.getClientRects()].map((r) => Math.round(r.top)));
+        if (tops.size > 1) out.push([m[0], tops.size]);
+    }
+    return out;
+}"""
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_the_title_breaks_between_words_never_inside_one(page, width):
+    """On a phone (390 px) the title took one share of the header's row beside Present and broke inside its
+    words ('recommen / dation', 'transforme / rs'); at every width it breaks only between words, and the first
+    screen still holds Present."""
+    page.set_viewport_size({"width": width, "height": 844})
+    page.goto(page.base_url + "?preset=lecture")
+    wait_for_plot(page, "mask-plot")
+    assert page.evaluate(BROKEN_TITLE_WORDS) == []
+    present = page.evaluate("() => document.querySelector('#present-btn').getBoundingClientRect().bottom")
+    assert present < 844
