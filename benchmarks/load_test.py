@@ -225,10 +225,15 @@ def family_rss_by_role(pid: int, family: Optional[dict] = None) -> dict:
     return totals
 
 
+def _stat(path: Path) -> tuple[float, int]:
+    """A process's or thread's /proc stat -> (user + system CPU seconds so far, nice)."""
+    fields = path.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[16])
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds a process has used so far (all its threads)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return _stat(Path(f"/proc/{pid}/stat"))[0]
 
 
 def low_priority_cpu_seconds(pid: int) -> dict[int, float]:
@@ -237,9 +242,9 @@ def low_priority_cpu_seconds(pid: int) -> dict[int, float]:
     out = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[16]) > 0:
-                out[int(task.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            seconds, nice = _stat(task / "stat")
+            if nice > 0:
+                out[int(task.name)] = seconds
     return out
 
 
