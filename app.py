@@ -217,9 +217,16 @@ def view_control(d: Settings, c: dict, control: str | Control) -> None:
     c[name] = (gr.Dropdown if control.menu else gr.Radio)(choices, value=control.of(d), label=LABELS[name])
 
 
+# a figure the width of the tab's column: drawn never narrower than at a projector's 1280 x 720 (its text is laid out
+# for that), its block scrolling sideways below it (150 % zoom, a phone): static/page.css
+WIDE_FIGURE = ["wide-figure"]
+# the timing tab's figures two to a row: below two of this width a row holds one (Gradio wraps it)
+HALF_FIGURE_PX = 420
+
+
 def output_component(out: views.Plot | views.Text):
     if isinstance(out, views.Plot):
-        return gr.Plot(label=out.label, elem_id=out.elem_id, show_label=out.show_label)
+        return gr.Plot(label=out.label, elem_id=out.elem_id, show_label=out.show_label, elem_classes=WIDE_FIGURE)
     return gr.Markdown(elem_id=out.elem_id)
 
 
@@ -245,7 +252,8 @@ def timing_tab(d: Settings, c: dict) -> SimpleNamespace:
     flash0, note0 = before_run()
     run = gpu_results.gpu_run()
     # no label badge on the figures: it would sit over the figure's own title
-    flash_fig = gr.Plot(flash0, label="flash vs naive", elem_id="flash-plot", show_label=False)
+    flash_fig = gr.Plot(flash0, label="flash vs naive", elem_id="flash-plot", show_label=False,
+                        elem_classes=WIDE_FIGURE)
     with gr.Row():
         t.geometry = gr.Radio(list(timing.geometries()), value=geometry0, scale=3,
                               label="shapes (mask and logit cap: the sidebar's)")
@@ -259,12 +267,14 @@ def timing_tab(d: Settings, c: dict) -> SimpleNamespace:
         t.stop = gr.Button("Stop", scale=1)
     t.message = gr.Markdown(elem_id="timing-check")
     t.recheck = page_port("recheck")    # sent by the page: see wire_timing
-    gr.Plot(gpu_results.trunk_figure(run), label="the whole forward", elem_id="trunk-plot", show_label=False)
+    gr.Plot(gpu_results.trunk_figure(run), label="the whole forward", elem_id="trunk-plot", show_label=False,
+            elem_classes=WIDE_FIGURE)
     with gr.Row():
-        time_fig = gr.Plot(label="time", elem_id="time-plot", show_label=False)
-        mem_fig = gr.Plot(label="memory", show_label=False)
+        time_fig = gr.Plot(label="time", elem_id="time-plot", show_label=False, min_width=HALF_FIGURE_PX)
+        mem_fig = gr.Plot(label="memory", show_label=False, min_width=HALF_FIGURE_PX)
     with gr.Row():
-        speed_fig, err_fig = gr.Plot(label="speed-up", show_label=False), gr.Plot(label="error", show_label=False)
+        speed_fig, err_fig = (gr.Plot(label=label, show_label=False, min_width=HALF_FIGURE_PX)
+                              for label in ("speed-up", "error"))
     # the words under the figures (the figures first on the screen): the recorded numbers, the live results and
     # why each backend is fast or slow here
     gr.Markdown(gpu_results.evidence_markdown(run), elem_id="gpu-text")
@@ -284,7 +294,7 @@ def export_tab(d: Settings, c: dict) -> SimpleNamespace:
         e.figure_btn = gr.Button("Export figure", scale=1)
         e.pack_btn = gr.Button("Lecture pack (zip)", variant="primary", scale=1)
     # the slide the figure chosen makes, in the lecture theme
-    e.preview = gr.Plot(label="slide preview", elem_id="export-preview", show_label=False)
+    e.preview = gr.Plot(label="slide preview", elem_id="export-preview", show_label=False, elem_classes=WIDE_FIGURE)
     e.file = gr.File(label="download", elem_id="export-file")
     gr.Markdown("Figures are drawn again from the current settings in the lecture theme (large fonts, tick labels "
                 "of at least 16 px, colour-blind-safe colours, white background) at the slide shape chosen (16:9: "

@@ -834,3 +834,22 @@ def test_the_title_breaks_between_words_never_inside_one(page, width):
     assert page.evaluate(BROKEN_TITLE_WORDS) == []
     present = page.evaluate("() => document.querySelector('#present-btn').getBoundingClientRect().bottom")
     assert present < 844
+
+
+# the bounding boxes of a plot's annotation texts holding `part`: [left, right, top, bottom]
+ANNOTATION_BOXES = """([id, part]) => [...document.querySelectorAll(`#${id} .annotation-text`)]
+    .filter((e) => e.textContent.includes(part))
+    .map((e) => { const r = e.getBoundingClientRect(); return [r.left, r.right, r.top, r.bottom]; })"""
+
+
+def test_at_150_percent_zoom_a_figure_keeps_its_width_and_its_titles_apart(page):
+    """A 1280 x 720 screen at 150 % zoom (853 x 480 CSS px): the tab's column is 386 px, and Plotly laid the mask
+    pair's panel titles over each other (and the Flash tab's two headings, the Variants grid's titles). A figure
+    of the column's width is drawn at least 860 px wide (its block scrolls sideways) and the two titles keep
+    apart."""
+    page.set_viewport_size({"width": 853, "height": 480})
+    page.goto(page.base_url + "?preset=lecture&tab=mask")
+    wait_for_plot(page, "mask-plot")
+    assert page.evaluate("() => document.querySelector('#mask-plot .js-plotly-plot').clientWidth") >= 860
+    (l1, r1, t1, b1), (l2, r2, t2, b2) = sorted(page.evaluate(ANNOTATION_BOXES, ["mask-plot", "of the pairs masked"]))
+    assert r1 <= l2 or b1 <= t2 or b2 <= t1
