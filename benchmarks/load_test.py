@@ -463,6 +463,8 @@ def main_abuse(a) -> dict:
     print(f"{'kind':<34}{'requests':>9}{'failed':>8}{'refused':>8}{'p50 s':>9}{'p95 s':>9}")
     for kind, r in report["kinds"].items():
         print(f"{kind:<34}{r['requests']:>9}{r['failures']:>8}{r['refused_by_name']:>8}{r['p50_s']:>9.3f}{r['p95_s']:>9.3f}")
+    if "event_loop" in report:
+        print(f"event loop: {report['event_loop']}")
     m = report["memory"]
     print(f"RSS start {m['rss_start_gb']} GB, peak {m['peak_rss_gb']} GB, after {m['rss_after_gb']} GB; "
           f"targets met: {report['targets']['met']} -> {out}")
@@ -1107,6 +1109,31 @@ def server_side_of(key: str) -> str:
     return "others"
 
 
+def event_loop(event_log: Path, start: float, end: float) -> dict:
+    """The server's event loop over [start, end], from its event log (server.gradio_patches.watch_the_loop): how
+    late it came back to a 10 ms sleep (each step of every request waits that long for its turn), and the share
+    of the time its thread was on a CPU, runnable but waiting for one, or asleep (idle, or waiting for the
+    GIL)."""
+    lags, window, on_cpu, cpu_wait, known = [], 0.0, 0.0, 0.0, True
+    with contextlib.suppress(OSError):
+        for line in event_log.read_text().splitlines():
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                w = json.loads(line)
+                if "loop" not in w or w["since"] < start or w["loop"] > end:
+                    continue
+                lags += w["lags_s"]
+                window += w["window_s"]
+                if w["on_cpu_s"] is None or w["cpu_wait_s"] is None:
+                    known = False
+                else:
+                    on_cpu, cpu_wait = on_cpu + w["on_cpu_s"], cpu_wait + w["cpu_wait_s"]
+    lag = _stats(lags)
+    shares = dict(on_cpu_share=round(on_cpu / window, 3), waiting_for_cpu_share=round(cpu_wait / window, 3),
+                  asleep_share=round(1 - (on_cpu + cpu_wait) / window, 3)) if window and known else {}
+    return dict(ticks=lag["requests"], lag_p50_s=lag["p50_s"], lag_p95_s=lag["p95_s"], lag_max_s=lag["max_s"],
+                watched_s=round(window, 1), **shares)
+
+
 def server_side(event_log: Path, start: float, end: float) -> dict:
     """Where the requests' time went on the server, from its event log (server.gradio_patches.EVENT_LOG_ENV):
     per visitor side and lane, the events that started in [start, end] (monotonic seconds, the machine's
@@ -1243,6 +1270,7 @@ def run_soak(url: str, honest_n: int, duration_s: float, seed: int, processes: i
         checks_failed=checks_failed)
     if event_log is not None:
         result["server_side"] = server_side(event_log, t0, load_end)
+        result["event_loop"] = event_loop(event_log, t0, load_end)
     m = result["memory"]
     h = result["honest_total"]
     result["honest_mask_p95_s"] = sides["honest"]["mask"]["p95_s"]

@@ -320,14 +320,18 @@ def charge_every_event(demo: gr.Blocks, admission) -> None:
     """Each queued event's running time charged once to its visitor (`admission.served`: the fair queue's
     usage, server.admission.Admission), however many guarded functions it calls: Gradio's
     Queue.process_events runs one event (or batch) from start to end, streams included. With EVENT_LOG_ENV
-    set, each event is written to that file as it ends."""
+    set, each event is written to that file as it ends, and from the first event on the loop's lag too
+    (watch_the_loop)."""
     queue = demo._queue
     process = queue.process_events
     path = os.environ.get(EVENT_LOG_ENV)
     log_file = open(path, "a", buffering=1) if path else None
+    watching = []
 
     async def process_events(events, batch, begin_time, fn):
         started = time.monotonic()
+        if log_file is not None and not watching:          # the first event: the loop is the one serving
+            watching.append(asyncio.get_running_loop().create_task(watch_the_loop(log_file)))
         try:
             return await process(events, batch, begin_time, fn)
         finally:
@@ -341,6 +345,46 @@ def charge_every_event(demo: gr.Blocks, admission) -> None:
                     queued=getattr(event, "_queued_at", None), started=started, ended=ended)) + "\n"
                     for key, event in zip(keys, events)))
     queue.process_events = process_events
+
+
+# Every request's time on the server is mostly the event loop's (its join, its stream, its messages): each step
+# waits for the loop's turn. LOOP_TICK_S: how often the watcher asks for it; LOOP_WINDOW_S: how often it writes.
+LOOP_TICK_S, LOOP_WINDOW_S = 0.01, 1.0
+
+
+def _thread_schedstat() -> Optional[tuple[float, float]]:
+    """This thread's seconds on a CPU and waiting on the run queue for one (Linux /proc/thread-self/schedstat),
+    None where the kernel does not say."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            on_cpu, waiting = f.read().split()[:2]
+        return int(on_cpu) / 1e9, int(waiting) / 1e9
+    except (OSError, ValueError):
+        return None
+
+
+async def watch_the_loop(log_file) -> None:
+    """How late the event loop comes back to a LOOP_TICK_S sleep (its lag: what every step of a request waits
+    for its turn), and how its thread spent the time (on a CPU, runnable but waiting for one, the rest asleep:
+    idle or waiting for the GIL), written every LOOP_WINDOW_S to the event log as one line: `since` and `loop`
+    its window's beginning and end (monotonic seconds), `window_s`, `lags_s` each tick's lag, `on_cpu_s` and
+    `cpu_wait_s` (None off Linux). Runs on the loop itself (its schedstat is the loop thread's) until it ends."""
+    begun, before = time.monotonic(), _thread_schedstat()
+    lags: list[float] = []
+    while True:
+        asked = time.perf_counter()
+        await asyncio.sleep(LOOP_TICK_S)
+        lags.append(max(0.0, time.perf_counter() - asked - LOOP_TICK_S))
+        now = time.monotonic()
+        if now - begun >= LOOP_WINDOW_S:
+            after = _thread_schedstat()
+            on_cpu = cpu_wait = None
+            if before is not None and after is not None:
+                on_cpu, cpu_wait = round(after[0] - before[0], 4), round(after[1] - before[1], 4)
+            log_file.write(json.dumps(dict(loop=now, since=begun, window_s=round(now - begun, 4),
+                                           lags_s=[round(x, 5) for x in lags], on_cpu_s=on_cpu,
+                                           cpu_wait_s=cpu_wait)) + "\n")
+            begun, before, lags = now, after, []
 
 
 class SessionMessages(LRUCache):

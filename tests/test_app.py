@@ -1357,7 +1357,7 @@ def test_the_event_log_says_where_each_queued_events_time_went_and_the_soak_read
         while len(log.read_text().splitlines()) < 2 and time.monotonic() < deadline:
             time.sleep(0.02)
         events = [json.loads(line) for line in log.read_text().splitlines()]
-        ours = [e for e in events if e["key"] == f"addr:{CLASSROOM_ADDRESS}"]
+        ours = [e for e in events if e.get("key") == f"addr:{CLASSROOM_ADDRESS}"]   # the loop's windows: no key
         assert [(e["api"], e["lane"]) for e in ours] == [("mask", "light"), ("attention", "forward")], events
         assert all(start <= e["queued"] <= e["started"] <= e["ended"] <= time.monotonic() for e in ours)
         summary = server_side(log, start, time.monotonic())["classroom"]
@@ -1568,3 +1568,38 @@ def test_a_gpu_server_builds_the_production_presets_at_start_up(monkeypatch):
     ran.clear()
     app.warm_up()
     assert ran == ["lecture", "phoenix-nano"]
+
+
+def test_the_loop_watcher_sees_the_loop_held_and_the_soak_reads_its_share(tmp_path):
+    """server.gradio_patches.watch_the_loop: a step that holds the loop 0.25 s shows as a tick that late, the
+    windows cover the time watched, and on Linux the loop thread's time on a CPU is what it spent spinning; the
+    soak's event_loop reads the windows inside its span only, and every share from them."""
+    import asyncio
+    import json
+
+    from benchmarks.load_test import event_loop
+    from server import gradio_patches
+    log = tmp_path / "events.jsonl"
+
+    async def watched():
+        with open(log, "a", buffering=1) as f:
+            task = asyncio.get_running_loop().create_task(gradio_patches.watch_the_loop(f))
+            await asyncio.sleep(1.1)
+            spin = time.perf_counter()
+            while time.perf_counter() - spin < 0.25:        # the loop held, as a slow step holds it
+                pass
+            await asyncio.sleep(1.2)
+            task.cancel()
+    start = time.monotonic()
+    asyncio.run(watched())
+    windows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(windows) == 2 and all(0.99 <= w["window_s"] < 1.5 for w in windows)
+    lags = [x for w in windows for x in w["lags_s"]]
+    assert 0.24 <= max(lags) < 0.5 and sorted(lags)[len(lags) // 2] < 0.01
+    summary = event_loop(log, start, time.monotonic())
+    assert summary["ticks"] == len(lags) and summary["lag_max_s"] == round(max(lags), 3)
+    if windows[0]["on_cpu_s"] is not None:
+        assert summary["on_cpu_share"] >= 0.25 / summary["watched_s"] * 0.9
+        assert abs(summary["on_cpu_share"] + summary["waiting_for_cpu_share"] + summary["asleep_share"] - 1) < 2e-3
+    assert event_loop(log, windows[0]["loop"], time.monotonic())["ticks"] == len(windows[1]["lags_s"])
+    assert event_loop(log, start, windows[0]["loop"] - 0.001)["ticks"] == 0         # a window half inside: not read
