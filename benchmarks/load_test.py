@@ -463,8 +463,6 @@ def main_abuse(a) -> dict:
     print(f"{'kind':<34}{'requests':>9}{'failed':>8}{'refused':>8}{'p50 s':>9}{'p95 s':>9}")
     for kind, r in report["kinds"].items():
         print(f"{kind:<34}{r['requests']:>9}{r['failures']:>8}{r['refused_by_name']:>8}{r['p50_s']:>9.3f}{r['p95_s']:>9.3f}")
-    if "event_loop" in report:
-        print(f"event loop: {report['event_loop']}")
     m = report["memory"]
     print(f"RSS start {m['rss_start_gb']} GB, peak {m['peak_rss_gb']} GB, after {m['rss_after_gb']} GB; "
           f"targets met: {report['targets']['met']} -> {out}")
@@ -1493,6 +1491,8 @@ def main_soak(a) -> dict:
             print(f"  {side + ' / ' + lane:<42}{r['events']:>9}" + "".join(
                 f"{r[k]:>{w}.3f}" for k, w in (("wait_p50_s", 9), ("wait_p95_s", 8), ("process_p50_s", 9),
                                              ("process_p95_s", 8))))
+    if "event_loop" in report:
+        print(f"event loop: {report['event_loop']}")
     m = report["memory"]
     print(f"RSS start {m['rss_start_gb']} GB, peak {m['peak_rss_gb']} GB, {m['after_s']:g} s after {m['rss_after_gb']} GB;"
           f" stores {report['stores']}; queue alive {report['queue_alive_at_end']}; checks failed "
