@@ -1598,6 +1598,7 @@ def test_the_loop_watcher_sees_the_loop_held_and_the_soak_reads_its_share(tmp_pa
     assert 0.24 <= max(lags) < 0.5 and sorted(lags)[len(lags) // 2] < 0.01
     summary = event_loop(log, start, time.monotonic())
     assert summary["ticks"] == len(lags) and summary["lag_max_s"] == round(max(lags), 3)
+    assert summary["lag_p50_s"] < 0.01 and summary["lag_p95_s"] >= 0.24     # a tenth of the time was that one tick
     if windows[0]["on_cpu_s"] is not None:
         assert summary["on_cpu_share"] >= 0.25 / summary["watched_s"] * 0.9
         assert abs(summary["on_cpu_share"] + summary["waiting_for_cpu_share"] + summary["asleep_share"] - 1) < 2e-3
