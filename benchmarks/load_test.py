@@ -1107,6 +1107,17 @@ def server_side_of(key: str) -> str:
     return "others"
 
 
+def _logged(event_log: Path) -> list:
+    """The server's event log (server.gradio_patches.EVENT_LOG_ENV), line by line as written (a line cut short by
+    the server's end left out; no file: nothing)."""
+    out = []
+    with contextlib.suppress(OSError):
+        for line in event_log.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(line))
+    return out
+
+
 def _time_weighted(lags: list, tick_s: float, q: float) -> Optional[float]:
     """The lag that a share `q` of the watched time passed in ticks at most that late (each tick lasts `tick_s`
     plus its lag): a tick count would weigh a second of idle loop's hundred ticks over a busy second's ten."""
@@ -1125,18 +1136,16 @@ def event_loop(event_log: Path, start: float, end: float) -> dict:
     thread was on a CPU, runnable but waiting for one, or asleep (idle, or waiting for the GIL)."""
     from server.gradio_patches import LOOP_TICK_S
     lags, window, on_cpu, cpu_wait, known = [], 0.0, 0.0, 0.0, True
-    with contextlib.suppress(OSError):
-        for line in event_log.read_text().splitlines():
-            with contextlib.suppress(ValueError, KeyError, TypeError):
-                w = json.loads(line)
-                if "loop" not in w or w["since"] < start or w["loop"] > end:
-                    continue
-                lags += w["lags_s"]
-                window += w["window_s"]
-                if w["on_cpu_s"] is None or w["cpu_wait_s"] is None:
-                    known = False
-                else:
-                    on_cpu, cpu_wait = on_cpu + w["on_cpu_s"], cpu_wait + w["cpu_wait_s"]
+    for w in _logged(event_log):
+        with contextlib.suppress(KeyError, TypeError):
+            if "loop" not in w or w["since"] < start or w["loop"] > end:
+                continue
+            lags += w["lags_s"]
+            window += w["window_s"]
+            if w["on_cpu_s"] is None or w["cpu_wait_s"] is None:
+                known = False
+            else:
+                on_cpu, cpu_wait = on_cpu + w["on_cpu_s"], cpu_wait + w["cpu_wait_s"]
     shares = dict(on_cpu_share=round(on_cpu / window, 3), waiting_for_cpu_share=round(cpu_wait / window, 3),
                   asleep_share=round(1 - (on_cpu + cpu_wait) / window, 3)) if window and known else {}
     return dict(ticks=len(lags), lag_p50_s=_time_weighted(lags, LOOP_TICK_S, 0.5),
@@ -1150,12 +1159,10 @@ def server_side(event_log: Path, start: float, end: float) -> dict:
     clock), their wait in the lane (queued to started) and their processing (started to ended: the handler,
     Gradio's pre- and postprocessing and its messages, on a shared event loop) -> {side: {lane: figures}}."""
     events = collections.defaultdict(list)
-    with contextlib.suppress(OSError):
-        for line in event_log.read_text().splitlines():
-            with contextlib.suppress(ValueError, KeyError, TypeError):
-                e = json.loads(line)
-                if start <= e["started"] <= end:
-                    events[(server_side_of(e["key"]), e["lane"])].append(e)
+    for e in _logged(event_log):
+        with contextlib.suppress(KeyError, TypeError):          # the loop's windows are not events
+            if start <= e["started"] <= end:
+                events[(server_side_of(e["key"]), e["lane"])].append(e)
     out = collections.defaultdict(dict)
     for (side, lane), es in sorted(events.items()):
         wait = _stats([e["started"] - e["queued"] for e in es if e["queued"] is not None])

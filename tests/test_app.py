@@ -1593,7 +1593,7 @@ def test_the_loop_watcher_sees_the_loop_held_and_the_soak_reads_its_share(tmp_pa
     start = time.monotonic()
     asyncio.run(watched())
     windows = [json.loads(line) for line in log.read_text().splitlines()]
-    assert len(windows) == 2 and all(0.99 <= w["window_s"] < 1.5 for w in windows)
+    assert len(windows) >= 2 and all(0.99 <= w["window_s"] < 2.0 for w in windows)    # 3 where a sleep ran late
     lags = [x for w in windows for x in w["lags_s"]]
     assert 0.24 <= max(lags) < 0.5 and sorted(lags)[len(lags) // 2] < 0.01
     summary = event_loop(log, start, time.monotonic())
@@ -1602,5 +1602,5 @@ def test_the_loop_watcher_sees_the_loop_held_and_the_soak_reads_its_share(tmp_pa
     if windows[0]["on_cpu_s"] is not None:
         assert summary["on_cpu_share"] >= 0.25 / summary["watched_s"] * 0.9
         assert abs(summary["on_cpu_share"] + summary["waiting_for_cpu_share"] + summary["asleep_share"] - 1) < 2e-3
-    assert event_loop(log, windows[0]["loop"], time.monotonic())["ticks"] == len(windows[1]["lags_s"])
+    assert event_loop(log, windows[0]["loop"], time.monotonic())["ticks"] == sum(len(w["lags_s"]) for w in windows[1:])
     assert event_loop(log, start, windows[0]["loop"] - 0.001)["ticks"] == 0         # a window half inside: not read
