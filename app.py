@@ -537,6 +537,8 @@ def build_app() -> gr.Blocks:
     gradio_patches.skip_absent_matplotlib()
     gradio_patches.resolve_annotations(demo)
     gradio_patches.process_cheap_components_inline()
+    gradio_patches.check_logins_on_the_loop()
+    gradio_patches.remember_root_urls()
     gradio_patches.asyncio_event_loop()
     return demo
 

@@ -1,11 +1,14 @@
 """Where the app meets Gradio's internals: what its session state keeps (no deep-link copy, no output
 values), its queue's analytics, its matplotlib probe, a file input that names what it refuses, and its
 queue (one charge per event, per-session tables bounded, its loop restarted rather than stopped for good),
-and the event loop uvicorn serves it on. tests/test_app.py fails if the internals these touch move."""
+the event loop uvicorn serves it on and what each request costs that loop (the login check on it, the root URL
+worked out once per spelling). tests/test_app.py fails if the internals these touch move."""
 from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
+import inspect
 import json
 import logging
 import math
@@ -202,6 +205,94 @@ def process_cheap_components_inline() -> None:
     import gradio.blocks as gradio_blocks
     if not isinstance(gradio_blocks.anyio, _InlineAnyio):
         gradio_blocks.anyio = _InlineAnyio(gradio_blocks.anyio)
+
+
+def check_logins_on_the_loop() -> None:
+    """Gradio's login check (`login_check`: a dependency of the queue's join and stream routes, the upload route
+    and every file and config route) is a plain function, which FastAPI hands to a worker thread at every request
+    (fastapi.dependencies.utils.solve_dependencies): a wake-up of a worker, two waits for the GIL and one more
+    turn of the event loop for the answer to come back, before the request is read on. A join and its stream
+    pay it twice. It only compares the visitor's user (an async dependency solved before it) with the app's
+    auth settings, so here it is called on the loop: every route's Dependant that names it calls an async
+    function that calls it (FastAPI's own dependency_overrides would rebuild the dependency at every request).
+    Applied to each app Gradio creates from then on (gradio.routes.App.create_app)."""
+    import gradio.routes as routes
+    create = routes.App.create_app
+    if getattr(create, "checks_logins_on_the_loop", False):
+        return
+
+    def create_app(*args, **kwargs):
+        app = create(*args, **kwargs)
+        on_the_loop = {}
+
+        def moved(check):
+            if getattr(check, "__name__", None) != "login_check" or inspect.iscoroutinefunction(check):
+                return check
+            return on_the_loop.setdefault(check, _on_the_loop(check))
+        for route in _routes(app.router.routes):
+            if isinstance(getattr(route, "dependencies", None), list):      # what an included router builds from
+                route.dependencies = [dataclasses.replace(d, dependency=moved(d.dependency)) for d in route.dependencies]
+            for sub in getattr(getattr(route, "dependant", None), "dependencies", ()):     # what a route solves
+                sub.call = moved(sub.call)
+        return app
+    create_app.checks_logins_on_the_loop = True
+    routes.App.create_app = staticmethod(create_app)
+
+
+def _routes(routes):
+    """Every route, in included routers too (FastAPI builds an included route's own copy when first asked)."""
+    for route in routes:
+        yield route
+        inner = getattr(route, "original_router", None)
+        yield from _routes(getattr(inner, "routes", ()))
+        yield from _routes(getattr(route, "_effective_candidates", ()))
+
+
+def _on_the_loop(check):
+    """`check` (a plain function) as a coroutine function of the same signature, which FastAPI awaits in place."""
+    async def login_check(**values):
+        return check(**values)
+    login_check.__signature__ = inspect.signature(check)
+    return login_check
+
+
+# The request parts Gradio's root URL is made of (gradio.route_utils.get_root_url, get_request_origin: the URL
+# starlette builds from the scope, and these headers); ROOT_URLS: how many answers are kept.
+ROOT_URL_SCOPE = ("scheme", "server", "root_path", "app_root_path", "path", "query_string")
+ROOT_URL_HEADERS = (b"host", b"x-forwarded-host", b"x-gradio-server", b"x-forwarded-proto")
+ROOT_URLS = 256
+
+
+def remember_root_urls() -> None:
+    """Gradio works out the page's root URL (gradio.route_utils.get_root_url: the request's URL built and parsed
+    twice by httpx) at every join and again as each event starts: 4 % of the event loop's time under every mode of
+    the soak (py-spy). Its answer depends only on ROOT_URL_SCOPE, ROOT_URL_HEADERS and its arguments, so it is
+    kept for the last ROOT_URLS of those (hosts a stranger makes up push out only each other's)."""
+    from gradio import route_utils
+    compute = route_utils.get_root_url
+    if getattr(compute, "remembered", False):
+        return
+    kept: OrderedDict = OrderedDict()
+
+    def get_root_url(request, route_path: str, root_path):
+        scope = request.scope
+        key = (tuple(scope.get(k) for k in ROOT_URL_SCOPE),
+               tuple((k, v) for k, v in scope.get("headers", ()) if k in ROOT_URL_HEADERS), route_path, root_path)
+        try:
+            kept.move_to_end(key)
+            return kept[key]
+        except (KeyError, TypeError):           # not kept yet; a part that cannot be a key is computed every time
+            pass
+        url = compute(request=request, route_path=route_path, root_path=root_path)
+        try:
+            kept[key] = url
+        except TypeError:
+            return url
+        while len(kept) > ROOT_URLS:
+            kept.popitem(last=False)
+        return url
+    get_root_url.remembered, get_root_url.__wrapped_compute__, get_root_url.kept_size = True, compute, kept.__len__
+    route_utils.get_root_url = get_root_url
 
 
 def asyncio_event_loop() -> None:

@@ -1604,3 +1604,87 @@ def test_the_loop_watcher_sees_the_loop_held_and_the_soak_reads_its_share(tmp_pa
         assert abs(summary["on_cpu_share"] + summary["waiting_for_cpu_share"] + summary["asleep_share"] - 1) < 2e-3
     assert event_loop(log, windows[0]["loop"], time.monotonic())["ticks"] == sum(len(w["lags_s"]) for w in windows[1:])
     assert event_loop(log, start, windows[0]["loop"] - 0.001)["ticks"] == 0         # a window half inside: not read
+
+
+def test_the_login_check_of_a_join_and_its_stream_runs_on_the_loop_and_still_refuses(monkeypatch):
+    """server.gradio_patches.check_logins_on_the_loop: Gradio's login check (a plain function FastAPI hands to a
+    worker thread, one more turn of the event loop per request) is called on the loop for a join and its stream,
+    and behind a login it still refuses a visitor who has none (401)."""
+    from fastapi.dependencies import utils as dependency_utils
+
+    from server import gradio_patches
+    gradio_patches.check_logins_on_the_loop()
+    handed = []
+    to_thread = dependency_utils.run_in_threadpool
+
+    async def counted(fn, *args, **kwargs):
+        handed.append(getattr(fn, "__name__", repr(fn)))
+        return await to_thread(fn, *args, **kwargs)
+    monkeypatch.setattr(dependency_utils, "run_in_threadpool", counted)
+    with gr.Blocks() as demo:
+        box = gr.Textbox()
+        box.submit(lambda s: s.upper(), box, box, api_name="shout")
+    demo.queue()
+    answered = []
+    for auth in (None, ("student", "secret")):
+        _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=None, quiet=True,
+                                auth=auth)
+        try:
+            code, body = join(url, 0, ["hi"], "login0001", "203.0.113.7")
+            if auth is not None:
+                assert code == 401 and "Not authenticated" in body
+                continue
+            assert code == 200, body
+            with urllib.request.urlopen(f"{url}gradio_api/queue/data?session_hash=login0001", timeout=30) as r:
+                stream = r.read().decode()
+            assert '"msg":"process_completed"' in stream and "HI" in stream
+            answered.append(url)
+        finally:
+            demo.close()
+    assert answered and "login_check" not in handed
+
+
+def test_the_root_url_is_gradios_for_every_request_and_worked_out_once_per_spelling(monkeypatch):
+    """server.gradio_patches.remember_root_urls: for requests that differ in any part Gradio builds its root URL
+    from (host, forwarding headers, scheme, path, root path, arguments) the answer is Gradio's own; asked again for
+    the same parts it is not worked out again; and made-up hosts keep at most ROOT_URLS answers."""
+    from gradio import route_utils
+    from starlette.requests import Request
+
+    from server import gradio_patches
+    original = route_utils.get_root_url
+    if getattr(original, "remembered", False):                  # app.build_app ran in this process
+        monkeypatch.setattr(route_utils, "get_root_url", original.__wrapped_compute__)
+        original = original.__wrapped_compute__
+    computed = []
+
+    def counted(request, route_path, root_path):
+        computed.append(route_path)
+        return original(request=request, route_path=route_path, root_path=root_path)
+    monkeypatch.setattr(route_utils, "get_root_url", counted)
+    gradio_patches.remember_root_urls()
+    remembered = route_utils.get_root_url
+    assert remembered is not counted
+
+    def request(path="/gradio_api/queue/join", scheme="http", root_path="", **headers):
+        return Request({"type": "http", "scheme": scheme, "server": ("127.0.0.1", 7860), "path": path,
+                        "root_path": root_path, "query_string": b"", "method": "POST",
+                        "headers": [(k.replace("_", "-").encode(), v.encode()) for k, v in headers.items()]})
+    cases = [(request(host="127.0.0.1:7860"), "/gradio_api/queue/join", None),
+             (request(host="example.org"), "/gradio_api/queue/join", None),
+             (request(host="example.org", x_forwarded_proto="https"), "/gradio_api/queue/join", None),
+             (request(host="example.org", x_forwarded_host="space.hf.space, other"), "/gradio_api/queue/join", None),
+             (request(host="example.org", x_gradio_server="http://10.0.0.2:7860"), "/gradio_api/queue/join", None),
+             (request(path="/app/gradio_api/queue/join", root_path="/app", host="example.org"),
+              "/gradio_api/queue/join", "/app"),
+             (request(host="example.org"), "/gradio_api/queue/join", "https://mirror.example.org/x/")]
+    answers = [remembered(r, p, root) for r, p, root in cases]
+    assert answers == [original(request=r, route_path=p, root_path=root) for r, p, root in cases]
+    assert len(set(answers)) == len(answers) and len(computed) == len(cases)
+    assert [remembered(r, p, root) for r, p, root in cases] == answers and len(computed) == len(cases)
+    for i in range(gradio_patches.ROOT_URLS + 50):
+        remembered(request(host=f"made-up-{i}.example"), "/gradio_api/queue/join", None)
+    computed.clear()
+    remembered(*cases[0])
+    assert computed == ["/gradio_api/queue/join"]             # pushed out by the made-up hosts: worked out again
+    assert remembered.kept_size() <= gradio_patches.ROOT_URLS
