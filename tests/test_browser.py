@@ -535,10 +535,14 @@ def test_a_timing_run_streams_beside_the_recorded_gpu_run_and_stop_keeps_its_poi
     page.wait_for_function(f"(({TIME_TRACES})() || []).some(t => t[0].includes('measured now') && t[3] >= 2)",
                            timeout=120_000)
     page.wait_for_function(f"(({FLASH_TRACES})() || []).some(t => t[1] === 'x2')", timeout=30_000)
+    before_stop = {meta: n for meta, _, _, n in page.evaluate(TIME_TRACES)}
     page.get_by_role("button", name="Stop", exact=True).click()
     page.wait_for_function("() => /Stopped after \\d of 4 lengths/.test(document.body.innerText)", timeout=30_000)
     drawn = page.evaluate(TIME_TRACES)
-    assert drawn and all("measured now" in meta and dash == "solid" and n >= 2 for meta, _, dash, n in drawn)
+    assert drawn and all("measured now" in meta and dash == "solid" for meta, _, dash, _ in drawn)
+    # every point measured before Stop is still drawn (a backend behind the others may have fewer than two)
+    kept = {meta: n for meta, _, _, n in drawn}
+    assert all(kept.get(meta, 0) >= n for meta, n in before_stop.items()) and max(kept.values()) >= 2
     assert all(c == BACKEND_COLORS[meta.split(" · ")[0]] for meta, c, _, _ in drawn)
     flash = page.evaluate(FLASH_TRACES)
     assert [t[0] for t in flash if t[1] == "x"] == recorded                   # the recorded panel stayed
