@@ -272,7 +272,7 @@ def remember_root_urls() -> None:
     compute = route_utils.get_root_url
     if getattr(compute, "remembered", False):
         return
-    kept: OrderedDict = OrderedDict()
+    kept = LRUCache(ROOT_URLS)
 
     def get_root_url(request, route_path: str, root_path):
         scope = request.scope
@@ -281,16 +281,11 @@ def remember_root_urls() -> None:
         try:
             kept.move_to_end(key)
             return kept[key]
-        except (KeyError, TypeError):           # not kept yet; a part that cannot be a key is computed every time
-            pass
-        url = compute(request=request, route_path=route_path, root_path=root_path)
-        try:
-            kept[key] = url
-        except TypeError:
+        except KeyError:
+            kept[key] = url = compute(request=request, route_path=route_path, root_path=root_path)
             return url
-        while len(kept) > ROOT_URLS:
-            kept.popitem(last=False)
-        return url
+        except TypeError:                       # a part that cannot be a key: worked out every time
+            return compute(request=request, route_path=route_path, root_path=root_path)
     get_root_url.remembered, get_root_url.__wrapped_compute__, get_root_url.kept_size = True, compute, kept.__len__
     route_utils.get_root_url = get_root_url
 
