@@ -1327,9 +1327,10 @@ def run_soak(url: str, honest_n: int, duration_s: float, seed: int, processes: i
 
 
 def soak_once(a, attacks: list, duration_s: float, after_s: float = SOAK_TARGETS["after_s"],
-              root: Optional[Path] = None) -> dict:
-    """A fresh app (Space mode: one trusted proxy; its own temp dir; of checkout `root`, by default this one)
-    soaked once with `attacks`."""
+              root: Optional[Path] = None, own_session: bool = True) -> dict:
+    """A fresh app (Space mode: one trusted proxy; its own temp dir; of checkout `root`, by default this one;
+    in a session of its own unless `own_session` is False: harness.localhost.running_app) soaked once with
+    `attacks`."""
     import tempfile
     from server.visitors import TRUSTED_PROXIES_ENV
     from server.gradio_patches import EVENT_LOG_ENV
@@ -1339,7 +1340,8 @@ def soak_once(a, attacks: list, duration_s: float, after_s: float = SOAK_TARGETS
         # a Space's defaults: the last forwarding address trusted, model views drawn beside the server
         # (server.drawing; a commit before it ignores the variable)
         with running_app(root=root, env={TRUSTED_PROXIES_ENV: "1", "EXPLORER_DRAW_PROCESSES": "1",
-                                         "GRADIO_TEMP_DIR": temp, EVENT_LOG_ENV: str(event_log)}) as url:
+                                         "GRADIO_TEMP_DIR": temp, EVENT_LOG_ENV: str(event_log)},
+                         own_session=own_session) as url:
             return run_soak(url, a.sessions, duration_s, a.seed, a.client_processes, a.records, attacks, after_s,
                             event_log)
 
@@ -1382,6 +1384,10 @@ def ab_order(pairs: int) -> list[str]:
     return [v for p in range(pairs) for v in (("before", "after") if p % 2 == 0 else ("after", "before"))]
 
 
+BEFORE_SESSION = {False: "its own (harness.localhost.running_app)",
+                  True: "the soak's, beside its clients (--before-shared-session)"}
+
+
 def main_soak_ab(a) -> dict:
     """--soak --before REF: soak runs of commit REF and of this tree alternated (ab_order), a fresh app each. One
     all-modes run spreads too far for one pair to say anything: the file keeps every run and each version's
@@ -1391,14 +1397,17 @@ def main_soak_ab(a) -> dict:
     before = short_commit(a.before)
     out = a.out or RESULTS_DIR / f"load-soak-ab-{when.date().isoformat()}.json"
     report = dict(kind="soak-ab", date=when.isoformat(timespec="seconds"), device=machine(),
-                  before=dict(commit=before), after=dict(commit=git_commit(), tree="this checkout, as it is"),
+                  before=dict(commit=before, app_session=BEFORE_SESSION[a.before_shared_session]),
+                  after=dict(commit=git_commit(), tree="this checkout, as it is", app_session=BEFORE_SESSION[False]),
                   parameters=dict(duration_s=a.duration, honest_visitors=a.sessions, pairs=a.pairs,
                                   modes=[m.label for m in a.attacks], order=ab_order(a.pairs), conditions=a.conditions),
                   runs=[])
     with checkout(a.before) as before_root:
         for version in ab_order(a.pairs):
             load = os.getloadavg()[0]
-            r = soak_once(a, a.attacks, a.duration, root=before_root if version == "before" else None)
+            before_side = version == "before"
+            r = soak_once(a, a.attacks, a.duration, root=before_root if before_side else None,
+                          own_session=not (before_side and a.before_shared_session))
             report["runs"].append(dict(version=version, load_average_before=round(load, 2),
                                        honest_requests=r["honest_total"]["requests"], cpu_seconds=r["cpu_seconds"],
                                        **figures_of(r)))
@@ -1465,7 +1474,8 @@ def main_suite(a) -> dict:
                                           "probe and the uploader, each with its own GIL, on the server's machine; "
                                           "every client speaks the page's protocol over plain HTTP; the honest ones "
                                           "keep their connections alive as a browser does, the attacker's drop "
-                                          "theirs at each answer",
+                                          "theirs at each answer; the app in a session of its own, the clients "
+                                          "in the soak's (harness.localhost.running_app)",
                                   rss="VmRSS of the server process and the processes it started (the export "
                                       "browser), sampled every 0.2 s; 'after' 30 s after the load stops",
                                   addresses="every client sends X-Forwarded-For; the server trusts one proxy hop "
@@ -1494,6 +1504,7 @@ def main_soak(a) -> dict:
     report = dict(kind="soak", date=when.isoformat(timespec="seconds"), git_commit=git_commit(), device=machine(),
                   parameters=dict(duration_s=a.duration, honest_visitors=a.sessions,
                                   modes={x.label: dict(does=x.does, connections=x.threads) for x in a.attacks},
+                                  app_session=BEFORE_SESSION[False],
                                   memory_budget_bytes=memory_budget(), conditions=a.conditions),
                   **soak_once(a, a.attacks, a.duration))
     report["device"]["load_average_after"] = os.getloadavg()[0]
@@ -1546,6 +1557,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--before", default=None, help="--soak: a commit to soak beside this tree, run by run alternated "
                     "(--pairs pairs), into load-soak-ab-<date>.json")
     ap.add_argument("--pairs", type=int, default=5, help="--soak --before: pairs of runs (at least 5 for a claim)")
+    ap.add_argument("--before-shared-session", action="store_true", help="--soak --before: the before side's app "
+                    "runs in the soak's session, beside its clients, as the soaks before 2026-12-03 ran it (with "
+                    "--before HEAD: what the app's own session changes)")
     a = ap.parse_args(argv)
     numbers = {a_.label.split()[0]: a_ for a_ in ATTACKS}
     chosen = [n.strip() for n in a.attacks.split(",") if n.strip() and n.strip() != "none"]
@@ -1561,6 +1575,8 @@ def main(argv=None) -> dict:
     if a.suite and (a.runs < 1 or not 0 < a.mode_duration <= 120):
         ap.error(f"--runs / --mode-duration: got {a.runs} / {a.mode_duration}; allowed: >= 1 (3 for the record) / "
                  "(0, 120] seconds")
+    if a.before_shared_session and a.before is None:
+        ap.error("--before-shared-session: allowed only with --soak --before REF")
     if a.before is not None and (not a.soak or not 1 <= a.pairs <= 20):
         ap.error(f"--before: got {a.before!r} with --pairs {a.pairs}; allowed: with --soak, 1..20 pairs")
     if a.suite:

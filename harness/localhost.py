@@ -37,9 +37,17 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def running_app(startup_timeout_s: float = 120.0, log: Optional[Path] = None,
-                root: Optional[Path] = None, env: Optional[dict] = None) -> Iterator[str]:
+                root: Optional[Path] = None, env: Optional[dict] = None, own_session: bool = True) -> Iterator[str]:
     """Start app.py (of `root`, another checkout, when given; with `env` over this process's environment),
-    wait until it answers, yield its URL; stop it (by its own pid) afterwards."""
+    wait until it answers, yield its URL; stop it (by its own pid) afterwards.
+
+    The app runs in a session of its own (`own_session`), as a served app does (a Space's container, a
+    service, its own terminal). Where Linux shares the CPU by session (autogroup,
+    /proc/sys/kernel/sched_autogroup_enabled), the clients this process starts on the same machine are then
+    another group beside the server's, not threads of its group: in the soak (benchmarks/load_test.py) the
+    event loop otherwise queued for a core behind every client thread, a contention no served Space has (its
+    visitors' browsers are other machines). own_session=False keeps the app in this process's session (the
+    soaks before 2026-12-03; `--before-shared-session` measures one against the other)."""
     root = Path(root) if root else ROOT
     port = free_port()
     env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port),
@@ -51,7 +59,7 @@ def running_app(startup_timeout_s: float = 120.0, log: Optional[Path] = None,
     url = f"http://127.0.0.1:{port}/"
     with open(log_path, "wb") as out:
         proc = subprocess.Popen([sys.executable, str(root / "app.py")], cwd=root, env=env,
-                                stdout=out, stderr=subprocess.STDOUT)
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=own_session)
     LOGS[url] = log_path
     try:
         deadline = time.monotonic() + startup_timeout_s

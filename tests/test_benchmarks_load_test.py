@@ -24,15 +24,16 @@ def test_the_versions_alternate_so_a_slow_spell_falls_on_both():
 def test_the_ab_soaks_each_version_from_its_own_checkout_and_keeps_every_run(tmp_path, monkeypatch):
     roots, p95 = [], iter([9.0, 7.0, 6.0, 10.0, 8.0, 5.0])     # before, after, after, before, before, after
 
-    def soak_once(a, attacks, duration_s, after_s=30.0, root=None):
+    def soak_once(a, attacks, duration_s, after_s=30.0, root=None, own_session=True):
         roots.append(root)
+        assert own_session                      # without --before-shared-session, both sides as the suite runs
         if root is not None:                    # the before version: the commit's files, not this tree's
             assert (root / "app.py").is_file() and root != load_test.ROOT
         return fake_run(next(p95))
     monkeypatch.setattr(load_test, "soak_once", soak_once)
     out = tmp_path / "ab.json"
     a = types.SimpleNamespace(before="HEAD", pairs=3, duration=60.0, sessions=30, attacks=[], conditions="test",
-                              out=out)
+                              out=out, before_shared_session=False)
     report = load_test.main_soak_ab(a)
     assert [r is None for r in roots] == [False, True, True, False, False, True]
     assert report == json.loads(out.read_text())
@@ -43,8 +44,43 @@ def test_the_ab_soaks_each_version_from_its_own_checkout_and_keeps_every_run(tmp
     assert before["classroom_views_p95_s"]["median"] == 8.0 and report["before"]["commit"]
 
 
+def test_the_before_side_can_run_its_app_in_the_soaks_session_and_the_file_says_so(tmp_path, monkeypatch):
+    sessions = []
+
+    def soak_once(a, attacks, duration_s, after_s=30.0, root=None, own_session=True):
+        sessions.append((root is None, own_session))
+        return fake_run(5.0)
+    monkeypatch.setattr(load_test, "soak_once", soak_once)
+    a = types.SimpleNamespace(before="HEAD", pairs=2, duration=60.0, sessions=30, attacks=[], conditions="test",
+                              out=tmp_path / "ab.json", before_shared_session=True)
+    report = load_test.main_soak_ab(a)
+    assert sessions == [(False, False), (True, True), (True, True), (False, False)]     # (after?, own session)
+    assert "beside its clients" in report["before"]["app_session"]
+    assert "its own" in report["after"]["app_session"]
+
+
+def test_the_app_runs_in_a_session_of_its_own_unless_told_not_to(tmp_path):
+    """harness.localhost.running_app: the app is its own session (its own CPU group where the kernel groups by
+    session), as a served app is; own_session=False keeps it in the caller's."""
+    import urllib.request
+    from harness.localhost import running_app
+    (tmp_path / "app.py").write_text(
+        "import http.server, os\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        body = str(os.getsid(0)).encode()\n"
+        "        self.send_response(200); self.send_header('Content-Length', str(len(body))); self.end_headers()\n"
+        "        self.wfile.write(body)\n"
+        "http.server.HTTPServer(('127.0.0.1', int(os.environ['GRADIO_SERVER_PORT'])), H).serve_forever()\n")
+    for own, same in ((True, False), (False, True)):
+        with running_app(root=tmp_path, startup_timeout_s=30, own_session=own) as url:
+            sid = int(urllib.request.urlopen(url, timeout=5).read())
+        assert (sid == os.getsid(0)) is same, (own, sid, os.getsid(0))
+
+
 def test_before_without_soak_or_with_no_pairs_is_refused_by_name():
-    for argv in (["--before", "HEAD"], ["--soak", "--before", "HEAD", "--pairs", "0"]):
+    for argv in (["--before", "HEAD"], ["--soak", "--before", "HEAD", "--pairs", "0"],
+                 ["--soak", "--before-shared-session"]):
         with pytest.raises(SystemExit):
             load_test.main(argv)
 
