@@ -139,10 +139,14 @@ class Drawing:
     def _start(self) -> None:
         env = {**os.environ, "EXPLORER_MEMORY_BYTES": str(process_memory_bytes())}
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        # at the server's priority: the export browser's lowering (explorer.export) is for renders, not the views
+        # at the server's priority: the export browser's lowering (explorer.export) is for renders, not the views.
+        # In a session of its own: where Linux shares the CPU by session (autogroup), its drawing threads and the
+        # server's event loop were one group, so on a busy core the loop shared the group's part with them; apart,
+        # the server's group weighs on the loop's core alone. Under every mode of the soak the lecture model views'
+        # p95 3.8-4.4 s (three runs) -> 3.0 s, the classroom's 3.7-4.2 -> 2.0 s (one run; the A/B file says more)
         process = start_keeping_priority(lambda: subprocess.Popen(
             [sys.executable, "-m", "server.drawing_process"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            env=env, cwd=root))
+            env=env, cwd=root, start_new_session=True))
         self._process, self._ready = process, threading.Event()
         threading.Thread(target=self._read, args=(process,), name="drawing-answers", daemon=True).start()
         log.info("drawing process %d starting", process.pid)

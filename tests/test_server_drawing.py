@@ -175,13 +175,19 @@ def _nices(pid: int) -> set:
 def test_the_process_keeps_the_servers_priority_when_the_export_browser_is_lowered(process):
     """The export browser's lowering (every process this server started, at budget.LOW_PRIORITY_NICE) passes over
     the drawing process: the visitors' model views drawn there run at the server's priority, not at the heavy
-    lane's and the renders'."""
+    lane's and the renders'. It runs in a session of its own (its own scheduler group where the kernel has
+    autogroups, not a share of the event loop's), and that group is not lowered either."""
     from explorer import budget, export
     browser = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])     # stands for the browser
     try:
         export._browser_yields()
         assert _nices(browser.pid) == {budget.LOW_PRIORITY_NICE}
         assert _nices(process._process.pid) == {os.getpriority(os.PRIO_PROCESS, 0)}
+        pid = process._process.pid
+        assert os.getsid(pid) == pid != os.getsid(0)
+        if os.path.exists(f"/proc/{pid}/autogroup"):
+            with open(f"/proc/{pid}/autogroup") as f:
+                assert f.read().split()[-1] == "0"
     finally:
         browser.kill()
         browser.wait()
