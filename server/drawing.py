@@ -142,7 +142,8 @@ class Drawing:
         # at the server's priority: the export browser's lowering (explorer.export) is for renders, not the views.
         # In a session of its own: where Linux shares the CPU by session (autogroup), its drawing threads and the
         # server's event loop were one group, so on a busy core the loop shared the group's part with them; apart,
-        # the server's group weighs on the loop's core alone. Three alternated pairs of 45 s all-modes soaks
+        # the server's group weighs on the loop's core alone. Three alternated pairs of 45 s all-modes soaks (fewer
+        # than the five a claim needs: an indication)
         # (benchmarks/results/load-soak-ab-drawing-session-2026-12-04.json): honest /mask p95 lower and honest
         # requests served higher in every pair (medians 0.60 -> 0.51 s, 3,295 -> 3,726), model views the same
         process = start_keeping_priority(lambda: subprocess.Popen(

@@ -182,8 +182,8 @@ def test_the_process_keeps_the_servers_priority_when_the_export_browser_is_lower
     try:
         export._browser_yields()
         assert _nices(browser.pid) == {budget.LOW_PRIORITY_NICE}
-        assert _nices(process._process.pid) == {os.getpriority(os.PRIO_PROCESS, 0)}
         pid = process._process.pid
+        assert _nices(pid) == {os.getpriority(os.PRIO_PROCESS, 0)}
         assert os.getsid(pid) == pid != os.getsid(0)
         if os.path.exists(f"/proc/{pid}/autogroup"):
             with open(f"/proc/{pid}/autogroup") as f:
