@@ -604,6 +604,30 @@ class RawClient:
         self.url, self.address, self.browser = url, address, browser
         self.fn = fn if fn is not None else api_functions(url, address)
         self.http = httpx.Client(timeout=120)
+        self.answered_at, self.connects = time.monotonic(), 0
+
+    @contextlib.contextmanager
+    def asking(self):
+        """Around a request: a connection error names whether the request went on a new connection or on one
+        kept from an earlier answer, and how long after this client's last answer it was sent (the kept
+        connection's idle time as this client saw it; the server's may be longer by the client's own delays)."""
+        import httpx
+        connects, sent = self.connects, time.monotonic()
+        try:
+            yield
+        except httpx.TransportError as e:
+            kept = "a new connection" if self.connects > connects else "a kept connection"
+            raise type(e)(f"{e} (on {kept}, sent {sent - self.answered_at:.2f} s after this client's last "
+                          "answer)") from e
+        finally:
+            self.answered_at = time.monotonic()
+
+    def traced(self) -> dict:
+        """httpx's extensions for one request: each new TCP connection it tries counted in `connects`."""
+        def trace(event: str, info) -> None:
+            if event == "connection.connect_tcp.started":
+                self.connects += 1
+        return {"trace": trace}
 
     def headers(self) -> dict:
         import uuid
@@ -611,13 +635,15 @@ class RawClient:
 
     def get(self, path: str, method: str = "GET"):
         """GET (or HEAD) a path of the app -> the response (a page load keeps its cookie)."""
-        return self.http.request(method, f"{self.url}{path}", headers=self.headers())
+        with self.asking():
+            return self.http.request(method, f"{self.url}{path}", headers=self.headers(), extensions=self.traced())
 
     def join(self, api: str, data: list, session: str) -> tuple[int, str]:
         fn, defaults = self.fn[api]
-        r = self.http.post(f"{self.url}gradio_api/queue/join", headers=self.headers(),
-                           json={"data": [*data, *defaults[len(data):]], "fn_index": fn, "session_hash": session,
-                                 "event_data": None, "trigger_id": None})
+        with self.asking():
+            r = self.http.post(f"{self.url}gradio_api/queue/join", headers=self.headers(), extensions=self.traced(),
+                               json={"data": [*data, *defaults[len(data):]], "fn_index": fn, "session_hash": session,
+                                     "event_data": None, "trigger_id": None})
         return r.status_code, r.text[:300]
 
     def call(self, api: str, data: list, session: str, timed: bool = False, answer: Optional[list] = None):
@@ -632,8 +658,8 @@ class RawClient:
         if code != 200:
             error = f"HTTP {code}: {text}"
         else:
-            with self.http.stream("GET", f"{self.url}gradio_api/queue/data", params={"session_hash": session},
-                                  headers=self.headers()) as stream:
+            with self.asking(), self.http.stream("GET", f"{self.url}gradio_api/queue/data", headers=self.headers(),
+                                                 params={"session_hash": session}, extensions=self.traced()) as stream:
                 for line in stream.iter_lines():
                     if not line.startswith("data:"):
                         continue
@@ -662,17 +688,14 @@ class RawClient:
         read on one stream of the session, as the page reads them -> each answer as `call` gives it."""
         answers = {}
         for n, (api, data) in enumerate(calls):
-            fn, defaults = self.fn[api]
-            r = self.http.post(f"{self.url}gradio_api/queue/join", headers=self.headers(),
-                               json={"data": [*data, *defaults[len(data):]], "fn_index": fn, "session_hash": session,
-                                     "event_data": None, "trigger_id": None})
-            answers[r.json()["event_id"] if r.status_code == 200 else n] = (
-                "stream ended" if r.status_code == 200 else f"HTTP {r.status_code}: {r.text[:300]}")
+            code, text = self.join(api, data, session)
+            answers[json.loads(text)["event_id"] if code == 200 else n] = (
+                "stream ended" if code == 200 else f"HTTP {code}: {text}")
             time.sleep(gap_s)
         waiting = {e for e, a in answers.items() if a == "stream ended"}
         if waiting:
-            with self.http.stream("GET", f"{self.url}gradio_api/queue/data", params={"session_hash": session},
-                                  headers=self.headers()) as stream:
+            with self.asking(), self.http.stream("GET", f"{self.url}gradio_api/queue/data", headers=self.headers(),
+                                                 params={"session_hash": session}, extensions=self.traced()) as stream:
                 for line in stream.iter_lines():
                     msg = json.loads(line[5:]) if line.startswith("data:") else {}
                     if msg.get("msg") == "process_completed" and msg.get("event_id") in waiting:
@@ -686,7 +709,9 @@ class RawClient:
 
     def upload(self, path: Path, name: str) -> tuple[int, str]:
         """A file to the raw upload route -> (status, its path on the server or the answer's text)."""
-        r = self.http.post(f"{self.url}gradio_api/upload", headers=self.headers(), files={"files": (name, path.read_bytes())})
+        with self.asking():
+            r = self.http.post(f"{self.url}gradio_api/upload", headers=self.headers(), extensions=self.traced(),
+                               files={"files": (name, path.read_bytes())})
         if r.status_code != 200:
             return r.status_code, r.text[:200]
         RAW_UPLOADS.extend(json.loads(r.text))

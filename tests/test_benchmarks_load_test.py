@@ -184,3 +184,35 @@ def test_an_attack_must_be_refused_once_past_its_bound_and_not_before():
     # mode 4's phoenix-nano uploads: its visitor's share of the store holds a few
     assert 1 <= load_test.answered_within_bound(load_test.Attack.UPLOAD_STORE, 90.0) <= 8
     assert load_test.answered_within_bound(load_test.Attack.HEAVY_WORK, 90.0) == 5       # 5 x 555 of 3,000 GFLOP
+
+
+def test_a_soak_clients_connection_error_says_whether_its_connection_was_kept_and_how_long_idle():
+    """A server that answers once on a kept-alive connection, then closes it without answering the next request
+    (the shape of a keep-alive close racing the client's send): the error names the kept connection and its
+    idle time; a refused new connection is named as new."""
+    import socket
+    import threading
+    import time
+    import httpx
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+
+    def serve():
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            conn.recv(65536)                    # the second request on the same connection: read, not answered
+    threading.Thread(target=serve, daemon=True).start()
+    raw = load_test.RawClient(f"http://127.0.0.1:{port}/", "10.9.9.1", fn={})
+    assert raw.get("").status_code == 200
+    time.sleep(0.3)
+    with pytest.raises(httpx.RemoteProtocolError) as kept:
+        raw.get("")
+    assert "on a kept connection, sent 0.3" in str(kept.value) and "disconnected" in str(kept.value), kept.value
+    listener.close()
+    with pytest.raises(httpx.ConnectError) as new:
+        raw.get("")
+    assert "on a new connection" in str(new.value), new.value
