@@ -540,6 +540,7 @@ def build_app() -> gr.Blocks:
     gradio_patches.check_logins_on_the_loop()
     gradio_patches.remember_root_urls()
     gradio_patches.asyncio_event_loop()
+    gradio_patches.keep_connections_alive()
     return demo
 
 

@@ -1,8 +1,9 @@
 """Where the app meets Gradio's internals: what its session state keeps (no deep-link copy, no output
 values), its queue's analytics, its matplotlib probe, a file input that names what it refuses, and its
 queue (one charge per event, per-session tables bounded, its loop restarted rather than stopped for good),
-the event loop uvicorn serves it on and what each request costs that loop (the login check on it, the root URL
-worked out once per spelling). tests/test_app.py fails if the internals these touch move."""
+the event loop uvicorn serves it on, how long uvicorn keeps an idle connection, and what each request costs
+that loop (the login check on it, the root URL worked out once per spelling). tests/test_app.py fails if the
+internals these touch move."""
 from __future__ import annotations
 
 import asyncio
@@ -300,6 +301,30 @@ def asyncio_event_loop() -> None:
     /mask p95 the same (1.73 -> 1.70 s)."""
     import uvicorn.config
     uvicorn.config.LOOP_FACTORIES["auto"] = uvicorn.config.LOOP_FACTORIES["asyncio"]
+
+
+KEEP_ALIVE_S = 75.0
+
+
+def keep_connections_alive() -> None:
+    """uvicorn, as Gradio starts it, closes a kept-alive connection 5 s after its last answer. A client that
+    checked the connection was open and then sent on it as the close went out (a browser, a proxy's pool of
+    upstream connections, a soak client held up by its box) gets no answer: "Server disconnected without sending
+    a response". A browser resends such a request; a proxy answers 502 where it resends nothing (a POST), and
+    the visitor sees an error. An idle connection is kept KEEP_ALIVE_S here, longer than the 60 s the common
+    proxies keep theirs (nginx's upstream keepalive_timeout, AWS's load balancers), so the server is never the
+    side that closes one its client may be reusing. It holds nothing a stranger could not hold anyway: uvicorn
+    keeps a connection that sends no request open without end."""
+    from gradio import http_server
+    init = http_server.Server.__init__
+    if getattr(init, "keeps_alive", False):
+        return
+
+    def __init__(self, config, *args, **kwargs):
+        config.timeout_keep_alive = max(config.timeout_keep_alive, KEEP_ALIVE_S)
+        init(self, config, *args, **kwargs)
+    __init__.keeps_alive = True
+    http_server.Server.__init__ = __init__
 
 
 def resolve_annotations(demo: gr.Blocks) -> None:

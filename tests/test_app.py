@@ -808,6 +808,37 @@ def test_the_soak_clients_keep_their_connections_as_a_browser_does(server, monke
         assert len(opened) - before == (1 if browser else 3), (browser, opened[before:])
 
 
+def test_the_server_keeps_an_idle_connection_past_uvicorns_five_seconds(server):
+    """A request sent on a kept-alive connection idle longer than uvicorn's default keep-alive (5 s, as Gradio
+    starts it) is answered: the server is not the side that closes a connection its client (a browser, a proxy's
+    pool) may be reusing at that moment, which the client sees as "disconnected without sending a response"."""
+    import socket
+    import uvicorn
+    from server import gradio_patches
+    idle_s = uvicorn.Config(app=None).timeout_keep_alive + 1.0
+    assert idle_s < gradio_patches.KEEP_ALIVE_S
+    host, port = server.split("//")[1].rstrip("/").split(":")
+
+    def ask(conn) -> bytes:
+        """GET /healthz on `conn` -> the answer's status line (its body read to its Content-Length)."""
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: explorer\r\n\r\n")
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return b"closed without an answer"
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+        while len(body) < length:
+            body += conn.recv(65536)
+        return head.split(b"\r\n", 1)[0]
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        assert ask(conn).startswith(b"HTTP/1.1 200")
+        time.sleep(idle_s)
+        assert ask(conn).startswith(b"HTTP/1.1 200"), f"a request {idle_s:.0f} s after the last answer"
+
+
 def test_every_computing_endpoint_refuses_one_session_over_its_share_at_the_http_layer(monkeypatch):
     """One-input endpoints too (Gradio reads a 1-tuple of verdicts as a valid answer). With every view
     held running, one session joins each view endpoint 12 times: only its share is queued, the rest
