@@ -603,8 +603,8 @@ class RawClient:
         import httpx
         self.url, self.address, self.browser = url, address, browser
         self.fn = fn if fn is not None else api_functions(url, address)
-        self.http = httpx.Client(timeout=120)
         self.answered_at, self.connects = time.monotonic(), 0
+        self.http = httpx.Client(timeout=120, event_hooks={"request": [self.traced]})
 
     @contextlib.contextmanager
     def asking(self):
@@ -622,12 +622,12 @@ class RawClient:
         finally:
             self.answered_at = time.monotonic()
 
-    def traced(self) -> dict:
-        """httpx's extensions for one request: each new TCP connection it tries counted in `connects`."""
+    def traced(self, request) -> None:
+        """Every request (httpx's request hook): each new TCP connection it tries counted in `connects`."""
         def trace(event: str, info) -> None:
             if event == "connection.connect_tcp.started":
                 self.connects += 1
-        return {"trace": trace}
+        request.extensions["trace"] = trace
 
     def headers(self) -> dict:
         import uuid
@@ -636,12 +636,12 @@ class RawClient:
     def get(self, path: str, method: str = "GET"):
         """GET (or HEAD) a path of the app -> the response (a page load keeps its cookie)."""
         with self.asking():
-            return self.http.request(method, f"{self.url}{path}", headers=self.headers(), extensions=self.traced())
+            return self.http.request(method, f"{self.url}{path}", headers=self.headers())
 
     def join(self, api: str, data: list, session: str) -> tuple[int, str]:
         fn, defaults = self.fn[api]
         with self.asking():
-            r = self.http.post(f"{self.url}gradio_api/queue/join", headers=self.headers(), extensions=self.traced(),
+            r = self.http.post(f"{self.url}gradio_api/queue/join", headers=self.headers(),
                                json={"data": [*data, *defaults[len(data):]], "fn_index": fn, "session_hash": session,
                                      "event_data": None, "trigger_id": None})
         return r.status_code, r.text[:300]
@@ -659,7 +659,7 @@ class RawClient:
             error = f"HTTP {code}: {text}"
         else:
             with self.asking(), self.http.stream("GET", f"{self.url}gradio_api/queue/data", headers=self.headers(),
-                                                 params={"session_hash": session}, extensions=self.traced()) as stream:
+                                                 params={"session_hash": session}) as stream:
                 for line in stream.iter_lines():
                     if not line.startswith("data:"):
                         continue
@@ -695,7 +695,7 @@ class RawClient:
         waiting = {e for e, a in answers.items() if a == "stream ended"}
         if waiting:
             with self.asking(), self.http.stream("GET", f"{self.url}gradio_api/queue/data", headers=self.headers(),
-                                                 params={"session_hash": session}, extensions=self.traced()) as stream:
+                                                 params={"session_hash": session}) as stream:
                 for line in stream.iter_lines():
                     msg = json.loads(line[5:]) if line.startswith("data:") else {}
                     if msg.get("msg") == "process_completed" and msg.get("event_id") in waiting:
@@ -710,7 +710,7 @@ class RawClient:
     def upload(self, path: Path, name: str) -> tuple[int, str]:
         """A file to the raw upload route -> (status, its path on the server or the answer's text)."""
         with self.asking():
-            r = self.http.post(f"{self.url}gradio_api/upload", headers=self.headers(), extensions=self.traced(),
+            r = self.http.post(f"{self.url}gradio_api/upload", headers=self.headers(),
                                files={"files": (name, path.read_bytes())})
         if r.status_code != 200:
             return r.status_code, r.text[:200]
